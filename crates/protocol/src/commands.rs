@@ -1,0 +1,65 @@
+//! The durable command queue: `GET /agent/v1/commands` and
+//! `POST /agent/v1/commands/{id}/ack`. A command is delivered again and again
+//! until the node acks it, so handlers on the agent must be idempotent.
+
+use serde::{Deserialize, Serialize};
+
+use crate::validate::{self, ValidationError};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Command {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub payload: serde_json::Value,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommandList {
+    pub commands: Vec<Command>,
+}
+
+/// Command types of protocol 1. An agent acks a type it does not know after
+/// reporting that it could not handle it, so the queue never jams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandKind {
+    Deploy,
+    Stop,
+}
+
+impl CommandKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CommandKind::Deploy => "deploy",
+            CommandKind::Stop => "stop",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "deploy" => Some(CommandKind::Deploy),
+            "stop" => Some(CommandKind::Stop),
+            _ => None,
+        }
+    }
+}
+
+/// Payload of `stop`: stop and remove this node's containers of a deployment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopPayload {
+    pub deployment_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl StopPayload {
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        validate::token("deployment_id", &self.deployment_id, 64)?;
+        if let Some(reason) = &self.reason {
+            validate::bounded_text("reason", reason, 512)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,54 @@
+//! The wire contract between `cloudweb-agent` and `cloudweb-server`.
+//!
+//! Every JSON body, header name and SSE event name that crosses the agent
+//! listener is defined here and nowhere else, so the two binaries cannot drift
+//! apart. The crate does no I/O: it holds types, the protocol-version decision
+//! (including the 426 body) and the input checks both sides share.
+
+pub mod commands;
+pub mod heartbeat;
+pub mod join;
+pub mod misc;
+pub mod validate;
+pub mod version;
+
+pub use commands::{Command, CommandKind, CommandList, StopPayload};
+pub use heartbeat::{
+    ContainerUsage, Health, Heartbeat, HostTraffic, MeshHealth, Metrics, NodeUsage, RegistryHealth,
+};
+pub use join::{JoinRequest, JoinResponse, Peer, PeerList};
+pub use misc::{ErrorBody, LeaveConflict, LeaveResponse, LogLine, RegistryConfig, Report, Route, RouteTable};
+pub use validate::ValidationError;
+pub use version::{negotiate, Negotiation, SupportedRange, Upgrade, UpgradeRequired};
+
+/// Paths of the agent listener, relative to the control plane's public URL.
+pub mod paths {
+    pub const JOIN: &str = "/agent/v1/join";
+    pub const HEARTBEAT: &str = "/agent/v1/heartbeat";
+    pub const PEERS: &str = "/agent/v1/peers";
+    pub const COMMANDS: &str = "/agent/v1/commands";
+    pub const LEAVE: &str = "/agent/v1/leave";
+    pub const REPORT: &str = "/agent/v1/report";
+    pub const ROUTES: &str = "/agent/v1/routes";
+    pub const REGISTRY: &str = "/agent/v1/registry";
+    pub const STREAM: &str = "/agent/v1/stream";
+
+    /// `POST /agent/v1/commands/{id}/ack`.
+    pub fn ack(command_id: &str) -> String {
+        format!("{COMMANDS}/{command_id}/ack")
+    }
+}
+
+/// Names of the events on `GET /agent/v1/stream`. An event only says that
+/// something changed; the agent then fetches the matching resource.
+pub mod events {
+    pub const COMMANDS: &str = "commands";
+    pub const ROUTES: &str = "routes";
+    pub const PEERS: &str = "peers";
+}
+
+/// Optional capabilities an agent lists in `health.features`.
+pub mod features {
+    pub const STATIC_SITES: &str = "static-sites";
+    pub const TRAFFIC_METRICS: &str = "traffic-metrics";
+}

@@ -1,0 +1,110 @@
+//! The smaller bodies: errors, leave, deployment reports, the ingress route
+//! table and the registry settings.
+
+use serde::{Deserialize, Serialize};
+
+use crate::validate::{self, ValidationError};
+
+/// Every non-2xx answer of the agent listener except 426 carries this body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaveResponse {
+    pub node_id: String,
+    /// Deployments marked failed because the node left with `force=1`.
+    pub failed_deployments: Vec<String>,
+}
+
+/// Body of a 409 from `POST /agent/v1/leave` without `force=1`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaveConflict {
+    pub error: String,
+    pub apps: Vec<String>,
+}
+
+/// Most log lines in one report.
+pub const MAX_REPORT_LINES: usize = 1000;
+
+/// `POST /agent/v1/report`: a deployment's progress and log lines.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    pub deployment_id: String,
+    /// New state reached by the deployment on this node, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub logs: Vec<LogLine>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogLine {
+    /// RFC 3339, UTC.
+    pub ts: String,
+    /// `build`, `stdout`, `stderr` or `agent`.
+    pub stream: String,
+    pub line: String,
+}
+
+impl Report {
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        validate::token("deployment_id", &self.deployment_id, 64)?;
+        if let Some(state) = &self.state {
+            validate::token("state", state, 32)?;
+        }
+        if let Some(message) = &self.message {
+            validate::bounded_text("message", message, 4096)?;
+        }
+        if let Some(image) = &self.image {
+            validate::bounded_text("image", image, 512)?;
+        }
+        if self.logs.len() > MAX_REPORT_LINES {
+            return Err(ValidationError::new("logs", "more than 1000 lines"));
+        }
+        for line in &self.logs {
+            validate::bounded_text("logs.ts", &line.ts, 64)?;
+            validate::token("logs.stream", &line.stream, 16)?;
+            if line.line.len() > 16 * 1024 {
+                return Err(ValidationError::new("logs.line", "longer than 16 KiB"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `GET /agent/v1/routes`: what every ingress node should serve.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteTable {
+    /// Grows on every change; an agent reloads its proxy only when it moves.
+    pub version: u64,
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    pub host: String,
+    /// `address:port` of healthy instances.
+    pub upstreams: Vec<String>,
+}
+
+/// `GET /agent/v1/registry`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryConfig {
+    pub configured: bool,
+    /// `host:port` to push to and pull from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// CA certificate (PEM) the registry's TLS certificate chains to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+}

@@ -1,0 +1,57 @@
+//! `GET /agent/v1/commands` and `POST /agent/v1/commands/{id}/ack`.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::{Extension, Json};
+use cloudweb_protocol::{Command, CommandList};
+use serde_json::json;
+
+use super::AuthedNode;
+use crate::clock::rfc3339_ms;
+use crate::error::ApiError;
+use crate::store::CommandRow;
+use crate::AppState;
+
+/// Command ids on the wire are `cmd-<sequence number>`.
+pub fn command_id(seq: i64) -> String {
+    format!("cmd-{seq}")
+}
+
+pub fn parse_command_id(id: &str) -> Option<i64> {
+    let digits = id.strip_prefix("cmd-")?;
+    if digits.is_empty() || digits.len() > 18 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+pub fn to_wire(row: &CommandRow) -> Command {
+    Command {
+        id: command_id(row.seq),
+        kind: row.kind.clone(),
+        payload: serde_json::from_str(&row.payload).unwrap_or(serde_json::Value::Null),
+        created_at: rfc3339_ms(row.created_at),
+    }
+}
+
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    Extension(AuthedNode(node_id)): Extension<AuthedNode>,
+) -> Result<Json<CommandList>, ApiError> {
+    let pending = state.store.pending_commands(&node_id).await?;
+    Ok(Json(CommandList { commands: pending.iter().map(to_wire).collect() }))
+}
+
+pub async fn ack(
+    State(state): State<Arc<AppState>>,
+    Extension(AuthedNode(node_id)): Extension<AuthedNode>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let not_found = || ApiError::NotFound(format!("node {node_id} has no command {id:?}"));
+    let seq = parse_command_id(&id).ok_or_else(not_found)?;
+    if !state.store.ack_command(&node_id, seq, state.clock.now_ms()).await? {
+        return Err(not_found());
+    }
+    Ok(Json(json!({ "id": id, "acked": true })))
+}

@@ -1,0 +1,111 @@
+//! `POST /agent/v1/join`: spends a join token, signs the node's CSR and
+//! registers the node. Nothing is spent when any input is wrong.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::{Extension, Json};
+use cloudweb_protocol::{events, JoinRequest, JoinResponse};
+use rand::Rng;
+
+use super::AgentInfo;
+use crate::ca::{first_cert_der, sha256_hex};
+use crate::error::{parse_json, ApiError};
+use crate::store::{JoinRefusal, NewNode, TokenRejection};
+use crate::AppState;
+
+pub async fn join(
+    State(state): State<Arc<AppState>>,
+    Extension(agent): Extension<AgentInfo>,
+    body: Bytes,
+) -> Result<Json<JoinResponse>, ApiError> {
+    let request: JoinRequest = parse_json(&body)?;
+    request.validate()?;
+    let name = match &request.name {
+        Some(name) => name.clone(),
+        None => name_from_hostname(&request.hostname)?,
+    };
+    let now = state.clock.now();
+    let now_ms = state.clock.now_ms();
+    let token_digest = sha256_hex(request.token.as_bytes());
+    // Check the token before the (comparatively costly) signature, and sign
+    // before spending it, so a bad CSR leaves the token usable.
+    if let Err(rejection) = state.store.check_join_token(&token_digest, now_ms).await? {
+        return Err(token_error(rejection));
+    }
+    let node_id = new_node_id();
+    let certificate = state.ca.sign_node_csr(&request.csr, &node_id, now)?;
+    let cert_der = first_cert_der(&certificate).ok_or_else(|| ApiError::Internal("issued certificate did not parse".into()))?;
+    let node = NewNode {
+        id: node_id.clone(),
+        name: name.clone(),
+        hostname: request.hostname.clone(),
+        ingress: request.ingress,
+        wireguard_public_key: request.wireguard_public_key.clone(),
+        endpoint: request.endpoint.clone(),
+        cert_sha256: sha256_hex(&cert_der),
+        agent_version: agent.version.clone(),
+        protocol: i64::from(agent.protocol),
+    };
+    let row = match state.store.register_node(&token_digest, &node, now_ms).await? {
+        Ok(row) => row,
+        Err(JoinRefusal::Token(rejection)) => return Err(token_error(rejection)),
+        Err(JoinRefusal::NameTaken) => {
+            return Err(ApiError::Conflict(format!(
+                "a node named {name} already exists; join with another --name or remove the old node first"
+            )))
+        }
+    };
+    state.nodes.insert(&row, tokio::time::Instant::now());
+    state.hub.notify_all(events::PEERS);
+    tracing::info!(node_id = %row.id, name = %row.name, ingress = row.ingress, "node joined");
+    let peers = super::cluster::peers_of(&state, &row.id).await?;
+    Ok(Json(JoinResponse {
+        node_id: row.id,
+        name: row.name,
+        certificate,
+        ca: state.ca.cert_pem().to_string(),
+        peers,
+        mesh_address: crate::mesh_address(row.mesh_index),
+    }))
+}
+
+fn token_error(rejection: TokenRejection) -> ApiError {
+    ApiError::Unauthorized(
+        match rejection {
+            TokenRejection::Unknown => "join token is not valid",
+            TokenRejection::Expired => "join token has expired; create a new one",
+            TokenRejection::AlreadyUsed => "join token was already used; create a new one",
+        }
+        .to_string(),
+    )
+}
+
+/// A node name from a host name: its first label, lowercased, with anything
+/// outside `[a-z0-9-]` turned into '-'.
+fn name_from_hostname(hostname: &str) -> Result<String, ApiError> {
+    let first = hostname.split('.').next().unwrap_or_default().to_ascii_lowercase();
+    let cleaned: String = first.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).collect();
+    let trimmed = cleaned.trim_matches('-').to_string();
+    cloudweb_protocol::validate::node_name("name", &trimmed)
+        .map_err(|_| ApiError::BadRequest("cannot derive a node name from the hostname; pass name".to_string()))?;
+    Ok(trimmed)
+}
+
+fn new_node_id() -> String {
+    let bytes: [u8; 8] = rand::rng().random();
+    format!("n-{}", hex::encode(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_from_hostnames() {
+        assert_eq!(name_from_hostname("Web-1.example.com").unwrap(), "web-1");
+        assert_eq!(name_from_hostname("my_host").unwrap(), "my-host");
+        assert!(name_from_hostname("___").is_err());
+    }
+}

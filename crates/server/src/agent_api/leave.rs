@@ -1,0 +1,38 @@
+//! `POST /agent/v1/leave[?force=1]`: a node removes itself from the cluster.
+
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::{Extension, Json};
+use cloudweb_protocol::LeaveResponse;
+use serde::Deserialize;
+
+use super::AuthedNode;
+use crate::error::ApiError;
+use crate::AppState;
+
+#[derive(Debug, Deserialize)]
+pub struct LeaveQuery {
+    force: Option<String>,
+}
+
+/// `force` accepts `1`/`true` and `0`/`false`; anything else is an error
+/// rather than a silent "no".
+pub fn parse_force(value: Option<&str>) -> Result<bool, ApiError> {
+    match value {
+        None | Some("0") | Some("false") => Ok(false),
+        Some("1") | Some("true") => Ok(true),
+        Some(_) => Err(ApiError::BadRequest("force must be 1 or 0".to_string())),
+    }
+}
+
+pub async fn leave(
+    State(state): State<Arc<AppState>>,
+    Extension(AuthedNode(node_id)): Extension<AuthedNode>,
+    Query(query): Query<LeaveQuery>,
+) -> Result<Json<LeaveResponse>, ApiError> {
+    let force = parse_force(query.force.as_deref())?;
+    crate::remove_node(&state, &node_id).await?;
+    tracing::info!(node_id = %node_id, force, "node left the cluster");
+    Ok(Json(LeaveResponse { node_id, failed_deployments: Vec::new() }))
+}

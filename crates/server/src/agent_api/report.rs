@@ -1,0 +1,24 @@
+//! `POST /agent/v1/report`: deployment progress and log lines.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Extension;
+use cloudweb_protocol::Report;
+
+use super::AuthedNode;
+use crate::error::{parse_json, ApiError};
+use crate::AppState;
+
+pub async fn report(
+    State(state): State<Arc<AppState>>,
+    Extension(AuthedNode(node_id)): Extension<AuthedNode>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    let report: Report = parse_json(&body)?;
+    report.validate()?;
+    state.store.save_report(&node_id, &report, state.clock.now_ms()).await?;
+    Ok(StatusCode::ACCEPTED)
+}

@@ -1,0 +1,36 @@
+//! `POST /api/join-tokens`: a single-use token and the command that uses it.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use rand::Rng;
+use serde::Serialize;
+
+use crate::ca::sha256_hex;
+use crate::clock::rfc3339_ms;
+use crate::error::ApiError;
+use crate::AppState;
+
+#[derive(Debug, Serialize)]
+pub struct CreatedJoinToken {
+    token: String,
+    expires_at: String,
+    ca_sha256: String,
+    command: String,
+}
+
+pub async fn create(State(state): State<Arc<AppState>>) -> Result<(StatusCode, Json<CreatedJoinToken>), ApiError> {
+    let bytes: [u8; 32] = rand::rng().random();
+    let token = format!("cwj_{}", hex::encode(bytes));
+    let now_ms = state.clock.now_ms();
+    let expires_ms = now_ms + state.config.join_token_ttl.as_millis() as i64;
+    state.store.insert_join_token(&sha256_hex(token.as_bytes()), now_ms, expires_ms).await?;
+    let ca_sha256 = state.ca.fingerprint().to_string();
+    let command = format!(
+        "curl -fsSL {} | sudo sh -s -- --join {} --token {} --ca-sha256 {}",
+        state.config.installer_url, state.config.public_url, token, ca_sha256
+    );
+    Ok((StatusCode::CREATED, Json(CreatedJoinToken { token, expires_at: rfc3339_ms(expires_ms), ca_sha256, command })))
+}

@@ -1,0 +1,51 @@
+//! The user API on `--api-listen`: bearer-token authenticated JSON, plus
+//! `/healthz` (open) and Prometheus `/metrics`.
+
+mod join_tokens;
+mod metrics;
+mod nodes;
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::ca::sha256_hex;
+use crate::error::ApiError;
+use crate::AppState;
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let authenticated = Router::new()
+        .route("/api/join-tokens", post(join_tokens::create))
+        .route("/api/nodes", get(nodes::list))
+        .route("/api/nodes/{id}", get(nodes::show).delete(nodes::remove))
+        .route("/api/nodes/{id}/commands", get(nodes::commands).post(nodes::enqueue))
+        .route("/metrics", get(metrics::prometheus))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .merge(authenticated)
+        .fallback(|| async { ApiError::NotFound("no such endpoint".to_string()) })
+        .layer(DefaultBodyLimit::max(1024 * 1024))
+        .with_state(state)
+}
+
+async fn require_admin(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let token = request
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(token) = token else {
+        return ApiError::Unauthorized("missing Authorization: Bearer <token>".to_string()).into_response();
+    };
+    if !state.admin_tokens.read().expect("admin token lock").contains(&sha256_hex(token.as_bytes())) {
+        return ApiError::Unauthorized("invalid API token".to_string()).into_response();
+    }
+    next.run(request).await
+}

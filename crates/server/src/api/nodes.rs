@@ -1,0 +1,157 @@
+//! `/api/nodes`: list, inspect and remove nodes, and queue commands to one.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use cloudweb_protocol::{events, CommandKind, StopPayload};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+use crate::agent_api::commands as commands_wire;
+use crate::clock::rfc3339_ms;
+use crate::error::{parse_json, ApiError};
+use crate::live::HealthState;
+use crate::store::{NewCommand, NodeRow};
+use crate::AppState;
+
+#[derive(Debug, Serialize)]
+pub struct NodeView {
+    id: String,
+    name: String,
+    hostname: String,
+    state: &'static str,
+    ingress: bool,
+    mesh_address: String,
+    version: Option<String>,
+    protocol: Option<i64>,
+    joined_at: String,
+    last_heartbeat: Option<String>,
+    capacity: Option<Value>,
+    health: &'static str,
+    health_reason: Option<String>,
+    health_report: Option<Value>,
+    features: Vec<String>,
+    metrics: Option<Value>,
+}
+
+fn view(state: &AppState, row: &NodeRow, now: Instant) -> NodeView {
+    let live = state.nodes.get(&row.id);
+    let (node_state, health, reason, report, features, metrics, capacity, heartbeat_ms, version, protocol) = match &live {
+        Some(live) => {
+            let (health, reason) = match live.health_state(now) {
+                HealthState::Healthy => ("healthy", None),
+                HealthState::Degraded(reason) => ("degraded", Some(reason)),
+                HealthState::Unknown => ("unknown", None),
+            };
+            let current = live.current_health(now);
+            (
+                live.state(now, state.config.unreachable_after).as_str(),
+                health,
+                reason,
+                current.map(|h| serde_json::to_value(h).unwrap_or(Value::Null)),
+                current.and_then(|h| h.features.clone()).unwrap_or_default(),
+                live.metrics.as_ref().map(|m| json!({"at": rfc3339_ms(m.at_ms), "sample": m.value})),
+                live.capacity.map(|c| json!({"cpu_cores": c.cpu_cores, "mem_bytes": c.mem_bytes, "disk_bytes": c.disk_bytes})),
+                live.heartbeat_at_ms,
+                live.agent_version.clone(),
+                Some(i64::from(live.protocol)),
+            )
+        }
+        None => ("unreachable", "unknown", None, None, Vec::new(), None, None, row.last_heartbeat_at, row.agent_version.clone(), row.protocol),
+    };
+    NodeView {
+        id: row.id.clone(),
+        name: row.name.clone(),
+        hostname: row.hostname.clone(),
+        state: node_state,
+        ingress: row.ingress,
+        mesh_address: crate::mesh_address(row.mesh_index),
+        version,
+        protocol,
+        joined_at: rfc3339_ms(row.joined_at),
+        last_heartbeat: heartbeat_ms.map(rfc3339_ms),
+        capacity,
+        health,
+        health_reason: reason,
+        health_report: report,
+        features,
+        metrics,
+    }
+}
+
+pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let now = Instant::now();
+    let rows = state.store.nodes().await?;
+    let nodes: Vec<NodeView> = rows.iter().map(|row| view(&state, row, now)).collect();
+    Ok(Json(json!({ "nodes": nodes })))
+}
+
+pub async fn show(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<NodeView>, ApiError> {
+    let row = state.store.node(&id).await?.ok_or_else(|| ApiError::NotFound(format!("no node {id:?}")))?;
+    Ok(Json(view(&state, &row, Instant::now())))
+}
+
+pub async fn remove(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    if state.store.node(&id).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no node {id:?}")));
+    }
+    crate::remove_node(&state, &id).await?;
+    tracing::info!(node_id = %id, "node removed by the API");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+struct EnqueueRequest {
+    #[serde(rename = "type")]
+    kind: String,
+    payload: Value,
+}
+
+/// Queues a command for one node. Only `stop` may be queued by hand; deploys
+/// come from the scheduler.
+pub async fn enqueue(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let request: EnqueueRequest = parse_json(&body)?;
+    match CommandKind::parse(&request.kind) {
+        Some(CommandKind::Stop) => {
+            let payload: StopPayload = serde_json::from_value(request.payload.clone())
+                .map_err(|e| ApiError::BadRequest(format!("invalid stop payload: {e}")))?;
+            payload.validate()?;
+        }
+        Some(CommandKind::Deploy) => {
+            return Err(ApiError::BadRequest("deploy commands are created by deployments, not queued by hand".into()))
+        }
+        None => return Err(ApiError::BadRequest("type must be \"stop\"".to_string())),
+    }
+    if state.store.node(&id).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no node {id:?}")));
+    }
+    let command = NewCommand { node_id: id.clone(), kind: request.kind, payload: request.payload.to_string() };
+    let row = state.store.enqueue_command(&command, state.clock.now_ms()).await?;
+    state.hub.notify(&id, events::COMMANDS);
+    Ok((StatusCode::CREATED, Json(serde_json::to_value(commands_wire::to_wire(&row)).unwrap_or(Value::Null))))
+}
+
+pub async fn commands(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let rows = state.store.node_commands(&id, 100).await?;
+    let commands: Vec<Value> = rows
+        .iter()
+        .map(|row| {
+            json!({
+                "id": commands_wire::command_id(row.seq),
+                "type": row.kind,
+                "created_at": rfc3339_ms(row.created_at),
+                "acked_at": row.acked_at.map(rfc3339_ms),
+                "ack_count": row.ack_count,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "commands": commands })))
+}

@@ -1,0 +1,107 @@
+//! The control plane's settings, from command-line flags.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use cloudweb_protocol::SupportedRange;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub agent_listen: SocketAddr,
+    pub api_listen: SocketAddr,
+    /// What agents dial, e.g. `https://cp.example.com:8443`.
+    pub public_url: url_lite::HttpsUrl,
+    /// URL of the node installer shown in join commands.
+    pub installer_url: String,
+    /// How often the latest heartbeats are written to the database.
+    pub heartbeat_flush_interval: Duration,
+    /// A node without a heartbeat for this long is unreachable.
+    pub unreachable_after: Duration,
+    /// Join tokens expire after this long.
+    pub join_token_ttl: Duration,
+    pub protocol_range: SupportedRange,
+}
+
+impl Config {
+    /// Settings for a control plane on loopback, used by tests.
+    pub fn local(data_dir: PathBuf) -> Config {
+        Config {
+            data_dir,
+            agent_listen: "127.0.0.1:0".parse().expect("literal address"),
+            api_listen: "127.0.0.1:0".parse().expect("literal address"),
+            public_url: url_lite::HttpsUrl::parse("https://127.0.0.1:8443").expect("literal url"),
+            installer_url: "http://127.0.0.1:8080/node.sh".to_string(),
+            heartbeat_flush_interval: Duration::from_secs(5),
+            unreachable_after: Duration::from_secs(30),
+            join_token_ttl: Duration::from_secs(3600),
+            protocol_range: SupportedRange::default(),
+        }
+    }
+}
+
+/// The one URL shape the control plane needs: `https://host[:port]`.
+pub mod url_lite {
+    use std::fmt;
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct HttpsUrl {
+        pub host: String,
+        pub port: u16,
+    }
+
+    impl HttpsUrl {
+        pub fn parse(text: &str) -> Result<HttpsUrl, String> {
+            let rest = text
+                .strip_prefix("https://")
+                .ok_or_else(|| format!("public URL {text:?} must start with https://"))?;
+            let rest = rest.trim_end_matches('/');
+            if rest.contains('/') || rest.contains('@') || rest.contains('?') || rest.is_empty() {
+                return Err(format!("public URL {text:?} must be https://host[:port] with no path"));
+            }
+            let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+                let (host, after) = v6.split_once(']').ok_or_else(|| format!("public URL {text:?}: unclosed '['"))?;
+                (host.to_string(), after.strip_prefix(':'))
+            } else {
+                match rest.rsplit_once(':') {
+                    Some((h, p)) => (h.to_string(), Some(p)),
+                    None => (rest.to_string(), None),
+                }
+            };
+            let port = match port {
+                None => 443,
+                Some(p) => p.parse::<u16>().map_err(|_| format!("public URL {text:?}: bad port"))?,
+            };
+            if host.parse::<std::net::IpAddr>().is_err() {
+                cloudweb_protocol::validate::hostname("public URL host", &host).map_err(|e| e.to_string())?;
+            }
+            Ok(HttpsUrl { host, port })
+        }
+    }
+
+    impl fmt::Display for HttpsUrl {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            if self.host.contains(':') {
+                write!(f, "https://[{}]:{}", self.host, self.port)
+            } else {
+                write!(f, "https://{}:{}", self.host, self.port)
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn parses_public_urls() {
+            assert_eq!(HttpsUrl::parse("https://cp.example.com:8443").unwrap().to_string(), "https://cp.example.com:8443");
+            assert_eq!(HttpsUrl::parse("https://cp.example.com").unwrap().port, 443);
+            assert_eq!(HttpsUrl::parse("https://[::1]:8443").unwrap().host, "::1");
+            for bad in ["http://x", "https://", "https://x/path", "https://u@x", "https://x:99999", "https://a b"] {
+                assert!(HttpsUrl::parse(bad).is_err(), "{bad}");
+            }
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! The one mapping from control-plane errors to HTTP answers. Messages are
+//! meant for the caller; internal details are logged, not returned.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use cloudweb_protocol::{ErrorBody, ValidationError};
+
+use crate::ca::CaError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(detail) = &self {
+            tracing::error!(error = %detail, "request failed");
+        }
+        (self.status(), Json(ErrorBody { error: self.to_string() })).into_response()
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(err: ValidationError) -> Self {
+        ApiError::BadRequest(err.to_string())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        ApiError::Internal(err.to_string())
+    }
+}
+
+impl From<CaError> for ApiError {
+    fn from(err: CaError) -> Self {
+        match err {
+            CaError::BadCsr(msg) => ApiError::BadRequest(format!("invalid csr: {msg}")),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+/// Parses a JSON body into `T`, answering 400 with serde's reason (which
+/// names the field and position) when it does not fit.
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        let mut reason = e.to_string();
+        reason.truncate(200);
+        ApiError::BadRequest(format!("invalid JSON body: {reason}"))
+    })
+}

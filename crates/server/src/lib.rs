@@ -1,0 +1,201 @@
+//! The cloud-web control plane as a library: [`start`] opens the state,
+//! loads or creates the cluster CA, and serves the agent listener and the
+//! user API until the returned [`RunningServer`] is dropped. `main.rs` only
+//! parses flags and calls it; tests call it in-process with their own clock.
+
+pub mod agent_api;
+pub mod api;
+pub mod ca;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod hub;
+pub mod live;
+pub mod store;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
+
+use cloudweb_protocol::{events, RegistryConfig, RouteTable};
+use rand::Rng;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::ca::{sha256_hex, ClusterCa};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::hub::Hub;
+use crate::live::NodeRegistry;
+use crate::store::Store;
+
+/// File holding the initial admin API token.
+pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+
+/// Everything request handlers share.
+pub struct AppState {
+    pub config: Config,
+    pub store: Store,
+    pub ca: ClusterCa,
+    pub clock: Arc<dyn Clock>,
+    pub nodes: NodeRegistry,
+    pub hub: Hub,
+    /// SHA-256 digests of valid admin API tokens.
+    pub admin_tokens: RwLock<HashSet<String>>,
+    pub routes: RwLock<RouteTable>,
+    pub registry: RwLock<RegistryConfig>,
+    pub heartbeats_total: AtomicU64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot create data dir {path}: {source}")]
+    DataDir { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error(transparent)]
+    Ca(#[from] ca::CaError),
+    #[error(transparent)]
+    Tls(#[from] agent_api::listener::TlsSetupError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+}
+
+/// A running control plane. Dropping it stops its tasks (tests rely on
+/// this); [`RunningServer::shutdown`] also writes pending heartbeats.
+pub struct RunningServer {
+    pub agent_addr: SocketAddr,
+    pub api_addr: SocketAddr,
+    pub state: Arc<AppState>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningServer {
+    pub async fn shutdown(mut self) {
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+        flush_heartbeats(&self.state).await;
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServer, StartError> {
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|source| StartError::DataDir { path: config.data_dir.clone(), source })?;
+    let stamp = clock
+        .now()
+        .format(time::macros::format_description!("[year][month][day]T[hour][minute][second]Z"))
+        .unwrap_or_else(|_| "unknown".to_string());
+    let store = Store::open(&config.data_dir, &stamp).await?;
+    let ca = ClusterCa::load_or_create(&config.data_dir, clock.now())?;
+    let admin_tokens = ensure_admin_token(&config, &store, clock.as_ref()).await?;
+
+    let mut hosts = vec![config.public_url.host.clone()];
+    for extra in ["localhost", "127.0.0.1"] {
+        if !hosts.iter().any(|h| h == extra) {
+            hosts.push(extra.to_string());
+        }
+    }
+    let tls = Arc::new(agent_api::listener::server_config(&ca, &hosts, clock.now())?);
+
+    let state = Arc::new(AppState {
+        store: store.clone(),
+        ca,
+        clock,
+        nodes: NodeRegistry::default(),
+        hub: Hub::default(),
+        admin_tokens: RwLock::new(admin_tokens),
+        routes: RwLock::new(RouteTable::default()),
+        registry: RwLock::new(RegistryConfig::default()),
+        heartbeats_total: AtomicU64::new(0),
+        config,
+    });
+    state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());
+
+    let agent_listener = bind(state.config.agent_listen).await?;
+    let api_listener = bind(state.config.api_listen).await?;
+    let agent_addr = agent_listener.local_addr().map_err(|source| StartError::Listen { addr: state.config.agent_listen, source })?;
+    let api_addr = api_listener.local_addr().map_err(|source| StartError::Listen { addr: state.config.api_listen, source })?;
+
+    let agent_router = agent_api::router(state.clone());
+    let api_router = api::router(state.clone());
+    let tasks = vec![
+        tokio::spawn(agent_api::listener::serve(agent_listener, tls, agent_router)),
+        tokio::spawn(async move {
+            if let Err(err) = axum::serve(api_listener, api_router).await {
+                tracing::error!(error = %err, "user API server stopped");
+            }
+        }),
+        tokio::spawn(heartbeat_writer(state.clone())),
+    ];
+    tracing::info!(%agent_addr, %api_addr, ca_sha256 = %state.ca.fingerprint(), "control plane listening");
+    Ok(RunningServer { agent_addr, api_addr, state, tasks })
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })
+}
+
+/// Creates the first admin token when there is none, writing it to
+/// `<data-dir>/admin-token` (mode 0600). Returns the digests of all tokens.
+async fn ensure_admin_token(config: &Config, store: &Store, clock: &dyn Clock) -> Result<HashSet<String>, StartError> {
+    let mut digests: HashSet<String> = store.admin_token_digests().await?.into_iter().collect();
+    if digests.is_empty() {
+        let bytes: [u8; 32] = rand::rng().random();
+        let token = format!("cwa_{}", hex::encode(bytes));
+        let path = config.data_dir.join(ADMIN_TOKEN_FILE);
+        // A file left from an earlier, since-deleted database is stale.
+        let _ = std::fs::remove_file(&path);
+        ca::write_private(&path, format!("{token}\n").as_bytes())?;
+        let digest = sha256_hex(token.as_bytes());
+        store.insert_admin_token(&digest, clock.now_ms()).await?;
+        tracing::info!(path = %path.display(), "wrote the initial admin API token");
+        digests.insert(digest);
+    }
+    Ok(digests)
+}
+
+/// Writes the heartbeats received since the last write, in one transaction,
+/// every `heartbeat_flush_interval`.
+async fn heartbeat_writer(state: Arc<AppState>) {
+    let mut interval = tokio::time::interval(state.config.heartbeat_flush_interval);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        flush_heartbeats(&state).await;
+    }
+}
+
+async fn flush_heartbeats(state: &AppState) {
+    let batch = state.nodes.take_dirty();
+    if let Err(err) = state.store.save_heartbeats(&batch).await {
+        tracing::error!(error = %err, nodes = batch.len(), "could not persist heartbeats");
+    }
+}
+
+/// Removes a node everywhere: its row and queued commands, its entry in the
+/// live registry (so its certificate stops working at once) and its stream.
+pub async fn remove_node(state: &AppState, node_id: &str) -> Result<(), ApiError> {
+    state.store.delete_node(node_id).await?;
+    state.nodes.remove(node_id);
+    state.hub.remove(node_id);
+    state.hub.notify_all(events::PEERS);
+    Ok(())
+}
+
+/// The node's address on the WireGuard mesh (10.77.0.0/16).
+pub fn mesh_address(index: i64) -> String {
+    let index = index.clamp(1, 65534);
+    format!("10.77.{}.{}", index >> 8, index & 0xff)
+}

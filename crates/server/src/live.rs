@@ -1,0 +1,303 @@
+//! What the control plane knows about each registered node right now: the
+//! certificate it must present, when it was last heard from (on this
+//! process's monotonic clock), and its latest heartbeat. Heartbeats land here
+//! first and reach SQLite in batches, so a heartbeat costs no commit.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::time::Duration;
+
+use cloudweb_protocol::{Health, Heartbeat, Metrics};
+use tokio::time::Instant;
+
+use crate::store::{HeartbeatRow, NodeRow};
+
+/// Health older than this is treated as unknown.
+pub const HEALTH_MAX_AGE: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone)]
+pub struct LiveNode {
+    pub id: String,
+    pub name: String,
+    pub cert_sha256: String,
+    pub draining: bool,
+    /// Last sign of life: join, heartbeat, or (after a restart of the
+    /// control plane) the moment the node was loaded.
+    pub last_seen: Instant,
+    pub agent_version: Option<String>,
+    pub protocol: u32,
+    pub capacity: Option<Capacity>,
+    pub heartbeat_at_ms: Option<i64>,
+    pub health: Option<Stamped<Health>>,
+    pub metrics: Option<Stamped<Metrics>>,
+    dirty: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    pub cpu_cores: u32,
+    pub mem_bytes: u64,
+    pub disk_bytes: u64,
+}
+
+/// A value with when it was received (monotonic and wall clock).
+#[derive(Debug, Clone)]
+pub struct Stamped<T> {
+    pub value: T,
+    pub received: Instant,
+    pub at_ms: i64,
+}
+
+/// A node's state as users and the scheduler see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeState {
+    Ready,
+    Unreachable,
+    Draining,
+}
+
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Ready => "ready",
+            NodeState::Unreachable => "unreachable",
+            NodeState::Draining => "draining",
+        }
+    }
+}
+
+/// The health column: degraded only when the node reports, recently, that it
+/// cannot reach a configured registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthState {
+    Healthy,
+    Degraded(String),
+    Unknown,
+}
+
+impl LiveNode {
+    pub fn state(&self, now: Instant, unreachable_after: Duration) -> NodeState {
+        if now.saturating_duration_since(self.last_seen) > unreachable_after {
+            NodeState::Unreachable
+        } else if self.draining {
+            NodeState::Draining
+        } else {
+            NodeState::Ready
+        }
+    }
+
+    /// Health if it is recent enough to be believed.
+    pub fn current_health(&self, now: Instant) -> Option<&Health> {
+        self.health
+            .as_ref()
+            .filter(|h| now.saturating_duration_since(h.received) <= HEALTH_MAX_AGE)
+            .map(|h| &h.value)
+    }
+
+    pub fn health_state(&self, now: Instant) -> HealthState {
+        let Some(registry) = self.current_health(now).and_then(|h| h.registry.as_ref()) else {
+            return HealthState::Unknown;
+        };
+        if registry.configured && !registry.reachable {
+            HealthState::Degraded(registry.error.clone().unwrap_or_else(|| "registry unreachable".to_string()))
+        } else {
+            HealthState::Healthy
+        }
+    }
+
+    /// Features are only believed while the health that carried them is.
+    pub fn has_feature(&self, now: Instant, feature: &str) -> bool {
+        self.current_health(now)
+            .and_then(|h| h.features.as_ref())
+            .is_some_and(|features| features.iter().any(|f| f == feature))
+    }
+}
+
+#[derive(Default)]
+pub struct NodeRegistry {
+    nodes: RwLock<HashMap<String, LiveNode>>,
+}
+
+impl NodeRegistry {
+    /// Loads nodes from the database at startup. Each gets one full
+    /// unreachable period from `now` to check in.
+    pub fn load(&self, rows: &[NodeRow], now: Instant) {
+        let mut nodes = self.nodes.write().expect("node registry lock");
+        for row in rows {
+            nodes.insert(row.id.clone(), live_from_row(row, now));
+        }
+    }
+
+    pub fn insert(&self, row: &NodeRow, now: Instant) {
+        self.nodes.write().expect("node registry lock").insert(row.id.clone(), live_from_row(row, now));
+    }
+
+    pub fn remove(&self, id: &str) -> Option<LiveNode> {
+        self.nodes.write().expect("node registry lock").remove(id)
+    }
+
+    /// Whether a client certificate with this fingerprint belongs to a node
+    /// that is still registered.
+    pub fn authorize(&self, id: &str, cert_sha256: &str) -> bool {
+        self.nodes
+            .read()
+            .expect("node registry lock")
+            .get(id)
+            .is_some_and(|node| node.cert_sha256 == cert_sha256)
+    }
+
+    pub fn get(&self, id: &str) -> Option<LiveNode> {
+        self.nodes.read().expect("node registry lock").get(id).cloned()
+    }
+
+    pub fn all(&self) -> Vec<LiveNode> {
+        self.nodes.read().expect("node registry lock").values().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.read().expect("node registry lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Records a heartbeat. Returns false when the node is not registered.
+    pub fn record_heartbeat(
+        &self,
+        id: &str,
+        heartbeat: Heartbeat,
+        agent_version: Option<String>,
+        protocol: u32,
+        now: Instant,
+        now_ms: i64,
+    ) -> bool {
+        let mut nodes = self.nodes.write().expect("node registry lock");
+        let Some(node) = nodes.get_mut(id) else { return false };
+        node.last_seen = now;
+        node.heartbeat_at_ms = Some(now_ms);
+        if agent_version.is_some() {
+            node.agent_version = agent_version;
+        }
+        node.protocol = protocol;
+        node.capacity = Some(Capacity {
+            cpu_cores: heartbeat.cpu_cores,
+            mem_bytes: heartbeat.mem_bytes,
+            disk_bytes: heartbeat.disk_bytes,
+        });
+        if let Some(health) = heartbeat.health {
+            node.health = Some(Stamped { value: health, received: now, at_ms: now_ms });
+        }
+        if let Some(metrics) = heartbeat.metrics {
+            node.metrics = Some(Stamped { value: metrics, received: now, at_ms: now_ms });
+        }
+        node.dirty = true;
+        true
+    }
+
+    /// Takes the heartbeats received since the last call, for one batched
+    /// write.
+    pub fn take_dirty(&self) -> Vec<HeartbeatRow> {
+        let mut nodes = self.nodes.write().expect("node registry lock");
+        let mut batch = Vec::new();
+        for node in nodes.values_mut().filter(|n| n.dirty) {
+            node.dirty = false;
+            let Some(capacity) = node.capacity else { continue };
+            batch.push(HeartbeatRow {
+                node_id: node.id.clone(),
+                at_ms: node.heartbeat_at_ms.unwrap_or_default(),
+                agent_version: node.agent_version.clone(),
+                protocol: i64::from(node.protocol),
+                cpu_cores: i64::from(capacity.cpu_cores),
+                mem_bytes: capacity.mem_bytes.min(i64::MAX as u64) as i64,
+                disk_bytes: capacity.disk_bytes.min(i64::MAX as u64) as i64,
+                health_json: node.health.as_ref().and_then(|h| serde_json::to_string(&h.value).ok()),
+                health_at: node.health.as_ref().map(|h| h.at_ms),
+                metrics_json: node.metrics.as_ref().and_then(|m| serde_json::to_string(&m.value).ok()),
+                metrics_at: node.metrics.as_ref().map(|m| m.at_ms),
+            });
+        }
+        batch
+    }
+}
+
+fn live_from_row(row: &NodeRow, now: Instant) -> LiveNode {
+    let capacity = match (row.cpu_cores, row.mem_bytes, row.disk_bytes) {
+        (Some(cpu), Some(mem), Some(disk)) => Some(Capacity {
+            cpu_cores: cpu.clamp(0, u32::MAX as i64) as u32,
+            mem_bytes: mem.max(0) as u64,
+            disk_bytes: disk.max(0) as u64,
+        }),
+        _ => None,
+    };
+    LiveNode {
+        id: row.id.clone(),
+        name: row.name.clone(),
+        cert_sha256: row.cert_sha256.clone(),
+        draining: row.draining,
+        last_seen: now,
+        agent_version: row.agent_version.clone(),
+        protocol: row.protocol.unwrap_or(1).clamp(0, u32::MAX as i64) as u32,
+        capacity,
+        heartbeat_at_ms: row.last_heartbeat_at,
+        // Health and metrics from before a restart are older than any age we
+        // would believe, so they are not loaded.
+        health: None,
+        metrics: None,
+        dirty: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cloudweb_protocol::RegistryHealth;
+
+    use super::*;
+
+    fn node(now: Instant) -> LiveNode {
+        LiveNode {
+            id: "n-1".into(),
+            name: "one".into(),
+            cert_sha256: "ab".into(),
+            draining: false,
+            last_seen: now,
+            agent_version: None,
+            protocol: 1,
+            capacity: None,
+            heartbeat_at_ms: None,
+            health: None,
+            metrics: None,
+            dirty: false,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn states_follow_the_monotonic_clock() {
+        let start = Instant::now();
+        let mut n = node(start);
+        assert_eq!(n.state(start + Duration::from_secs(30), Duration::from_secs(30)), NodeState::Ready);
+        assert_eq!(n.state(start + Duration::from_secs(31), Duration::from_secs(30)), NodeState::Unreachable);
+        n.draining = true;
+        assert_eq!(n.state(start, Duration::from_secs(30)), NodeState::Draining);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stale_health_is_unknown_and_hides_features() {
+        let start = Instant::now();
+        let mut n = node(start);
+        assert_eq!(n.health_state(start), HealthState::Unknown);
+        n.health = Some(Stamped {
+            value: Health {
+                registry: Some(RegistryHealth { configured: true, reachable: false, error: Some("i/o timeout".into()) }),
+                mesh: None,
+                features: Some(vec!["static-sites".into()]),
+            },
+            received: start,
+            at_ms: 0,
+        });
+        assert_eq!(n.health_state(start + Duration::from_secs(60)), HealthState::Degraded("i/o timeout".into()));
+        assert!(n.has_feature(start + Duration::from_secs(60), "static-sites"));
+        assert_eq!(n.health_state(start + Duration::from_secs(61)), HealthState::Unknown);
+        assert!(!n.has_feature(start + Duration::from_secs(61), "static-sites"));
+    }
+}

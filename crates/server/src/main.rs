@@ -1,0 +1,94 @@
+//! `cloudweb-server`: flag parsing and process wiring around
+//! [`cloudweb_server::start`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use cloudweb_server::clock::SystemClock;
+use cloudweb_server::config::{url_lite::HttpsUrl, Config};
+use cloudweb_protocol::SupportedRange;
+
+#[derive(Parser)]
+#[command(name = "cloudweb-server", version, about = "The cloud-web control plane")]
+struct Cli {
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Subcommand)]
+enum Commands {
+    /// Run the control plane.
+    Serve(ServeArgs),
+}
+
+#[derive(Parser)]
+struct ServeArgs {
+    /// Directory for the database, the cluster CA and the admin token.
+    #[arg(long, env = "CLOUDWEB_DATA_DIR", default_value = "/var/lib/cloudweb")]
+    data_dir: PathBuf,
+    /// Address of the agent listener (TLS 1.3, mTLS).
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    agent_listen: SocketAddr,
+    /// Address of the user API and dashboard.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    api_listen: SocketAddr,
+    /// URL agents dial, https://host[:port]; its host goes into the listener's certificate.
+    #[arg(long)]
+    public_url: String,
+    /// URL of the node installer, shown in join commands.
+    #[arg(long)]
+    installer_url: Option<String>,
+    /// Seconds between batched writes of heartbeats to the database.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
+    heartbeat_flush_seconds: u64,
+    /// Seconds without a heartbeat after which a node is unreachable.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(5..=3600))]
+    unreachable_after_seconds: u64,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CLOUDWEB_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let Commands::Serve(args) = cli.command;
+    let public_url = HttpsUrl::parse(&args.public_url).map_err(anyhow::Error::msg)?;
+    let installer_url = args.installer_url.unwrap_or_else(|| format!("http://{}/node.sh", args.api_listen));
+    if installer_url.chars().any(|c| c.is_whitespace() || c.is_control() || "'\"`$;|&<>\\".contains(c)) {
+        anyhow::bail!("--installer-url must be a plain URL without spaces or shell characters");
+    }
+    let config = Config {
+        data_dir: args.data_dir,
+        agent_listen: args.agent_listen,
+        api_listen: args.api_listen,
+        public_url,
+        installer_url,
+        heartbeat_flush_interval: Duration::from_secs(args.heartbeat_flush_seconds),
+        unreachable_after: Duration::from_secs(args.unreachable_after_seconds),
+        join_token_ttl: Duration::from_secs(3600),
+        protocol_range: SupportedRange::default(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let server = cloudweb_server::start(config, Arc::new(SystemClock)).await.context("starting the control plane")?;
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        server.shutdown().await;
+        Ok(())
+    })
+}
+
+async fn wait_for_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

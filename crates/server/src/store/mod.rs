@@ -1,0 +1,51 @@
+//! All SQL lives here. The rest of the control plane calls typed methods and
+//! never sees a query, so a PostgreSQL backend can later sit behind the same
+//! methods. Queries use `$n` placeholders and portable types for that reason.
+//!
+//! Every method that writes counts its commit in [`Store::commits`], which the
+//! heartbeat benchmark reads to prove heartbeats are persisted in batches.
+
+mod commands;
+mod nodes;
+mod open;
+mod reports;
+mod tokens;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use sqlx::SqlitePool;
+
+pub use commands::{CommandRow, NewCommand};
+pub use nodes::{HeartbeatRow, JoinRefusal, NewNode, NodeRow};
+pub use tokens::TokenRejection;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("cannot back up the database to {path}: {source}")]
+    Backup { path: String, source: sqlx::Error },
+    #[error("i/o error on {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+/// Handle to the control plane's state. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: SqlitePool,
+    commits: Arc<AtomicU64>,
+}
+
+impl Store {
+    /// Number of write transactions committed since the process started.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    fn count_commit(&self) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+    }
+}

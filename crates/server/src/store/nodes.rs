@@ -1,0 +1,231 @@
+//! Nodes: registration (which spends a join token in the same transaction),
+//! listing, removal, and the batched write of the latest heartbeats.
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::Row;
+
+use super::{Store, StoreError, TokenRejection};
+
+/// A node as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRow {
+    pub id: String,
+    pub name: String,
+    pub hostname: String,
+    pub ingress: bool,
+    pub mesh_index: i64,
+    pub wireguard_public_key: Option<String>,
+    pub endpoint: Option<String>,
+    pub cert_sha256: String,
+    pub draining: bool,
+    pub joined_at: i64,
+    pub agent_version: Option<String>,
+    pub protocol: Option<i64>,
+    pub last_heartbeat_at: Option<i64>,
+    pub cpu_cores: Option<i64>,
+    pub mem_bytes: Option<i64>,
+    pub disk_bytes: Option<i64>,
+    pub health_json: Option<String>,
+    pub health_at: Option<i64>,
+    pub metrics_json: Option<String>,
+    pub metrics_at: Option<i64>,
+}
+
+/// What a join writes.
+#[derive(Debug, Clone)]
+pub struct NewNode {
+    pub id: String,
+    pub name: String,
+    pub hostname: String,
+    pub ingress: bool,
+    pub wireguard_public_key: Option<String>,
+    pub endpoint: Option<String>,
+    pub cert_sha256: String,
+    pub agent_version: Option<String>,
+    pub protocol: i64,
+}
+
+/// The latest heartbeat of one node, as the batch writer persists it.
+#[derive(Debug, Clone)]
+pub struct HeartbeatRow {
+    pub node_id: String,
+    pub at_ms: i64,
+    pub agent_version: Option<String>,
+    pub protocol: i64,
+    pub cpu_cores: i64,
+    pub mem_bytes: i64,
+    pub disk_bytes: i64,
+    pub health_json: Option<String>,
+    pub health_at: Option<i64>,
+    pub metrics_json: Option<String>,
+    pub metrics_at: Option<i64>,
+}
+
+const NODE_COLUMNS: &str = "id, name, hostname, ingress, mesh_index, wireguard_public_key, endpoint, cert_sha256, \
+     draining, joined_at, agent_version, protocol, last_heartbeat_at, cpu_cores, mem_bytes, disk_bytes, \
+     health_json, health_at, metrics_json, metrics_at";
+
+fn node_from_row(row: &SqliteRow) -> NodeRow {
+    NodeRow {
+        id: row.get("id"),
+        name: row.get("name"),
+        hostname: row.get("hostname"),
+        ingress: row.get("ingress"),
+        mesh_index: row.get("mesh_index"),
+        wireguard_public_key: row.get("wireguard_public_key"),
+        endpoint: row.get("endpoint"),
+        cert_sha256: row.get("cert_sha256"),
+        draining: row.get("draining"),
+        joined_at: row.get("joined_at"),
+        agent_version: row.get("agent_version"),
+        protocol: row.get("protocol"),
+        last_heartbeat_at: row.get("last_heartbeat_at"),
+        cpu_cores: row.get("cpu_cores"),
+        mem_bytes: row.get("mem_bytes"),
+        disk_bytes: row.get("disk_bytes"),
+        health_json: row.get("health_json"),
+        health_at: row.get("health_at"),
+        metrics_json: row.get("metrics_json"),
+        metrics_at: row.get("metrics_at"),
+    }
+}
+
+/// Why a join could not be recorded.
+#[derive(Debug)]
+pub enum JoinRefusal {
+    Token(TokenRejection),
+    NameTaken,
+}
+
+impl Store {
+    /// Spends the join token and records the node, in one transaction, so a
+    /// token is never spent without a node or the other way round.
+    pub async fn register_node(
+        &self,
+        token_digest: &str,
+        node: &NewNode,
+        now_ms: i64,
+    ) -> Result<Result<NodeRow, JoinRefusal>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let token = sqlx::query("SELECT expires_at, used_at FROM join_tokens WHERE token_sha256 = $1")
+            .bind(token_digest)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let rejection = match token {
+            None => Some(TokenRejection::Unknown),
+            Some(row) if row.get::<Option<i64>, _>("used_at").is_some() => Some(TokenRejection::AlreadyUsed),
+            Some(row) if row.get::<i64, _>("expires_at") <= now_ms => Some(TokenRejection::Expired),
+            Some(_) => None,
+        };
+        if let Some(rejection) = rejection {
+            return Ok(Err(JoinRefusal::Token(rejection)));
+        }
+        let taken = sqlx::query("SELECT COUNT(*) AS n FROM nodes WHERE name = $1")
+            .bind(&node.name)
+            .fetch_one(&mut *tx)
+            .await?
+            .get::<i64, _>("n");
+        if taken > 0 {
+            return Ok(Err(JoinRefusal::NameTaken));
+        }
+        let used = sqlx::query("UPDATE join_tokens SET used_at = $1, used_by_node = $2 WHERE token_sha256 = $3 AND used_at IS NULL")
+            .bind(now_ms)
+            .bind(&node.id)
+            .bind(token_digest)
+            .execute(&mut *tx)
+            .await?;
+        if used.rows_affected() != 1 {
+            return Ok(Err(JoinRefusal::Token(TokenRejection::AlreadyUsed)));
+        }
+        // The lowest free mesh index keeps addresses dense after removals.
+        let mesh_index: i64 = sqlx::query(
+            "SELECT COALESCE(MIN(candidate), 1) AS idx FROM ( \
+               SELECT 1 AS candidate WHERE NOT EXISTS (SELECT 1 FROM nodes WHERE mesh_index = 1) \
+               UNION ALL \
+               SELECT n.mesh_index + 1 FROM nodes n \
+               WHERE NOT EXISTS (SELECT 1 FROM nodes m WHERE m.mesh_index = n.mesh_index + 1))",
+        )
+        .fetch_one(&mut *tx)
+        .await?
+        .get("idx");
+        sqlx::query(
+            "INSERT INTO nodes (id, name, hostname, ingress, mesh_index, wireguard_public_key, endpoint, cert_sha256, \
+             joined_at, agent_version, protocol) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(&node.id)
+        .bind(&node.name)
+        .bind(&node.hostname)
+        .bind(node.ingress)
+        .bind(mesh_index)
+        .bind(&node.wireguard_public_key)
+        .bind(&node.endpoint)
+        .bind(&node.cert_sha256)
+        .bind(now_ms)
+        .bind(&node.agent_version)
+        .bind(node.protocol)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.count_commit();
+        let row = self.node(&node.id).await?.expect("node inserted in this transaction");
+        Ok(Ok(row))
+    }
+
+    pub async fn node(&self, id: &str) -> Result<Option<NodeRow>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(node_from_row))
+    }
+
+    pub async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+        let rows = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY joined_at, id"))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(node_from_row).collect())
+    }
+
+    /// Removes a node and its queued commands. Returns whether it existed.
+    pub async fn delete_node(&self, id: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM commands WHERE node_id = $1").bind(id).execute(&mut *tx).await?;
+        let deleted = sqlx::query("DELETE FROM nodes WHERE id = $1").bind(id).execute(&mut *tx).await?;
+        tx.commit().await?;
+        self.count_commit();
+        Ok(deleted.rows_affected() == 1)
+    }
+
+    /// Persists the latest heartbeat of many nodes in one transaction.
+    pub async fn save_heartbeats(&self, batch: &[HeartbeatRow]) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        for hb in batch {
+            sqlx::query(
+                "UPDATE nodes SET last_heartbeat_at = $1, agent_version = COALESCE($2, agent_version), protocol = $3, \
+                 cpu_cores = $4, mem_bytes = $5, disk_bytes = $6, \
+                 health_json = COALESCE($7, health_json), health_at = COALESCE($8, health_at), \
+                 metrics_json = COALESCE($9, metrics_json), metrics_at = COALESCE($10, metrics_at) \
+                 WHERE id = $11",
+            )
+            .bind(hb.at_ms)
+            .bind(&hb.agent_version)
+            .bind(hb.protocol)
+            .bind(hb.cpu_cores)
+            .bind(hb.mem_bytes)
+            .bind(hb.disk_bytes)
+            .bind(&hb.health_json)
+            .bind(hb.health_at)
+            .bind(&hb.metrics_json)
+            .bind(hb.metrics_at)
+            .bind(&hb.node_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        self.count_commit();
+        Ok(())
+    }
+}

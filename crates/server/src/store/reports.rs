@@ -1,0 +1,52 @@
+//! Deployment reports and log lines sent by agents.
+
+use cloudweb_protocol::Report;
+
+use super::{Store, StoreError};
+
+impl Store {
+    pub async fn save_report(&self, node_id: &str, report: &Report, now_ms: i64) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        if report.state.is_some() || report.message.is_some() || report.image.is_some() {
+            sqlx::query(
+                "INSERT INTO deployment_reports (deployment_id, node_id, state, message, image, created_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(&report.deployment_id)
+            .bind(node_id)
+            .bind(&report.state)
+            .bind(&report.message)
+            .bind(&report.image)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        for line in &report.logs {
+            sqlx::query(
+                "INSERT INTO deployment_logs (deployment_id, node_id, ts, stream, line) VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(&report.deployment_id)
+            .bind(node_id)
+            .bind(&line.ts)
+            .bind(&line.stream)
+            .bind(&line.line)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        self.count_commit();
+        Ok(())
+    }
+
+    /// Reports of a deployment as `(node_id, state, message)`, oldest first.
+    pub async fn deployment_reports(&self, deployment_id: &str) -> Result<Vec<(String, Option<String>, Option<String>)>, StoreError> {
+        use sqlx::Row;
+        let rows = sqlx::query(
+            "SELECT node_id, state, message FROM deployment_reports WHERE deployment_id = $1 ORDER BY seq",
+        )
+        .bind(deployment_id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| (r.get("node_id"), r.get("state"), r.get("message"))).collect())
+    }
+}
