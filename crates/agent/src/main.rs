@@ -1,1 +1,148 @@
-fn main(){}
+//! `cloudweb-agent`: join a cluster, run as a node, or leave.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use cloudweb_agent::client::{parse_fingerprint, ControlPlane};
+use cloudweb_agent::identity::Identity;
+use cloudweb_agent::join::{join, JoinOptions};
+use cloudweb_agent::run::{run, RunOptions};
+
+#[derive(Parser)]
+#[command(name = "cloudweb-agent", version, about = "The cloud-web node agent")]
+struct Cli {
+    /// Directory for the node's key, certificate and state.
+    #[arg(long, global = true, env = "CLOUDWEB_AGENT_DATA_DIR", default_value = "/var/lib/cloudweb-agent")]
+    data_dir: PathBuf,
+    /// Protocol integer to announce (for compatibility testing).
+    #[arg(long, global = true, hide = true, default_value_t = cloudweb_protocol::version::PROTOCOL)]
+    speak_protocol: u32,
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Subcommand)]
+enum Commands {
+    /// Join a cluster with a single-use token.
+    Join(JoinArgs),
+    /// Run the agent: heartbeats, commands.
+    Run(RunArgs),
+    /// Leave the cluster and delete this node's identity.
+    Leave {
+        /// Leave even while apps run here; their deployments become failed.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Parser)]
+struct JoinArgs {
+    /// The control plane's agent URL, https://host:port.
+    #[arg(long)]
+    server: String,
+    #[arg(long, env = "CLOUDWEB_JOIN_TOKEN", hide_env_values = true)]
+    token: String,
+    /// SHA-256 (hex) of the cluster CA certificate; the server must match it.
+    #[arg(long)]
+    ca_sha256: String,
+    /// This node serves public HTTP(S) traffic.
+    #[arg(long)]
+    ingress: bool,
+    /// Node name (defaults to the host name).
+    #[arg(long)]
+    name: Option<String>,
+    /// WireGuard public key of this node.
+    #[arg(long)]
+    wireguard_public_key: Option<String>,
+    /// host:port other nodes use to reach this node's WireGuard.
+    #[arg(long)]
+    endpoint: Option<String>,
+}
+
+#[derive(Parser)]
+struct RunArgs {
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
+    heartbeat_interval_seconds: u64,
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    poll_interval_seconds: u64,
+    /// Pace of retries after the control plane answered 426.
+    #[arg(long, hide = true, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    upgrade_retry_seconds: u64,
+    #[arg(long, env = "DOCKER_HOST", default_value = "unix:///var/run/docker.sock")]
+    docker_host: String,
+}
+
+fn main() -> std::process::ExitCode {
+    match real_main() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CLOUDWEB_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Commands::Join(args) => {
+                let ca_sha256 = parse_fingerprint(&args.ca_sha256).map_err(anyhow::Error::msg)?;
+                if !args.server.starts_with("https://") {
+                    anyhow::bail!("--server must be an https:// URL");
+                }
+                let hostname = nix::unistd::gethostname()
+                    .context("reading the host name")?
+                    .into_string()
+                    .map_err(|_| anyhow::anyhow!("the host name is not UTF-8"))?;
+                let info = join(JoinOptions {
+                    server: &args.server,
+                    token: &args.token,
+                    ca_sha256,
+                    data_dir: &cli.data_dir,
+                    ingress: args.ingress,
+                    name: args.name,
+                    hostname,
+                    wireguard_public_key: args.wireguard_public_key,
+                    endpoint: args.endpoint,
+                    protocol: cli.speak_protocol,
+                })
+                .await?;
+                println!("joined as {} ({}), mesh address {}", info.name, info.node_id, info.mesh_address);
+                Ok(())
+            }
+            Commands::Run(args) => {
+                run(RunOptions {
+                    data_dir: cli.data_dir,
+                    heartbeat_interval: Duration::from_secs(args.heartbeat_interval_seconds),
+                    poll_interval: Duration::from_secs(args.poll_interval_seconds),
+                    upgrade_retry: Duration::from_secs(args.upgrade_retry_seconds),
+                    docker_host: args.docker_host,
+                    protocol: cli.speak_protocol,
+                })
+                .await?;
+                Ok(())
+            }
+            Commands::Leave { force } => {
+                let identity = Identity::load(&cli.data_dir)?;
+                let client = ControlPlane::for_node(&identity, cli.speak_protocol)?;
+                let left = client.leave(force).await?;
+                Identity::erase(&cli.data_dir)?;
+                println!("node {} left the cluster", left.node_id);
+                for deployment in left.failed_deployments {
+                    println!("deployment {deployment} marked failed");
+                }
+                Ok(())
+            }
+        }
+    })
+}

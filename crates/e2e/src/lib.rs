@@ -1,1 +1,363 @@
+//! Harness for tests that start the real thing: `cloudweb-server` and
+//! `cloudweb-agent` as child processes on loopback with temporary data dirs,
+//! plus raw HTTPS clients for speaking the agent protocol by hand.
+//!
+//! The binaries are found next to the test executable's target dir
+//! (`target/debug`), or in `CLOUDWEB_BIN_DIR`. Build them first:
+//! `cargo build --bins` (the test script does).
 
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Directory holding the built binaries.
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CLOUDWEB_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    // target/debug/deps/<test-binary> -> target/debug
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(path.exists(), "{} is missing; run `cargo build --bins` first", path.display());
+    path
+}
+
+/// A free TCP port on 127.0.0.1 (there is a small window before the child
+/// binds it; the kernel does not hand out the same port again that quickly).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Polls `check` every 50 ms until it returns `Some` or `timeout` passes.
+pub async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return Ok(value);
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A child process killed on drop, with stderr captured to a file.
+pub struct Process {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Process {
+    pub fn spawn(program: &Path, args: &[String], log: PathBuf) -> Result<Process> {
+        let file = File::create(&log)?;
+        let child = Command::new(program)
+            .args(args)
+            .env("CLOUDWEB_LOG", "info,cloudweb_server=debug,cloudweb_agent=debug")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        Ok(Process { child, log })
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, like a crash.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A control plane started from the real binary.
+pub struct ServerProcess {
+    pub process: Process,
+    pub dir: PathBuf,
+    pub agent_port: u16,
+    pub api_port: u16,
+    pub admin_token: String,
+    pub http: reqwest::Client,
+}
+
+impl ServerProcess {
+    pub async fn start(dir: &Path) -> Result<ServerProcess> {
+        Self::start_with(dir, &[]).await
+    }
+
+    pub async fn start_with(dir: &Path, extra: &[&str]) -> Result<ServerProcess> {
+        let agent_port = free_port();
+        let api_port = free_port();
+        Self::start_on(dir, agent_port, api_port, extra).await
+    }
+
+    /// Starts on given ports (to restart a server where agents expect it).
+    pub async fn start_on(dir: &Path, agent_port: u16, api_port: u16, extra: &[&str]) -> Result<ServerProcess> {
+        let data = dir.join("server");
+        let mut args: Vec<String> = vec![
+            "serve".into(),
+            "--data-dir".into(),
+            data.display().to_string(),
+            "--agent-listen".into(),
+            format!("127.0.0.1:{agent_port}"),
+            "--api-listen".into(),
+            format!("127.0.0.1:{api_port}"),
+            "--public-url".into(),
+            format!("https://127.0.0.1:{agent_port}"),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let log = dir.join(format!("server-{}.log", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos()));
+        let process = Process::spawn(&bin("cloudweb-server"), &args, log)?;
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+        let health = format!("http://127.0.0.1:{api_port}/healthz");
+        let ready = wait_for(Duration::from_secs(20), "the control plane to answer /healthz", || {
+            let http = http.clone();
+            let health = health.clone();
+            async move { http.get(&health).send().await.ok().filter(|r| r.status().is_success()) }
+        })
+        .await;
+        if let Err(err) = ready {
+            bail!("{err}\nserver log:\n{}", process.log_text());
+        }
+        let admin_token = std::fs::read_to_string(data.join("admin-token"))?.trim().to_string();
+        Ok(ServerProcess { process, dir: dir.to_path_buf(), agent_port, api_port, admin_token, http })
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.agent_port)
+    }
+
+    pub fn api(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.api_port, path)
+    }
+
+    pub fn ca_pem(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server").join("ca.crt")).expect("ca.crt")
+    }
+
+    /// GET or other request on the user API with the admin token; returns
+    /// status and JSON body (Null when the body is not JSON).
+    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<(u16, Value)> {
+        let mut request = self.http.request(method, self.api(path)).bearer_auth(&self.admin_token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await?;
+        let status = response.status().as_u16();
+        let text = response.text().await?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+    }
+
+    /// A fresh join token: (token, ca_sha256).
+    pub async fn join_token(&self) -> Result<(String, String)> {
+        let (status, body) = self.call(reqwest::Method::POST, "/api/join-tokens", None).await?;
+        if status != 201 {
+            bail!("join-tokens answered {status}: {body}");
+        }
+        Ok((body["token"].as_str().unwrap().to_string(), body["ca_sha256"].as_str().unwrap().to_string()))
+    }
+
+    pub async fn node(&self, id: &str) -> Result<Value> {
+        let (status, body) = self.call(reqwest::Method::GET, &format!("/api/nodes/{id}"), None).await?;
+        if status != 200 {
+            bail!("GET node answered {status}: {body}");
+        }
+        Ok(body)
+    }
+
+    pub async fn metric(&self, name: &str) -> Result<f64> {
+        let response = self.http.get(self.api("/metrics")).bearer_auth(&self.admin_token).send().await?;
+        let text = response.text().await?;
+        text.lines()
+            .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+            .with_context(|| format!("metric {name} not found in:\n{text}"))
+    }
+}
+
+/// An agent: its data dir, and the running process once started.
+pub struct AgentNode {
+    pub dir: PathBuf,
+    pub node_id: String,
+    pub process: Option<Process>,
+}
+
+/// Output of a finished command.
+pub struct Finished {
+    pub success: bool,
+    pub output: String,
+}
+
+pub fn run_agent_command(args: &[String]) -> Result<Finished> {
+    let output = Command::new(bin("cloudweb-agent")).args(args).env("NO_COLOR", "1").stdin(Stdio::null()).output()?;
+    Ok(Finished {
+        success: output.status.success(),
+        output: format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)),
+    })
+}
+
+impl AgentNode {
+    /// Runs `cloudweb-agent join`; returns the joined node or the failure output.
+    pub fn join(server: &ServerProcess, dir: &Path, name: &str, token: &str, ca_sha256: &str, extra: &[&str]) -> Result<std::result::Result<AgentNode, String>> {
+        let mut args: Vec<String> = vec![
+            "--data-dir".into(),
+            dir.display().to_string(),
+            "join".into(),
+            "--server".into(),
+            server.url(),
+            "--token".into(),
+            token.into(),
+            "--ca-sha256".into(),
+            ca_sha256.into(),
+            "--name".into(),
+            name.into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let finished = run_agent_command(&args)?;
+        if !finished.success {
+            return Ok(Err(finished.output));
+        }
+        let info: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("node.json"))?)?;
+        Ok(Ok(AgentNode { dir: dir.to_path_buf(), node_id: info["node_id"].as_str().unwrap().to_string(), process: None }))
+    }
+
+    /// Starts `cloudweb-agent run` with the given extra flags.
+    pub fn start(&mut self, extra: &[&str]) -> Result<()> {
+        let mut args: Vec<String> = vec!["--data-dir".into(), self.dir.display().to_string(), "run".into()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let log = self.dir.with_extension(format!(
+            "{}.log",
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos()
+        ));
+        self.process = Some(Process::spawn(&bin("cloudweb-agent"), &args, log)?);
+        Ok(())
+    }
+
+    pub fn log_text(&self) -> String {
+        self.process.as_ref().map(Process::log_text).unwrap_or_default()
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.kill();
+        }
+    }
+
+    pub fn read(&self, file: &str) -> String {
+        std::fs::read_to_string(self.dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
+    }
+
+    /// A raw client that presents this node's certificate.
+    pub fn raw_client(&self) -> RawClient {
+        RawClient::new(&self.read("ca.crt"), Some((&self.read("node.crt"), &self.read("node.key"))))
+    }
+}
+
+/// HTTPS client for speaking the agent protocol by hand, with any headers.
+#[derive(Clone)]
+pub struct RawClient {
+    pub http: reqwest::Client,
+}
+
+impl RawClient {
+    /// Trusts `ca_pem`; presents `identity` (cert, key PEM) when given.
+    pub fn new(ca_pem: &str, identity: Option<(&str, &str)>) -> RawClient {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots);
+        let mut config = match identity {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(
+                    vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+                    PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+                )
+                .unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls(config)
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        RawClient { http }
+    }
+
+    /// Sends a request; `headers` are (name, value) pairs added as given.
+    /// Returns status and body text, or the transport error text.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> std::result::Result<(u16, String), String> {
+        let mut request = self.http.request(method, url);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        if let Some(body) = body {
+            request = request.header("content-type", "application/json").body(body.to_string());
+        }
+        match request.send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                Ok((status, response.text().await.unwrap_or_default()))
+            }
+            Err(err) => Err(format!("{err:?}")),
+        }
+    }
+}
+
+/// Lowercase hex SHA-256 of a PEM certificate's DER.
+pub fn pem_sha256(pem: &str) -> String {
+    let der = CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+    hex::encode(Sha256::digest(der.as_ref()))
+}
+
+/// A fresh key and CSR (PEM); `tweak` may ask for anything in the CSR.
+pub fn key_and_csr(tweak: impl FnOnce(&mut rcgen::CertificateParams)) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    tweak(&mut params);
+    let csr = params.serialize_request(&key).unwrap().pem().unwrap();
+    (key.serialize_pem(), csr)
+}

@@ -1,0 +1,293 @@
+//! The agent's only way out: HTTPS to the control plane's agent listener.
+//! Joining pins the cluster CA by the SHA-256 of its certificate before any
+//! request byte (and so the join token) is sent; afterwards every request
+//! presents the node's client certificate and trusts only the cluster CA.
+//! Every request carries the two version headers.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cloudweb_protocol::version::{HEADER_AGENT_VERSION, HEADER_PROTOCOL};
+use cloudweb_protocol::{
+    paths, CommandList, ErrorBody, Heartbeat, JoinRequest, JoinResponse, LeaveResponse, PeerList, RegistryConfig,
+    Report, RouteTable, UpgradeRequired,
+};
+use reqwest::{RequestBuilder, StatusCode};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use sha2::{Digest, Sha256};
+
+use crate::identity::Identity;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("the control plane's CA does not match --ca-sha256: expected {expected}, the server presented {presented}; nothing was sent")]
+    CaMismatch { expected: String, presented: String },
+    #[error("the control plane does not speak this agent's protocol: {}", .0.error)]
+    UpgradeRequired(UpgradeRequired),
+    #[error("control plane answered {status}: {message}")]
+    Status { status: u16, message: String },
+    #[error("cannot reach the control plane: {0}")]
+    Transport(String),
+    #[error("unexpected answer from the control plane: {0}")]
+    Decode(String),
+    #[error("tls setup: {0}")]
+    Tls(String),
+}
+
+impl ClientError {
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Status { status, .. } => Some(*status),
+            ClientError::UpgradeRequired(_) => Some(426),
+            _ => None,
+        }
+    }
+}
+
+/// Parses `--ca-sha256`: 64 hex digits.
+pub fn parse_fingerprint(text: &str) -> Result<[u8; 32], String> {
+    let bytes = hex::decode(text.trim()).map_err(|_| "--ca-sha256 must be 64 hexadecimal digits".to_string())?;
+    bytes.try_into().map_err(|_| "--ca-sha256 must be 64 hexadecimal digits".to_string())
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn base_builder() -> rustls::ConfigBuilder<ClientConfig, rustls::WantsVerifier> {
+    ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("ring supports TLS 1.3")
+}
+
+/// Trusts a server only if its chain contains a CA certificate with the
+/// pinned fingerprint and the leaf verifies against that CA.
+#[derive(Debug)]
+struct PinnedCa {
+    pin: [u8; 32],
+    provider: Arc<CryptoProvider>,
+    mismatch: Arc<Mutex<Option<String>>>,
+}
+
+impl ServerCertVerifier for PinnedCa {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let Some(ca) = intermediates.iter().find(|c| Sha256::digest(c.as_ref()).as_slice() == self.pin) else {
+            let presented = intermediates
+                .iter()
+                .chain(std::iter::once(end_entity))
+                .map(|c| hex::encode(Sha256::digest(c.as_ref())))
+                .collect::<Vec<_>>()
+                .join(",");
+            *self.mismatch.lock().expect("pin lock") = Some(presented);
+            return Err(rustls::Error::General("cluster CA fingerprint mismatch".into()));
+        };
+        let mut roots = RootCertStore::empty();
+        roots.add(ca.clone().into_owned())?;
+        let verifier = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+            .build()
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        verifier.verify_server_cert(end_entity, &[], server_name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// HTTP client for the agent listener.
+pub struct ControlPlane {
+    base: String,
+    protocol: u32,
+    http: reqwest::Client,
+    /// Same TLS identity, but no overall timeout: for the event stream.
+    stream_http: reqwest::Client,
+    pin_mismatch: Option<(String, Arc<Mutex<Option<String>>>)>,
+}
+
+/// How long one ordinary request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The server sends a keep-alive every 15 s; three missed ones mean the
+/// stream is dead.
+const STREAM_READ_TIMEOUT: Duration = Duration::from_secs(45);
+
+impl ControlPlane {
+    /// A client for joining: no client certificate, CA pinned by hash.
+    pub fn for_join(server: &str, pin: [u8; 32], protocol: u32) -> Result<ControlPlane, ClientError> {
+        let mismatch = Arc::new(Mutex::new(None));
+        let verifier = PinnedCa { pin, provider: provider(), mismatch: mismatch.clone() };
+        let mut config = base_builder().dangerous().with_custom_certificate_verifier(Arc::new(verifier)).with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let mut client = Self::build(server, protocol, config)?;
+        client.pin_mismatch = Some((hex::encode(pin), mismatch));
+        Ok(client)
+    }
+
+    /// A client for a joined node: client certificate, cluster CA as root.
+    pub fn for_node(identity: &Identity, protocol: u32) -> Result<ControlPlane, ClientError> {
+        let ca = CertificateDer::from_pem_slice(identity.ca_pem.as_bytes()).map_err(|e| ClientError::Tls(format!("ca.crt: {e}")))?;
+        let cert = CertificateDer::from_pem_slice(identity.cert_pem.as_bytes()).map_err(|e| ClientError::Tls(format!("node.crt: {e}")))?;
+        let key = PrivateKeyDer::from_pem_slice(identity.key_pem.as_bytes()).map_err(|e| ClientError::Tls(format!("node.key: {e}")))?;
+        let mut roots = RootCertStore::empty();
+        roots.add(ca).map_err(|e| ClientError::Tls(e.to_string()))?;
+        let mut config = base_builder()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(vec![cert], key)
+            .map_err(|e| ClientError::Tls(e.to_string()))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Self::build(&identity.info.server, protocol, config)
+    }
+
+    fn build(server: &str, protocol: u32, config: ClientConfig) -> Result<ControlPlane, ClientError> {
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls(config.clone())
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| ClientError::Tls(e.to_string()))?;
+        let stream_http = reqwest::Client::builder()
+            .use_preconfigured_tls(config)
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(STREAM_READ_TIMEOUT)
+            .build()
+            .map_err(|e| ClientError::Tls(e.to_string()))?;
+        Ok(ControlPlane { base: server.trim_end_matches('/').to_string(), protocol, http, stream_http, pin_mismatch: None })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    fn headers(&self, request: RequestBuilder) -> RequestBuilder {
+        request.header(HEADER_AGENT_VERSION, crate::AGENT_VERSION).header(HEADER_PROTOCOL, self.protocol.to_string())
+    }
+
+    async fn send(&self, request: RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        let response = match self.headers(request).send().await {
+            Ok(response) => response,
+            Err(err) => return Err(self.transport_error(err)),
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let body = response.bytes().await.unwrap_or_default();
+        if status == StatusCode::UPGRADE_REQUIRED {
+            if let Ok(upgrade) = serde_json::from_slice::<UpgradeRequired>(&body) {
+                return Err(ClientError::UpgradeRequired(upgrade));
+            }
+        }
+        let message = serde_json::from_slice::<ErrorBody>(&body)
+            .map(|b| b.error)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned());
+        Err(ClientError::Status { status: status.as_u16(), message })
+    }
+
+    fn transport_error(&self, err: reqwest::Error) -> ClientError {
+        if let Some((expected, slot)) = &self.pin_mismatch {
+            if let Some(presented) = slot.lock().expect("pin lock").take() {
+                return ClientError::CaMismatch { expected: expected.clone(), presented };
+            }
+        }
+        let mut text = err.to_string();
+        let mut source = std::error::Error::source(&err);
+        while let Some(inner) = source {
+            text.push_str(": ");
+            text.push_str(&inner.to_string());
+            source = inner.source();
+        }
+        ClientError::Transport(text)
+    }
+
+    async fn json<T: serde::de::DeserializeOwned>(response: reqwest::Response) -> Result<T, ClientError> {
+        let bytes = response.bytes().await.map_err(|e| ClientError::Transport(e.to_string()))?;
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    pub async fn join(&self, request: &JoinRequest) -> Result<JoinResponse, ClientError> {
+        let response = self.send(self.http.post(self.url(paths::JOIN)).json(request)).await?;
+        Self::json(response).await
+    }
+
+    pub async fn heartbeat(&self, heartbeat: &Heartbeat) -> Result<(), ClientError> {
+        self.send(self.http.post(self.url(paths::HEARTBEAT)).json(heartbeat)).await.map(drop)
+    }
+
+    pub async fn commands(&self) -> Result<CommandList, ClientError> {
+        let response = self.send(self.http.get(self.url(paths::COMMANDS))).await?;
+        Self::json(response).await
+    }
+
+    pub async fn ack(&self, command_id: &str) -> Result<(), ClientError> {
+        self.send(self.http.post(self.url(&paths::ack(command_id)))).await.map(drop)
+    }
+
+    pub async fn report(&self, report: &Report) -> Result<(), ClientError> {
+        self.send(self.http.post(self.url(paths::REPORT)).json(report)).await.map(drop)
+    }
+
+    pub async fn leave(&self, force: bool) -> Result<LeaveResponse, ClientError> {
+        let path = if force { format!("{}?force=1", paths::LEAVE) } else { paths::LEAVE.to_string() };
+        let response = self.send(self.http.post(self.url(&path))).await?;
+        Self::json(response).await
+    }
+
+    pub async fn peers(&self) -> Result<PeerList, ClientError> {
+        Self::json(self.send(self.http.get(self.url(paths::PEERS))).await?).await
+    }
+
+    pub async fn routes(&self) -> Result<RouteTable, ClientError> {
+        Self::json(self.send(self.http.get(self.url(paths::ROUTES))).await?).await
+    }
+
+    pub async fn registry(&self) -> Result<RegistryConfig, ClientError> {
+        Self::json(self.send(self.http.get(self.url(paths::REGISTRY))).await?).await
+    }
+
+    /// Opens the event stream; read it with [`crate::run::SseReader`].
+    pub async fn open_stream(&self) -> Result<reqwest::Response, ClientError> {
+        self.send(self.stream_http.get(self.url(paths::STREAM)).header("accept", "text/event-stream")).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints() {
+        assert!(parse_fingerprint(&"ab".repeat(32)).is_ok());
+        assert!(parse_fingerprint("abc").is_err());
+        assert!(parse_fingerprint(&"zz".repeat(32)).is_err());
+        assert!(parse_fingerprint(&"ab".repeat(33)).is_err());
+    }
+}

@@ -1,0 +1,69 @@
+//! `cloudweb-agent join`: generate a key, pin the CA, spend the token, and
+//! store the resulting identity.
+
+use std::path::Path;
+
+use cloudweb_protocol::JoinRequest;
+use rcgen::{CertificateParams, KeyPair};
+
+use crate::client::{ClientError, ControlPlane};
+use crate::identity::{Identity, IdentityError, NodeInfo};
+
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("cannot create a key or CSR: {0}")]
+    Key(#[from] rcgen::Error),
+    #[error("{0}")]
+    Input(String),
+}
+
+pub struct JoinOptions<'a> {
+    pub server: &'a str,
+    pub token: &'a str,
+    pub ca_sha256: [u8; 32],
+    pub data_dir: &'a Path,
+    pub ingress: bool,
+    pub name: Option<String>,
+    pub hostname: String,
+    pub wireguard_public_key: Option<String>,
+    pub endpoint: Option<String>,
+    pub protocol: u32,
+}
+
+pub async fn join(options: JoinOptions<'_>) -> Result<NodeInfo, JoinError> {
+    Identity::ensure_absent(options.data_dir)?;
+    let request_for_checks = JoinRequest {
+        token: options.token.to_string(),
+        csr: String::new(),
+        hostname: options.hostname.clone(),
+        ingress: options.ingress,
+        wireguard_public_key: options.wireguard_public_key.clone(),
+        endpoint: options.endpoint.clone(),
+        name: options.name.clone(),
+    };
+    // Same checks as the server, so a typo fails here without using the token.
+    request_for_checks.validate().map_err(|e| JoinError::Input(e.to_string()))?;
+
+    let key = KeyPair::generate()?;
+    let csr = CertificateParams::default().serialize_request(&key)?.pem()?;
+    let client = ControlPlane::for_join(options.server, options.ca_sha256, options.protocol)?;
+    let response = client.join(&JoinRequest { csr, ..request_for_checks }).await?;
+    let identity = Identity {
+        info: NodeInfo {
+            node_id: response.node_id,
+            name: response.name,
+            server: options.server.trim_end_matches('/').to_string(),
+            mesh_address: response.mesh_address,
+            ingress: options.ingress,
+        },
+        key_pem: key.serialize_pem(),
+        cert_pem: response.certificate,
+        ca_pem: response.ca,
+    };
+    identity.save(options.data_dir)?;
+    Ok(identity.info)
+}
