@@ -105,6 +105,13 @@ impl LiveNode {
         }
     }
 
+    /// Whether the scheduler may place new instances here: ready and not
+    /// degraded. Unknown health (an older agent, or stale health) does not
+    /// count against a node.
+    pub fn eligible(&self, now: Instant, unreachable_after: Duration) -> bool {
+        self.state(now, unreachable_after) == NodeState::Ready && !matches!(self.health_state(now), HealthState::Degraded(_))
+    }
+
     /// Features are only believed while the health that carried them is.
     pub fn has_feature(&self, now: Instant, feature: &str) -> bool {
         self.current_health(now)

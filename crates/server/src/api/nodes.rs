@@ -24,6 +24,8 @@ pub struct NodeView {
     name: String,
     hostname: String,
     state: &'static str,
+    /// May receive new instances.
+    eligible: bool,
     ingress: bool,
     mesh_address: String,
     version: Option<String>,
@@ -68,6 +70,7 @@ fn view(state: &AppState, row: &NodeRow, now: Instant) -> NodeView {
         name: row.name.clone(),
         hostname: row.hostname.clone(),
         state: node_state,
+        eligible: live.as_ref().is_some_and(|l| l.eligible(now, state.config.unreachable_after)),
         ingress: row.ingress,
         mesh_address: crate::mesh_address(row.mesh_index),
         version,

@@ -1,0 +1,200 @@
+//! The control plane started in-process (the same `start` that the binary
+//! calls) where a test needs to reach inside: a clock it can move, or many
+//! requests without process start-up cost.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cloudweb_e2e::{key_and_csr, RawClient};
+use cloudweb_server::clock::ShiftedClock;
+use cloudweb_server::config::Config;
+use cloudweb_server::RunningServer;
+use proptest::prelude::*;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+struct InProcess {
+    _dir: tempfile::TempDir,
+    server: RunningServer,
+    clock: ShiftedClock,
+    admin: String,
+    http: reqwest::Client,
+}
+
+impl InProcess {
+    async fn start() -> InProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ShiftedClock::default();
+        let server = cloudweb_server::start(Config::local(dir.path().to_path_buf()), Arc::new(clock.clone())).await.unwrap();
+        let admin = std::fs::read_to_string(dir.path().join("admin-token")).unwrap().trim().to_string();
+        InProcess { _dir: dir, server, clock, admin, http: reqwest::Client::new() }
+    }
+
+    fn agent_url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.server.agent_addr.port())
+    }
+
+    fn anonymous(&self) -> RawClient {
+        RawClient::new(self.server.state.ca.cert_pem(), None)
+    }
+
+    async fn token(&self) -> String {
+        let response = self
+            .http
+            .post(format!("http://{}/api/join-tokens", self.server.api_addr))
+            .bearer_auth(&self.admin)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        response.json::<Value>().await.unwrap()["token"].as_str().unwrap().to_string()
+    }
+
+    /// Joins by hand; returns a client with the node's certificate.
+    async fn join(&self, name: &str) -> RawClient {
+        let (key, csr) = key_and_csr(|_| {});
+        let body = json!({"token": self.token().await, "csr": csr, "hostname": "h", "name": name}).to_string();
+        let (status, text) = self.anonymous().send(Method::POST, &self.agent_url("/agent/v1/join"), &[], Some(&body)).await.unwrap();
+        assert_eq!(status, 200, "{text}");
+        let joined: Value = serde_json::from_str(&text).unwrap();
+        RawClient::new(self.server.state.ca.cert_pem(), Some((joined["certificate"].as_str().unwrap(), &key)))
+    }
+}
+
+#[tokio::test]
+async fn an_expired_join_token_is_refused() {
+    let cp = InProcess::start().await;
+    let token = cp.token().await;
+    cp.clock.advance(Duration::from_secs(3601));
+    let (_, csr) = key_and_csr(|_| {});
+    let body = json!({"token": token, "csr": csr, "hostname": "h", "name": "late"}).to_string();
+    let (status, text) = cp.anonymous().send(Method::POST, &cp.agent_url("/agent/v1/join"), &[], Some(&body)).await.unwrap();
+    assert_eq!(status, 401);
+    assert!(text.contains("expired"), "{text}");
+    assert!(cp.server.state.nodes.is_empty());
+}
+
+#[tokio::test]
+async fn a_token_just_before_expiry_still_works() {
+    let cp = InProcess::start().await;
+    let token = cp.token().await;
+    cp.clock.advance(Duration::from_secs(3590));
+    let (_, csr) = key_and_csr(|_| {});
+    let body = json!({"token": token, "csr": csr, "hostname": "h", "name": "intime"}).to_string();
+    let (status, _) = cp.anonymous().send(Method::POST, &cp.agent_url("/agent/v1/join"), &[], Some(&body)).await.unwrap();
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn unknown_fields_are_ignored_and_health_is_kept() {
+    let cp = InProcess::start().await;
+    let node = cp.join("n").await;
+    let body = json!({
+        "cpu_cores": 2, "mem_bytes": 1, "disk_bytes": 1, "brand_new_field": {"x": 1},
+        "health": {"registry": {"configured": true, "reachable": true}, "mesh": {"peers": 2, "connected": 1},
+                   "features": ["static-sites", "something-later"], "extra": true},
+        "metrics": {"node": {"mem_used": 0}, "containers": [], "omitted": 0, "later": "yes"}
+    });
+    let (status, text) = node.send(Method::POST, &cp.agent_url("/agent/v1/heartbeat"), &[], Some(&body.to_string())).await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let live = cp.server.state.nodes.all().pop().unwrap();
+    let health = live.health.as_ref().unwrap();
+    assert_eq!(health.value.mesh.as_ref().unwrap().connected, 1);
+    assert!(live.has_feature(tokio::time::Instant::now(), "static-sites"));
+    let metrics = live.metrics.as_ref().unwrap();
+    assert_eq!(metrics.value.node.as_ref().unwrap().mem_used, Some(0));
+    assert_eq!(metrics.value.node.as_ref().unwrap().cpu_pct, None, "absent stays absent");
+}
+
+#[tokio::test]
+async fn an_out_of_range_heartbeat_is_refused_whole() {
+    let cp = InProcess::start().await;
+    let node = cp.join("n").await;
+    let body = json!({"cpu_cores": 2, "mem_bytes": 1, "disk_bytes": 1, "metrics": {"node": {"cpu_pct": 250.0}}});
+    let (status, text) = node.send(Method::POST, &cp.agent_url("/agent/v1/heartbeat"), &[], Some(&body.to_string())).await.unwrap();
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("cpu_pct"), "{text}");
+    assert!(cp.server.state.nodes.all()[0].capacity.is_none(), "nothing of it was kept");
+}
+
+#[tokio::test]
+async fn an_existing_database_is_backed_up_before_migrating() {
+    let dir = tempfile::tempdir().unwrap();
+    // An empty file is a valid SQLite database with no migrations applied.
+    std::fs::write(dir.path().join("state.db"), b"").unwrap();
+    let server = cloudweb_server::start(Config::local(dir.path().to_path_buf()), Arc::new(ShiftedClock::default())).await.unwrap();
+    server.shutdown().await;
+    let backups: Vec<_> = std::fs::read_dir(dir.path().join("backups")).unwrap().collect();
+    assert_eq!(backups.len(), 1);
+    let name = backups[0].as_ref().unwrap().file_name().into_string().unwrap();
+    assert!(name.starts_with("state-") && name.ends_with(".db"), "{name}");
+    // Up to date now: a second start makes no new backup.
+    let server = cloudweb_server::start(Config::local(dir.path().to_path_buf()), Arc::new(ShiftedClock::default())).await.unwrap();
+    server.shutdown().await;
+    assert_eq!(std::fs::read_dir(dir.path().join("backups")).unwrap().count(), 1);
+}
+
+#[tokio::test]
+async fn a_fresh_database_needs_no_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = cloudweb_server::start(Config::local(dir.path().to_path_buf()), Arc::new(ShiftedClock::default())).await.unwrap();
+    server.shutdown().await;
+    assert!(!dir.path().join("backups").exists());
+}
+
+/// Arbitrary JSON, nested a few levels.
+fn arbitrary_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+        ".{0,40}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(4, 64, 8, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+            prop::collection::hash_map(
+                prop_oneof![
+                    Just("cpu_cores".to_string()), Just("health".to_string()), Just("metrics".to_string()),
+                    Just("token".to_string()), Just("csr".to_string()), Just("deployment_id".to_string()),
+                    Just("logs".to_string()), Just("traffic".to_string()), Just("node".to_string()),
+                    "[a-z_]{1,12}",
+                ],
+                inner,
+                0..8
+            )
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+#[test]
+fn arbitrary_bodies_never_make_the_server_fail() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (cp, node) = runtime.block_on(async {
+        let cp = InProcess::start().await;
+        let node = cp.join("fuzz").await;
+        (cp, node)
+    });
+    let routes = ["/agent/v1/heartbeat", "/agent/v1/report", "/agent/v1/join", "/agent/v1/leave?force=maybe"];
+    let mut config = ProptestConfig::with_cases(200);
+    config.failure_persistence = None;
+    proptest!(config, |(body in arbitrary_json(), raw in prop::collection::vec(any::<u8>(), 0..256), route in 0..routes.len())| {
+        runtime.block_on(async {
+            for payload in [body.to_string(), String::from_utf8_lossy(&raw).into_owned()] {
+                let (status, text) = node.send(Method::POST, &cp.agent_url(routes[route]), &[], Some(&payload)).await.unwrap();
+                prop_assert!(status < 500, "{} answered {status} {text} to {payload}", routes[route]);
+                if status >= 400 {
+                    prop_assert!(serde_json::from_str::<Value>(&text).map(|v| v["error"].is_string()).unwrap_or(false), "{text}");
+                }
+            }
+            Ok(())
+        })?;
+    });
+    // Still serving, and the node is still registered.
+    runtime.block_on(async {
+        let (status, _) = node.send(Method::GET, &cp.agent_url("/agent/v1/commands"), &[], None).await.unwrap();
+        assert_eq!(status, 200);
+    });
+}
