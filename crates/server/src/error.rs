@@ -21,6 +21,8 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    #[error("{0}")]
+    TooLarge(String),
     #[error("internal error")]
     Internal(String),
 }
@@ -33,6 +35,7 @@ impl ApiError {
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -75,5 +78,17 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiE
         let mut reason = e.to_string();
         reason.truncate(200);
         ApiError::BadRequest(format!("invalid JSON body: {reason}"))
+    })
+}
+
+/// A request body, or the reason it could not be read (too large, cut
+/// off), as a JSON error.
+pub fn body_bytes(body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>) -> Result<axum::body::Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge("request body is larger than 1 MiB".to_string())
+        } else {
+            ApiError::BadRequest(format!("cannot read the request body: {}", rejection.body_text()))
+        }
     })
 }

@@ -21,6 +21,9 @@ pub struct LiveNode {
     pub name: String,
     pub cert_sha256: String,
     pub draining: bool,
+    pub mesh_index: i64,
+    pub wireguard_public_key: Option<String>,
+    pub endpoint: Option<String>,
     /// Last sign of life: join, heartbeat, or (after a restart of the
     /// control plane) the moment the node was loaded.
     pub last_seen: Instant,
@@ -161,6 +164,27 @@ impl NodeRegistry {
         self.nodes.read().expect("node registry lock").values().cloned().collect()
     }
 
+    /// Mesh peers of a node: every other node that has a WireGuard key,
+    /// ordered by mesh address.
+    pub fn mesh_peers(&self, node_id: &str) -> Vec<cloudweb_protocol::Peer> {
+        let nodes = self.nodes.read().expect("node registry lock");
+        let mut peers: Vec<_> = nodes
+            .values()
+            .filter(|n| n.id != node_id && n.wireguard_public_key.is_some())
+            .map(|n| {
+                (n.mesh_index, cloudweb_protocol::Peer {
+                    node_id: n.id.clone(),
+                    name: n.name.clone(),
+                    mesh_address: crate::mesh_address(n.mesh_index),
+                    wireguard_public_key: n.wireguard_public_key.clone(),
+                    endpoint: n.endpoint.clone(),
+                })
+            })
+            .collect();
+        peers.sort_by_key(|(index, _)| *index);
+        peers.into_iter().map(|(_, peer)| peer).collect()
+    }
+
     pub fn len(&self) -> usize {
         self.nodes.read().expect("node registry lock").len()
     }
@@ -242,6 +266,9 @@ fn live_from_row(row: &NodeRow, now: Instant) -> LiveNode {
         name: row.name.clone(),
         cert_sha256: row.cert_sha256.clone(),
         draining: row.draining,
+        mesh_index: row.mesh_index,
+        wireguard_public_key: row.wireguard_public_key.clone(),
+        endpoint: row.endpoint.clone(),
         last_seen: now,
         agent_version: row.agent_version.clone(),
         protocol: row.protocol.unwrap_or(1).clamp(0, u32::MAX as i64) as u32,
@@ -267,6 +294,9 @@ mod tests {
             name: "one".into(),
             cert_sha256: "ab".into(),
             draining: false,
+            mesh_index: 1,
+            wireguard_public_key: None,
+            endpoint: None,
             last_seen: now,
             agent_version: None,
             protocol: 1,

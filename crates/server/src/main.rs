@@ -68,6 +68,7 @@ fn real_main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    raise_open_file_limit();
     let Commands::Serve(args) = cli.command;
     let public_url = HttpsUrl::parse(&args.public_url).map_err(anyhow::Error::msg)?;
     let installer_url = args.installer_url.unwrap_or_else(|| format!("http://{}/node.sh", args.api_listen));
@@ -93,6 +94,17 @@ fn real_main() -> anyhow::Result<()> {
         server.shutdown().await;
         Ok(())
     })
+}
+
+/// Every agent holds a connection (and its event stream); lift the soft
+/// limit on open files to the hard one so thousands of nodes fit.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_err() {
+            tracing::warn!(soft, hard, "could not raise the open file limit");
+        }
+    }
 }
 
 async fn wait_for_signal() {

@@ -5,22 +5,23 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::{Extension, Json};
 use cloudweb_protocol::Heartbeat;
 use serde_json::json;
 
 use super::{AgentInfo, AuthedNode};
-use crate::error::{parse_json, ApiError};
+use crate::error::{body_bytes, parse_json, ApiError};
 use crate::AppState;
 
 pub async fn heartbeat(
     State(state): State<Arc<AppState>>,
     Extension(AuthedNode(node_id)): Extension<AuthedNode>,
     Extension(agent): Extension<AgentInfo>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let heartbeat: Heartbeat = parse_json(&body)?;
+    let heartbeat: Heartbeat = parse_json(&body_bytes(body)?)?;
     heartbeat.validate()?;
     let now = tokio::time::Instant::now();
     if !state.nodes.record_heartbeat(&node_id, heartbeat, agent.version, agent.protocol, now, state.clock.now_ms()) {

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::{Extension, Json};
 use cloudweb_protocol::{events, JoinRequest, JoinResponse};
@@ -11,16 +12,16 @@ use rand::Rng;
 
 use super::AgentInfo;
 use crate::ca::{first_cert_der, sha256_hex};
-use crate::error::{parse_json, ApiError};
+use crate::error::{body_bytes, parse_json, ApiError};
 use crate::store::{JoinRefusal, NewNode, TokenRejection};
 use crate::AppState;
 
 pub async fn join(
     State(state): State<Arc<AppState>>,
     Extension(agent): Extension<AgentInfo>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<JoinResponse>, ApiError> {
-    let request: JoinRequest = parse_json(&body)?;
+    let request: JoinRequest = parse_json(&body_bytes(body)?)?;
     request.validate()?;
     let name = match &request.name {
         Some(name) => name.clone(),
@@ -51,6 +52,9 @@ pub async fn join(
     let row = match state.store.register_node(&token_digest, &node, now_ms).await? {
         Ok(row) => row,
         Err(JoinRefusal::Token(rejection)) => return Err(token_error(rejection)),
+        Err(JoinRefusal::MeshFull) => {
+            return Err(ApiError::Conflict("the mesh has no free address left; remove unused nodes first".to_string()))
+        }
         Err(JoinRefusal::NameTaken) => {
             return Err(ApiError::Conflict(format!(
                 "a node named {name} already exists; join with another --name or remove the old node first"
@@ -58,9 +62,11 @@ pub async fn join(
         }
     };
     state.nodes.insert(&row, tokio::time::Instant::now());
-    state.hub.notify_all(events::PEERS);
+    if row.wireguard_public_key.is_some() {
+        state.hub.notify_all(events::PEERS);
+    }
     tracing::info!(node_id = %row.id, name = %row.name, ingress = row.ingress, "node joined");
-    let peers = super::cluster::peers_of(&state, &row.id).await?;
+    let peers = state.nodes.mesh_peers(&row.id);
     Ok(Json(JoinResponse {
         node_id: row.id,
         name: row.name,

@@ -3,21 +3,22 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Extension;
 use cloudweb_protocol::Report;
 
 use super::AuthedNode;
-use crate::error::{parse_json, ApiError};
+use crate::error::{body_bytes, parse_json, ApiError};
 use crate::AppState;
 
 pub async fn report(
     State(state): State<Arc<AppState>>,
     Extension(AuthedNode(node_id)): Extension<AuthedNode>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
-    let report: Report = parse_json(&body)?;
+    let report: Report = parse_json(&body_bytes(body)?)?;
     report.validate()?;
     state.store.save_report(&node_id, &report, state.clock.now_ms()).await?;
     Ok(StatusCode::ACCEPTED)

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -13,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::agent_api::commands as commands_wire;
 use crate::clock::rfc3339_ms;
-use crate::error::{parse_json, ApiError};
+use crate::error::{body_bytes, parse_json, ApiError};
 use crate::live::HealthState;
 use crate::store::{NewCommand, NodeRow};
 use crate::AppState;
@@ -119,9 +120,9 @@ struct EnqueueRequest {
 pub async fn enqueue(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let request: EnqueueRequest = parse_json(&body)?;
+    let request: EnqueueRequest = parse_json(&body_bytes(body)?)?;
     match CommandKind::parse(&request.kind) {
         Some(CommandKind::Stop) => {
             let payload: StopPayload = serde_json::from_value(request.payload.clone())

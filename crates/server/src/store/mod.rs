@@ -45,6 +45,14 @@ impl Store {
         self.commits.load(Ordering::Relaxed)
     }
 
+    /// Starts a transaction that takes the write lock up front. A deferred
+    /// SQLite transaction that reads and then writes can fail with "database
+    /// is locked" when another writer got in between; taking the lock at
+    /// BEGIN makes concurrent writers queue (up to the busy timeout) instead.
+    async fn write_transaction(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
     fn count_commit(&self) {
         self.commits.fetch_add(1, Ordering::Relaxed);
     }

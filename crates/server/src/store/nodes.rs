@@ -95,7 +95,12 @@ fn node_from_row(row: &SqliteRow) -> NodeRow {
 pub enum JoinRefusal {
     Token(TokenRejection),
     NameTaken,
+    /// Every address of the mesh is taken.
+    MeshFull,
 }
+
+/// Highest usable index in 10.77.0.0/16 (10.77.255.254).
+pub const MAX_MESH_INDEX: i64 = 65534;
 
 impl Store {
     /// Spends the join token and records the node, in one transaction, so a
@@ -106,7 +111,7 @@ impl Store {
         node: &NewNode,
         now_ms: i64,
     ) -> Result<Result<NodeRow, JoinRefusal>, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_transaction().await?;
         let token = sqlx::query("SELECT expires_at, used_at FROM join_tokens WHERE token_sha256 = $1")
             .bind(token_digest)
             .fetch_optional(&mut *tx)
@@ -137,17 +142,29 @@ impl Store {
         if used.rows_affected() != 1 {
             return Ok(Err(JoinRefusal::Token(TokenRejection::AlreadyUsed)));
         }
-        // The lowest free mesh index keeps addresses dense after removals.
-        let mesh_index: i64 = sqlx::query(
-            "SELECT COALESCE(MIN(candidate), 1) AS idx FROM ( \
-               SELECT 1 AS candidate WHERE NOT EXISTS (SELECT 1 FROM nodes WHERE mesh_index = 1) \
-               UNION ALL \
-               SELECT n.mesh_index + 1 FROM nodes n \
-               WHERE NOT EXISTS (SELECT 1 FROM nodes m WHERE m.mesh_index = n.mesh_index + 1))",
-        )
-        .fetch_one(&mut *tx)
-        .await?
-        .get("idx");
+        // Next after the highest index; when the /16 is used up to the top,
+        // the lowest gap left by removed nodes.
+        let highest: Option<i64> = sqlx::query("SELECT MAX(mesh_index) AS m FROM nodes").fetch_one(&mut *tx).await?.get("m");
+        let mesh_index = match highest {
+            None => 1,
+            Some(top) if top < MAX_MESH_INDEX => top + 1,
+            Some(_) => {
+                let gap: Option<i64> = sqlx::query(
+                    "SELECT MIN(n.mesh_index + 1) AS idx FROM nodes n \
+                     WHERE NOT EXISTS (SELECT 1 FROM nodes m WHERE m.mesh_index = n.mesh_index + 1) \
+                     AND n.mesh_index < $1",
+                )
+                .bind(MAX_MESH_INDEX)
+                .fetch_one(&mut *tx)
+                .await?
+                .get("idx");
+                let lowest_free = if self.mesh_index_free(&mut tx, 1).await? { Some(1) } else { gap };
+                match lowest_free {
+                    Some(index) => index,
+                    None => return Ok(Err(JoinRefusal::MeshFull)),
+                }
+            }
+        };
         sqlx::query(
             "INSERT INTO nodes (id, name, hostname, ingress, mesh_index, wireguard_public_key, endpoint, cert_sha256, \
              joined_at, agent_version, protocol) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
@@ -171,6 +188,11 @@ impl Store {
         Ok(Ok(row))
     }
 
+    async fn mesh_index_free(&self, tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, index: i64) -> Result<bool, StoreError> {
+        let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM nodes WHERE mesh_index = $1").bind(index).fetch_one(&mut **tx).await?.get("n");
+        Ok(n == 0)
+    }
+
     pub async fn node(&self, id: &str) -> Result<Option<NodeRow>, StoreError> {
         let row = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes WHERE id = $1"))
             .bind(id)
@@ -188,7 +210,7 @@ impl Store {
 
     /// Removes a node and its queued commands. Returns whether it existed.
     pub async fn delete_node(&self, id: &str) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_transaction().await?;
         sqlx::query("DELETE FROM commands WHERE node_id = $1").bind(id).execute(&mut *tx).await?;
         let deleted = sqlx::query("DELETE FROM nodes WHERE id = $1").bind(id).execute(&mut *tx).await?;
         tx.commit().await?;
@@ -201,7 +223,7 @@ impl Store {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_transaction().await?;
         for hb in batch {
             sqlx::query(
                 "UPDATE nodes SET last_heartbeat_at = $1, agent_version = COALESCE($2, agent_version), protocol = $3, \

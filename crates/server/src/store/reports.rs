@@ -6,7 +6,7 @@ use super::{Store, StoreError};
 
 impl Store {
     pub async fn save_report(&self, node_id: &str, report: &Report, now_ms: i64) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_transaction().await?;
         if report.state.is_some() || report.message.is_some() || report.image.is_some() {
             sqlx::query(
                 "INSERT INTO deployment_reports (deployment_id, node_id, state, message, image, created_at) \

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs on a Debian machine that already runs a
+# Docker Engine. Safe to run again: it only installs what is missing.
+set -euo pipefail
+
+need=()
+for pkg in git ca-certificates curl; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
+
+if ! docker info >/dev/null 2>&1; then
+    echo "deps: the Docker Engine is not reachable; the end-to-end tests need it" >&2
+    exit 1
+fi
