@@ -13,8 +13,11 @@ pub struct Config {
     pub api_listen: SocketAddr,
     /// What agents dial, e.g. `https://cp.example.com:8443`.
     pub public_url: url_lite::HttpsUrl,
-    /// URL of the node installer shown in join commands.
-    pub installer_url: String,
+    /// Base URL of the user API as users and new nodes reach it; join
+    /// commands fetch `<dashboard_url>/node.sh`.
+    pub dashboard_url: String,
+    /// The agent binary offered to new nodes by `/node.sh`.
+    pub agent_binary: Option<PathBuf>,
     /// How often the latest heartbeats are written to the database.
     pub heartbeat_flush_interval: Duration,
     /// A node without a heartbeat for this long is unreachable.
@@ -32,7 +35,8 @@ impl Config {
             agent_listen: "127.0.0.1:0".parse().expect("literal address"),
             api_listen: "127.0.0.1:0".parse().expect("literal address"),
             public_url: url_lite::HttpsUrl::parse("https://127.0.0.1:8443").expect("literal url"),
-            installer_url: "http://127.0.0.1:8080/node.sh".to_string(),
+            dashboard_url: "http://127.0.0.1:8080".to_string(),
+            agent_binary: None,
             heartbeat_flush_interval: Duration::from_secs(5),
             unreachable_after: Duration::from_secs(30),
             join_token_ttl: Duration::from_secs(3600),

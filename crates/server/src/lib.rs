@@ -48,6 +48,7 @@ pub struct AppState {
     pub routes: RwLock<RouteTable>,
     pub registry: RwLock<RegistryConfig>,
     pub heartbeats_total: AtomicU64,
+    pub agent_binary: Option<api::installer::AgentBinary>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +61,8 @@ pub enum StartError {
     Ca(#[from] ca::CaError),
     #[error(transparent)]
     Tls(#[from] agent_api::listener::TlsSetupError),
+    #[error("cannot read the agent binary {path}: {source}")]
+    AgentBinary { path: PathBuf, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
 }
@@ -108,6 +111,13 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         }
     }
     let tls = Arc::new(agent_api::listener::server_config(&ca, &hosts, clock.now())?);
+    let agent_binary = match &config.agent_binary {
+        Some(path) => {
+            let bytes = std::fs::read(path).map_err(|source| StartError::AgentBinary { path: path.clone(), source })?;
+            Some(api::installer::AgentBinary { sha256: sha256_hex(&bytes), bytes })
+        }
+        None => None,
+    };
 
     let state = Arc::new(AppState {
         store: store.clone(),
@@ -119,6 +129,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         routes: RwLock::new(RouteTable::default()),
         registry: RwLock::new(RegistryConfig::default()),
         heartbeats_total: AtomicU64::new(0),
+        agent_binary,
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());

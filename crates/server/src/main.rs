@@ -39,9 +39,13 @@ struct ServeArgs {
     /// URL agents dial, https://host[:port]; its host goes into the listener's certificate.
     #[arg(long)]
     public_url: String,
-    /// URL of the node installer, shown in join commands.
+    /// Base URL of this user API as new nodes reach it; join commands fetch
+    /// <URL>/node.sh (default: http://<api-listen>).
     #[arg(long)]
-    installer_url: Option<String>,
+    dashboard_url: Option<String>,
+    /// Agent binary that /node.sh installs (default: cloudweb-agent next to this binary, if present).
+    #[arg(long)]
+    agent_binary: Option<PathBuf>,
     /// Seconds between batched writes of heartbeats to the database.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
     heartbeat_flush_seconds: u64,
@@ -71,16 +75,22 @@ fn real_main() -> anyhow::Result<()> {
     raise_open_file_limit();
     let Commands::Serve(args) = cli.command;
     let public_url = HttpsUrl::parse(&args.public_url).map_err(anyhow::Error::msg)?;
-    let installer_url = args.installer_url.unwrap_or_else(|| format!("http://{}/node.sh", args.api_listen));
-    if installer_url.chars().any(|c| c.is_whitespace() || c.is_control() || "'\"`$;|&<>\\".contains(c)) {
-        anyhow::bail!("--installer-url must be a plain URL without spaces or shell characters");
+    let dashboard_url = args.dashboard_url.unwrap_or_else(|| format!("http://{}", args.api_listen));
+    let plain = !dashboard_url.chars().any(|c| c.is_whitespace() || c.is_control() || "'\"`$;|&<>\\(){}".contains(c));
+    if !plain || !(dashboard_url.starts_with("http://") || dashboard_url.starts_with("https://")) {
+        anyhow::bail!("--dashboard-url must be a plain http(s) URL without spaces or shell characters");
     }
+    let agent_binary = args.agent_binary.or_else(|| {
+        let sibling = std::env::current_exe().ok()?.parent()?.join("cloudweb-agent");
+        sibling.exists().then_some(sibling)
+    });
     let config = Config {
         data_dir: args.data_dir,
         agent_listen: args.agent_listen,
         api_listen: args.api_listen,
         public_url,
-        installer_url,
+        dashboard_url,
+        agent_binary,
         heartbeat_flush_interval: Duration::from_secs(args.heartbeat_flush_seconds),
         unreachable_after: Duration::from_secs(args.unreachable_after_seconds),
         join_token_ttl: Duration::from_secs(3600),

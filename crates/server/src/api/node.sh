@@ -1,0 +1,94 @@
+#!/bin/sh
+# cloud-web node installer, served by the control plane at /node.sh.
+#
+#   join:       curl -fsSL URL/node.sh | sudo sh -s -- --join AGENT-URL --token T --ca-sha256 H [--ingress] [--name N]
+#   update:     curl -fsSL URL/node.sh | sudo sh
+#   uninstall:  curl -fsSL URL/node.sh | sudo sh -s -- --uninstall --yes [--force]
+#
+# It checks the host and the downloaded agent before it changes anything.
+# The agent pins the cluster CA by fingerprint before the token leaves this
+# host. Updating keeps the node's identity and spends no token.
+set -eu
+
+AGENT_URL='@AGENT_URL@'
+AGENT_SHA256='@AGENT_SHA256@'
+BIN=/usr/local/bin/cloudweb-agent
+DATA=/var/lib/cloudweb-agent
+UNIT=/etc/systemd/system/cloudweb-agent.service
+
+die() { echo "node.sh: $*" >&2; exit 1; }
+
+join='' token='' ca='' ingress='' name='' uninstall='' yes='' force=''
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --join) [ $# -ge 2 ] || die "--join needs a value"; join=$2; shift 2 ;;
+        --token) [ $# -ge 2 ] || die "--token needs a value"; token=$2; shift 2 ;;
+        --ca-sha256) [ $# -ge 2 ] || die "--ca-sha256 needs a value"; ca=$2; shift 2 ;;
+        --name) [ $# -ge 2 ] || die "--name needs a value"; name=$2; shift 2 ;;
+        --ingress) ingress=1; shift ;;
+        --uninstall) uninstall=1; shift ;;
+        --yes) yes=1; shift ;;
+        --force) force=1; shift ;;
+        *) die "unknown option: $1" ;;
+    esac
+done
+
+[ "$(id -u)" = 0 ] || die "run as root (sudo sh)"
+{ command -v systemctl >/dev/null && [ -d /run/systemd/system ]; } || die "systemd is required"
+
+if [ -n "$uninstall" ]; then
+    [ -n "$yes" ] || die "uninstalling removes this node from the cluster; add --yes"
+    if [ -f "$DATA/node.json" ]; then
+        if [ -n "$force" ]; then "$BIN" --data-dir "$DATA" leave --force; else "$BIN" --data-dir "$DATA" leave; fi
+    fi
+    systemctl disable --now cloudweb-agent 2>/dev/null || true
+    rm -f "$UNIT" "$BIN"
+    rm -rf "$DATA"
+    systemctl daemon-reload
+    echo "node.sh: the cloud-web agent was removed (other containers were not touched)"
+    exit 0
+fi
+
+{ command -v docker >/dev/null && docker info >/dev/null 2>&1; } || die "a running Docker Engine is required"
+command -v curl >/dev/null || die "curl is required"
+command -v sha256sum >/dev/null || die "sha256sum is required"
+command -v wg >/dev/null || echo "node.sh: warning: wireguard-tools (wg) is not installed" >&2
+[ "$AGENT_SHA256" != "unavailable" ] || die "this control plane has no agent binary to offer (start it with --agent-binary)"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+curl -fsSL -o "$tmp/cloudweb-agent" "$AGENT_URL" || die "cannot download the agent from $AGENT_URL"
+echo "$AGENT_SHA256  $tmp/cloudweb-agent" | sha256sum -c --status \
+    || die "the downloaded agent does not match its checksum; nothing was installed"
+chmod 0755 "$tmp/cloudweb-agent"
+
+if [ -n "$join" ]; then
+    { [ -n "$token" ] && [ -n "$ca" ]; } || die "--join needs --token and --ca-sha256"
+    [ ! -f "$DATA/node.json" ] || die "this host already joined a cluster; uninstall first"
+    set -- --data-dir "$DATA" join --server "$join" --ca-sha256 "$ca"
+    [ -z "$ingress" ] || set -- "$@" --ingress
+    [ -z "$name" ] || set -- "$@" --name "$name"
+    CLOUDWEB_JOIN_TOKEN=$token "$tmp/cloudweb-agent" "$@"
+else
+    [ -f "$DATA/node.json" ] || die "this host has not joined a cluster; pass --join, --token and --ca-sha256"
+fi
+
+install -m 0755 "$tmp/cloudweb-agent" "$BIN"
+cat > "$UNIT" <<UNIT
+[Unit]
+Description=cloud-web node agent
+After=network-online.target docker.service
+Wants=network-online.target
+
+[Service]
+ExecStart=$BIN --data-dir $DATA run
+Restart=always
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+systemctl daemon-reload
+systemctl enable cloudweb-agent >/dev/null
+systemctl restart cloudweb-agent
+echo "node.sh: the cloud-web agent is running ($(cat "$DATA/node.json" | tr -d '\n' | sed 's/.*"node_id": *"\([^"]*\)".*/\1/'))"
