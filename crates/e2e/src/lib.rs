@@ -295,7 +295,17 @@ pub struct RawClient {
 
 impl RawClient {
     /// Trusts `ca_pem`; presents `identity` (cert, key PEM) when given.
+    /// Requests time out after 10 s.
     pub fn new(ca_pem: &str, identity: Option<(&str, &str)>) -> RawClient {
+        Self::build(ca_pem, identity, Some(Duration::from_secs(10)))
+    }
+
+    /// Like [`RawClient::new`] without an overall timeout, for streams.
+    pub fn streaming(ca_pem: &str, identity: Option<(&str, &str)>) -> RawClient {
+        Self::build(ca_pem, identity, None)
+    }
+
+    fn build(ca_pem: &str, identity: Option<(&str, &str)>, timeout: Option<Duration>) -> RawClient {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
@@ -313,11 +323,11 @@ impl RawClient {
             None => builder.with_no_client_auth(),
         };
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let http = reqwest::Client::builder()
-            .use_preconfigured_tls(config)
-            .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap();
+        let mut builder = reqwest::Client::builder().use_preconfigured_tls(config);
+        if let Some(timeout) = timeout {
+            builder = builder.timeout(timeout);
+        }
+        let http = builder.build().unwrap();
         RawClient { http }
     }
 

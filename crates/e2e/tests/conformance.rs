@@ -386,3 +386,32 @@ async fn the_user_api_needs_the_admin_token() {
     let key_mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(server.dir.join("server/ca.key")).unwrap().permissions());
     assert_eq!(key_mode & 0o777, 0o600);
 }
+
+#[tokio::test]
+async fn the_agent_listener_speaks_tls_1_3_only() {
+    let (_tmp, server) = server().await;
+    let url = format!("{}/agent/v1/commands", server.url());
+    let ca = server.dir.join("server/ca.crt");
+    let curl = |extra: &[&str]| {
+        let mut command = std::process::Command::new("curl");
+        command.args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"]).arg(&ca).args(extra).arg(&url);
+        command.output().unwrap()
+    };
+    let old = curl(&["--tlsv1.2", "--tls-max", "1.2"]);
+    assert!(!old.status.success(), "a TLS 1.2 handshake must fail: {}", String::from_utf8_lossy(&old.stdout));
+    let current = curl(&["--tlsv1.3"]);
+    assert!(current.status.success(), "{}", String::from_utf8_lossy(&current.stderr));
+    assert_eq!(String::from_utf8_lossy(&current.stdout), "401", "TLS 1.3 without a client certificate reaches the router");
+}
+
+#[tokio::test]
+async fn the_stream_sends_a_keep_alive_within_15_seconds() {
+    let (tmp, server) = server().await;
+    let node = join_agent(&server, tmp.path(), "k").await;
+    let http = RawClient::streaming(&node.read("ca.crt"), Some((&node.read("node.crt"), &node.read("node.key")))).http;
+    let mut response = http.get(format!("{}/agent/v1/stream", server.url())).send().await.unwrap();
+    let started = std::time::Instant::now();
+    let chunk = tokio::time::timeout(Duration::from_secs(16), response.chunk()).await.expect("something within 16 s").unwrap().unwrap();
+    assert_eq!(String::from_utf8_lossy(&chunk), ": keep-alive\n\n");
+    assert!(started.elapsed() <= Duration::from_millis(15_500), "{:?}", started.elapsed());
+}

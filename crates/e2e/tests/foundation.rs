@@ -35,6 +35,10 @@ async fn join_heartbeat_and_commands_survive_restarts() {
         .unwrap()
         .expect("join succeeds");
     let node_id = agent.node_id.clone();
+    for file in ["node.key", "node.crt", "ca.crt", "node.json"] {
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(agent.dir.join(file)).unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o600, "{file}");
+    }
 
     // A very long poll interval: anything that arrives fast came over SSE.
     let run_flags = ["--heartbeat-interval-seconds", "1", "--poll-interval-seconds", "3600"];

@@ -193,7 +193,8 @@ impl NodeRegistry {
         self.len() == 0
     }
 
-    /// Records a heartbeat. Returns false when the node is not registered.
+    /// Records a heartbeat and returns the node's state after it, or `None`
+    /// when the node is not registered.
     pub fn record_heartbeat(
         &self,
         id: &str,
@@ -202,9 +203,9 @@ impl NodeRegistry {
         protocol: u32,
         now: Instant,
         now_ms: i64,
-    ) -> bool {
+    ) -> Option<NodeState> {
         let mut nodes = self.nodes.write().expect("node registry lock");
-        let Some(node) = nodes.get_mut(id) else { return false };
+        let node = nodes.get_mut(id)?;
         node.last_seen = now;
         node.heartbeat_at_ms = Some(now_ms);
         if agent_version.is_some() {
@@ -223,7 +224,7 @@ impl NodeRegistry {
             node.metrics = Some(Stamped { value: metrics, received: now, at_ms: now_ms });
         }
         node.dirty = true;
-        true
+        Some(if node.draining { NodeState::Draining } else { NodeState::Ready })
     }
 
     /// Takes the heartbeats received since the last call, for one batched

@@ -24,11 +24,10 @@ pub async fn heartbeat(
     let heartbeat: Heartbeat = parse_json(&body_bytes(body)?)?;
     heartbeat.validate()?;
     let now = tokio::time::Instant::now();
-    if !state.nodes.record_heartbeat(&node_id, heartbeat, agent.version, agent.protocol, now, state.clock.now_ms()) {
+    let Some(node_state) = state.nodes.record_heartbeat(&node_id, heartbeat, agent.version, agent.protocol, now, state.clock.now_ms())
+    else {
         return Err(ApiError::Forbidden(format!("node {node_id} is not registered with this control plane")));
-    }
+    };
     state.heartbeats_total.fetch_add(1, Ordering::Relaxed);
-    let node = state.nodes.get(&node_id);
-    let node_state = node.map(|n| n.state(now, state.config.unreachable_after).as_str()).unwrap_or("unknown");
-    Ok(Json(json!({ "node_id": node_id, "state": node_state })))
+    Ok(Json(json!({ "node_id": node_id, "state": node_state.as_str() })))
 }
