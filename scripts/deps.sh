@@ -4,7 +4,10 @@
 set -euo pipefail
 
 need=()
-for pkg in git ca-certificates curl; do
+# docker-registry and busybox-static stand in for images that cannot be
+# pulled: a local registry, and the static busybox that scripts/images.sh
+# turns into the test image.
+for pkg in git ca-certificates curl docker-registry busybox-static; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 # The end-to-end tests start the binaries, so build them first.
 cargo build --workspace --bins --locked
+# The local images the Docker tests run (built from host files, never pulled).
+bash scripts/images.sh
 
 if cargo nextest --version >/dev/null 2>&1; then
     # Each test gets its own process; the e2e tests mostly wait on children,

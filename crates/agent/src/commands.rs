@@ -93,6 +93,8 @@ impl Executor {
                     state: None,
                     message: None,
                     image: None,
+                    instance: None,
+                    address: None,
                     logs: vec![LogLine { ts: now_rfc3339(), stream: "agent".into(), line }],
                 };
                 if let Err(err) = client.report(&report).await {

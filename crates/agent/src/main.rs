@@ -92,6 +92,8 @@ fn real_main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // Keys, certificates and state files are the node's alone.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async move {
         match cli.command {
@@ -135,13 +137,24 @@ fn real_main() -> anyhow::Result<()> {
             Commands::Leave { force } => {
                 let identity = Identity::load(&cli.data_dir)?;
                 let client = ControlPlane::for_node(&identity, cli.speak_protocol)?;
-                let left = client.leave(force).await?;
-                Identity::erase(&cli.data_dir)?;
-                println!("node {} left the cluster", left.node_id);
-                for deployment in left.failed_deployments {
-                    println!("deployment {deployment} marked failed");
+                match client.leave(force).await {
+                    Ok(left) => {
+                        Identity::erase(&cli.data_dir)?;
+                        println!("node {} left the cluster", left.node_id);
+                        for deployment in left.failed_deployments {
+                            println!("deployment {deployment} marked failed");
+                        }
+                        Ok(())
+                    }
+                    // Removed by an administrator already: nothing left to
+                    // tell the control plane, so just forget the identity.
+                    Err(err) if err.status() == Some(403) => {
+                        Identity::erase(&cli.data_dir)?;
+                        println!("node {} was already removed from the cluster", identity.info.node_id);
+                        Ok(())
+                    }
+                    Err(err) => Err(err.into()),
                 }
-                Ok(())
             }
         }
     })

@@ -182,15 +182,13 @@ where
 
     fn take_event(&mut self) -> Option<String> {
         loop {
-            let text = String::from_utf8_lossy(&self.buffer).replace("\r\n", "\n");
-            let end = text.find("\n\n")?;
-            let block = text[..end].to_string();
-            let consumed = end + 2;
-            let rest = text[consumed..].to_string();
-            self.buffer = BytesMut::from(rest.as_bytes());
+            // Blocks end with a blank line; "\r\n" line ends are allowed.
+            let (end, separator) = find_blank_line(&self.buffer)?;
+            let block = self.buffer.split_to(end + separator);
+            let text = String::from_utf8_lossy(&block[..end]);
             let mut name = None;
             let mut has_data = false;
-            for line in block.lines() {
+            for line in text.lines() {
                 if let Some(value) = line.strip_prefix("event:") {
                     name = Some(value.trim().to_string());
                 } else if line.starts_with("data:") {
@@ -203,6 +201,19 @@ where
             // A comment-only block (keep-alive): keep reading.
         }
     }
+}
+
+/// Position and length of the first blank-line separator.
+fn find_blank_line(buffer: &[u8]) -> Option<(usize, usize)> {
+    (0..buffer.len()).find_map(|i| {
+        if buffer[i..].starts_with(b"\r\n\r\n") {
+            Some((i, 4))
+        } else if buffer[i..].starts_with(b"\n\n") {
+            Some((i, 2))
+        } else {
+            None
+        }
+    })
 }
 
 #[cfg(test)]

@@ -1,31 +1,58 @@
-//! The join command's installer: `/node.sh` and the agent it downloads.
+//! The join command's installer: `/node.sh` and the agent it downloads,
+//! fetched the way the join command fetches them.
 
 use std::process::Command;
 
 use cloudweb_e2e::{bin, ServerProcess};
 use sha2::{Digest, Sha256};
 
+fn curl(args: &[&str]) -> std::process::Output {
+    Command::new("curl").args(args).output().unwrap()
+}
+
 #[tokio::test]
-async fn the_join_command_fetches_a_script_that_pins_the_agent_binary() {
+async fn the_join_command_fetches_the_installer_only_from_the_pinned_key() {
     let tmp = tempfile::tempdir().unwrap();
     let server = ServerProcess::start(tmp.path()).await.unwrap();
     let (status, created) = server.call(reqwest::Method::POST, "/api/join-tokens", None).await.unwrap();
     assert_eq!(status, 201);
     let command = created["command"].as_str().unwrap();
-    let script_url = command.split_whitespace().nth(2).unwrap();
-    assert_eq!(script_url, server.api("/node.sh"));
+    let words: Vec<&str> = command.split_whitespace().collect();
+    // curl -fsSL --insecure --pinnedpubkey PIN URL/node.sh | sudo sh -s -- --join ...
+    assert_eq!(&words[..4], ["curl", "-fsSL", "--insecure", "--pinnedpubkey"]);
+    let pin = words[4];
+    let script_url = words[5];
+    assert_eq!(script_url, format!("{}/node.sh", server.url()));
+    assert!(pin.starts_with("sha256//"), "{pin}");
 
-    let script = reqwest::get(script_url).await.unwrap().text().await.unwrap();
-    let binary = reqwest::get(server.api("/downloads/cloudweb-agent")).await.unwrap().bytes().await.unwrap();
+    let fetched = curl(&["-fsSL", "--insecure", "--pinnedpubkey", pin, script_url]);
+    assert!(fetched.status.success(), "{}", String::from_utf8_lossy(&fetched.stderr));
+    let script = String::from_utf8(fetched.stdout).unwrap();
+
+    // Any other key is refused.
+    let wrong_pin = "sha256//AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    let refused = curl(&["-fsSL", "--insecure", "--pinnedpubkey", wrong_pin, script_url]);
+    assert!(!refused.status.success());
+
+    let binary = curl(&["-fsSL", "--insecure", "--pinnedpubkey", pin, &format!("{}/downloads/cloudweb-agent", server.url())]);
+    assert!(binary.status.success());
     let on_disk = std::fs::read(bin("cloudweb-agent")).unwrap();
-    assert_eq!(binary.as_ref(), on_disk.as_slice(), "serves the agent next to the server binary");
-    let digest = hex::encode(Sha256::digest(&binary));
+    assert!(binary.stdout == on_disk, "serves the agent next to the server binary");
+    let digest = hex::encode(Sha256::digest(&binary.stdout));
     assert!(script.contains(&format!("AGENT_SHA256='{digest}'")), "the script pins the binary's checksum");
-    assert!(script.contains(&format!("AGENT_URL='{}'", server.api("/downloads/cloudweb-agent"))));
-    assert!(!script.contains("@AGENT_"), "every placeholder is filled");
+    assert!(script.contains(&format!("PIN='{pin}'")));
+    assert!(script.contains(&format!("AGENT_URL='{}/downloads/cloudweb-agent'", server.url())));
+    assert!(!script.contains("@AGENT_") && !script.contains("@PIN@"), "every placeholder is filled");
 
-    // The script parses, and refuses to run where it cannot install a
-    // service, before touching anything.
+    // The pin survives a restart (the listener key persists).
+    let (agent_port, api_port) = (server.agent_port, server.api_port);
+    let mut server = server;
+    server.process.kill();
+    let server = ServerProcess::start_on(tmp.path(), agent_port, api_port, &[]).await.unwrap();
+    let again = curl(&["-fsSL", "--insecure", "--pinnedpubkey", pin, &format!("{}/node.sh", server.url())]);
+    assert!(again.status.success());
+
+    // The script parses, and refuses unknown options before touching anything.
     let path = tmp.path().join("node.sh");
     std::fs::write(&path, &script).unwrap();
     let syntax = Command::new("sh").arg("-n").arg(&path).output().unwrap();

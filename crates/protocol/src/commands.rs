@@ -50,6 +50,10 @@ impl CommandKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StopPayload {
     pub deployment_id: String,
+    /// Only this instance; every instance of the deployment on the node
+    /// when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

@@ -102,9 +102,15 @@ pub struct HostTraffic {
 }
 
 impl Heartbeat {
-    /// Checks bounds a well-behaved agent never exceeds. The server rejects a
-    /// heartbeat that fails here rather than storing half of it.
+    /// Checks bounds a well-behaved agent never exceeds.
     pub fn validate(&self) -> Result<(), ValidationError> {
+        self.validate_health()?;
+        self.validate_metrics()
+    }
+
+    /// Checks the `health` block alone; the server drops a bad one and keeps
+    /// the rest of the heartbeat.
+    pub fn validate_health(&self) -> Result<(), ValidationError> {
         if let Some(health) = &self.health {
             if let Some(registry) = &health.registry {
                 if let Some(error) = &registry.error {
@@ -125,10 +131,15 @@ impl Heartbeat {
                 }
             }
         }
-        if let Some(metrics) = &self.metrics {
-            metrics.validate()?;
-        }
         Ok(())
+    }
+
+    /// Checks the `metrics` block alone.
+    pub fn validate_metrics(&self) -> Result<(), ValidationError> {
+        match &self.metrics {
+            Some(metrics) => metrics.validate(),
+            None => Ok(()),
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! (including the 426 body) and the input checks both sides share.
 
 pub mod commands;
+pub mod deploy;
 pub mod heartbeat;
 pub mod join;
 pub mod misc;
@@ -13,6 +14,7 @@ pub mod validate;
 pub mod version;
 
 pub use commands::{Command, CommandKind, CommandList, StopPayload};
+pub use deploy::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Source, Spa};
 pub use heartbeat::{
     ContainerUsage, Health, Heartbeat, HostTraffic, MeshHealth, Metrics, NodeUsage, RegistryHealth,
 };

@@ -39,6 +39,12 @@ pub struct Report {
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Which instance the state is about (1-based).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<u32>,
+    /// `host:port` where the instance answers, once it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     #[serde(default)]
     pub logs: Vec<LogLine>,
 }
@@ -63,6 +69,14 @@ impl Report {
         }
         if let Some(image) = &self.image {
             validate::bounded_text("image", image, 512)?;
+        }
+        if let Some(instance) = self.instance {
+            if instance == 0 || instance > 100 {
+                return Err(ValidationError::new("instance", "must be 1 to 100"));
+            }
+        }
+        if let Some(address) = &self.address {
+            validate::endpoint("address", address)?;
         }
         if self.logs.len() > MAX_REPORT_LINES {
             return Err(ValidationError::new("logs", "more than 1000 lines"));

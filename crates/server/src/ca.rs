@@ -21,6 +21,9 @@ use time::{Duration, OffsetDateTime};
 
 pub const CA_CERT_FILE: &str = "ca.crt";
 pub const CA_KEY_FILE: &str = "ca.key";
+/// The agent listener's key. It persists so that its public-key pin, which
+/// join commands carry, stays valid across restarts.
+pub const LISTENER_KEY_FILE: &str = "listener.key";
 
 /// How long a node's client certificate is valid.
 pub const NODE_CERT_VALIDITY: Duration = Duration::days(365);
@@ -108,9 +111,17 @@ impl ClusterCa {
     }
 
     /// A fresh server certificate for the agent listener, valid for `hosts`
-    /// (names or IP addresses).
-    pub fn issue_server_cert(&self, hosts: &[String], now: OffsetDateTime) -> Result<IssuedKeyPair, CaError> {
-        let key = KeyPair::generate()?;
+    /// (names or IP addresses), for the listener key in `dir` (created on
+    /// first use).
+    pub fn issue_server_cert(&self, dir: &Path, hosts: &[String], now: OffsetDateTime) -> Result<IssuedKeyPair, CaError> {
+        let key_path = dir.join(LISTENER_KEY_FILE);
+        let key = if key_path.exists() {
+            KeyPair::from_pem(&read(&key_path)?)?
+        } else {
+            let key = KeyPair::generate()?;
+            write_private(&key_path, key.serialize_pem().as_bytes())?;
+            key
+        };
         let mut params = CertificateParams::default();
         let mut name = DistinguishedName::new();
         name.push(DnType::CommonName, "cloud-web control plane");

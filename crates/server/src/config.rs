@@ -13,9 +13,6 @@ pub struct Config {
     pub api_listen: SocketAddr,
     /// What agents dial, e.g. `https://cp.example.com:8443`.
     pub public_url: url_lite::HttpsUrl,
-    /// Base URL of the user API as users and new nodes reach it; join
-    /// commands fetch `<dashboard_url>/node.sh`.
-    pub dashboard_url: String,
     /// The agent binary offered to new nodes by `/node.sh`.
     pub agent_binary: Option<PathBuf>,
     /// How often the latest heartbeats are written to the database.
@@ -25,6 +22,12 @@ pub struct Config {
     /// Join tokens expire after this long.
     pub join_token_ttl: Duration,
     pub protocol_range: SupportedRange,
+    /// How long a replaced instance keeps serving after its successor runs.
+    pub drain_period: Duration,
+    /// Accept `file://` repository URLs (development and tests only).
+    pub allow_file_repos: bool,
+    /// Run the cluster image registry, when set.
+    pub registry: Option<crate::registry::RegistrySettings>,
 }
 
 impl Config {
@@ -35,12 +38,14 @@ impl Config {
             agent_listen: "127.0.0.1:0".parse().expect("literal address"),
             api_listen: "127.0.0.1:0".parse().expect("literal address"),
             public_url: url_lite::HttpsUrl::parse("https://127.0.0.1:8443").expect("literal url"),
-            dashboard_url: "http://127.0.0.1:8080".to_string(),
             agent_binary: None,
             heartbeat_flush_interval: Duration::from_secs(5),
             unreachable_after: Duration::from_secs(30),
             join_token_ttl: Duration::from_secs(3600),
             protocol_range: SupportedRange::default(),
+            drain_period: Duration::from_secs(10),
+            allow_file_repos: false,
+            registry: None,
         }
     }
 }

@@ -8,9 +8,12 @@ pub mod api;
 pub mod ca;
 pub mod clock;
 pub mod config;
+pub mod deploy;
 pub mod error;
 pub mod hub;
 pub mod live;
+pub mod registry;
+pub mod secrets;
 pub mod store;
 
 use std::collections::HashSet;
@@ -43,12 +46,17 @@ pub struct AppState {
     pub clock: Arc<dyn Clock>,
     pub nodes: NodeRegistry,
     pub hub: Hub,
+    /// "New log lines" per deployment, for log streams.
+    pub log_hub: Hub,
     /// SHA-256 digests of valid admin API tokens.
     pub admin_tokens: RwLock<HashSet<String>>,
     pub routes: RwLock<RouteTable>,
     pub registry: RwLock<RegistryConfig>,
     pub heartbeats_total: AtomicU64,
-    pub agent_binary: Option<api::installer::AgentBinary>,
+    pub sealer: secrets::Sealer,
+    pub agent_binary: Option<agent_api::installer::AgentBinary>,
+    /// curl `--pinnedpubkey` value of the agent listener's key.
+    pub listener_pin: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +69,10 @@ pub enum StartError {
     Ca(#[from] ca::CaError),
     #[error(transparent)]
     Tls(#[from] agent_api::listener::TlsSetupError),
+    #[error(transparent)]
+    Secrets(#[from] secrets::SecretError),
+    #[error(transparent)]
+    Registry(#[from] registry::RegistryError),
     #[error("cannot read the agent binary {path}: {source}")]
     AgentBinary { path: PathBuf, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
@@ -103,6 +115,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
     let store = Store::open(&config.data_dir, &stamp).await?;
     let ca = ClusterCa::load_or_create(&config.data_dir, clock.now())?;
     let admin_tokens = ensure_admin_token(&config, &store, clock.as_ref()).await?;
+    let sealer = secrets::Sealer::load_or_create(&config.data_dir)?;
 
     let mut hosts = vec![config.public_url.host.clone()];
     for extra in ["localhost", "127.0.0.1"] {
@@ -110,11 +123,12 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
             hosts.push(extra.to_string());
         }
     }
-    let tls = Arc::new(agent_api::listener::server_config(&ca, &hosts, clock.now())?);
+    let (tls, listener_pin) = agent_api::listener::server_config(&ca, &config.data_dir, &hosts, clock.now())?;
+    let tls = Arc::new(tls);
     let agent_binary = match &config.agent_binary {
         Some(path) => {
             let bytes = std::fs::read(path).map_err(|source| StartError::AgentBinary { path: path.clone(), source })?;
-            Some(api::installer::AgentBinary { sha256: sha256_hex(&bytes), bytes })
+            Some(agent_api::installer::AgentBinary { sha256: sha256_hex(&bytes), bytes })
         }
         None => None,
     };
@@ -125,11 +139,14 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         clock,
         nodes: NodeRegistry::default(),
         hub: Hub::default(),
+        log_hub: Hub::default(),
         admin_tokens: RwLock::new(admin_tokens),
         routes: RwLock::new(RouteTable::default()),
         registry: RwLock::new(RegistryConfig::default()),
         heartbeats_total: AtomicU64::new(0),
+        sealer,
         agent_binary,
+        listener_pin,
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());
@@ -139,9 +156,16 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
     let agent_addr = agent_listener.local_addr().map_err(|source| StartError::Listen { addr: state.config.agent_listen, source })?;
     let api_addr = api_listener.local_addr().map_err(|source| StartError::Listen { addr: state.config.api_listen, source })?;
 
+    let mut tasks = Vec::new();
+    if let Some(settings) = state.config.registry.clone() {
+        let running = registry::start(&settings, &state.config.data_dir, &state.ca, state.clock.now()).await?;
+        *state.registry.write().expect("registry lock") = running.agent_config.clone();
+        tasks.push(tokio::spawn(registry::supervise(running)));
+    }
+
     let agent_router = agent_api::router(state.clone());
     let api_router = api::router(state.clone());
-    let tasks = vec![
+    tasks.extend([
         tokio::spawn(agent_api::listener::serve(agent_listener, tls, agent_router)),
         tokio::spawn(async move {
             if let Err(err) = axum::serve(api_listener, api_router).await {
@@ -149,7 +173,8 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
             }
         }),
         tokio::spawn(heartbeat_writer(state.clone())),
-    ];
+        tokio::spawn(deploy::reconciler(state.clone())),
+    ]);
     tracing::info!(%agent_addr, %api_addr, ca_sha256 = %state.ca.fingerprint(), "control plane listening");
     Ok(RunningServer { agent_addr, api_addr, state, tasks })
 }
@@ -203,6 +228,27 @@ pub async fn remove_node(state: &AppState, node_id: &str) -> Result<(), ApiError
     state.hub.remove(node_id);
     state.hub.notify_all(events::PEERS);
     Ok(())
+}
+
+/// Queues a command for a node and tells its stream. The payload is sealed
+/// at rest: deploy payloads carry the app's environment and git
+/// credentials.
+pub async fn queue_command(
+    state: &AppState,
+    node_id: &str,
+    kind: cloudweb_protocol::CommandKind,
+    payload: &serde_json::Value,
+) -> Result<store::CommandRow, ApiError> {
+    let sealed = state.sealer.seal_json(&command_context(node_id), payload);
+    let command = store::NewCommand { node_id: node_id.to_string(), kind: kind.as_str().to_string(), payload: sealed };
+    let row = state.store.enqueue_command(&command, state.clock.now_ms()).await?;
+    state.hub.notify(node_id, events::COMMANDS);
+    Ok(row)
+}
+
+/// The sealing context of a node's command payloads.
+pub fn command_context(node_id: &str) -> String {
+    format!("command:{node_id}")
 }
 
 /// The node's address on the WireGuard mesh (10.77.0.0/16).

@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use cloudweb_server::clock::SystemClock;
 use cloudweb_server::config::{url_lite::HttpsUrl, Config};
+use cloudweb_server::registry::RegistrySettings;
 use cloudweb_protocol::SupportedRange;
 
 #[derive(Parser)]
@@ -39,16 +40,28 @@ struct ServeArgs {
     /// URL agents dial, https://host[:port]; its host goes into the listener's certificate.
     #[arg(long)]
     public_url: String,
-    /// Base URL of this user API as new nodes reach it; join commands fetch
-    /// <URL>/node.sh (default: http://<api-listen>).
-    #[arg(long)]
-    dashboard_url: Option<String>,
     /// Agent binary that /node.sh installs (default: cloudweb-agent next to this binary, if present).
     #[arg(long)]
     agent_binary: Option<PathBuf>,
     /// Seconds between batched writes of heartbeats to the database.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
     heartbeat_flush_seconds: u64,
+    /// Seconds a replaced instance keeps serving after its successor runs.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    drain_seconds: u64,
+    /// Accept file:// repository URLs (development and tests only).
+    #[arg(long)]
+    allow_file_repos: bool,
+    /// The Docker distribution registry binary to run as the cluster registry
+    /// (Debian: /usr/bin/docker-registry). No registry runs without it.
+    #[arg(long)]
+    registry_bin: Option<PathBuf>,
+    /// Where the registry listens.
+    #[arg(long, default_value = "10.77.0.1:5000")]
+    registry_listen: SocketAddr,
+    /// host:port nodes use to reach the registry (default: --registry-listen).
+    #[arg(long)]
+    registry_advertise: Option<String>,
     /// Seconds without a heartbeat after which a node is unreachable.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(5..=3600))]
     unreachable_after_seconds: u64,
@@ -73,13 +86,11 @@ fn real_main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     raise_open_file_limit();
+    // The data dir holds keys, token digests and logs: nothing the control
+    // plane writes is for other users.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let Commands::Serve(args) = cli.command;
     let public_url = HttpsUrl::parse(&args.public_url).map_err(anyhow::Error::msg)?;
-    let dashboard_url = args.dashboard_url.unwrap_or_else(|| format!("http://{}", args.api_listen));
-    let plain = !dashboard_url.chars().any(|c| c.is_whitespace() || c.is_control() || "'\"`$;|&<>\\(){}".contains(c));
-    if !plain || !(dashboard_url.starts_with("http://") || dashboard_url.starts_with("https://")) {
-        anyhow::bail!("--dashboard-url must be a plain http(s) URL without spaces or shell characters");
-    }
     let agent_binary = args.agent_binary.or_else(|| {
         let sibling = std::env::current_exe().ok()?.parent()?.join("cloudweb-agent");
         sibling.exists().then_some(sibling)
@@ -89,12 +100,21 @@ fn real_main() -> anyhow::Result<()> {
         agent_listen: args.agent_listen,
         api_listen: args.api_listen,
         public_url,
-        dashboard_url,
         agent_binary,
         heartbeat_flush_interval: Duration::from_secs(args.heartbeat_flush_seconds),
         unreachable_after: Duration::from_secs(args.unreachable_after_seconds),
         join_token_ttl: Duration::from_secs(3600),
         protocol_range: SupportedRange::default(),
+        drain_period: Duration::from_secs(args.drain_seconds),
+        allow_file_repos: args.allow_file_repos,
+        registry: match args.registry_bin {
+            Some(binary) => {
+                let advertise = args.registry_advertise.unwrap_or_else(|| args.registry_listen.to_string());
+                cloudweb_protocol::validate::endpoint("--registry-advertise", &advertise).map_err(anyhow::Error::msg)?;
+                Some(RegistrySettings { binary, listen: args.registry_listen, advertise })
+            }
+            None => None,
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {

@@ -26,13 +26,13 @@ pub fn parse_command_id(id: &str) -> Option<i64> {
     digits.parse().ok()
 }
 
-pub fn to_wire(row: &CommandRow) -> Command {
-    Command {
-        id: command_id(row.seq),
-        kind: row.kind.clone(),
-        payload: serde_json::from_str(&row.payload).unwrap_or(serde_json::Value::Null),
-        created_at: rfc3339_ms(row.created_at),
-    }
+/// The command as the agent sees it, with its payload unsealed.
+pub fn to_wire(state: &AppState, row: &CommandRow) -> Result<Command, ApiError> {
+    let payload = state
+        .sealer
+        .open_json(&crate::command_context(&row.node_id), &row.payload)
+        .map_err(|e| ApiError::Internal(format!("command {}: {e}", row.seq)))?;
+    Ok(Command { id: command_id(row.seq), kind: row.kind.clone(), payload, created_at: rfc3339_ms(row.created_at) })
 }
 
 pub async fn list(
@@ -40,7 +40,8 @@ pub async fn list(
     Extension(AuthedNode(node_id)): Extension<AuthedNode>,
 ) -> Result<Json<CommandList>, ApiError> {
     let pending = state.store.pending_commands(&node_id).await?;
-    Ok(Json(CommandList { commands: pending.iter().map(to_wire).collect() }))
+    let commands = pending.iter().map(|row| to_wire(&state, row)).collect::<Result<_, _>>()?;
+    Ok(Json(CommandList { commands }))
 }
 
 pub async fn ack(

@@ -21,8 +21,17 @@ pub async fn heartbeat(
     Extension(agent): Extension<AgentInfo>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let heartbeat: Heartbeat = parse_json(&body_bytes(body)?)?;
-    heartbeat.validate()?;
+    let mut heartbeat: Heartbeat = parse_json(&body_bytes(body)?)?;
+    // Health and metrics are additive: a bad one is dropped, and the
+    // heartbeat (liveness and capacity) still counts.
+    if let Err(err) = heartbeat.validate_health() {
+        tracing::warn!(node_id = %node_id, error = %err, "dropped an invalid health block");
+        heartbeat.health = None;
+    }
+    if let Err(err) = heartbeat.validate_metrics() {
+        tracing::warn!(node_id = %node_id, error = %err, "dropped an invalid metrics block");
+        heartbeat.metrics = None;
+    }
     let now = tokio::time::Instant::now();
     let Some(node_state) = state.nodes.record_heartbeat(&node_id, heartbeat, agent.version, agent.protocol, now, state.clock.now_ms())
     else {

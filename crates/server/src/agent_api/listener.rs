@@ -9,13 +9,15 @@ use std::time::Duration;
 
 use axum::Router;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::CertificateDer;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
+use base64::Engine;
+use sha2::Digest;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::{ConnectionPeer, PeerCert};
@@ -23,6 +25,8 @@ use crate::ca::{self, ClusterCa};
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send a request's headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsSetupError {
@@ -36,15 +40,26 @@ pub enum TlsSetupError {
     Pem,
 }
 
-pub fn server_config(ca: &ClusterCa, hosts: &[String], now: time::OffsetDateTime) -> Result<ServerConfig, TlsSetupError> {
+/// The listener's TLS configuration and the pin of its public key:
+/// `sha256//<base64 of the SHA-256 of the SubjectPublicKeyInfo>`, the form
+/// curl's `--pinnedpubkey` takes.
+pub fn server_config(
+    ca: &ClusterCa,
+    data_dir: &std::path::Path,
+    hosts: &[String],
+    now: time::OffsetDateTime,
+) -> Result<(ServerConfig, String), TlsSetupError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
     roots.add(ca.cert_der().clone())?;
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .allow_unauthenticated()
         .build()?;
-    let issued = ca.issue_server_cert(hosts, now)?;
+    let issued = ca.issue_server_cert(data_dir, hosts, now)?;
     let leaf = ca::first_cert_der(&issued.cert_pem).ok_or(TlsSetupError::Pem)?;
+    let (_, parsed) = X509Certificate::from_der(&leaf).map_err(|_| TlsSetupError::Pem)?;
+    let spki_sha256 = sha2::Sha256::digest(parsed.tbs_certificate.subject_pki.raw);
+    let pin = format!("sha256//{}", base64::engine::general_purpose::STANDARD.encode(spki_sha256));
     let key = ca::private_key_der(&issued.key_pem).ok_or(TlsSetupError::Pem)?;
     // The CA goes into the chain so an agent can pin it by fingerprint
     // before it trusts anything else.
@@ -54,7 +69,7 @@ pub fn server_config(ca: &ClusterCa, hosts: &[String], now: time::OffsetDateTime
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain, key)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
+    Ok((config, pin))
 }
 
 /// Reads the node id (the certificate's common name) and fingerprint of a
@@ -95,7 +110,10 @@ pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, router: Router
                 request.extensions_mut().insert(peer.clone());
                 router.clone().oneshot(request)
             });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // A client that never finishes its request headers does not get
+            // to hold a connection (join is open to anyone with TLS).
+            builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
             if let Err(err) = builder.serve_connection(TokioIo::new(stream), service).await {
                 tracing::debug!(error = %err, "agent connection ended with an error");
             }

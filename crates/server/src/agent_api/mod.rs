@@ -1,11 +1,13 @@
 //! The agent listener: `/agent/v1/*` over TLS 1.3 with optional client
 //! certificates. Two layers guard every route. The version check runs first
 //! and answers 400/426 before anything else happens; then every route except
-//! join requires a client certificate of a node that is still registered.
+//! join and the installer requires a client certificate of a node that is
+//! still registered.
 
 mod cluster;
 pub mod commands;
 mod heartbeat;
+pub mod installer;
 mod join;
 mod leave;
 pub mod listener;
@@ -65,6 +67,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_node));
     Router::new()
         .route(paths::JOIN, post(join::join))
+        .route("/node.sh", get(installer::script))
+        .route("/downloads/cloudweb-agent", get(installer::agent_binary))
         .merge(authenticated)
         .fallback(|| async { ApiError::NotFound("no such agent endpoint".to_string()) })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

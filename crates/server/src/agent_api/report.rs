@@ -21,5 +21,7 @@ pub async fn report(
     let report: Report = parse_json(&body_bytes(body)?)?;
     report.validate()?;
     state.store.save_report(&node_id, &report, state.clock.now_ms()).await?;
+    crate::deploy::on_report(&state, &node_id, &report).await?;
+    state.log_hub.notify(&report.deployment_id, "logs");
     Ok(StatusCode::ACCEPTED)
 }

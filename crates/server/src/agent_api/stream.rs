@@ -24,6 +24,11 @@ pub async fn stream(
     Extension(AuthedNode(node_id)): Extension<AuthedNode>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let receiver = state.hub.subscribe(&node_id);
+    // The node may have been removed between authentication and subscribing;
+    // its channel would then outlive it. Drop it, which ends this stream.
+    if state.nodes.get(&node_id).is_none() {
+        state.hub.remove(&node_id);
+    }
     let events = BroadcastStream::new(receiver).map(|message| {
         let name = match message {
             Ok(name) => name,

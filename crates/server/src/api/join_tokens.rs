@@ -28,9 +28,11 @@ pub async fn create(State(state): State<Arc<AppState>>) -> Result<(StatusCode, J
     let expires_ms = now_ms + state.config.join_token_ttl.as_millis() as i64;
     state.store.insert_join_token(&sha256_hex(token.as_bytes()), now_ms, expires_ms).await?;
     let ca_sha256 = state.ca.fingerprint().to_string();
-    let command = format!(
-        "curl -fsSL {}/node.sh | sudo sh -s -- --join {} --token {} --ca-sha256 {}",
-        state.config.dashboard_url.trim_end_matches('/'), state.config.public_url, token, ca_sha256
+    let command = crate::agent_api::installer::join_command(
+        &state.config.public_url.to_string(),
+        &state.listener_pin,
+        &token,
+        &ca_sha256,
     );
     Ok((StatusCode::CREATED, Json(CreatedJoinToken { token, expires_at: rfc3339_ms(expires_ms), ca_sha256, command })))
 }

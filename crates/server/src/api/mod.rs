@@ -1,7 +1,6 @@
 //! The user API on `--api-listen`: bearer-token authenticated JSON, plus
-//! `/healthz`, the node installer (open) and Prometheus `/metrics`.
+//! `/healthz` (open) and Prometheus `/metrics`.
 
-pub mod installer;
 mod join_tokens;
 mod metrics;
 mod nodes;
@@ -29,8 +28,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/node.sh", get(installer::script))
-        .route("/downloads/cloudweb-agent", get(installer::agent_binary))
         .merge(authenticated)
         .fallback(|| async { ApiError::NotFound("no such endpoint".to_string()) })
         .layer(DefaultBodyLimit::max(1024 * 1024))

@@ -7,7 +7,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use cloudweb_protocol::{events, CommandKind, StopPayload};
+use cloudweb_protocol::{CommandKind, StopPayload};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -16,7 +16,7 @@ use crate::agent_api::commands as commands_wire;
 use crate::clock::rfc3339_ms;
 use crate::error::{body_bytes, parse_json, ApiError};
 use crate::live::HealthState;
-use crate::store::{NewCommand, NodeRow};
+use crate::store::NodeRow;
 use crate::AppState;
 
 #[derive(Debug, Serialize)]
@@ -137,10 +137,9 @@ pub async fn enqueue(
     if state.store.node(&id).await?.is_none() {
         return Err(ApiError::NotFound(format!("no node {id:?}")));
     }
-    let command = NewCommand { node_id: id.clone(), kind: request.kind, payload: request.payload.to_string() };
-    let row = state.store.enqueue_command(&command, state.clock.now_ms()).await?;
-    state.hub.notify(&id, events::COMMANDS);
-    Ok((StatusCode::CREATED, Json(serde_json::to_value(commands_wire::to_wire(&row)).unwrap_or(Value::Null))))
+    let row = crate::queue_command(&state, &id, CommandKind::Stop, &request.payload).await?;
+    let wire = commands_wire::to_wire(&state, &row)?;
+    Ok((StatusCode::CREATED, Json(serde_json::to_value(wire).unwrap_or(Value::Null))))
 }
 
 pub async fn commands(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {

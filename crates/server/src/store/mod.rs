@@ -5,7 +5,9 @@
 //! Every method that writes counts its commit in [`Store::commits`], which the
 //! heartbeat benchmark reads to prove heartbeats are persisted in batches.
 
+mod apps;
 mod commands;
+mod deployments;
 mod nodes;
 mod open;
 mod reports;
@@ -16,7 +18,9 @@ use std::sync::Arc;
 
 use sqlx::SqlitePool;
 
+pub use apps::AppRow;
 pub use commands::{CommandRow, NewCommand};
+pub use deployments::{DeploymentRow, InstanceRow};
 pub use nodes::{HeartbeatRow, JoinRefusal, NewNode, NodeRow};
 pub use tokens::TokenRejection;
 

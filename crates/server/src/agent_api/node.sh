@@ -1,9 +1,9 @@
 #!/bin/sh
 # cloud-web node installer, served by the control plane at /node.sh.
 #
-#   join:       curl -fsSL URL/node.sh | sudo sh -s -- --join AGENT-URL --token T --ca-sha256 H [--ingress] [--name N]
-#   update:     curl -fsSL URL/node.sh | sudo sh
-#   uninstall:  curl -fsSL URL/node.sh | sudo sh -s -- --uninstall --yes [--force]
+#   join:       curl -fsSL --insecure --pinnedpubkey PIN URL/node.sh | sudo sh -s -- --join URL --token T --ca-sha256 H [--ingress] [--name N]
+#   update:     curl -fsSL --insecure --pinnedpubkey PIN URL/node.sh | sudo sh
+#   uninstall:  curl -fsSL --insecure --pinnedpubkey PIN URL/node.sh | sudo sh -s -- --uninstall --yes [--force]
 #
 # It checks the host and the downloaded agent before it changes anything.
 # The agent pins the cluster CA by fingerprint before the token leaves this
@@ -12,6 +12,8 @@ set -eu
 
 AGENT_URL='@AGENT_URL@'
 AGENT_SHA256='@AGENT_SHA256@'
+# The control plane's listener key; the binary is fetched from it alone.
+PIN='@PIN@'
 BIN=/usr/local/bin/cloudweb-agent
 DATA=/var/lib/cloudweb-agent
 UNIT=/etc/systemd/system/cloudweb-agent.service
@@ -57,7 +59,7 @@ command -v wg >/dev/null || echo "node.sh: warning: wireguard-tools (wg) is not 
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-curl -fsSL -o "$tmp/cloudweb-agent" "$AGENT_URL" || die "cannot download the agent from $AGENT_URL"
+curl -fsSL --insecure --pinnedpubkey "$PIN" -o "$tmp/cloudweb-agent" "$AGENT_URL" || die "cannot download the agent from $AGENT_URL"
 echo "$AGENT_SHA256  $tmp/cloudweb-agent" | sha256sum -c --status \
     || die "the downloaded agent does not match its checksum; nothing was installed"
 chmod 0755 "$tmp/cloudweb-agent"

@@ -1,0 +1,197 @@
+//! Placement. [`place`] is a pure function: given a snapshot of the nodes
+//! and what an instance needs, it returns a node or an explanation that
+//! names every node and why it was passed over. It does no I/O.
+//!
+//! Among the eligible nodes where the instance fits, it picks the one whose
+//! load after placement is lowest, load being the larger of the CPU and
+//! memory fractions reserved; ties go to the node with fewer instances, then
+//! to the node id, so placement is deterministic.
+
+use std::fmt::Write;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeSnapshot {
+    pub id: String,
+    pub name: String,
+    /// `ready`, `unreachable` or `draining`.
+    pub state: &'static str,
+    /// `Some(reason)` when degraded.
+    pub degraded: Option<String>,
+    pub features: Vec<String>,
+    /// Agent version, for messages about missing features.
+    pub version: Option<String>,
+    pub cpu_cores: f64,
+    pub mem_bytes: u64,
+    /// Reserved by instances already placed here.
+    pub cpu_reserved: f64,
+    pub mem_reserved: u64,
+    pub instances: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub cpu: f64,
+    pub mem_bytes: u64,
+    /// Features the node must report (e.g. `static-sites`).
+    pub features: Vec<String>,
+    /// Nodes that must not get it (e.g. the node being drained).
+    pub avoid: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    Node(String),
+    /// Nothing fits; the text says why, node by node.
+    Nowhere(String),
+}
+
+pub fn place(nodes: &[NodeSnapshot], request: &Request) -> Placement {
+    let mut best: Option<(f64, u32, &str)> = None;
+    let mut reasons = Vec::new();
+    for node in nodes {
+        let skip = |why: String| format!("{} ({}): {why}", node.name, node.id);
+        if request.avoid.contains(&node.id) {
+            reasons.push(skip("excluded".into()));
+            continue;
+        }
+        if node.state != "ready" {
+            reasons.push(skip(format!("{}", node.state)));
+            continue;
+        }
+        if let Some(reason) = &node.degraded {
+            reasons.push(skip(format!("degraded: {reason}")));
+            continue;
+        }
+        if let Some(missing) = request.features.iter().find(|f| !node.features.contains(f)) {
+            let version = node.version.as_deref().unwrap_or("unknown");
+            reasons.push(skip(format!("runs agent {version}, which does not report {missing}; upgrade it")));
+            continue;
+        }
+        let cpu_after = node.cpu_reserved + request.cpu;
+        let mem_after = node.mem_reserved.saturating_add(request.mem_bytes);
+        if node.cpu_cores <= 0.0 || node.mem_bytes == 0 {
+            reasons.push(skip("has not reported its capacity yet".into()));
+            continue;
+        }
+        if cpu_after > node.cpu_cores + 1e-9 {
+            reasons.push(skip(format!("not enough CPU ({:.2} of {:.2} cores reserved)", node.cpu_reserved, node.cpu_cores)));
+            continue;
+        }
+        if mem_after > node.mem_bytes {
+            reasons.push(skip(format!("not enough memory ({} of {} MiB reserved)", node.mem_reserved >> 20, node.mem_bytes >> 20)));
+            continue;
+        }
+        let load = (cpu_after / node.cpu_cores).max(mem_after as f64 / node.mem_bytes as f64);
+        let candidate = (load, node.instances, node.id.as_str());
+        let better = match best {
+            None => true,
+            Some((best_load, best_instances, best_id)) => {
+                load < best_load - 1e-12
+                    || ((load - best_load).abs() <= 1e-12 && (node.instances, node.id.as_str()) < (best_instances, best_id))
+            }
+        };
+        if better {
+            best = Some(candidate);
+        }
+    }
+    match best {
+        Some((_, _, id)) => Placement::Node(id.to_string()),
+        None if nodes.is_empty() => Placement::Nowhere("no node has joined the cluster".to_string()),
+        None => {
+            let mut text = String::from("no node can take this instance: ");
+            for (i, reason) in reasons.iter().enumerate() {
+                if i > 0 {
+                    text.push_str("; ");
+                }
+                let _ = write!(text, "{reason}");
+            }
+            Placement::Nowhere(text)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, cpu_reserved: f64, mem_reserved_gib: u64) -> NodeSnapshot {
+        NodeSnapshot {
+            id: id.into(),
+            name: format!("name-{id}"),
+            state: "ready",
+            degraded: None,
+            features: vec!["static-sites".into()],
+            version: Some("0.1.0".into()),
+            cpu_cores: 4.0,
+            mem_bytes: 8 << 30,
+            cpu_reserved,
+            mem_reserved: mem_reserved_gib << 30,
+            instances: 0,
+        }
+    }
+
+    fn request() -> Request {
+        Request { cpu: 0.5, mem_bytes: 512 << 20, features: vec![], avoid: vec![] }
+    }
+
+    fn check(nodes: &[NodeSnapshot], request: &Request, expected: Result<&str, &[&str]>) {
+        match (place(nodes, request), expected) {
+            (Placement::Node(id), Ok(want)) => assert_eq!(id, want),
+            (Placement::Nowhere(text), Err(fragments)) => {
+                for fragment in fragments {
+                    assert!(text.contains(fragment), "{text:?} lacks {fragment:?}");
+                }
+            }
+            (got, want) => panic!("got {got:?}, wanted {want:?}"),
+        }
+    }
+
+    #[test]
+    fn least_loaded_node_wins() {
+        check(&[node("a", 2.0, 1), node("b", 0.5, 1), node("c", 1.0, 6)], &request(), Ok("b"));
+    }
+
+    #[test]
+    fn ties_are_deterministic() {
+        check(&[node("b", 0.0, 0), node("a", 0.0, 0)], &request(), Ok("a"));
+    }
+
+    #[test]
+    fn ineligible_nodes_are_named_with_reasons() {
+        let mut unreachable = node("u", 0.0, 0);
+        unreachable.state = "unreachable";
+        let mut draining = node("d", 0.0, 0);
+        draining.state = "draining";
+        let mut degraded = node("g", 0.0, 0);
+        degraded.degraded = Some("i/o timeout".into());
+        let full = node("f", 3.9, 0);
+        check(
+            &[unreachable, draining, degraded, full],
+            &request(),
+            Err(&["name-u (u): unreachable", "name-d (d): draining", "name-g (g): degraded: i/o timeout", "name-f (f): not enough CPU"]),
+        );
+    }
+
+    #[test]
+    fn features_are_required_and_named() {
+        let mut old = node("o", 0.0, 0);
+        old.features.clear();
+        let mut wants = request();
+        wants.features = vec!["static-sites".into()];
+        check(&[old.clone()], &wants, Err(&["runs agent 0.1.0, which does not report static-sites; upgrade it"]));
+        check(&[old, node("n", 3.0, 0)], &wants, Ok("n"));
+        // Without a feature requirement the old node is fine.
+        let mut old = node("o", 0.0, 0);
+        old.features.clear();
+        check(&[old], &request(), Ok("o"));
+    }
+
+    #[test]
+    fn memory_and_avoid_lists() {
+        check(&[node("a", 0.0, 8)], &request(), Err(&["not enough memory"]));
+        let mut avoid = request();
+        avoid.avoid = vec!["a".into()];
+        check(&[node("a", 0.0, 0), node("b", 3.0, 7)], &avoid, Ok("b"));
+        check(&[], &request(), Err(&["no node has joined"]));
+    }
+}

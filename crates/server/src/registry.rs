@@ -1,0 +1,163 @@
+//! The cluster's image registry: the Docker distribution registry, run and
+//! supervised by the control plane as a child process (`docker-registry
+//! serve`), with TLS from the cluster CA and one htpasswd user whose
+//! password is generated here and sealed at rest. Agents learn the address,
+//! the CA and the credentials from `GET /agent/v1/registry`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cloudweb_protocol::RegistryConfig;
+use rand::Rng;
+use tokio::process::{Child, Command};
+
+use crate::ca::{write_private, ClusterCa};
+use crate::secrets::Sealer;
+
+const USERNAME: &str = "cloudweb";
+
+#[derive(Debug, Clone)]
+pub struct RegistrySettings {
+    /// The `docker-registry` (distribution) binary.
+    pub binary: PathBuf,
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// `host:port` nodes use to reach it (mesh address in production).
+    pub advertise: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("registry setup in {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("registry certificate: {0}")]
+    Cert(String),
+    #[error("registry credentials: {0}")]
+    Credentials(String),
+    #[error("cannot start {binary}: {source}")]
+    Spawn { binary: PathBuf, source: std::io::Error },
+    #[error("the registry did not start listening on {0} within 15 s")]
+    NotListening(SocketAddr),
+}
+
+pub struct RunningRegistry {
+    pub agent_config: RegistryConfig,
+    command: Vec<std::ffi::OsString>,
+    child: Child,
+    listen: SocketAddr,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RegistryError + '_ {
+    move |source| RegistryError::Io { path: path.to_path_buf(), source }
+}
+
+/// Writes the registry's files (once) and starts it.
+pub async fn start(settings: &RegistrySettings, data_dir: &Path, ca: &ClusterCa, now: time::OffsetDateTime) -> Result<RunningRegistry, RegistryError> {
+    let dir = data_dir.join("registry");
+    std::fs::create_dir_all(dir.join("storage")).map_err(io(&dir))?;
+    let host = settings.advertise.rsplit_once(':').map(|(h, _)| h.trim_matches(['[', ']'])).unwrap_or(&settings.advertise);
+    let issued = ca.issue_server_cert(&dir, &[host.to_string()], now).map_err(|e| RegistryError::Cert(e.to_string()))?;
+    let cert_path = dir.join("tls.crt");
+    let key_path = dir.join("tls.key");
+    replace_private(&cert_path, issued.cert_pem.as_bytes())?;
+    replace_private(&key_path, issued.key_pem.as_bytes())?;
+
+    let password = credentials(&dir, data_dir)?;
+    let htpasswd = dir.join("htpasswd");
+    let hash = bcrypt::hash(&password, 10).map_err(|e| RegistryError::Credentials(e.to_string()))?;
+    replace_private(&htpasswd, format!("{USERNAME}:{hash}\n").as_bytes())?;
+
+    let quote = |p: &Path| serde_json::to_string(&p.display().to_string()).expect("string serializes");
+    let config = format!(
+        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n\
+         http:\n  addr: {addr}\n  tls:\n    certificate: {cert}\n    key: {key}\n\
+         auth:\n  htpasswd:\n    realm: cloudweb\n    path: {htpasswd}\n",
+        storage = quote(&dir.join("storage")),
+        addr = serde_json::to_string(&settings.listen.to_string()).expect("string serializes"),
+        cert = quote(&cert_path),
+        key = quote(&key_path),
+        htpasswd = quote(&htpasswd),
+    );
+    let config_path = dir.join("config.yml");
+    replace_private(&config_path, config.as_bytes())?;
+
+    let command = vec![settings.binary.clone().into_os_string(), "serve".into(), config_path.into_os_string()];
+    let child = spawn(&command)?;
+    wait_listening(settings.listen).await?;
+    tracing::info!(listen = %settings.listen, advertise = %settings.advertise, "image registry running");
+    Ok(RunningRegistry {
+        agent_config: RegistryConfig {
+            configured: true,
+            address: Some(settings.advertise.clone()),
+            ca: Some(ca.cert_pem().to_string()),
+            username: Some(USERNAME.to_string()),
+            password: Some(password),
+        },
+        command,
+        child,
+        listen: settings.listen,
+    })
+}
+
+/// The registry password: generated once, kept sealed in the data dir.
+fn credentials(dir: &Path, data_dir: &Path) -> Result<String, RegistryError> {
+    let sealer = Sealer::load_or_create(data_dir).map_err(|e| RegistryError::Credentials(e.to_string()))?;
+    let path = dir.join("password.sealed");
+    if let Ok(sealed) = std::fs::read_to_string(&path) {
+        if let Ok(password) = sealer.open_json::<String>("registry-password", sealed.trim()) {
+            return Ok(password);
+        }
+    }
+    let bytes: [u8; 24] = rand::rng().random();
+    let password = hex::encode(bytes);
+    replace_private(&path, sealer.seal_json("registry-password", &password).as_bytes())?;
+    Ok(password)
+}
+
+fn replace_private(path: &Path, contents: &[u8]) -> Result<(), RegistryError> {
+    let _ = std::fs::remove_file(path);
+    write_private(path, contents).map_err(|e| RegistryError::Cert(e.to_string()))
+}
+
+fn spawn(command: &[std::ffi::OsString]) -> Result<Child, RegistryError> {
+    Command::new(&command[0])
+        .args(&command[1..])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| RegistryError::Spawn { binary: PathBuf::from(&command[0]), source })
+}
+
+async fn wait_listening(addr: SocketAddr) -> Result<(), RegistryError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while tokio::time::Instant::now() < deadline {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(RegistryError::NotListening(addr))
+}
+
+/// Restarts the registry whenever it exits, until the task is aborted
+/// (which kills the child).
+pub async fn supervise(mut running: RunningRegistry) {
+    loop {
+        let status = running.child.wait().await;
+        tracing::error!(?status, "the image registry exited; restarting it");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        match spawn(&running.command) {
+            Ok(child) => {
+                running.child = child;
+                if let Err(err) = wait_listening(running.listen).await {
+                    tracing::error!(error = %err, "the image registry did not come back");
+                }
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "cannot restart the image registry");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! Deployments and their instances. State names are checked by the
+//! deployment state machine before they reach this module.
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::Row;
+
+use super::{Store, StoreError};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeploymentRow {
+    pub id: String,
+    pub seq: i64,
+    pub app: String,
+    /// `source`, `rollback` or `reschedule`.
+    pub kind: String,
+    pub commit_sha: Option<String>,
+    pub rollback_of: Option<String>,
+    pub state: String,
+    pub image: Option<String>,
+    pub error: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceRow {
+    pub deployment_id: String,
+    pub instance: i64,
+    pub node_id: Option<String>,
+    /// `pending`, `running`, `failed`, `stopping`, `stopped`.
+    pub state: String,
+    pub address: Option<String>,
+    pub stop_after: Option<i64>,
+    pub updated_at: i64,
+}
+
+const DEPLOYMENT_COLUMNS: &str = "id, seq, app, kind, commit_sha, rollback_of, state, image, error, created_at, updated_at";
+const INSTANCE_COLUMNS: &str = "deployment_id, instance, node_id, state, address, stop_after, updated_at";
+
+fn deployment_from_row(row: &SqliteRow) -> DeploymentRow {
+    DeploymentRow {
+        id: row.get("id"),
+        seq: row.get("seq"),
+        app: row.get("app"),
+        kind: row.get("kind"),
+        commit_sha: row.get("commit_sha"),
+        rollback_of: row.get("rollback_of"),
+        state: row.get("state"),
+        image: row.get("image"),
+        error: row.get("error"),
+        created_at: row.get("created_at"),
+        updated_at: row.get("updated_at"),
+    }
+}
+
+fn instance_from_row(row: &SqliteRow) -> InstanceRow {
+    InstanceRow {
+        deployment_id: row.get("deployment_id"),
+        instance: row.get("instance"),
+        node_id: row.get("node_id"),
+        state: row.get("state"),
+        address: row.get("address"),
+        stop_after: row.get("stop_after"),
+        updated_at: row.get("updated_at"),
+    }
+}
+
+impl Store {
+    /// Records a new deployment with `instances` pending instance rows.
+    pub async fn insert_deployment(&self, deployment: &DeploymentRow, instances: i64) -> Result<DeploymentRow, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        let seq: i64 = sqlx::query("SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM deployments").fetch_one(&mut *tx).await?.get("seq");
+        sqlx::query(&format!(
+            "INSERT INTO deployments ({DEPLOYMENT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+        ))
+        .bind(&deployment.id)
+        .bind(seq)
+        .bind(&deployment.app)
+        .bind(&deployment.kind)
+        .bind(&deployment.commit_sha)
+        .bind(&deployment.rollback_of)
+        .bind(&deployment.state)
+        .bind(&deployment.image)
+        .bind(&deployment.error)
+        .bind(deployment.created_at)
+        .bind(deployment.updated_at)
+        .execute(&mut *tx)
+        .await?;
+        for instance in 1..=instances {
+            sqlx::query("INSERT INTO instances (deployment_id, instance, state, updated_at) VALUES ($1, $2, 'pending', $3)")
+                .bind(&deployment.id)
+                .bind(instance)
+                .bind(deployment.created_at)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        self.count_commit();
+        Ok(DeploymentRow { seq, ..deployment.clone() })
+    }
+
+    pub async fn deployment(&self, id: &str) -> Result<Option<DeploymentRow>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {DEPLOYMENT_COLUMNS} FROM deployments WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(deployment_from_row))
+    }
+
+    /// An app's deployments, newest first.
+    pub async fn app_deployments(&self, app: &str) -> Result<Vec<DeploymentRow>, StoreError> {
+        let rows = sqlx::query(&format!("SELECT {DEPLOYMENT_COLUMNS} FROM deployments WHERE app = $1 ORDER BY seq DESC"))
+            .bind(app)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(deployment_from_row).collect())
+    }
+
+    /// Deployments in any of `states`, oldest first.
+    pub async fn deployments_in(&self, states: &[&str]) -> Result<Vec<DeploymentRow>, StoreError> {
+        let list = states.iter().map(|s| format!("'{}'", s.replace('\'', ""))).collect::<Vec<_>>().join(", ");
+        let rows = sqlx::query(&format!("SELECT {DEPLOYMENT_COLUMNS} FROM deployments WHERE state IN ({list}) ORDER BY seq"))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(deployment_from_row).collect())
+    }
+
+    /// Moves a deployment from `from` to `to` (compare and set). Returns
+    /// false when it was no longer in `from`.
+    pub async fn transition_deployment(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        error: Option<&str>,
+        image: Option<&str>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "UPDATE deployments SET state = $1, error = COALESCE($2, error), image = COALESCE($3, image), updated_at = $4 \
+             WHERE id = $5 AND state = $6",
+        )
+        .bind(to)
+        .bind(error)
+        .bind(image)
+        .bind(now_ms)
+        .bind(id)
+        .bind(from)
+        .execute(&self.pool)
+        .await?;
+        self.count_commit();
+        Ok(result.rows_affected() == 1)
+    }
+
+    pub async fn set_deployment_image(&self, id: &str, image: &str, now_ms: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE deployments SET image = $1, updated_at = $2 WHERE id = $3").bind(image).bind(now_ms).bind(id).execute(&self.pool).await?;
+        self.count_commit();
+        Ok(())
+    }
+
+    pub async fn instances(&self, deployment_id: &str) -> Result<Vec<InstanceRow>, StoreError> {
+        let rows = sqlx::query(&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE deployment_id = $1 ORDER BY instance"))
+            .bind(deployment_id)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(instance_from_row).collect())
+    }
+
+    /// Instances that hold resources (placed and not stopped or failed).
+    pub async fn active_instances(&self) -> Result<Vec<InstanceRow>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {INSTANCE_COLUMNS} FROM instances WHERE node_id IS NOT NULL AND state IN ('pending', 'running', 'stopping')"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(instance_from_row).collect())
+    }
+
+    pub async fn update_instance(
+        &self,
+        deployment_id: &str,
+        instance: i64,
+        node_id: Option<&str>,
+        state: &str,
+        address: Option<&str>,
+        stop_after: Option<i64>,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE instances SET node_id = COALESCE($1, node_id), state = $2, address = COALESCE($3, address), \
+             stop_after = $4, updated_at = $5 WHERE deployment_id = $6 AND instance = $7",
+        )
+        .bind(node_id)
+        .bind(state)
+        .bind(address)
+        .bind(stop_after)
+        .bind(now_ms)
+        .bind(deployment_id)
+        .bind(instance)
+        .execute(&self.pool)
+        .await?;
+        self.count_commit();
+        Ok(())
+    }
+
+    /// Instances waiting to be stopped whose drain period is over.
+    pub async fn instances_to_stop(&self, now_ms: i64) -> Result<Vec<InstanceRow>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {INSTANCE_COLUMNS} FROM instances WHERE state = 'stopping' AND stop_after IS NOT NULL AND stop_after <= $1"
+        ))
+        .bind(now_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(instance_from_row).collect())
+    }
+
+    /// Log lines of a deployment after `after_seq`, oldest first.
+    pub async fn deployment_logs(&self, deployment_id: &str, after_seq: i64, limit: i64) -> Result<Vec<(i64, String, String, String)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT seq, ts, stream, line FROM deployment_logs WHERE deployment_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(deployment_id)
+        .bind(after_seq)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| (r.get("seq"), r.get("ts"), r.get("stream"), r.get("line"))).collect())
+    }
+}
+
+impl Store {
+    /// What every active instance reserves on its node: `(node_id, cpu,
+    /// memory_bytes)` from its app's limits (absent when the app sets none).
+    pub async fn reservations(&self) -> Result<Vec<(String, Option<f64>, Option<i64>)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT i.node_id AS node_id, a.cpu AS cpu, a.memory_bytes AS memory_bytes \
+             FROM instances i JOIN deployments d ON d.id = i.deployment_id JOIN apps a ON a.name = d.app \
+             WHERE i.node_id IS NOT NULL AND i.state IN ('pending', 'running', 'stopping')",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| (r.get("node_id"), r.get("cpu"), r.get("memory_bytes"))).collect())
+    }
+
+    /// Apps with active instances on a node, by name.
+    pub async fn apps_on_node(&self, node_id: &str) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT DISTINCT d.app AS app FROM instances i JOIN deployments d ON d.id = i.deployment_id \
+             WHERE i.node_id = $1 AND i.state IN ('pending', 'running', 'stopping') ORDER BY d.app",
+        )
+        .bind(node_id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| r.get("app")).collect())
+    }
+}
