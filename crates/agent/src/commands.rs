@@ -6,10 +6,12 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use cloudweb_protocol::{Command, CommandKind, LogLine, Report, StopPayload};
+use cloudweb_protocol::{Command, CommandKind, DeployPayload, LogLine, Report, StopPayload};
 
 use crate::client::ControlPlane;
+use crate::deploy::{DeployOptions, DeployOutcome};
 use crate::identity::write_private;
 use crate::runtime::{DockerRuntime, RuntimeError};
 
@@ -28,22 +30,23 @@ pub enum Outcome {
 
 pub struct Executor {
     runtime: DockerRuntime,
+    deploy_options: DeployOptions,
     handled_path: PathBuf,
     handled: VecDeque<String>,
 }
 
 impl Executor {
-    pub fn new(runtime: DockerRuntime, data_dir: &Path) -> Executor {
+    pub fn new(runtime: DockerRuntime, data_dir: &Path, deploy_options: DeployOptions) -> Executor {
         let handled_path = data_dir.join(HANDLED_FILE);
         let handled = std::fs::read(&handled_path)
             .ok()
             .and_then(|bytes| serde_json::from_slice::<VecDeque<String>>(&bytes).ok())
             .unwrap_or_default();
-        Executor { runtime, handled_path, handled }
+        Executor { runtime, deploy_options, handled_path, handled }
     }
 
     /// Handles every pending command in order, acking the ones that are done.
-    pub async fn run_pending(&mut self, client: &ControlPlane) -> Result<(), crate::client::ClientError> {
+    pub async fn run_pending(&mut self, client: &Arc<ControlPlane>) -> Result<(), crate::client::ClientError> {
         let pending = client.commands().await?;
         for command in pending.commands {
             if !self.handled.contains(&command.id) {
@@ -62,13 +65,45 @@ impl Executor {
         Ok(())
     }
 
-    async fn execute(&mut self, client: &ControlPlane, command: &Command) -> Outcome {
+    async fn execute(&mut self, client: &Arc<ControlPlane>, command: &Command) -> Outcome {
         match CommandKind::parse(&command.kind) {
             Some(CommandKind::Stop) => self.stop(client, command).await,
-            Some(CommandKind::Deploy) | None => {
-                tracing::error!(command = %command.id, kind = %command.kind, "this agent cannot handle this command type");
+            Some(CommandKind::Deploy) => self.deploy(client, command).await,
+            None => {
+                // Nothing to report to: an unknown type names no deployment.
+                tracing::error!(command = %command.id, kind = %command.kind, "this agent cannot handle this command type; dropping it");
                 Outcome::Handled
             }
+        }
+    }
+
+    async fn deploy(&mut self, client: &Arc<ControlPlane>, command: &Command) -> Outcome {
+        let payload: DeployPayload = match serde_json::from_value(command.payload.clone()) {
+            Ok(payload) => payload,
+            Err(err) => {
+                tracing::error!(command = %command.id, error = %err, "invalid deploy payload");
+                // Tell the control plane if the payload at least names its deployment.
+                if let Some(id) = command.payload.get("deployment_id").and_then(|v| v.as_str()) {
+                    let report = Report {
+                        deployment_id: id.to_string(),
+                        state: Some("failed".into()),
+                        message: Some(format!("the agent could not read the deploy command: {err}")),
+                        image: None,
+                        instance: command.payload.get("instance").and_then(|v| v.as_u64()).map(|i| i as u32),
+                        address: None,
+                        logs: Vec::new(),
+                    };
+                    if report.validate().is_ok() {
+                        let _ = client.report(&report).await;
+                    }
+                }
+                return Outcome::Handled;
+            }
+        };
+        tracing::info!(command = %command.id, deployment = %payload.deployment_id, instance = payload.instance, "deploying");
+        match crate::deploy::deploy(&self.runtime, client, &self.deploy_options, payload).await {
+            DeployOutcome::Done => Outcome::Handled,
+            DeployOutcome::Retry(reason) => Outcome::Retry(reason),
         }
     }
 
@@ -84,16 +119,16 @@ impl Executor {
             tracing::error!(command = %command.id, error = %err, "invalid stop payload; dropping the command");
             return Outcome::Handled;
         }
-        match self.runtime.stop_deployment(&payload.deployment_id).await {
+        match self.runtime.stop_deployment(&payload.deployment_id, payload.instance).await {
             Ok(count) => {
                 let line = format!("stopped {count} container(s) of {}", payload.deployment_id);
                 tracing::info!(command = %command.id, "{line}");
                 let report = Report {
                     deployment_id: payload.deployment_id.clone(),
-                    state: None,
+                    state: payload.instance.map(|_| "stopped".to_string()),
                     message: None,
                     image: None,
-                    instance: None,
+                    instance: payload.instance,
                     address: None,
                     logs: vec![LogLine { ts: now_rfc3339(), stream: "agent".into(), line }],
                 };
@@ -104,6 +139,7 @@ impl Executor {
             }
             Err(RuntimeError::Unavailable(reason)) => Outcome::Retry(reason),
             Err(RuntimeError::Engine(err)) => Outcome::Retry(err.to_string()),
+            Err(RuntimeError::Failed(reason)) => Outcome::Retry(reason),
         }
     }
 

@@ -2,9 +2,11 @@
 //! plane over mTLS (after a join that pins the cluster CA by fingerprint),
 //! and drives this node's Docker Engine.
 
+pub mod build;
 pub mod capacity;
 pub mod client;
 pub mod commands;
+pub mod deploy;
 pub mod identity;
 pub mod join;
 pub mod run;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use cloudweb_agent::client::{parse_fingerprint, ControlPlane};
+use cloudweb_agent::deploy::DeployOptions;
 use cloudweb_agent::identity::Identity;
 use cloudweb_agent::join::{join, JoinOptions};
 use cloudweb_agent::run::{run, RunOptions};
@@ -72,6 +73,27 @@ struct RunArgs {
     upgrade_retry_seconds: u64,
     #[arg(long, env = "DOCKER_HOST", default_value = "unix:///var/run/docker.sock")]
     docker_host: String,
+    /// Image that runs the install and build commands of static sites.
+    #[arg(long, default_value = "node:20-bookworm-slim")]
+    static_builder_image: String,
+    /// Image with cloudweb-static, which serves static sites.
+    #[arg(long, default_value = "cloudweb/static-server:latest")]
+    static_server_image: String,
+    /// Builder for buildpacks (used when the pack CLI is installed).
+    #[arg(long, default_value = "paketobuildpacks/builder-jammy-base")]
+    buildpacks_builder: String,
+    /// Host address app ports are published on.
+    #[arg(long, default_value = "0.0.0.0")]
+    publish_ip: std::net::IpAddr,
+    /// Host other nodes use to reach this node's apps (default: its mesh address).
+    #[arg(long)]
+    advertise_host: Option<String>,
+    /// Accept file:// repositories (development and tests only).
+    #[arg(long)]
+    allow_file_repos: bool,
+    /// Docker's per-registry certificate directory.
+    #[arg(long, default_value = "/etc/docker/certs.d")]
+    docker_certs_dir: PathBuf,
 }
 
 fn main() -> std::process::ExitCode {
@@ -123,13 +145,35 @@ fn real_main() -> anyhow::Result<()> {
                 Ok(())
             }
             Commands::Run(args) => {
+                for image in [&args.static_builder_image, &args.static_server_image, &args.buildpacks_builder] {
+                    if image.is_empty() || image.starts_with('-') || image.contains(char::is_whitespace) {
+                        anyhow::bail!("image names must not be empty, start with '-' or contain spaces: {image:?}");
+                    }
+                }
+                let advertise_host = match args.advertise_host {
+                    Some(host) => host,
+                    None => Identity::load(&cli.data_dir)?.info.mesh_address,
+                };
+                if advertise_host.parse::<std::net::IpAddr>().is_err() {
+                    cloudweb_protocol::validate::hostname("--advertise-host", &advertise_host).map_err(anyhow::Error::msg)?;
+                }
                 run(RunOptions {
-                    data_dir: cli.data_dir,
+                    data_dir: cli.data_dir.clone(),
                     heartbeat_interval: Duration::from_secs(args.heartbeat_interval_seconds),
                     poll_interval: Duration::from_secs(args.poll_interval_seconds),
                     upgrade_retry: Duration::from_secs(args.upgrade_retry_seconds),
                     docker_host: args.docker_host,
                     protocol: cli.speak_protocol,
+                    deploy: DeployOptions {
+                        data_dir: cli.data_dir.clone(),
+                        static_builder_image: args.static_builder_image,
+                        static_server_image: args.static_server_image,
+                        buildpacks_builder: args.buildpacks_builder,
+                        publish_ip: args.publish_ip.to_string(),
+                        advertise_host,
+                        allow_file_repos: args.allow_file_repos,
+                        docker_certs_dir: args.docker_certs_dir,
+                    },
                 })
                 .await?;
                 Ok(())

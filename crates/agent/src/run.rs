@@ -15,6 +15,7 @@ use futures_util::{Stream, StreamExt};
 use crate::capacity;
 use crate::client::{ClientError, ControlPlane};
 use crate::commands::Executor;
+use crate::deploy::DeployOptions;
 use crate::identity::{Identity, IdentityError};
 use crate::runtime::{DockerRuntime, RuntimeError};
 
@@ -28,6 +29,7 @@ pub struct RunOptions {
     pub upgrade_retry: Duration,
     pub docker_host: String,
     pub protocol: u32,
+    pub deploy: DeployOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +46,7 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     let identity = Identity::load(&options.data_dir)?;
     let client = Arc::new(ControlPlane::for_node(&identity, options.protocol)?);
     let runtime = DockerRuntime::new(&options.docker_host, &identity.info.node_id)?;
-    let executor = Executor::new(runtime, &options.data_dir);
+    let executor = Executor::new(runtime, &options.data_dir, options.deploy.clone());
     tracing::info!(node_id = %identity.info.node_id, server = %identity.info.server, "agent running");
     let heartbeats = tokio::spawn(heartbeat_loop(client.clone(), options.clone()));
     let commands = tokio::spawn(command_loop(client, executor, options));
@@ -138,7 +140,7 @@ async fn command_loop(client: Arc<ControlPlane>, mut executor: Executor, options
     }
 }
 
-async fn sync(client: &ControlPlane, executor: &mut Executor, options: &RunOptions) {
+async fn sync(client: &Arc<ControlPlane>, executor: &mut Executor, options: &RunOptions) {
     if let Err(err) = executor.run_pending(client).await {
         log_failure("commands", &err, options.upgrade_retry);
     }

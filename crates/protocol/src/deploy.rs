@@ -29,6 +29,18 @@ pub enum Spa {
     No,
 }
 
+/// How the agent turns a checkout into an image. `Auto` detects: a
+/// Dockerfile at the root, else a static site, else buildpacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    #[default]
+    Auto,
+    Dockerfile,
+    Static,
+    Buildpacks,
+}
+
 /// What a user sets for a static site. Every field is optional; what is
 /// missing the agent detects.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,9 +152,13 @@ pub fn healthy_status(status: u16) -> bool {
 pub struct DeployPayload {
     pub deployment_id: String,
     pub app: String,
-    /// Which instance of the app this is (1-based): the container is
-    /// `cw-<app>-<instance>`.
+    /// Which instance of the deployment this is (1-based).
     pub instance: u32,
+    /// Container name, `cw-<app>-<n>`; `n` grows with every instance the
+    /// app ever had, so an old and a new generation can run side by side.
+    /// `cw-<app>-<instance>` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
     /// Set for a deploy from code; absent when `image` is given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<Source>,
@@ -153,6 +169,9 @@ pub struct DeployPayload {
     /// Only for deploys from code, and only when the user set it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build: Option<BuildSettings>,
+    /// Only for deploys from code; `auto` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<Strategy>,
     /// A built image to run as is (rollback, reschedule, extra instances).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
@@ -244,6 +263,10 @@ pub fn commit(id: &str) -> Result<(), ValidationError> {
 }
 
 impl DeployPayload {
+    pub fn container_name(&self) -> String {
+        self.container.clone().unwrap_or_else(|| format!("cw-{}-{}", self.app, self.instance))
+    }
+
     pub fn validate(&self) -> Result<(), ValidationError> {
         validate::token("deployment_id", &self.deployment_id, 64)?;
         validate::node_name("app", &self.app)?;
@@ -252,6 +275,14 @@ impl DeployPayload {
         }
         if self.port == 0 {
             return Err(ValidationError::new("port", "must be 1 to 65535"));
+        }
+        if let Some(container) = &self.container {
+            let ok = container
+                .strip_prefix(&format!("cw-{}-", self.app))
+                .is_some_and(|n| !n.is_empty() && n.len() <= 9 && n.bytes().all(|b| b.is_ascii_digit()));
+            if !ok {
+                return Err(ValidationError::new("container", "must be cw-<app>-<number>"));
+            }
         }
         match (&self.source, &self.image) {
             (Some(source), None) => {

@@ -14,7 +14,7 @@ pub mod validate;
 pub mod version;
 
 pub use commands::{Command, CommandKind, CommandList, StopPayload};
-pub use deploy::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Source, Spa};
+pub use deploy::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Source, Spa, Strategy};
 pub use heartbeat::{
     ContainerUsage, Health, Heartbeat, HostTraffic, MeshHealth, Metrics, NodeUsage, RegistryHealth,
 };

@@ -7,6 +7,7 @@ CREATE TABLE apps (
     port             BIGINT NOT NULL,
     domains          TEXT NOT NULL,
     build            TEXT,
+    strategy         TEXT NOT NULL,
     instances        BIGINT NOT NULL,
     cpu              DOUBLE PRECISION,
     memory_bytes     BIGINT,
@@ -37,6 +38,7 @@ CREATE TABLE instances (
     deployment_id TEXT NOT NULL,
     instance      BIGINT NOT NULL,
     node_id       TEXT,
+    container     TEXT,
     state         TEXT NOT NULL,
     address       TEXT,
     -- When a replaced instance may be stopped (after the drain period).

@@ -3,10 +3,16 @@
 //! node's id, so an agent never touches containers that are not its own
 //! (other agents may share the same daemon).
 
+mod containers;
+mod images;
+
 use std::collections::HashMap;
 
 use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder};
 use bollard::Docker;
+
+pub use containers::{AppContainer, OneShot};
+pub use images::RegistryAuth;
 
 pub const LABEL_NODE: &str = "cloudweb.node";
 pub const LABEL_APP: &str = "cloudweb.app";
@@ -22,6 +28,8 @@ pub enum RuntimeError {
     Unavailable(String),
     #[error("docker engine error: {0}")]
     Engine(#[from] bollard::errors::Error),
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// This node's Docker Engine. The connection is made on each use, so an
@@ -31,6 +39,16 @@ pub enum RuntimeError {
 pub struct DockerRuntime {
     socket: String,
     node_id: String,
+}
+
+/// A container of this node, as found by its labels.
+#[derive(Debug, Clone)]
+pub struct OwnContainer {
+    pub id: String,
+    pub name: String,
+    pub deployment: String,
+    pub instance: u32,
+    pub running: bool,
 }
 
 impl DockerRuntime {
@@ -43,36 +61,69 @@ impl DockerRuntime {
         Ok(DockerRuntime { socket: socket.to_string(), node_id: node_id.to_string() })
     }
 
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
     fn docker(&self) -> Result<Docker, RuntimeError> {
-        Docker::connect_with_unix(&self.socket, 60, bollard::API_DEFAULT_VERSION)
+        Docker::connect_with_unix(&self.socket, 600, bollard::API_DEFAULT_VERSION)
             .map_err(|e| RuntimeError::Unavailable(format!("{}: {e}", self.socket)))
     }
 
-    /// Stops and removes this node's containers of one deployment. Returns
-    /// how many there were; zero is success (stopping is idempotent).
-    pub async fn stop_deployment(&self, deployment_id: &str) -> Result<usize, RuntimeError> {
-        let filters = HashMap::from([(
-            "label",
-            vec![format!("{LABEL_NODE}={}", self.node_id), format!("{LABEL_DEPLOYMENT}={deployment_id}")],
-        )]);
-        let docker = self.docker()?;
-        let containers = docker
+    /// This node's containers, optionally only those of one deployment.
+    pub async fn own_containers(&self, deployment_id: Option<&str>) -> Result<Vec<OwnContainer>, RuntimeError> {
+        let mut labels = vec![format!("{LABEL_NODE}={}", self.node_id)];
+        if let Some(deployment) = deployment_id {
+            labels.push(format!("{LABEL_DEPLOYMENT}={deployment}"));
+        }
+        let filters = HashMap::from([("label", labels)]);
+        let containers = self
+            .docker()?
             .list_containers(Some(ListContainersOptionsBuilder::new().all(true).filters(&filters).build()))
             .await?;
+        Ok(containers
+            .into_iter()
+            .filter_map(|c| {
+                let labels = c.labels.unwrap_or_default();
+                Some(OwnContainer {
+                    id: c.id?,
+                    name: c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default(),
+                    deployment: labels.get(LABEL_DEPLOYMENT)?.clone(),
+                    instance: labels.get(LABEL_INSTANCE).and_then(|i| i.parse().ok()).unwrap_or(0),
+                    running: c.state.as_ref().map(|s| format!("{s:?}").eq_ignore_ascii_case("running")).unwrap_or(false),
+                })
+            })
+            .collect())
+    }
+
+    /// Stops and removes this node's containers of one deployment (or of one
+    /// instance of it). Returns how many there were; zero is success.
+    pub async fn stop_deployment(&self, deployment_id: &str, instance: Option<u32>) -> Result<usize, RuntimeError> {
+        let containers: Vec<OwnContainer> = self
+            .own_containers(Some(deployment_id))
+            .await?
+            .into_iter()
+            .filter(|c| instance.is_none_or(|i| c.instance == i))
+            .collect();
         for container in &containers {
-            let Some(id) = container.id.as_deref() else { continue };
-            let stop = StopContainerOptionsBuilder::new().t(STOP_GRACE_SECONDS).build();
-            match docker.stop_container(id, Some(stop)).await {
-                Ok(()) => {}
-                // Already stopped (304) or already gone (404) are both fine.
-                Err(bollard::errors::Error::DockerResponseServerError { status_code: 304 | 404, .. }) => {}
-                Err(err) => return Err(err.into()),
-            }
-            match docker.remove_container(id, Some(RemoveContainerOptionsBuilder::new().force(true).build())).await {
-                Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
-                Err(err) => return Err(err.into()),
-            }
+            self.remove(&container.id).await?;
         }
         Ok(containers.len())
+    }
+
+    /// Stops (with a grace period) and removes one container.
+    pub async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
+        let docker = self.docker()?;
+        let stop = StopContainerOptionsBuilder::new().t(STOP_GRACE_SECONDS).build();
+        match docker.stop_container(id, Some(stop)).await {
+            Ok(()) => {}
+            // Already stopped (304) or already gone (404) are both fine.
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 304 | 404, .. }) => {}
+            Err(err) => return Err(err.into()),
+        }
+        match docker.remove_container(id, Some(RemoveContainerOptionsBuilder::new().force(true).v(true).build())).await {
+            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            Err(err) => Err(err.into()),
+        }
     }
 }

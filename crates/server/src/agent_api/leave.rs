@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use axum::extract::{Query, State};
 use axum::{Extension, Json};
-use cloudweb_protocol::LeaveResponse;
+use axum::http::StatusCode;
+use cloudweb_protocol::{LeaveConflict, LeaveResponse};
+use serde_json::json;
 use serde::Deserialize;
 
 use super::AuthedNode;
@@ -30,9 +32,19 @@ pub async fn leave(
     State(state): State<Arc<AppState>>,
     Extension(AuthedNode(node_id)): Extension<AuthedNode>,
     Query(query): Query<LeaveQuery>,
-) -> Result<Json<LeaveResponse>, ApiError> {
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
     let force = parse_force(query.force.as_deref())?;
+    let apps = state.store.apps_on_node(&node_id).await?;
+    if !apps.is_empty() && !force {
+        let error = format!("node {node_id} still runs {}; drain it first, or leave with force=1", apps.join(", "));
+        return Ok((StatusCode::CONFLICT, Json(json!(LeaveConflict { error, apps }))));
+    }
+    let failed_deployments = if apps.is_empty() {
+        Vec::new()
+    } else {
+        crate::deploy::fail_node_instances(&state, &node_id, &format!("node {node_id} left the cluster")).await?
+    };
     crate::remove_node(&state, &node_id).await?;
     tracing::info!(node_id = %node_id, force, "node left the cluster");
-    Ok(Json(LeaveResponse { node_id, failed_deployments: Vec::new() }))
+    Ok((StatusCode::OK, Json(json!(LeaveResponse { node_id, failed_deployments }))))
 }

@@ -9,7 +9,7 @@ pub mod commands;
 mod heartbeat;
 pub mod installer;
 mod join;
-mod leave;
+pub mod leave;
 pub mod listener;
 mod report;
 mod stream;

@@ -1,6 +1,8 @@
 //! The user API on `--api-listen`: bearer-token authenticated JSON, plus
 //! `/healthz` (open) and Prometheus `/metrics`.
 
+mod apps;
+mod deployments;
 mod join_tokens;
 mod metrics;
 mod nodes;
@@ -24,6 +26,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/nodes", get(nodes::list))
         .route("/api/nodes/{id}", get(nodes::show).delete(nodes::remove))
         .route("/api/nodes/{id}/commands", get(nodes::commands).post(nodes::enqueue))
+        .route("/api/apps", get(apps::list).post(apps::create))
+        .route("/api/apps/{name}", get(apps::show).delete(apps::remove))
+        .route("/api/apps/{name}/env", axum::routing::put(apps::set_env))
+        .route("/api/apps/{name}/deploy", post(apps::deploy))
+        .route("/api/apps/{name}/rollback", post(apps::rollback))
+        .route("/api/apps/{name}/deployments", get(deployments::of_app))
+        .route("/api/deployments/{id}", get(deployments::show))
+        .route("/api/deployments/{id}/logs", get(deployments::logs))
         .route("/metrics", get(metrics::prometheus))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
     Router::new()

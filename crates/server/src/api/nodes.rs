@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use cloudweb_protocol::{CommandKind, StopPayload};
@@ -99,9 +99,36 @@ pub async fn show(State(state): State<Arc<AppState>>, Path(id): Path<String>) ->
     Ok(Json(view(&state, &row, Instant::now())))
 }
 
-pub async fn remove(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+#[derive(Debug, Deserialize)]
+pub struct RemoveQuery {
+    force: Option<String>,
+}
+
+/// Removes a node that runs nothing. A node that still has instances can
+/// only be removed when it is unreachable and `force=1` is given; its
+/// instances become failed.
+pub async fn remove(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(query): Query<RemoveQuery>,
+) -> Result<StatusCode, ApiError> {
+    let force = crate::agent_api::leave::parse_force(query.force.as_deref())?;
     if state.store.node(&id).await?.is_none() {
         return Err(ApiError::NotFound(format!("no node {id:?}")));
+    }
+    let apps = state.store.apps_on_node(&id).await?;
+    if !apps.is_empty() {
+        let unreachable = state
+            .nodes
+            .get(&id)
+            .is_none_or(|n| n.state(Instant::now(), state.config.unreachable_after) == crate::live::NodeState::Unreachable);
+        if !(force && unreachable) {
+            return Err(ApiError::Conflict(format!(
+                "node {id} still runs {}; drain it first (or, if it is unreachable, remove it with force=1)",
+                apps.join(", ")
+            )));
+        }
+        crate::deploy::fail_node_instances(&state, &id, &format!("node {id} was removed")).await?;
     }
     crate::remove_node(&state, &id).await?;
     tracing::info!(node_id = %id, "node removed by the API");

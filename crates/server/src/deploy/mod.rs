@@ -161,9 +161,10 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
         let nodes = snapshot(state).await?;
         match scheduler::place(&nodes, &request) {
             Placement::Node(node_id) => {
-                let payload = deploy_payload(state, app, deployment, instance, build.clone())?;
                 let now = state.clock.now_ms();
-                state.store.update_instance(&deployment.id, instance, Some(&node_id), "pending", None, None, now).await?;
+                let container = state.store.assign_instance(&deployment.id, &app.name, instance, &node_id, now).await?;
+                let mut payload = deploy_payload(state, app, deployment, instance, build.clone())?;
+                payload.container = Some(container);
                 crate::queue_command(state, &node_id, cloudweb_protocol::CommandKind::Deploy, &serde_json::to_value(&payload).expect("payload serializes")).await?;
                 tracing::info!(deployment = %deployment.id, instance, node_id = %node_id, "instance placed");
             }
@@ -208,9 +209,14 @@ fn deploy_payload(
         deployment_id: deployment.id.clone(),
         app: app.name.clone(),
         instance: instance as u32,
+        container: None,
         source,
         env,
         port: app.port as u16,
+        strategy: match &deployment.image {
+            Some(_) => None,
+            None => serde_json::from_value(serde_json::Value::String(app.strategy.clone())).ok(),
+        },
         build,
         image: deployment.image.clone(),
         limits: Limits { cpu: app.cpu, memory_bytes: app.memory_bytes.map(|m| m.max(0) as u64) },
@@ -377,4 +383,40 @@ pub async fn reconciler(state: std::sync::Arc<AppState>) {
             tracing::error!(error = %err, "reconcile pass failed");
         }
     }
+}
+
+/// Queues a stop for every instance an app still runs (before the app is
+/// deleted).
+pub async fn stop_app(state: &AppState, app: &str) -> Result<(), ApiError> {
+    for deployment in state.store.app_deployments(app).await? {
+        for instance in state.store.instances(&deployment.id).await? {
+            if matches!(instance.state.as_str(), "pending" | "running" | "stopping") {
+                stop_instance(state, &instance, "app deleted").await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Marks every active instance on a node failed (the node is leaving or
+/// being removed by force) and fails the deployments that had not finished.
+/// Returns the affected deployments.
+pub async fn fail_node_instances(state: &AppState, node_id: &str, reason: &str) -> Result<Vec<String>, ApiError> {
+    let now = state.clock.now_ms();
+    let mut affected = Vec::new();
+    for instance in state.store.active_instances().await? {
+        if instance.node_id.as_deref() != Some(node_id) {
+            continue;
+        }
+        state.store.update_instance(&instance.deployment_id, instance.instance, None, "failed", None, None, now).await?;
+        if !affected.contains(&instance.deployment_id) {
+            affected.push(instance.deployment_id.clone());
+        }
+    }
+    for id in &affected {
+        if let Some(deployment) = state.store.deployment(id).await? {
+            fail(state, &deployment, reason).await?;
+        }
+    }
+    Ok(affected)
 }

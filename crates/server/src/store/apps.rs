@@ -16,6 +16,8 @@ pub struct AppRow {
     pub domains: String,
     /// JSON build settings, when the user set any.
     pub build: Option<String>,
+    /// `auto`, `dockerfile`, `static` or `buildpacks`.
+    pub strategy: String,
     pub instances: i64,
     pub cpu: Option<f64>,
     pub memory_bytes: Option<i64>,
@@ -26,7 +28,7 @@ pub struct AppRow {
     pub created_at: i64,
 }
 
-const APP_COLUMNS: &str = "name, repo_url, branch, port, domains, build, instances, cpu, memory_bytes, health_path, \
+const APP_COLUMNS: &str = "name, repo_url, branch, port, domains, build, strategy, instances, cpu, memory_bytes, health_path, \
      health_timeout_s, env_sealed, git_credentials_sealed, created_at";
 
 fn app_from_row(row: &SqliteRow) -> AppRow {
@@ -37,6 +39,7 @@ fn app_from_row(row: &SqliteRow) -> AppRow {
         port: row.get("port"),
         domains: row.get("domains"),
         build: row.get("build"),
+        strategy: row.get("strategy"),
         instances: row.get("instances"),
         cpu: row.get("cpu"),
         memory_bytes: row.get("memory_bytes"),
@@ -52,7 +55,7 @@ impl Store {
     /// Inserts an app; returns false when the name is taken.
     pub async fn insert_app(&self, app: &AppRow) -> Result<bool, StoreError> {
         let result = sqlx::query(&format!(
-            "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+            "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
              ON CONFLICT (name) DO NOTHING"
         ))
         .bind(&app.name)
@@ -61,6 +64,7 @@ impl Store {
         .bind(app.port)
         .bind(&app.domains)
         .bind(&app.build)
+        .bind(&app.strategy)
         .bind(app.instances)
         .bind(app.cpu)
         .bind(app.memory_bytes)

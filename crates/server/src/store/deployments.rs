@@ -27,6 +27,7 @@ pub struct InstanceRow {
     pub deployment_id: String,
     pub instance: i64,
     pub node_id: Option<String>,
+    pub container: Option<String>,
     /// `pending`, `running`, `failed`, `stopping`, `stopped`.
     pub state: String,
     pub address: Option<String>,
@@ -35,7 +36,7 @@ pub struct InstanceRow {
 }
 
 const DEPLOYMENT_COLUMNS: &str = "id, seq, app, kind, commit_sha, rollback_of, state, image, error, created_at, updated_at";
-const INSTANCE_COLUMNS: &str = "deployment_id, instance, node_id, state, address, stop_after, updated_at";
+const INSTANCE_COLUMNS: &str = "deployment_id, instance, node_id, container, state, address, stop_after, updated_at";
 
 fn deployment_from_row(row: &SqliteRow) -> DeploymentRow {
     DeploymentRow {
@@ -58,6 +59,7 @@ fn instance_from_row(row: &SqliteRow) -> InstanceRow {
         deployment_id: row.get("deployment_id"),
         instance: row.get("instance"),
         node_id: row.get("node_id"),
+        container: row.get("container"),
         state: row.get("state"),
         address: row.get("address"),
         stop_after: row.get("stop_after"),
@@ -252,5 +254,36 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.iter().map(|r| r.get("app")).collect())
+    }
+}
+
+impl Store {
+    /// Places an instance: records its node and gives it the next container
+    /// name of its app, `cw-<app>-<n>`.
+    pub async fn assign_instance(&self, deployment_id: &str, app: &str, instance: i64, node_id: &str, now_ms: i64) -> Result<String, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        let placed: i64 = sqlx::query(
+            "SELECT COUNT(*) AS n FROM instances i JOIN deployments d ON d.id = i.deployment_id \
+             WHERE d.app = $1 AND i.container IS NOT NULL",
+        )
+        .bind(app)
+        .fetch_one(&mut *tx)
+        .await?
+        .get("n");
+        let container = format!("cw-{app}-{}", placed + 1);
+        sqlx::query(
+            "UPDATE instances SET node_id = $1, container = $2, state = 'pending', updated_at = $3 \
+             WHERE deployment_id = $4 AND instance = $5",
+        )
+        .bind(node_id)
+        .bind(&container)
+        .bind(now_ms)
+        .bind(deployment_id)
+        .bind(instance)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.count_commit();
+        Ok(container)
     }
 }

@@ -1,0 +1,176 @@
+//! Turning a checkout into an image: pick the strategy (Dockerfile, static
+//! site, buildpacks), run it, and check everything the control plane sent
+//! again before using it.
+
+pub mod git;
+pub mod static_site;
+
+use std::path::{Path, PathBuf};
+
+use cloudweb_protocol::{BuildSettings, Spa, Strategy};
+
+pub use static_site::{build_static_site, StaticPlan};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Failed(String),
+    #[error("i/o error on {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// What the agent decided to build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    Dockerfile,
+    Static(StaticPlan),
+    Buildpacks,
+}
+
+/// Chooses the build for a checkout. An explicit strategy wins; `auto`
+/// takes a root Dockerfile, else a static site (explicit settings, a
+/// package.json with a build script, or a plain index.html), else
+/// buildpacks.
+pub fn plan(checkout: &Path, strategy: Strategy, settings: Option<&BuildSettings>) -> Result<Plan, BuildError> {
+    let dockerfile = checkout.join("Dockerfile");
+    let has_dockerfile = std::fs::symlink_metadata(&dockerfile).map(|m| m.is_file()).unwrap_or(false);
+    match strategy {
+        Strategy::Dockerfile if has_dockerfile => Ok(Plan::Dockerfile),
+        Strategy::Dockerfile => Err(BuildError::Invalid("strategy is dockerfile but the repository has no Dockerfile at its root".into())),
+        Strategy::Static => Ok(Plan::Static(static_site::plan(checkout, settings)?)),
+        Strategy::Buildpacks => Ok(Plan::Buildpacks),
+        Strategy::Auto if has_dockerfile && settings.is_none() => Ok(Plan::Dockerfile),
+        Strategy::Auto => match static_site::detect(checkout, settings)? {
+            Some(plan) => Ok(Plan::Static(plan)),
+            None => Ok(Plan::Buildpacks),
+        },
+    }
+}
+
+/// Resolves `relative` inside `root`, following symlinks, and refuses
+/// anything that ends up outside it.
+pub fn inside(root: &Path, relative: &str) -> Result<PathBuf, BuildError> {
+    cloudweb_protocol::deploy::output_dir(relative).map_err(|e| BuildError::Invalid(e.to_string()))?;
+    let root = root.canonicalize().map_err(|source| BuildError::Io { path: root.to_path_buf(), source })?;
+    let candidate = root.join(relative);
+    let resolved = candidate
+        .canonicalize()
+        .map_err(|_| BuildError::Invalid(format!("output_dir {relative} does not exist after the build")))?;
+    if !resolved.starts_with(&root) {
+        return Err(BuildError::Invalid(format!("output_dir {relative} resolves outside the project")));
+    }
+    if !resolved.is_dir() {
+        return Err(BuildError::Invalid(format!("output_dir {relative} is not a directory")));
+    }
+    Ok(resolved)
+}
+
+/// A tar archive of `dir` (without `.git`) for a Docker build context.
+/// Symlinks are archived as links, never followed, so nothing outside the
+/// directory gets in.
+pub fn context_archive(dir: &Path, prefix: &str, extra: &[(&str, &[u8])]) -> Result<Vec<u8>, BuildError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BuildError::Io { path, source }
+    };
+    let mut builder = tar::Builder::new(Vec::new());
+    builder.follow_symlinks(false);
+    add_dir(&mut builder, dir, Path::new(prefix))?;
+    for (name, bytes) in extra {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(bytes.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder.append_data(&mut header, name, *bytes).map_err(io(dir))?;
+    }
+    builder.into_inner().map_err(io(dir))
+}
+
+fn add_dir(builder: &mut tar::Builder<Vec<u8>>, dir: &Path, prefix: &Path) -> Result<(), BuildError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BuildError::Io { path, source }
+    };
+    let mut entries: Vec<_> = std::fs::read_dir(dir).map_err(io(dir))?.collect::<Result<_, _>>().map_err(io(dir))?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let name = entry.file_name();
+        if name == ".git" {
+            continue;
+        }
+        let path = entry.path();
+        let archived = prefix.join(&name);
+        let kind = entry.file_type().map_err(io(&path))?;
+        if kind.is_dir() {
+            builder.append_dir(&archived, &path).map_err(io(&path))?;
+            add_dir(builder, &path, &archived)?;
+        } else {
+            // Files and symlinks (as links) alike.
+            builder.append_path_with_name(&path, &archived).map_err(io(&path))?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether SPA fallback is on for a plan's `spa` setting.
+pub fn spa_enabled(spa: Spa, has_package_json: bool) -> bool {
+    match spa {
+        Spa::Yes => true,
+        Spa::No => false,
+        // Framework builds (a package.json) are usually single-page apps;
+        // plain HTML sites are not.
+        Spa::Auto => has_package_json,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_dir_cannot_escape_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("dist")).unwrap();
+        std::os::unix::fs::symlink("/etc", dir.path().join("out")).unwrap();
+        assert!(inside(dir.path(), "dist").is_ok());
+        let err = inside(dir.path(), "out").unwrap_err().to_string();
+        assert!(err.contains("outside the project"), "{err}");
+        assert!(inside(dir.path(), "../etc").is_err());
+        assert!(inside(dir.path(), "/etc").is_err());
+        assert!(inside(dir.path(), "missing").is_err());
+    }
+
+    #[test]
+    fn strategies() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(plan(dir.path(), Strategy::Auto, None).unwrap(), Plan::Buildpacks);
+        std::fs::write(dir.path().join("index.html"), "<h1>hi</h1>").unwrap();
+        assert!(matches!(plan(dir.path(), Strategy::Auto, None).unwrap(), Plan::Static(_)));
+        std::fs::write(dir.path().join("Dockerfile"), "FROM scratch").unwrap();
+        assert_eq!(plan(dir.path(), Strategy::Auto, None).unwrap(), Plan::Dockerfile);
+        assert!(matches!(plan(dir.path(), Strategy::Static, None).unwrap(), Plan::Static(_)));
+        let empty = tempfile::tempdir().unwrap();
+        assert!(plan(empty.path(), Strategy::Dockerfile, None).is_err());
+    }
+
+    #[test]
+    fn archives_skip_git_and_keep_links_as_links() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join(".git")).unwrap();
+        std::fs::write(dir.path().join(".git/config"), "secret").unwrap();
+        std::fs::write(dir.path().join("a.txt"), "a").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("link")).unwrap();
+        let archive = context_archive(dir.path(), "", &[("Dockerfile", b"FROM scratch")]).unwrap();
+        let mut names = Vec::new();
+        for entry in tar::Archive::new(archive.as_slice()).entries().unwrap() {
+            let entry = entry.unwrap();
+            names.push((entry.path().unwrap().display().to_string(), entry.header().entry_type().is_symlink()));
+        }
+        assert!(names.contains(&("a.txt".to_string(), false)));
+        assert!(names.contains(&("link".to_string(), true)));
+        assert!(names.contains(&("Dockerfile".to_string(), false)));
+        assert!(!names.iter().any(|(n, _)| n.contains(".git")));
+    }
+}

@@ -1,0 +1,279 @@
+//! `/api/apps`: create, list, inspect and delete apps, set their
+//! environment, deploy them and roll them back.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use cloudweb_protocol::deploy::{self, BuildSettings, Spa, Strategy};
+use cloudweb_protocol::{validate, GitCredentials};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::clock::rfc3339_ms;
+use crate::deploy::{app_env, env_context, git_context, Origin};
+use crate::error::{body_bytes, parse_json, ApiError};
+use crate::store::AppRow;
+use crate::AppState;
+
+/// Most instances and domains per app.
+pub const MAX_INSTANCES: u32 = 20;
+pub const MAX_DOMAINS: usize = 20;
+
+/// Build settings as a user sends them: unknown fields are an error here
+/// (a typo should not be silently ignored), unlike on the agent protocol.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BuildInput {
+    install_cmd: Option<String>,
+    build_cmd: Option<String>,
+    output_dir: Option<String>,
+    spa: Option<Spa>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateApp {
+    name: String,
+    repo_url: String,
+    #[serde(default = "default_branch")]
+    branch: String,
+    port: u16,
+    #[serde(default)]
+    domains: Vec<String>,
+    build: Option<BuildInput>,
+    strategy: Option<Strategy>,
+    instances: Option<u32>,
+    /// CPU cores reserved and allowed per instance.
+    cpu: Option<f64>,
+    /// Memory in bytes reserved and allowed per instance.
+    memory: Option<u64>,
+    health_path: Option<String>,
+    health_timeout_seconds: Option<u32>,
+    git_username: Option<String>,
+    git_password: Option<String>,
+}
+
+fn default_branch() -> String {
+    "main".to_string()
+}
+
+fn validate_create(request: &CreateApp, allow_file_repos: bool) -> Result<(), ApiError> {
+    validate::node_name("name", &request.name)?;
+    deploy::repo_url(&request.repo_url, allow_file_repos)?;
+    deploy::branch(&request.branch)?;
+    if request.port == 0 {
+        return Err(ApiError::BadRequest("invalid port: must be 1 to 65535".into()));
+    }
+    if request.domains.len() > MAX_DOMAINS {
+        return Err(ApiError::BadRequest(format!("invalid domains: at most {MAX_DOMAINS}")));
+    }
+    for domain in &request.domains {
+        validate::hostname("domains", domain)?;
+        if !domain.contains('.') {
+            return Err(ApiError::BadRequest("invalid domains: a domain needs at least one dot".into()));
+        }
+    }
+    if let Some(instances) = request.instances {
+        if instances == 0 || instances > MAX_INSTANCES {
+            return Err(ApiError::BadRequest(format!("invalid instances: must be 1 to {MAX_INSTANCES}")));
+        }
+    }
+    if let Some(cpu) = request.cpu {
+        if !cpu.is_finite() || cpu < 0.01 || cpu > 64.0 {
+            return Err(ApiError::BadRequest("invalid cpu: must be 0.01 to 64 cores".into()));
+        }
+    }
+    if let Some(memory) = request.memory {
+        if !(16 << 20..=1 << 40).contains(&memory) {
+            return Err(ApiError::BadRequest("invalid memory: must be 16 MiB to 1 TiB, in bytes".into()));
+        }
+    }
+    if let Some(path) = &request.health_path {
+        if !path.starts_with('/') {
+            return Err(ApiError::BadRequest("invalid health_path: must start with '/'".into()));
+        }
+        validate::bounded_text("health_path", path, 256)?;
+    }
+    if let Some(timeout) = request.health_timeout_seconds {
+        if timeout == 0 || timeout > 3600 {
+            return Err(ApiError::BadRequest("invalid health_timeout_seconds: must be 1 to 3600".into()));
+        }
+    }
+    match (&request.git_username, &request.git_password) {
+        (Some(user), Some(password)) => {
+            validate::bounded_text("git_username", user, 256)?;
+            validate::bounded_text("git_password", password, 4096)?;
+        }
+        (None, None) => {}
+        _ => return Err(ApiError::BadRequest("git_username and git_password go together".into())),
+    }
+    if request.build.is_some() && matches!(request.strategy, Some(Strategy::Dockerfile | Strategy::Buildpacks)) {
+        return Err(ApiError::BadRequest("build settings only apply to static sites; drop them or use strategy static".into()));
+    }
+    Ok(())
+}
+
+pub fn view(state: &AppState, app: &AppRow) -> Value {
+    let env_names: Vec<String> = app_env(state, app).map(|env| env.into_keys().collect()).unwrap_or_default();
+    json!({
+        "name": app.name,
+        "repo_url": app.repo_url,
+        "branch": app.branch,
+        "port": app.port,
+        "domains": serde_json::from_str::<Value>(&app.domains).unwrap_or(Value::Null),
+        "build": app.build.as_deref().and_then(|b| serde_json::from_str::<Value>(b).ok()),
+        "strategy": app.strategy,
+        "instances": app.instances,
+        "cpu": app.cpu,
+        "memory": app.memory_bytes,
+        "health_path": app.health_path,
+        "health_timeout_seconds": app.health_timeout_s,
+        // Names only: values never leave the control plane through the API.
+        "env": env_names,
+        "git_credentials": app.git_credentials_sealed.is_some(),
+        "created_at": rfc3339_ms(app.created_at),
+    })
+}
+
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let request: CreateApp = parse_json(&body_bytes(body)?)?;
+    validate_create(&request, state.config.allow_file_repos)?;
+    let build = request.build.map(|b| BuildSettings { install_cmd: b.install_cmd, build_cmd: b.build_cmd, output_dir: b.output_dir, spa: b.spa });
+    if let Some(build) = &build {
+        build.validate()?;
+    }
+    let strategy = match (request.strategy, &build) {
+        (Some(strategy), _) => strategy,
+        (None, Some(_)) => Strategy::Static,
+        (None, None) => Strategy::Auto,
+    };
+    let git_credentials_sealed = match (request.git_username, request.git_password) {
+        (Some(username), Some(password)) => {
+            Some(state.sealer.seal_json(&git_context(&request.name), &GitCredentials { username, password }))
+        }
+        _ => None,
+    };
+    let app = AppRow {
+        name: request.name.clone(),
+        repo_url: request.repo_url,
+        branch: request.branch,
+        port: i64::from(request.port),
+        domains: serde_json::to_string(&request.domains).expect("strings serialize"),
+        build: build.as_ref().map(|b| serde_json::to_string(b).expect("settings serialize")),
+        strategy: serde_json::to_value(strategy).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "auto".into()),
+        instances: i64::from(request.instances.unwrap_or(1)),
+        cpu: request.cpu,
+        memory_bytes: request.memory.map(|m| m as i64),
+        health_path: request.health_path.unwrap_or_else(|| "/".to_string()),
+        health_timeout_s: i64::from(request.health_timeout_seconds.unwrap_or(60)),
+        env_sealed: None,
+        git_credentials_sealed,
+        created_at: state.clock.now_ms(),
+    };
+    if !state.store.insert_app(&app).await? {
+        return Err(ApiError::Conflict(format!("an app named {} already exists", app.name)));
+    }
+    tracing::info!(app = %app.name, "app created");
+    Ok((StatusCode::CREATED, Json(view(&state, &app))))
+}
+
+pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let apps: Vec<Value> = state.store.apps().await?.iter().map(|app| view(&state, app)).collect();
+    Ok(Json(json!({ "apps": apps })))
+}
+
+async fn load(state: &AppState, name: &str) -> Result<AppRow, ApiError> {
+    state.store.app(name).await?.ok_or_else(|| ApiError::NotFound(format!("no app {name:?}")))
+}
+
+pub async fn show(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(view(&state, &load(&state, &name).await?)))
+}
+
+/// Deletes an app after queueing a stop for every instance it still runs.
+pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    load(&state, &name).await?;
+    crate::deploy::stop_app(&state, &name).await?;
+    state.store.delete_app(&name).await?;
+    tracing::info!(app = %name, "app deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Replaces the app's environment. Values are sealed before they are
+/// stored and are never returned.
+pub async fn set_env(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let vars: BTreeMap<String, String> = parse_json(&body_bytes(body)?)
+        .map_err(|_| ApiError::BadRequest("the body must be a JSON object of string values".into()))?;
+    deploy::env(&vars)?;
+    load(&state, &name).await?;
+    let sealed = state.sealer.seal_json(&env_context(&name), &vars);
+    state.store.set_app_env(&name, &sealed).await?;
+    Ok(Json(json!({ "app": name, "env": vars.keys().collect::<Vec<_>>() })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeployRequest {
+    commit: Option<String>,
+}
+
+pub async fn deploy(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let bytes = body_bytes(body)?;
+    let request: DeployRequest = if bytes.is_empty() { DeployRequest { commit: None } } else { parse_json(&bytes)? };
+    if let Some(commit) = &request.commit {
+        deploy::commit(commit)?;
+    }
+    let app = load(&state, &name).await?;
+    let deployment = crate::deploy::create(&state, &app, Origin::Source { commit: request.commit }).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "id": deployment.id, "state": deployment.state, "error": deployment.error }))))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RollbackRequest {
+    deployment_id: String,
+}
+
+/// Runs an earlier deployment's image again: no build.
+pub async fn rollback(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let request: RollbackRequest = parse_json(&body_bytes(body)?)?;
+    validate::token("deployment_id", &request.deployment_id, 64)?;
+    let app = load(&state, &name).await?;
+    let target = state
+        .store
+        .deployment(&request.deployment_id)
+        .await?
+        .filter(|d| d.app == app.name)
+        .ok_or_else(|| ApiError::NotFound(format!("app {name} has no deployment {:?}", request.deployment_id)))?;
+    let image = match (&target.image, target.state.as_str()) {
+        (Some(image), "running" | "superseded") => image.clone(),
+        _ => {
+            return Err(ApiError::Conflict(format!(
+                "deployment {} never ran (state {}); only a deployment that ran can be rolled back to",
+                target.id, target.state
+            )))
+        }
+    };
+    let deployment = crate::deploy::create(&state, &app, Origin::Rollback { of: target.id.clone(), image }).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "id": deployment.id, "state": deployment.state, "error": deployment.error }))))
+}

@@ -1,0 +1,117 @@
+//! `/api/deployments/{id}` and `/api/apps/{name}/deployments`, and the
+//! live log stream.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::Json;
+use futures_util::stream::{self, Stream, StreamExt};
+use serde_json::{json, Value};
+
+use crate::clock::rfc3339_ms;
+use crate::deploy::state::DeploymentState;
+use crate::error::ApiError;
+use crate::store::DeploymentRow;
+use crate::AppState;
+
+async fn view(state: &AppState, deployment: &DeploymentRow) -> Result<Value, ApiError> {
+    let instances: Vec<Value> = state
+        .store
+        .instances(&deployment.id)
+        .await?
+        .iter()
+        .map(|i| json!({"instance": i.instance, "node_id": i.node_id, "container": i.container, "state": i.state, "address": i.address}))
+        .collect();
+    Ok(json!({
+        "id": deployment.id,
+        "app": deployment.app,
+        "kind": deployment.kind,
+        "state": deployment.state,
+        "commit": deployment.commit_sha,
+        "rollback_of": deployment.rollback_of,
+        "image": deployment.image,
+        "error": deployment.error,
+        "created_at": rfc3339_ms(deployment.created_at),
+        "updated_at": rfc3339_ms(deployment.updated_at),
+        "instances": instances,
+    }))
+}
+
+pub async fn show(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let deployment = state.store.deployment(&id).await?.ok_or_else(|| ApiError::NotFound(format!("no deployment {id:?}")))?;
+    Ok(Json(view(&state, &deployment).await?))
+}
+
+pub async fn of_app(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    if state.store.app(&name).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no app {name:?}")));
+    }
+    let mut deployments = Vec::new();
+    for deployment in state.store.app_deployments(&name).await? {
+        deployments.push(view(&state, &deployment).await?);
+    }
+    Ok(Json(json!({ "deployments": deployments })))
+}
+
+/// How long a finished deployment's stream stays open for late lines.
+const LINGER: Duration = Duration::from_secs(3);
+
+struct Cursor {
+    state: Arc<AppState>,
+    id: String,
+    last_seq: i64,
+    quiet_since: Option<tokio::time::Instant>,
+    wake: tokio::sync::broadcast::Receiver<&'static str>,
+    done: bool,
+}
+
+/// Server-sent events: every stored line (`event: log`, data
+/// `{"ts","stream","line"}`), then new ones as agents report them; the
+/// stream ends with `event: end` (data `{"state"}`) once the deployment has
+/// settled and no line came for a few seconds.
+pub async fn logs(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    if state.store.deployment(&id).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no deployment {id:?}")));
+    }
+    let wake = state.log_hub.subscribe(&id);
+    let cursor = Cursor { state, id, last_seq: 0, quiet_since: None, wake, done: false };
+    let events = stream::unfold(cursor, |mut cursor| async move {
+        if cursor.done {
+            return None;
+        }
+        loop {
+            let lines = cursor.state.store.deployment_logs(&cursor.id, cursor.last_seq, 500).await.ok()?;
+            if let Some(last) = lines.last() {
+                cursor.last_seq = last.0;
+                cursor.quiet_since = None;
+                let events: Vec<Event> = lines
+                    .into_iter()
+                    .map(|(_, ts, stream, line)| Event::default().event("log").data(json!({"ts": ts, "stream": stream, "line": line}).to_string()))
+                    .collect();
+                return Some((events, cursor));
+            }
+            let deployment = cursor.state.store.deployment(&cursor.id).await.ok()??;
+            let settled = DeploymentState::parse(&deployment.state).is_some_and(|s| s.is_terminal() || s == DeploymentState::Running);
+            if settled {
+                let since = *cursor.quiet_since.get_or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() >= LINGER {
+                    cursor.done = true;
+                    let end = Event::default().event("end").data(json!({"state": deployment.state}).to_string());
+                    return Some((vec![end], cursor));
+                }
+            }
+            tokio::select! {
+                _ = cursor.wake.recv() => {}
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    })
+    .flat_map(|events| stream::iter(events.into_iter().map(Ok)));
+    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
