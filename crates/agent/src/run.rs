@@ -86,7 +86,13 @@ fn log_failure(what: &str, err: &ClientError, upgrade_retry: Duration) {
 async fn heartbeat_loop(client: Arc<ControlPlane>, options: RunOptions) {
     let mut refused = false;
     loop {
-        let heartbeat = capacity::measure(&options.data_dir);
+        let mut heartbeat = capacity::measure(&options.data_dir);
+        heartbeat.health = Some(cloudweb_protocol::Health {
+            registry: None,
+            mesh: None,
+            // This agent builds static sites (it ships the static server).
+            features: Some(vec![cloudweb_protocol::features::STATIC_SITES.to_string()]),
+        });
         let result = client.heartbeat(&heartbeat).await;
         match &result {
             Ok(()) if refused => {

@@ -1,0 +1,297 @@
+//! The deploy pipeline end to end with the real binaries, the real Docker
+//! Engine, the Docker distribution registry and a git daemon: build from a
+//! commit, replace it blue/green, survive a broken commit, roll back without
+//! building, build a static site, and refuse bad input.
+
+use std::time::Duration;
+
+use cloudweb_e2e::{ensure_images, free_port, wait_for, AgentNode, GitServer, ServerProcess};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\n\
+CMD [\"sh\", \"-c\", \"echo \\\"$GREETING\\\" > /www/env.txt && exec httpd -f -p 8080 -h /www\"]\n";
+const BROKEN_DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\nCMD [\"sleep\", \"3600\"]\n";
+
+struct Cluster {
+    _tmp: tempfile::TempDir,
+    server: ServerProcess,
+    agent: AgentNode,
+    git: GitServer,
+}
+
+async fn cluster() -> Cluster {
+    ensure_images().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let git = GitServer::start(&tmp.path().join("git")).unwrap();
+    let registry = format!("127.0.0.1:{}", free_port());
+    let server = ServerProcess::start_with(
+        tmp.path(),
+        &["--registry-bin", "/usr/bin/docker-registry", "--registry-listen", &registry, "--drain-seconds", "1"],
+    )
+    .await
+    .unwrap();
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "builder", &token, &ca, &[]).unwrap().unwrap();
+    agent
+        .start(&[
+            "--heartbeat-interval-seconds", "1",
+            "--publish-ip", "127.0.0.1",
+            "--advertise-host", "127.0.0.1",
+            "--static-builder-image", "cloudweb-test/busybox:latest",
+        ])
+        .unwrap();
+    let node_id = agent.node_id.clone();
+    wait_for(Duration::from_secs(10), "node ready with static-sites", || async {
+        let node = server.node(&node_id).await.ok()?;
+        (node["state"] == "ready" && node["features"] == json!(["static-sites"])).then_some(())
+    })
+    .await
+    .unwrap();
+    Cluster { _tmp: tmp, server, agent, git }
+}
+
+async fn create_app(server: &ServerProcess, body: Value) -> Value {
+    let (status, app) = server.call(Method::POST, "/api/apps", Some(body)).await.unwrap();
+    assert_eq!(status, 201, "{app}");
+    app
+}
+
+async fn deploy(server: &ServerProcess, app: &str, commit: &str) -> String {
+    let (status, body) = server.call(Method::POST, &format!("/api/apps/{app}/deploy"), Some(json!({"commit": commit}))).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["state"], "queued", "{body}");
+    body["id"].as_str().unwrap().to_string()
+}
+
+/// Waits until the deployment is running or failed; returns it.
+async fn settle(cluster: &Cluster, id: &str) -> Value {
+    let result = wait_for(Duration::from_secs(120), "the deployment to settle", || async {
+        let (_, body) = cluster.server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        matches!(body["state"].as_str(), Some("running" | "failed")).then_some(body)
+    })
+    .await;
+    match result {
+        Ok(body) => body,
+        Err(err) => panic!("{err}\nagent log:\n{}\nserver log:\n{}", cluster.agent.log_text(), cluster.server.process.log_text()),
+    }
+}
+
+async fn get(url: &str) -> (u16, String) {
+    let response = reqwest::get(url).await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+fn address(deployment: &Value) -> String {
+    deployment["instances"][0]["address"].as_str().unwrap().to_string()
+}
+
+/// Every log line of a deployment, read from the live log stream until it
+/// ends: (stream, line).
+async fn log_lines(server: &ServerProcess, id: &str) -> Vec<(String, String)> {
+    let response = server
+        .http
+        .get(server.api(&format!("/api/deployments/{id}/logs")))
+        .bearer_auth(&server.admin_token)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap();
+    let text = response.text().await.unwrap();
+    assert!(text.contains("event: end"), "the stream ends when the deployment settled: {text}");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v.get("line").is_some())
+        .map(|v| (v["stream"].as_str().unwrap().to_string(), v["line"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+fn containers_of(deployment: &str) -> Vec<String> {
+    let output = std::process::Command::new("docker")
+        .args(["ps", "-a", "--format", "{{.Names}}", "--filter", &format!("label=cloudweb.deployment={deployment}")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout).lines().map(str::to_string).collect()
+}
+
+#[tokio::test]
+async fn build_replace_fail_roll_back_and_serve_a_static_site() {
+    let cluster = cluster().await;
+    let server = &cluster.server;
+    let repo = cluster.git.url("web");
+    let commit_a = cluster.git.commit("web", &[("Dockerfile", DOCKERFILE), ("index.html", "version A\n")], "A").unwrap();
+    create_app(server, json!({"name": "web", "repo_url": repo, "branch": "main", "port": 8080, "health_timeout_seconds": 5})).await;
+    let (status, env) = server
+        .call(Method::PUT, "/api/apps/web/env", Some(json!({"GREETING": "hello from env", "DATABASE_PASSWORD": "p4ss"})))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{env}");
+    let (_, app) = server.call(Method::GET, "/api/apps/web", None).await.unwrap();
+    assert_eq!(app["env"], json!(["DATABASE_PASSWORD", "GREETING"]));
+    assert!(!app.to_string().contains("p4ss"), "values never come back");
+
+    // Commit A: built from the Dockerfile, pushed, running, answering.
+    let dep_a = deploy(server, "web", &commit_a).await;
+    let a = settle(&cluster, &dep_a).await;
+    assert_eq!(a["state"], "running", "{a}");
+    assert!(a["image"].as_str().unwrap().contains("/web:"), "pushed to the registry: {a}");
+    let url_a = format!("http://{}", address(&a));
+    assert_eq!(get(&format!("{url_a}/")).await, (200, "version A\n".into()));
+    assert_eq!(get(&format!("{url_a}/env.txt")).await.1, "hello from env\n", "the app's env reaches the container");
+    let container_a = a["instances"][0]["container"].as_str().unwrap().to_string();
+    assert!(container_a.starts_with("cw-web-"), "{container_a}");
+    let lines_a = log_lines(server, &dep_a).await;
+    assert!(lines_a.iter().any(|(s, l)| s == "build" && l.contains("cloning")), "{lines_a:?}");
+    assert!(!format!("{lines_a:?}").contains("p4ss"), "no secret in the logs");
+
+    // Commit B replaces A blue/green.
+    let commit_b = cluster.git.commit("web", &[("index.html", "version B\n")], "B").unwrap();
+    let dep_b = deploy(server, "web", &commit_b).await;
+    let b = settle(&cluster, &dep_b).await;
+    assert_eq!(b["state"], "running", "{b}");
+    let url_b = format!("http://{}", address(&b));
+    assert_eq!(get(&format!("{url_b}/")).await.1, "version B\n");
+    let (_, a_now) = server.call(Method::GET, &format!("/api/deployments/{dep_a}"), None).await.unwrap();
+    assert_eq!(a_now["state"], "superseded");
+    wait_for(Duration::from_secs(20), "A's container gone after the drain", || async { containers_of(&dep_a).is_empty().then_some(()) })
+        .await
+        .unwrap();
+
+    // Commit C never becomes healthy: failed, and B keeps serving.
+    let commit_c = cluster.git.commit("web", &[("Dockerfile", BROKEN_DOCKERFILE)], "C").unwrap();
+    let dep_c = deploy(server, "web", &commit_c).await;
+    let c = settle(&cluster, &dep_c).await;
+    assert_eq!(c["state"], "failed", "{c}");
+    assert!(c["error"].as_str().unwrap().contains("health check"), "{c}");
+    assert_eq!(get(&format!("{url_b}/")).await.1, "version B\n", "B still answers");
+    assert!(containers_of(&dep_c).is_empty(), "the failed instance was removed");
+    let (_, b_now) = server.call(Method::GET, &format!("/api/deployments/{dep_b}"), None).await.unwrap();
+    assert_eq!(b_now["state"], "running");
+
+    // Roll back to A: A's image, no build.
+    let (status, rollback) = server.call(Method::POST, "/api/apps/web/rollback", Some(json!({"deployment_id": dep_a}))).await.unwrap();
+    assert_eq!(status, 201, "{rollback}");
+    let dep_r = rollback["id"].as_str().unwrap().to_string();
+    let r = settle(&cluster, &dep_r).await;
+    assert_eq!(r["state"], "running", "{r}");
+    assert_eq!(r["kind"], "rollback");
+    assert_eq!(r["image"], a["image"], "the same image as A");
+    assert_eq!(get(&format!("http://{}/", address(&r))).await.1, "version A\n");
+    let lines_r = log_lines(server, &dep_r).await;
+    assert!(lines_r.iter().all(|(stream, _)| stream != "build"), "no build ran: {lines_r:?}");
+    assert!(lines_r.iter().any(|(_, l)| l.contains("using image")), "{lines_r:?}");
+    let (_, b_after) = server.call(Method::GET, &format!("/api/deployments/{dep_b}"), None).await.unwrap();
+    assert_eq!(b_after["state"], "superseded");
+
+    // A static site with explicit build settings: only public variables
+    // reach the build; SPA fallback on.
+    let build = "mkdir -p dist && cp index.html dist/ && echo \"$VITE_TOKEN\" > dist/public.txt && echo \"$SECRET_KEY\" > dist/secret.txt";
+    cluster.git.commit("site", &[("index.html", "<h1>static</h1>\n")], "site").unwrap();
+    create_app(
+        server,
+        json!({"name": "site", "repo_url": cluster.git.url("site"), "port": 8080, "health_timeout_seconds": 10,
+               "build": {"install_cmd": "true", "build_cmd": build, "output_dir": "dist", "spa": "yes"}}),
+    )
+    .await;
+    server.call(Method::PUT, "/api/apps/site/env", Some(json!({"VITE_TOKEN": "public-value", "SECRET_KEY": "private-value"}))).await.unwrap();
+    let (status, body) = server.call(Method::POST, "/api/apps/site/deploy", None).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let site = settle(&cluster, body["id"].as_str().unwrap()).await;
+    assert_eq!(site["state"], "running", "{site}");
+    let url_site = format!("http://{}", address(&site));
+    assert_eq!(get(&format!("{url_site}/")).await, (200, "<h1>static</h1>\n".into()));
+    assert_eq!(get(&format!("{url_site}/public.txt")).await.1, "public-value\n");
+    assert_eq!(get(&format!("{url_site}/secret.txt")).await.1, "\n", "a non-public variable never enters the build");
+    assert_eq!(get(&format!("{url_site}/some/client/route")).await, (200, "<h1>static</h1>\n".into()), "SPA fallback");
+
+    // An output dir that is a symlink out of the checkout fails the build.
+    cluster.git.commit("escape", &[("index.html", "x\n")], "escape").unwrap();
+    create_app(
+        server,
+        json!({"name": "escape", "repo_url": cluster.git.url("escape"), "port": 8080,
+               "build": {"build_cmd": "ln -s /etc out", "output_dir": "out"}}),
+    )
+    .await;
+    let (_, body) = server.call(Method::POST, "/api/apps/escape/deploy", None).await.unwrap();
+    let escape = settle(&cluster, body["id"].as_str().unwrap()).await;
+    assert_eq!(escape["state"], "failed");
+    assert!(escape["error"].as_str().unwrap().contains("outside the project"), "{escape}");
+
+    // Deleting an app stops what it runs.
+    let (status, _) = server.call(Method::DELETE, "/api/apps/web", None).await.unwrap();
+    assert_eq!(status, 204);
+    wait_for(Duration::from_secs(20), "web's containers gone", || async { containers_of(&dep_r).is_empty().then_some(()) })
+        .await
+        .unwrap();
+    server.call(Method::DELETE, "/api/apps/site", None).await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_app_input_is_refused_and_creates_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(tmp.path()).await.unwrap();
+    let base = json!({"name": "ok", "repo_url": "https://git.example.com/a/b.git", "branch": "main", "port": 8080});
+    let with = |field: &str, value: Value| {
+        let mut body = base.clone();
+        body[field] = value;
+        body
+    };
+    let cases = [
+        with("name", json!("web;rm -rf /")),
+        with("name", json!("$(reboot)")),
+        with("build", json!({"output_dir": "../../etc"})),
+        with("build", json!({"output_dir": "/etc"})),
+        with("build", json!({"build_cmd": "make\nrm -rf /"})),
+        with("build", json!({"builder": "magic"})),
+        with("branch", json!("-upload-pack=evil")),
+        with("strategy", json!("magic")),
+        with("repo_url", json!("ext::sh -c id")),
+        with("repo_url", json!("file:///etc")),
+        with("repo_url", json!("https://user:token@git.example.com/a.git")),
+        with("port", json!(0)),
+        with("instances", json!(0)),
+        with("domains", json!(["not a host"])),
+        with("surprise", json!(true)),
+    ];
+    for body in cases {
+        let (status, answer) = server.call(Method::POST, "/api/apps", Some(body.clone())).await.unwrap();
+        assert_eq!(status, 400, "{body} -> {answer}");
+        assert!(answer["error"].as_str().is_some_and(|e| !e.is_empty()), "{answer}");
+    }
+    let (_, apps) = server.call(Method::GET, "/api/apps", None).await.unwrap();
+    assert_eq!(apps["apps"], json!([]), "nothing was created");
+
+    let (status, _) = server.call(Method::POST, "/api/apps", Some(base.clone())).await.unwrap();
+    assert_eq!(status, 201);
+    let big = "x".repeat(10 * 1024 * 1024);
+    let (status, answer) = server.call(Method::PUT, "/api/apps/ok/env", Some(json!({"BIG": big}))).await.unwrap();
+    assert_eq!(status, 413, "{answer}");
+    let (status, answer) = server.call(Method::PUT, "/api/apps/ok/env", Some(json!({"BIG": "x".repeat(40 * 1024)}))).await.unwrap();
+    assert_eq!(status, 400, "{answer}");
+    let (status, _) = server.call(Method::PUT, "/api/apps/ok/env", Some(json!({"1BAD": "x"}))).await.unwrap();
+    assert_eq!(status, 400);
+    let (_, app) = server.call(Method::GET, "/api/apps/ok", None).await.unwrap();
+    assert_eq!(app["env"], json!([]), "no variable was stored");
+    let (status, _) = server.call(Method::POST, "/api/apps/ok/deploy", Some(json!({"commit": "not-hex"}))).await.unwrap();
+    assert_eq!(status, 400);
+    let (status, _) = server.call(Method::POST, "/api/apps/ok/rollback", Some(json!({"deployment_id": "dep_nope"}))).await.unwrap();
+    assert_eq!(status, 404);
+    let (_, deployments) = server.call(Method::GET, "/api/apps/ok/deployments", None).await.unwrap();
+    assert_eq!(deployments["deployments"], json!([]));
+}
+
+#[tokio::test]
+async fn a_deploy_with_no_node_fails_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(tmp.path()).await.unwrap();
+    let (status, _) = server
+        .call(Method::POST, "/api/apps", Some(json!({"name": "lonely", "repo_url": "https://git.example.com/a.git", "port": 80})))
+        .await
+        .unwrap();
+    assert_eq!(status, 201);
+    let (status, body) = server.call(Method::POST, "/api/apps/lonely/deploy", None).await.unwrap();
+    assert_eq!(status, 201);
+    assert_eq!(body["state"], "failed", "{body}");
+    assert!(body["error"].as_str().unwrap().contains("no node has joined"), "{body}");
+}
