@@ -195,12 +195,14 @@ async fn run(
     // Delivered again (the agent restarted, or an ack was lost): adopt what
     // is there instead of starting a second copy.
     for existing in runtime.own_containers(Some(&payload.deployment_id)).await? {
+        tracing::debug!(container = %existing.name, state = %existing.state, instance = existing.instance, "found a container of this deployment");
         if existing.instance != payload.instance {
             continue;
         }
         if existing.running {
+            tracing::info!(container = %existing.name, deployment = %payload.deployment_id, "adopting a container started before a restart");
             logs.line("agent", format!("found {} already running; checking it", existing.name));
-            return healthy_address(runtime, options, payload, &existing.id, logs).await;
+            return check_or_remove(runtime, options, payload, &existing.id, logs).await;
         }
         runtime.remove(&existing.id).await?;
     }
@@ -247,13 +249,19 @@ async fn run(
     };
     let id = runtime.start_app(&spec).await?;
     logs.line("agent", format!("started {name}"));
-    match healthy_address(runtime, options, payload, &id, logs).await {
+    check_or_remove(runtime, options, payload, &id, logs).await
+}
+
+/// Waits for the instance to be healthy; when it is not, ships its last
+/// output and removes it.
+async fn check_or_remove(runtime: &DockerRuntime, options: &DeployOptions, payload: &DeployPayload, id: &str, logs: &LogShipper) -> Result<String, Failure> {
+    match healthy_address(runtime, options, payload, id, logs).await {
         Ok(address) => Ok(address),
         Err(failure) => {
-            for (stream, line) in runtime.logs(&id, 50).await.unwrap_or_default() {
+            for (stream, line) in runtime.logs(id, 50).await.unwrap_or_default() {
                 logs.line(&stream, line);
             }
-            let _ = runtime.remove(&id).await;
+            let _ = runtime.remove(id).await;
             Err(failure)
         }
     }

@@ -282,6 +282,20 @@ impl AgentNode {
         }
     }
 
+    /// Removes every container this node created (tests share one Docker
+    /// Engine, so nothing may outlive its test).
+    pub fn remove_containers(&self) {
+        let listed = Command::new("docker")
+            .args(["ps", "-aq", "--filter", &format!("label=cloudweb.node={}", self.node_id)])
+            .output();
+        if let Ok(listed) = listed {
+            let ids: Vec<String> = String::from_utf8_lossy(&listed.stdout).split_whitespace().map(str::to_string).collect();
+            if !ids.is_empty() {
+                let _ = Command::new("docker").arg("rm").arg("-f").args(&ids).output();
+            }
+        }
+    }
+
     pub fn read(&self, file: &str) -> String {
         std::fs::read_to_string(self.dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
     }
@@ -290,6 +304,20 @@ impl AgentNode {
     pub fn raw_client(&self) -> RawClient {
         RawClient::new(&self.read("ca.crt"), Some((&self.read("node.crt"), &self.read("node.key"))))
     }
+}
+
+impl Drop for AgentNode {
+    fn drop(&mut self) {
+        self.kill();
+        self.remove_containers();
+    }
+}
+
+/// A name no other test run uses: container names are global on the shared
+/// Docker Engine.
+pub fn unique_name(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    format!("{prefix}-{:x}{:x}", std::process::id() & 0xfff, nanos & 0xffff)
 }
 
 /// HTTPS client for speaking the agent protocol by hand, with any headers.

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use cloudweb_e2e::{ensure_images, free_port, wait_for, AgentNode, GitServer, ServerProcess};
+use cloudweb_e2e::{ensure_images, free_port, unique_name, wait_for, AgentNode, GitServer, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -20,6 +20,13 @@ struct Cluster {
     git: GitServer,
 }
 
+const AGENT_FLAGS: [&str; 8] = [
+    "--heartbeat-interval-seconds", "1",
+    "--publish-ip", "127.0.0.1",
+    "--advertise-host", "127.0.0.1",
+    "--static-builder-image", "cloudweb-test/busybox:latest",
+];
+
 async fn cluster() -> Cluster {
     ensure_images().unwrap();
     let tmp = tempfile::tempdir().unwrap();
@@ -33,14 +40,7 @@ async fn cluster() -> Cluster {
     .unwrap();
     let (token, ca) = server.join_token().await.unwrap();
     let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "builder", &token, &ca, &[]).unwrap().unwrap();
-    agent
-        .start(&[
-            "--heartbeat-interval-seconds", "1",
-            "--publish-ip", "127.0.0.1",
-            "--advertise-host", "127.0.0.1",
-            "--static-builder-image", "cloudweb-test/busybox:latest",
-        ])
-        .unwrap();
+    agent.start(&AGENT_FLAGS).unwrap();
     let node_id = agent.node_id.clone();
     wait_for(Duration::from_secs(10), "node ready with static-sites", || async {
         let node = server.node(&node_id).await.ok()?;
@@ -108,10 +108,15 @@ async fn log_lines(server: &ServerProcess, id: &str) -> Vec<(String, String)> {
 }
 
 fn containers_of(deployment: &str) -> Vec<String> {
-    let output = std::process::Command::new("docker")
-        .args(["ps", "-a", "--format", "{{.Names}}", "--filter", &format!("label=cloudweb.deployment={deployment}")])
-        .output()
-        .unwrap();
+    docker_ps(&["-a", "--filter", &format!("label=cloudweb.deployment={deployment}")])
+}
+
+fn running_containers_of(deployment: &str) -> Vec<String> {
+    docker_ps(&["--filter", "status=running", "--filter", &format!("label=cloudweb.deployment={deployment}")])
+}
+
+fn docker_ps(filters: &[&str]) -> Vec<String> {
+    let output = std::process::Command::new("docker").args(["ps", "--format", "{{.Names}}"]).args(filters).output().unwrap();
     String::from_utf8_lossy(&output.stdout).lines().map(str::to_string).collect()
 }
 
@@ -119,35 +124,38 @@ fn containers_of(deployment: &str) -> Vec<String> {
 async fn build_replace_fail_roll_back_and_serve_a_static_site() {
     let cluster = cluster().await;
     let server = &cluster.server;
+    let web = unique_name("web");
+    let site_name = unique_name("site");
+    let escape_name = unique_name("escape");
     let repo = cluster.git.url("web");
     let commit_a = cluster.git.commit("web", &[("Dockerfile", DOCKERFILE), ("index.html", "version A\n")], "A").unwrap();
-    create_app(server, json!({"name": "web", "repo_url": repo, "branch": "main", "port": 8080, "health_timeout_seconds": 5})).await;
+    create_app(server, json!({"name": web, "repo_url": repo, "branch": "main", "port": 8080, "health_timeout_seconds": 5})).await;
     let (status, env) = server
-        .call(Method::PUT, "/api/apps/web/env", Some(json!({"GREETING": "hello from env", "DATABASE_PASSWORD": "p4ss"})))
+        .call(Method::PUT, &format!("/api/apps/{web}/env"), Some(json!({"GREETING": "hello from env", "DATABASE_PASSWORD": "p4ss"})))
         .await
         .unwrap();
     assert_eq!(status, 200, "{env}");
-    let (_, app) = server.call(Method::GET, "/api/apps/web", None).await.unwrap();
+    let (_, app) = server.call(Method::GET, &format!("/api/apps/{web}"), None).await.unwrap();
     assert_eq!(app["env"], json!(["DATABASE_PASSWORD", "GREETING"]));
     assert!(!app.to_string().contains("p4ss"), "values never come back");
 
     // Commit A: built from the Dockerfile, pushed, running, answering.
-    let dep_a = deploy(server, "web", &commit_a).await;
+    let dep_a = deploy(server, &web, &commit_a).await;
     let a = settle(&cluster, &dep_a).await;
     assert_eq!(a["state"], "running", "{a}");
-    assert!(a["image"].as_str().unwrap().contains("/web:"), "pushed to the registry: {a}");
+    assert!(a["image"].as_str().unwrap().contains(&format!("/{web}:")), "pushed to the registry: {a}");
     let url_a = format!("http://{}", address(&a));
     assert_eq!(get(&format!("{url_a}/")).await, (200, "version A\n".into()));
     assert_eq!(get(&format!("{url_a}/env.txt")).await.1, "hello from env\n", "the app's env reaches the container");
     let container_a = a["instances"][0]["container"].as_str().unwrap().to_string();
-    assert!(container_a.starts_with("cw-web-"), "{container_a}");
+    assert!(container_a.starts_with(&format!("cw-{web}-")), "{container_a}");
     let lines_a = log_lines(server, &dep_a).await;
     assert!(lines_a.iter().any(|(s, l)| s == "build" && l.contains("cloning")), "{lines_a:?}");
     assert!(!format!("{lines_a:?}").contains("p4ss"), "no secret in the logs");
 
     // Commit B replaces A blue/green.
     let commit_b = cluster.git.commit("web", &[("index.html", "version B\n")], "B").unwrap();
-    let dep_b = deploy(server, "web", &commit_b).await;
+    let dep_b = deploy(server, &web, &commit_b).await;
     let b = settle(&cluster, &dep_b).await;
     assert_eq!(b["state"], "running", "{b}");
     let url_b = format!("http://{}", address(&b));
@@ -158,9 +166,24 @@ async fn build_replace_fail_roll_back_and_serve_a_static_site() {
         .await
         .unwrap();
 
-    // Commit C never becomes healthy: failed, and B keeps serving.
+    // Commit C never becomes healthy. The agent is killed while it waits
+    // for C's health check; the restarted agent gets the command again and
+    // adopts the container it started instead of starting a second one.
     let commit_c = cluster.git.commit("web", &[("Dockerfile", BROKEN_DOCKERFILE)], "C").unwrap();
-    let dep_c = deploy(server, "web", &commit_c).await;
+    let dep_c = deploy(server, &web, &commit_c).await;
+    wait_for(Duration::from_secs(60), "C's container to run", || async { (running_containers_of(&dep_c).len() == 1).then_some(()) })
+        .await
+        .unwrap();
+    let mut cluster = cluster;
+    cluster.agent.kill();
+    cluster.agent.start(&AGENT_FLAGS).unwrap();
+    wait_for(Duration::from_secs(20), "the restarted agent to adopt C's container", || async {
+        cluster.agent.log_text().contains("adopting a container started before a restart").then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", cluster.agent.log_text()));
+    assert_eq!(containers_of(&dep_c).len(), 1, "no second copy");
+    let server = &cluster.server;
     let c = settle(&cluster, &dep_c).await;
     assert_eq!(c["state"], "failed", "{c}");
     assert!(c["error"].as_str().unwrap().contains("health check"), "{c}");
@@ -170,7 +193,7 @@ async fn build_replace_fail_roll_back_and_serve_a_static_site() {
     assert_eq!(b_now["state"], "running");
 
     // Roll back to A: A's image, no build.
-    let (status, rollback) = server.call(Method::POST, "/api/apps/web/rollback", Some(json!({"deployment_id": dep_a}))).await.unwrap();
+    let (status, rollback) = server.call(Method::POST, &format!("/api/apps/{web}/rollback"), Some(json!({"deployment_id": dep_a}))).await.unwrap();
     assert_eq!(status, 201, "{rollback}");
     let dep_r = rollback["id"].as_str().unwrap().to_string();
     let r = settle(&cluster, &dep_r).await;
@@ -190,12 +213,12 @@ async fn build_replace_fail_roll_back_and_serve_a_static_site() {
     cluster.git.commit("site", &[("index.html", "<h1>static</h1>\n")], "site").unwrap();
     create_app(
         server,
-        json!({"name": "site", "repo_url": cluster.git.url("site"), "port": 8080, "health_timeout_seconds": 10,
+        json!({"name": site_name, "repo_url": cluster.git.url("site"), "port": 8080, "health_timeout_seconds": 10,
                "build": {"install_cmd": "true", "build_cmd": build, "output_dir": "dist", "spa": "yes"}}),
     )
     .await;
-    server.call(Method::PUT, "/api/apps/site/env", Some(json!({"VITE_TOKEN": "public-value", "SECRET_KEY": "private-value"}))).await.unwrap();
-    let (status, body) = server.call(Method::POST, "/api/apps/site/deploy", None).await.unwrap();
+    server.call(Method::PUT, &format!("/api/apps/{site_name}/env"), Some(json!({"VITE_TOKEN": "public-value", "SECRET_KEY": "private-value"}))).await.unwrap();
+    let (status, body) = server.call(Method::POST, &format!("/api/apps/{site_name}/deploy"), None).await.unwrap();
     assert_eq!(status, 201, "{body}");
     let site = settle(&cluster, body["id"].as_str().unwrap()).await;
     assert_eq!(site["state"], "running", "{site}");
@@ -209,22 +232,22 @@ async fn build_replace_fail_roll_back_and_serve_a_static_site() {
     cluster.git.commit("escape", &[("index.html", "x\n")], "escape").unwrap();
     create_app(
         server,
-        json!({"name": "escape", "repo_url": cluster.git.url("escape"), "port": 8080,
+        json!({"name": escape_name, "repo_url": cluster.git.url("escape"), "port": 8080,
                "build": {"build_cmd": "ln -s /etc out", "output_dir": "out"}}),
     )
     .await;
-    let (_, body) = server.call(Method::POST, "/api/apps/escape/deploy", None).await.unwrap();
+    let (_, body) = server.call(Method::POST, &format!("/api/apps/{escape_name}/deploy"), None).await.unwrap();
     let escape = settle(&cluster, body["id"].as_str().unwrap()).await;
     assert_eq!(escape["state"], "failed");
     assert!(escape["error"].as_str().unwrap().contains("outside the project"), "{escape}");
 
     // Deleting an app stops what it runs.
-    let (status, _) = server.call(Method::DELETE, "/api/apps/web", None).await.unwrap();
+    let (status, _) = server.call(Method::DELETE, &format!("/api/apps/{web}"), None).await.unwrap();
     assert_eq!(status, 204);
     wait_for(Duration::from_secs(20), "web's containers gone", || async { containers_of(&dep_r).is_empty().then_some(()) })
         .await
         .unwrap();
-    server.call(Method::DELETE, "/api/apps/site", None).await.unwrap();
+    server.call(Method::DELETE, &format!("/api/apps/{site_name}"), None).await.unwrap();
 }
 
 #[tokio::test]

@@ -49,6 +49,8 @@ pub struct OwnContainer {
     pub deployment: String,
     pub instance: u32,
     pub running: bool,
+    /// Docker's word for it: `running`, `exited`, `restarting`, ...
+    pub state: String,
 }
 
 impl DockerRuntime {
@@ -90,7 +92,8 @@ impl DockerRuntime {
                     name: c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default(),
                     deployment: labels.get(LABEL_DEPLOYMENT)?.clone(),
                     instance: labels.get(LABEL_INSTANCE).and_then(|i| i.parse().ok()).unwrap_or(0),
-                    running: c.state.as_ref().map(|s| format!("{s:?}").eq_ignore_ascii_case("running")).unwrap_or(false),
+                    running: c.state.as_ref().is_some_and(|s| s.to_string() == "running"),
+                    state: c.state.map(|s| s.to_string()).unwrap_or_default(),
                 })
             })
             .collect())
