@@ -12,6 +12,7 @@ pub fn measure(data_dir: &Path) -> Heartbeat {
         disk_bytes: disk_total(data_dir).unwrap_or(0),
         health: None,
         metrics: None,
+        ingress: None,
     }
 }
 

@@ -8,6 +8,7 @@ pub mod client;
 pub mod commands;
 pub mod deploy;
 pub mod identity;
+pub mod ingress;
 pub mod join;
 pub mod run;
 pub mod runtime;

@@ -7,6 +7,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use cloudweb_agent::client::{parse_fingerprint, ControlPlane};
 use cloudweb_agent::deploy::DeployOptions;
+use cloudweb_agent::ingress::config::Ports;
+use cloudweb_agent::ingress::IngressOptions;
 use cloudweb_agent::identity::Identity;
 use cloudweb_agent::join::{join, JoinOptions};
 use cloudweb_agent::run::{run, RunOptions};
@@ -94,6 +96,18 @@ struct RunArgs {
     /// Docker's per-registry certificate directory.
     #[arg(long, default_value = "/etc/docker/certs.d")]
     docker_certs_dir: PathBuf,
+    /// Caddy binary run by ingress nodes.
+    #[arg(long, default_value = "caddy")]
+    caddy_bin: PathBuf,
+    /// Port of the ingress's plain HTTP server (redirects to HTTPS).
+    #[arg(long, default_value_t = 80)]
+    http_port: u16,
+    /// Port of the ingress's HTTPS server.
+    #[arg(long, default_value_t = 443)]
+    https_port: u16,
+    /// Seconds between two usage samples sent with heartbeats.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    metrics_interval_seconds: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -150,10 +164,16 @@ fn real_main() -> anyhow::Result<()> {
                         anyhow::bail!("image names must not be empty, start with '-' or contain spaces: {image:?}");
                     }
                 }
-                let advertise_host = match args.advertise_host {
-                    Some(host) => host,
-                    None => Identity::load(&cli.data_dir)?.info.mesh_address,
-                };
+                let identity = Identity::load(&cli.data_dir)?;
+                let advertise_host = args.advertise_host.unwrap_or_else(|| identity.info.mesh_address.clone());
+                if args.http_port == 0 || args.https_port == 0 || args.http_port == args.https_port {
+                    anyhow::bail!("--http-port and --https-port must be two different non-zero ports");
+                }
+                let ingress = identity.info.ingress.then(|| IngressOptions {
+                    caddy_bin: resolve_binary(&args.caddy_bin),
+                    ports: Ports { http: args.http_port, https: args.https_port },
+                    dir: cli.data_dir.join("caddy"),
+                });
                 if advertise_host.parse::<std::net::IpAddr>().is_err() {
                     cloudweb_protocol::validate::hostname("--advertise-host", &advertise_host).map_err(anyhow::Error::msg)?;
                 }
@@ -174,6 +194,8 @@ fn real_main() -> anyhow::Result<()> {
                         allow_file_repos: args.allow_file_repos,
                         docker_certs_dir: args.docker_certs_dir,
                     },
+                    ingress,
+                    metrics_interval: Duration::from_secs(args.metrics_interval_seconds),
                 })
                 .await?;
                 Ok(())
@@ -202,4 +224,15 @@ fn real_main() -> anyhow::Result<()> {
             }
         }
     })
+}
+
+/// A bare program name is looked up in PATH once, so the agent runs the same
+/// binary for its whole life.
+fn resolve_binary(name: &std::path::Path) -> PathBuf {
+    if name.components().count() > 1 {
+        return name.to_path_buf();
+    }
+    std::env::var_os("PATH")
+        .and_then(|path| std::env::split_paths(&path).map(|dir| dir.join(name)).find(|p| p.is_file()))
+        .unwrap_or_else(|| name.to_path_buf())
 }

@@ -16,6 +16,8 @@ use crate::capacity;
 use crate::client::{ClientError, ControlPlane};
 use crate::commands::Executor;
 use crate::deploy::DeployOptions;
+use crate::ingress::{IngressOptions, IngressShared};
+use tokio::sync::Notify;
 use crate::identity::{Identity, IdentityError};
 use crate::runtime::{DockerRuntime, RuntimeError};
 
@@ -30,6 +32,10 @@ pub struct RunOptions {
     pub docker_host: String,
     pub protocol: u32,
     pub deploy: DeployOptions,
+    /// Set on nodes that joined with `--ingress`.
+    pub ingress: Option<IngressOptions>,
+    /// How often a usage sample goes out with a heartbeat.
+    pub metrics_interval: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -48,8 +54,13 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     let runtime = DockerRuntime::new(&options.docker_host, &identity.info.node_id)?;
     let executor = Executor::new(runtime, &options.data_dir, options.deploy.clone());
     tracing::info!(node_id = %identity.info.node_id, server = %identity.info.server, "agent running");
-    let heartbeats = tokio::spawn(heartbeat_loop(client.clone(), options.clone()));
-    let commands = tokio::spawn(command_loop(client, executor, options));
+    let shared = Arc::new(IngressShared::default());
+    let routes_changed = Arc::new(Notify::new());
+    if let Some(ingress) = options.ingress.clone() {
+        tokio::spawn(crate::ingress::run(client.clone(), ingress, routes_changed.clone(), shared.clone()));
+    }
+    let heartbeats = tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared));
+    let commands = tokio::spawn(command_loop(client, executor, options, routes_changed));
     // Both loops run until the process is stopped.
     let _ = tokio::join!(heartbeats, commands);
     Ok(())
@@ -83,16 +94,32 @@ fn log_failure(what: &str, err: &ClientError, upgrade_retry: Duration) {
     }
 }
 
-async fn heartbeat_loop(client: Arc<ControlPlane>, options: RunOptions) {
+async fn heartbeat_loop(client: Arc<ControlPlane>, options: RunOptions, ingress: Arc<IngressShared>) {
     let mut refused = false;
+    let mut last_sample = tokio::time::Instant::now();
     loop {
         let mut heartbeat = capacity::measure(&options.data_dir);
-        heartbeat.health = Some(cloudweb_protocol::Health {
-            registry: None,
-            mesh: None,
-            // This agent builds static sites (it ships the static server).
-            features: Some(vec![cloudweb_protocol::features::STATIC_SITES.to_string()]),
-        });
+        // This agent builds static sites (it ships the static server); it
+        // reports traffic only while its ingress actually runs.
+        let ingress_active = ingress.active.load(std::sync::atomic::Ordering::Relaxed);
+        let mut features = vec![cloudweb_protocol::features::STATIC_SITES.to_string()];
+        if ingress_active {
+            features.push(cloudweb_protocol::features::TRAFFIC_METRICS.to_string());
+        }
+        heartbeat.health = Some(cloudweb_protocol::Health { registry: None, mesh: None, features: Some(features) });
+        heartbeat.ingress = ingress.status.lock().expect("status lock").clone();
+        if last_sample.elapsed() >= options.metrics_interval {
+            last_sample = tokio::time::Instant::now();
+            if ingress_active {
+                let known = ingress.known_hosts.lock().expect("hosts lock").clone();
+                let (traffic, omitted) = ingress.counter.take_sample(&known, cloudweb_protocol::heartbeat::MAX_TRAFFIC_HOSTS);
+                heartbeat.metrics = Some(cloudweb_protocol::Metrics {
+                    traffic: Some(traffic),
+                    traffic_omitted: Some(omitted),
+                    ..Default::default()
+                });
+            }
+        }
         let result = client.heartbeat(&heartbeat).await;
         match &result {
             Ok(()) if refused => {
@@ -109,7 +136,7 @@ async fn heartbeat_loop(client: Arc<ControlPlane>, options: RunOptions) {
     }
 }
 
-async fn command_loop(client: Arc<ControlPlane>, mut executor: Executor, options: RunOptions) {
+async fn command_loop(client: Arc<ControlPlane>, mut executor: Executor, options: RunOptions, routes_changed: Arc<Notify>) {
     let mut backoff = Duration::from_secs(1);
     loop {
         match client.open_stream().await {
@@ -124,6 +151,7 @@ async fn command_loop(client: Arc<ControlPlane>, mut executor: Executor, options
                     tokio::select! {
                         event = events.next_event() => match event {
                             Some(name) if name == cloudweb_protocol::events::COMMANDS => sync(&client, &mut executor, &options).await,
+                            Some(name) if name == cloudweb_protocol::events::ROUTES => routes_changed.notify_one(),
                             Some(other) => tracing::debug!(event = %other, "event"),
                             None => break,
                         },

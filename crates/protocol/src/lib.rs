@@ -16,7 +16,7 @@ pub mod version;
 pub use commands::{Command, CommandKind, CommandList, StopPayload};
 pub use deploy::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Source, Spa, Strategy};
 pub use heartbeat::{
-    ContainerUsage, Health, Heartbeat, HostTraffic, MeshHealth, Metrics, NodeUsage, RegistryHealth,
+    ContainerUsage, Health, Heartbeat, HostTraffic, IngressStatus, MeshHealth, Metrics, NodeUsage, RegistryHealth,
 };
 pub use join::{JoinRequest, JoinResponse, Peer, PeerList};
 pub use misc::{ErrorBody, LeaveConflict, LeaveResponse, LogLine, RegistryConfig, Report, Route, RouteTable};

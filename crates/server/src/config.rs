@@ -26,6 +26,8 @@ pub struct Config {
     pub drain_period: Duration,
     /// Accept `file://` repository URLs (development and tests only).
     pub allow_file_repos: bool,
+    /// Every app answers on `<app>.<base_domain>`.
+    pub base_domain: String,
     /// Run the cluster image registry, when set.
     pub registry: Option<crate::registry::RegistrySettings>,
 }
@@ -46,6 +48,7 @@ impl Config {
             drain_period: Duration::from_secs(10),
             allow_file_repos: false,
             registry: None,
+            base_domain: "localhost".to_string(),
         }
     }
 }

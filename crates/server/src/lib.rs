@@ -13,6 +13,7 @@ pub mod error;
 pub mod hub;
 pub mod live;
 pub mod registry;
+pub mod routes;
 pub mod secrets;
 pub mod store;
 
@@ -51,6 +52,8 @@ pub struct AppState {
     /// SHA-256 digests of valid admin API tokens.
     pub admin_tokens: RwLock<HashSet<String>>,
     pub routes: RwLock<RouteTable>,
+    /// The last heartbeat body of each node, as sent.
+    pub last_bodies: std::sync::Mutex<std::collections::HashMap<String, String>>,
     pub registry: RwLock<RegistryConfig>,
     pub heartbeats_total: AtomicU64,
     pub sealer: secrets::Sealer,
@@ -141,7 +144,8 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         hub: Hub::default(),
         log_hub: Hub::default(),
         admin_tokens: RwLock::new(admin_tokens),
-        routes: RwLock::new(RouteTable::default()),
+        routes: RwLock::new(RouteTable { version: 0, routes: Vec::new() }),
+        last_bodies: std::sync::Mutex::new(std::collections::HashMap::new()),
         registry: RwLock::new(RegistryConfig::default()),
         heartbeats_total: AtomicU64::new(0),
         sealer,
@@ -215,7 +219,8 @@ async fn heartbeat_writer(state: Arc<AppState>) {
 
 async fn flush_heartbeats(state: &AppState) {
     let batch = state.nodes.take_dirty();
-    if let Err(err) = state.store.save_heartbeats(&batch).await {
+    let traffic = state.nodes.take_traffic();
+    if let Err(err) = state.store.save_heartbeats(&batch, &traffic).await {
         tracing::error!(error = %err, nodes = batch.len(), "could not persist heartbeats");
     }
 }
@@ -227,6 +232,8 @@ pub async fn remove_node(state: &AppState, node_id: &str) -> Result<(), ApiError
     state.nodes.remove(node_id);
     state.hub.remove(node_id);
     state.hub.notify_all(events::PEERS);
+    state.last_bodies.lock().expect("last bodies lock").remove(node_id);
+    routes::recompute(state).await?;
     Ok(())
 }
 

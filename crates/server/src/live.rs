@@ -24,6 +24,10 @@ pub struct LiveNode {
     pub mesh_index: i64,
     pub wireguard_public_key: Option<String>,
     pub endpoint: Option<String>,
+    /// Joined with `--ingress`.
+    pub ingress: bool,
+    /// What its ingress reported serving, when it runs one.
+    pub ingress_status: Option<cloudweb_protocol::IngressStatus>,
     /// Last sign of life: join, heartbeat, or (after a restart of the
     /// control plane) the moment the node was loaded.
     pub last_seen: Instant,
@@ -123,9 +127,18 @@ impl LiveNode {
     }
 }
 
+/// One host's traffic from one node's sample, waiting for the batch write.
+#[derive(Debug, Clone)]
+pub struct TrafficRow {
+    pub node_id: String,
+    pub at_ms: i64,
+    pub sample: cloudweb_protocol::HostTraffic,
+}
+
 #[derive(Default)]
 pub struct NodeRegistry {
     nodes: RwLock<HashMap<String, LiveNode>>,
+    traffic: std::sync::Mutex<Vec<TrafficRow>>,
 }
 
 impl NodeRegistry {
@@ -221,10 +234,25 @@ impl NodeRegistry {
             node.health = Some(Stamped { value: health, received: now, at_ms: now_ms });
         }
         if let Some(metrics) = heartbeat.metrics {
+            if let Some(traffic) = &metrics.traffic {
+                self.traffic.lock().expect("traffic lock").extend(traffic.iter().map(|t| TrafficRow {
+                    node_id: id.to_string(),
+                    at_ms: now_ms,
+                    sample: t.clone(),
+                }));
+            }
             node.metrics = Some(Stamped { value: metrics, received: now, at_ms: now_ms });
+        }
+        if heartbeat.ingress.is_some() {
+            node.ingress_status = heartbeat.ingress;
         }
         node.dirty = true;
         Some(if node.draining { NodeState::Draining } else { NodeState::Ready })
+    }
+
+    /// Takes the traffic samples received since the last call.
+    pub fn take_traffic(&self) -> Vec<TrafficRow> {
+        std::mem::take(&mut *self.traffic.lock().expect("traffic lock"))
     }
 
     /// Takes the heartbeats received since the last call, for one batched
@@ -270,6 +298,8 @@ fn live_from_row(row: &NodeRow, now: Instant) -> LiveNode {
         mesh_index: row.mesh_index,
         wireguard_public_key: row.wireguard_public_key.clone(),
         endpoint: row.endpoint.clone(),
+        ingress: row.ingress,
+        ingress_status: None,
         last_seen: now,
         agent_version: row.agent_version.clone(),
         protocol: row.protocol.unwrap_or(1).clamp(0, u32::MAX as i64) as u32,
@@ -298,6 +328,8 @@ mod tests {
             mesh_index: 1,
             wireguard_public_key: None,
             endpoint: None,
+            ingress: false,
+            ingress_status: None,
             last_seen: now,
             agent_version: None,
             protocol: 1,

@@ -62,6 +62,9 @@ struct ServeArgs {
     /// host:port nodes use to reach the registry (default: --registry-listen).
     #[arg(long)]
     registry_advertise: Option<String>,
+    /// Every app answers on <app>.<base-domain> (besides its own domains).
+    #[arg(long, default_value = "localhost")]
+    base_domain: String,
     /// Seconds without a heartbeat after which a node is unreachable.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(5..=3600))]
     unreachable_after_seconds: u64,
@@ -106,6 +109,10 @@ fn real_main() -> anyhow::Result<()> {
         join_token_ttl: Duration::from_secs(3600),
         protocol_range: SupportedRange::default(),
         drain_period: Duration::from_secs(args.drain_seconds),
+        base_domain: {
+            cloudweb_protocol::validate::hostname("--base-domain", &args.base_domain).map_err(anyhow::Error::msg)?;
+            args.base_domain.to_ascii_lowercase()
+        },
         allow_file_repos: args.allow_file_repos,
         registry: match args.registry_bin {
             Some(binary) => {

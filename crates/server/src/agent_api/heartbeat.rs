@@ -21,7 +21,9 @@ pub async fn heartbeat(
     Extension(agent): Extension<AgentInfo>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let mut heartbeat: Heartbeat = parse_json(&body_bytes(body)?)?;
+    let bytes = body_bytes(body)?;
+    let mut heartbeat: Heartbeat = parse_json(&bytes)?;
+    let body_text = String::from_utf8_lossy(&bytes).into_owned();
     // Health and metrics are additive: a bad one is dropped, and the
     // heartbeat (liveness and capacity) still counts.
     if let Err(err) = heartbeat.validate_health() {
@@ -32,6 +34,13 @@ pub async fn heartbeat(
         tracing::warn!(node_id = %node_id, error = %err, "dropped an invalid metrics block");
         heartbeat.metrics = None;
     }
+    if let Err(err) = heartbeat.validate_ingress() {
+        tracing::warn!(node_id = %node_id, error = %err, "dropped an invalid ingress block");
+        heartbeat.ingress = None;
+    }
+    // The raw body is kept (in memory, per node) so an operator can see
+    // exactly what an agent sends.
+    state.last_bodies.lock().expect("last bodies lock").insert(node_id.clone(), body_text);
     let now = tokio::time::Instant::now();
     let Some(node_state) = state.nodes.record_heartbeat(&node_id, heartbeat, agent.version, agent.protocol, now, state.clock.now_ms())
     else {

@@ -182,6 +182,7 @@ pub async fn create(
         return Err(ApiError::Conflict(format!("an app named {} already exists", app.name)));
     }
     tracing::info!(app = %app.name, "app created");
+    crate::routes::recompute(&state).await?;
     Ok((StatusCode::CREATED, Json(view(&state, &app))))
 }
 
@@ -203,6 +204,7 @@ pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>
     load(&state, &name).await?;
     crate::deploy::stop_app(&state, &name).await?;
     state.store.delete_app(&name).await?;
+    crate::routes::recompute(&state).await?;
     tracing::info!(app = %name, "app deleted");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -6,6 +6,7 @@ mod deployments;
 mod join_tokens;
 mod metrics;
 mod nodes;
+mod traffic;
 
 use std::sync::Arc;
 
@@ -34,6 +35,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/apps/{name}/deployments", get(deployments::of_app))
         .route("/api/deployments/{id}", get(deployments::show))
         .route("/api/deployments/{id}/logs", get(deployments::logs))
+        .route("/api/routes", get(traffic::routes))
+        .route("/api/traffic/{host}", get(traffic::traffic))
+        .route("/api/nodes/{id}/last-heartbeat", get(traffic::last_heartbeat))
         .route("/metrics", get(metrics::prometheus))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
     Router::new()

@@ -326,6 +326,7 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
         }
         other => return Err(ApiError::BadRequest(format!("unknown instance state {other:?}"))),
     }
+    crate::routes::recompute(state).await?;
     Ok(())
 }
 
@@ -344,17 +345,46 @@ async fn supersede_others(state: &AppState, current: &DeploymentRow) -> Result<(
                     state.store.update_instance(&old.id, instance.instance, None, "stopping", None, Some(stop_after), now).await?;
                 }
             }
+            // The table without the old instances; they stop only once
+            // every ingress serves it.
+            let version = crate::routes::recompute(state).await?;
+            state.store.set_stop_after_routes(&old.id, version as i64).await?;
         }
     }
     Ok(())
+}
+
+/// How long past its drain period a replaced instance waits for a lagging
+/// ingress before it is stopped anyway.
+const INGRESS_WAIT_LIMIT_MS: i64 = 60_000;
+
+/// Whether every ready ingress node serves route table `version` or newer.
+fn ingress_caught_up(state: &AppState, version: i64) -> bool {
+    let now = tokio::time::Instant::now();
+    state
+        .nodes
+        .all()
+        .iter()
+        .filter(|n| n.ingress && n.state(now, state.config.unreachable_after) != crate::live::NodeState::Unreachable)
+        .all(|n| n.ingress_status.as_ref().is_some_and(|s| s.routes_version as i64 >= version))
 }
 
 /// One pass of the reconciler: queue the stops that are due.
 pub async fn reconcile(state: &AppState) -> Result<(), ApiError> {
     let now = state.clock.now_ms();
     for instance in state.store.instances_to_stop(now).await? {
+        if let Some(version) = instance.stop_after_routes {
+            if !ingress_caught_up(state, version) {
+                let overdue = instance.stop_after.is_some_and(|at| now > at + INGRESS_WAIT_LIMIT_MS);
+                if !overdue {
+                    continue;
+                }
+                tracing::warn!(deployment = %instance.deployment_id, version, "an ingress node has not applied the route table; stopping the old instance anyway");
+            }
+        }
         stop_instance(state, &instance, "replaced").await?;
     }
+    crate::routes::recompute(state).await?;
     Ok(())
 }
 

@@ -32,11 +32,13 @@ pub struct InstanceRow {
     pub state: String,
     pub address: Option<String>,
     pub stop_after: Option<i64>,
+    /// Route table version every ready ingress must serve before the stop.
+    pub stop_after_routes: Option<i64>,
     pub updated_at: i64,
 }
 
 const DEPLOYMENT_COLUMNS: &str = "id, seq, app, kind, commit_sha, rollback_of, state, image, error, created_at, updated_at";
-const INSTANCE_COLUMNS: &str = "deployment_id, instance, node_id, container, state, address, stop_after, updated_at";
+const INSTANCE_COLUMNS: &str = "deployment_id, instance, node_id, container, state, address, stop_after, stop_after_routes, updated_at";
 
 fn deployment_from_row(row: &SqliteRow) -> DeploymentRow {
     DeploymentRow {
@@ -63,6 +65,7 @@ fn instance_from_row(row: &SqliteRow) -> InstanceRow {
         state: row.get("state"),
         address: row.get("address"),
         stop_after: row.get("stop_after"),
+        stop_after_routes: row.get("stop_after_routes"),
         updated_at: row.get("updated_at"),
     }
 }
@@ -285,5 +288,32 @@ impl Store {
         tx.commit().await?;
         self.count_commit();
         Ok(container)
+    }
+}
+
+impl Store {
+    /// `(app, address)` of every running instance that reported one.
+    pub async fn running_addresses(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT d.app AS app, i.address AS address FROM instances i JOIN deployments d ON d.id = i.deployment_id \
+             WHERE i.state = 'running' AND i.address IS NOT NULL",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| (r.get("app"), r.get("address"))).collect())
+    }
+}
+
+impl Store {
+    /// Records the route table version a stopping deployment's instances
+    /// wait for.
+    pub async fn set_stop_after_routes(&self, deployment_id: &str, version: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE instances SET stop_after_routes = $1 WHERE deployment_id = $2 AND state = 'stopping'")
+            .bind(version)
+            .bind(deployment_id)
+            .execute(&self.pool)
+            .await?;
+        self.count_commit();
+        Ok(())
     }
 }

@@ -218,12 +218,32 @@ impl Store {
         Ok(deleted.rows_affected() == 1)
     }
 
-    /// Persists the latest heartbeat of many nodes in one transaction.
-    pub async fn save_heartbeats(&self, batch: &[HeartbeatRow]) -> Result<(), StoreError> {
-        if batch.is_empty() {
+    /// Persists the latest heartbeat of many nodes, and the traffic samples
+    /// received since the last call, in one transaction.
+    pub async fn save_heartbeats(&self, batch: &[HeartbeatRow], traffic: &[crate::live::TrafficRow]) -> Result<(), StoreError> {
+        if batch.is_empty() && traffic.is_empty() {
             return Ok(());
         }
         let mut tx = self.write_transaction().await?;
+        for row in traffic {
+            let t = &row.sample;
+            sqlx::query(
+                "INSERT INTO traffic_samples (node_id, host, at, requests, r2xx, r3xx, r4xx, r5xx, dur_sum_ms, slow) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            )
+            .bind(&row.node_id)
+            .bind(&t.host)
+            .bind(row.at_ms)
+            .bind(t.requests.min(i64::MAX as u64) as i64)
+            .bind(t.r2xx.min(i64::MAX as u64) as i64)
+            .bind(t.r3xx.min(i64::MAX as u64) as i64)
+            .bind(t.r4xx.min(i64::MAX as u64) as i64)
+            .bind(t.r5xx.min(i64::MAX as u64) as i64)
+            .bind(t.dur_sum_ms)
+            .bind(t.slow.min(i64::MAX as u64) as i64)
+            .execute(&mut *tx)
+            .await?;
+        }
         for hb in batch {
             sqlx::query(
                 "UPDATE nodes SET last_heartbeat_at = $1, agent_version = COALESCE($2, agent_version), protocol = $3, \
@@ -249,5 +269,26 @@ impl Store {
         tx.commit().await?;
         self.count_commit();
         Ok(())
+    }
+}
+
+impl Store {
+    /// Traffic samples of a host since `since_ms`, oldest first:
+    /// `(at_ms, requests, r2xx, r3xx, r4xx, r5xx, dur_sum_ms, slow)` summed
+    /// over nodes per sample time.
+    pub async fn traffic(&self, host: &str, since_ms: i64) -> Result<Vec<(i64, i64, i64, i64, i64, i64, f64, i64)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT at, SUM(requests) AS requests, SUM(r2xx) AS r2xx, SUM(r3xx) AS r3xx, SUM(r4xx) AS r4xx, SUM(r5xx) AS r5xx, \
+             SUM(dur_sum_ms) AS dur_sum_ms, SUM(slow) AS slow FROM traffic_samples WHERE host = $1 AND at >= $2 \
+             GROUP BY at ORDER BY at",
+        )
+        .bind(host)
+        .bind(since_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get("at"), r.get("requests"), r.get("r2xx"), r.get("r3xx"), r.get("r4xx"), r.get("r5xx"), r.get("dur_sum_ms"), r.get("slow")))
+            .collect())
     }
 }

@@ -1,0 +1,175 @@
+//! Rendering the route table into Caddy's JSON configuration.
+//!
+//! - One HTTPS server with a route per host that reverse-proxies to the
+//!   host's upstreams (503 when it has none), then a 404 for anything else.
+//! - One HTTP server that redirects known hosts to HTTPS and answers 404 to
+//!   the rest.
+//! - Certificates: Caddy's internal issuer for `localhost`, `*.localhost`,
+//!   `*.test`, `*.internal`, `*.local` and IP addresses (works offline and
+//!   in tests); ACME for every other host.
+//! - Access logs go, through a filter that deletes everything but host,
+//!   status and duration, to the agent's unix socket.
+//! - Proxied WebSocket and streaming connections are kept open for a while
+//!   across reloads (`stream_close_delay`), so a route change does not cut
+//!   them.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use cloudweb_protocol::RouteTable;
+use serde_json::{json, Value};
+
+use super::caddy::admin_block;
+
+#[derive(Debug, Clone)]
+pub struct Ports {
+    pub http: u16,
+    pub https: u16,
+}
+
+/// How long a proxied stream survives a configuration reload.
+pub const STREAM_CLOSE_DELAY: &str = "10m";
+
+/// Whether a host gets a certificate from Caddy's internal CA rather than
+/// from a public ACME CA.
+pub fn internal_host(host: &str) -> bool {
+    host.parse::<IpAddr>().is_ok()
+        || host == "localhost"
+        || [".localhost", ".test", ".internal", ".local", ".invalid"].iter().any(|suffix| host.ends_with(suffix))
+}
+
+/// Upstreams a proxy can dial: `host:port` with a valid port. Anything else
+/// is dropped (and logged by the caller) rather than failing the whole load.
+pub fn usable_upstream(address: &str) -> bool {
+    cloudweb_protocol::validate::endpoint("upstream", address).is_ok()
+}
+
+pub fn render(table: &RouteTable, ports: &Ports, admin_socket: &Path, access_socket: &Path) -> Value {
+    let mut https_routes = Vec::new();
+    let mut http_routes = Vec::new();
+    let mut internal = Vec::new();
+    let mut public = Vec::new();
+    for route in &table.routes {
+        let upstreams: Vec<Value> = route.upstreams.iter().filter(|u| usable_upstream(u)).map(|u| json!({"dial": u})).collect();
+        let handler = if upstreams.is_empty() {
+            json!({"handler": "static_response", "status_code": 503, "body": "no healthy instance\n"})
+        } else {
+            json!({
+                "handler": "reverse_proxy",
+                "upstreams": upstreams,
+                "stream_close_delay": STREAM_CLOSE_DELAY,
+                // A dial error (an instance that just stopped) is retried on
+                // another upstream instead of failing the request.
+                "load_balancing": {"selection_policy": {"policy": "round_robin"}, "try_duration": "3s", "try_interval": "100ms"},
+            })
+        };
+        https_routes.push(json!({"match": [{"host": [route.host]}], "handle": [handler], "terminal": true}));
+        http_routes.push(json!({
+            "match": [{"host": [route.host]}],
+            "handle": [{
+                "handler": "static_response",
+                "status_code": 308,
+                "headers": {"Location": [format!("https://{{http.request.host}}{}{{http.request.uri}}", if ports.https == 443 { String::new() } else { format!(":{}", ports.https) })]},
+            }],
+            "terminal": true,
+        }));
+        if internal_host(&route.host) {
+            internal.push(route.host.clone());
+        } else {
+            public.push(route.host.clone());
+        }
+    }
+    let not_found = json!({"handle": [{"handler": "static_response", "status_code": 404, "body": "unknown host\n"}]});
+    https_routes.push(not_found.clone());
+    http_routes.push(not_found);
+
+    let mut policies = Vec::new();
+    if !internal.is_empty() {
+        policies.push(json!({"subjects": internal, "issuers": [{"module": "internal"}]}));
+    }
+    if !public.is_empty() {
+        policies.push(json!({"subjects": public}));
+    }
+    // Only host, status and duration reach the agent.
+    let dropped = [
+        "request>remote_ip", "request>remote_port", "request>client_ip", "request>proto", "request>method",
+        "request>uri", "request>headers", "request>tls", "user_id", "size", "bytes_read", "resp_headers", "msg", "logger", "level", "ts",
+    ];
+    let fields: serde_json::Map<String, Value> = dropped.iter().map(|f| (f.to_string(), json!({"filter": "delete"}))).collect();
+    let mut config = admin_block(admin_socket);
+    config["logging"] = json!({"logs": {
+        "default": {"level": "WARN"},
+        "cloudweb_access": {
+            "writer": {"output": "net", "address": format!("unix/{}", access_socket.display()), "soft_start": true},
+            "encoder": {"format": "filter", "wrap": {"format": "json"}, "fields": fields},
+            "include": ["http.log.access.cloudweb"],
+        },
+    }});
+    config["apps"] = json!({
+        "http": {
+            "http_port": ports.http,
+            "https_port": ports.https,
+            "servers": {
+                "cloudweb_https": {
+                    "listen": [format!(":{}", ports.https)],
+                    "routes": https_routes,
+                    "automatic_https": {"disable_redirects": true},
+                    "logs": {"default_logger_name": "cloudweb"},
+                },
+                "cloudweb_http": {
+                    "listen": [format!(":{}", ports.http)],
+                    "routes": http_routes,
+                    "automatic_https": {"disable": true},
+                    "logs": {"default_logger_name": "cloudweb"},
+                },
+            },
+        },
+        "tls": {"automation": {"policies": policies}},
+        // The internal CA's root stays in Caddy's storage; the agent never
+        // touches the machine's trust store.
+        "pki": {"certificate_authorities": {"local": {"install_trust": false}}},
+    });
+    config
+}
+
+#[cfg(test)]
+mod tests {
+    use cloudweb_protocol::Route;
+
+    use super::*;
+
+    #[test]
+    fn internal_and_public_hosts() {
+        for host in ["localhost", "web.localhost", "a.test", "db.internal", "10.0.0.1", "::1"] {
+            assert!(internal_host(host), "{host}");
+        }
+        assert!(!internal_host("www.example.com"));
+    }
+
+    #[test]
+    fn renders_routes_with_fallbacks() {
+        let table = RouteTable {
+            version: 7,
+            routes: vec![
+                Route { host: "web.test".into(), upstreams: vec!["127.0.0.1:32768".into(), "not an address".into()] },
+                Route { host: "empty.test".into(), upstreams: vec![] },
+                Route { host: "www.example.com".into(), upstreams: vec!["10.77.0.2:30000".into()] },
+            ],
+        };
+        let config = render(&table, &Ports { http: 8080, https: 8443 }, Path::new("/run/a.sock"), Path::new("/run/l.sock"));
+        let routes = &config["apps"]["http"]["servers"]["cloudweb_https"]["routes"];
+        assert_eq!(routes[0]["handle"][0]["upstreams"], json!([{"dial": "127.0.0.1:32768"}]), "bad upstreams are dropped");
+        assert_eq!(routes[0]["handle"][0]["stream_close_delay"], STREAM_CLOSE_DELAY);
+        assert_eq!(routes[1]["handle"][0]["status_code"], 503);
+        assert_eq!(routes[3]["handle"][0]["status_code"], 404, "unknown hosts get a 404");
+        let policies = &config["apps"]["tls"]["automation"]["policies"];
+        assert_eq!(policies[0]["subjects"], json!(["web.test", "empty.test"]));
+        assert_eq!(policies[0]["issuers"][0]["module"], "internal");
+        assert_eq!(policies[1]["subjects"], json!(["www.example.com"]));
+        assert_eq!(config["admin"]["listen"], "unix//run/a.sock");
+        let redirect = &config["apps"]["http"]["servers"]["cloudweb_http"]["routes"][0]["handle"][0];
+        assert_eq!(redirect["headers"]["Location"][0], "https://{http.request.host}:8443{http.request.uri}");
+        let filter = &config["logging"]["logs"]["cloudweb_access"]["encoder"]["fields"];
+        assert!(filter.get("request>uri").is_some() && filter.get("request>remote_ip").is_some());
+    }
+}

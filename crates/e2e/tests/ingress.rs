@@ -1,0 +1,292 @@
+//! The ingress end to end: the real agent runs real Caddy from the control
+//! plane's route table, in front of apps deployed through Docker and the
+//! registry.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cloudweb_e2e::{caddy_bin, ensure_images, free_port, unique_name, wait_for, AgentNode, GitServer, ServerProcess};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\nCOPY stream /www/cgi-bin/stream\n\
+RUN chmod 755 /www/cgi-bin/stream\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n";
+/// A server-sent event every 200 ms for a minute, from a CGI script.
+const STREAM: &str = "#!/bin/sh\necho 'Content-Type: text/event-stream'\necho ''\ni=0\nwhile [ $i -lt 300 ]; do echo \"data: tick $i\"; echo ''; i=$((i+1)); sleep 0.2; done\n";
+
+struct Cluster {
+    _tmp: tempfile::TempDir,
+    server: ServerProcess,
+    agent: AgentNode,
+    git: GitServer,
+    https_port: u16,
+    http_port: u16,
+}
+
+async fn cluster() -> Cluster {
+    ensure_images().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let git = GitServer::start(&tmp.path().join("git")).unwrap();
+    let registry = format!("127.0.0.1:{}", free_port());
+    let server = ServerProcess::start_with(
+        tmp.path(),
+        &["--registry-bin", "/usr/bin/docker-registry", "--registry-listen", &registry, "--drain-seconds", "1",
+          "--base-domain", "test", "--heartbeat-flush-seconds", "1"],
+    )
+    .await
+    .unwrap();
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(&server, &tmp.path().join("edge"), "edge", &token, &ca, &["--ingress"]).unwrap().unwrap();
+    let (http_port, https_port) = (free_port(), free_port());
+    let caddy = caddy_bin().display().to_string();
+    agent
+        .start(&[
+            "--heartbeat-interval-seconds", "1", "--metrics-interval-seconds", "2",
+            "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1",
+            "--caddy-bin", &caddy, "--http-port", &http_port.to_string(), "--https-port", &https_port.to_string(),
+        ])
+        .unwrap();
+    let node_id = agent.node_id.clone();
+    wait_for(Duration::from_secs(20), "the ingress to run", || async {
+        let node = server.node(&node_id).await.ok()?;
+        node["features"].as_array()?.contains(&json!("traffic-metrics")).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
+    Cluster { _tmp: tmp, server, agent, git, https_port, http_port }
+}
+
+impl Cluster {
+    /// Creates an app from a fresh repository and deploys its first commit.
+    async fn app(&self, name: &str, body: &str, domains: &[&str]) -> Value {
+        self.git.commit(name, &[("Dockerfile", DOCKERFILE), ("index.html", body), ("stream", STREAM)], "first").unwrap();
+        let (status, app) = self
+            .server
+            .call(Method::POST, "/api/apps", Some(json!({"name": name, "repo_url": self.git.url(name), "port": 8080, "domains": domains, "health_timeout_seconds": 10})))
+            .await
+            .unwrap();
+        assert_eq!(status, 201, "{app}");
+        self.deploy(name).await
+    }
+
+    async fn deploy(&self, name: &str) -> Value {
+        let (status, body) = self.server.call(Method::POST, &format!("/api/apps/{name}/deploy"), None).await.unwrap();
+        assert_eq!(status, 201, "{body}");
+        let id = body["id"].as_str().unwrap().to_string();
+        let deployment = wait_for(Duration::from_secs(120), "the deployment to settle", || async {
+            let (_, d) = self.server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+            matches!(d["state"].as_str(), Some("running" | "failed")).then_some(d)
+        })
+        .await
+        .unwrap();
+        assert_eq!(deployment["state"], "running", "{deployment}\n{}", self.agent.log_text());
+        self.routes_applied().await;
+        deployment
+    }
+
+    /// Waits until the ingress serves the control plane's current table.
+    async fn routes_applied(&self) {
+        wait_for(Duration::from_secs(20), "the ingress to apply the route table", || async {
+            let (_, routes) = self.server.call(Method::GET, "/api/routes", None).await.ok()?;
+            let version = routes["version"].as_u64()?;
+            let applied = routes["ingress"][0]["status"]["routes_version"].as_u64()?;
+            (applied >= version).then_some(())
+        })
+        .await
+        .unwrap();
+    }
+
+    /// A client that trusts Caddy's internal CA and resolves every test host
+    /// to loopback.
+    fn client(&self, hosts: &[&str]) -> reqwest::Client {
+        let root = std::fs::read(self.agent.dir.join("caddy/data/caddy/pki/authorities/local/root.crt")).unwrap();
+        let mut builder = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(&root).unwrap())
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(10));
+        for host in hosts {
+            builder = builder.resolve(host, "127.0.0.1:0".parse().unwrap());
+        }
+        builder.build().unwrap()
+    }
+
+    fn https(&self, host: &str, path: &str) -> String {
+        format!("https://{host}:{}{path}", self.https_port)
+    }
+}
+
+#[tokio::test]
+async fn apps_answer_through_caddy_and_their_traffic_is_counted() {
+    let cluster = cluster().await;
+    let name = unique_name("shop");
+    let other = unique_name("blog");
+    let host = format!("{name}.test");
+    let custom = format!("{name}-custom.test");
+    let other_host = format!("{other}.test");
+    cluster.app(&name, "shop home\n", &[&custom]).await;
+    let blog = cluster.app(&other, "blog home\n", &[]).await;
+    let client = cluster.client(&[&host, &custom, &other_host, "nobody.test"]);
+
+    // Default and custom host over HTTPS (internal issuer), and redirects.
+    for url in [cluster.https(&host, "/"), cluster.https(&custom, "/")] {
+        let response = client.get(&url).send().await.unwrap_or_else(|e| panic!("{url}: {e:?}\n{}", cluster.agent.log_text()));
+        assert_eq!(response.status(), 200, "{url}");
+        assert_eq!(response.text().await.unwrap(), "shop home\n");
+    }
+    let redirect = client.get(format!("http://{host}:{}/a/b?c=1", cluster.http_port)).send().await.unwrap();
+    assert_eq!(redirect.status(), 308);
+    assert_eq!(redirect.headers()["location"], cluster.https(&host, "/a/b?c=1").as_str());
+    // An unknown host: 404 from the ingress, and never counted.
+    let unknown = client.get(format!("http://nobody.test:{}/", cluster.http_port)).send().await.unwrap();
+    assert_eq!(unknown.status(), 404);
+
+    // On the default host, exactly: 1 + 5 answers of 2xx, 1 redirect
+    // (above) and 3 404s from the app.
+    for _ in 0..5 {
+        assert_eq!(client.get(cluster.https(&host, "/")).send().await.unwrap().status(), 200);
+    }
+    for _ in 0..3 {
+        assert_eq!(client.get(cluster.https(&host, "/secret-path?token=abc")).send().await.unwrap().status(), 404);
+    }
+
+    // Collect what the agent sends until the counts are in.
+    let node_id = cluster.agent.node_id.clone();
+    let bodies = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let totals = wait_for(Duration::from_secs(20), "the traffic to be reported", || {
+        let server = &cluster.server;
+        let node_id = node_id.clone();
+        let bodies = bodies.clone();
+        let host = host.clone();
+        async move {
+            let response = server.http.get(server.api(&format!("/api/nodes/{node_id}/last-heartbeat"))).bearer_auth(&server.admin_token).send().await.ok()?;
+            let raw = response.text().await.ok()?;
+            let mut seen = bodies.lock().unwrap();
+            if raw.contains("\"traffic\"") && !seen.contains(&raw) {
+                seen.push(raw);
+            }
+            drop(seen);
+            let (_, series) = server.call(Method::GET, &format!("/api/traffic/{host}"), None).await.ok()?;
+            let samples = series["samples"].as_array()?;
+            let sum = |key: &str| samples.iter().map(|s| s[key].as_i64().unwrap_or(0)).sum::<i64>();
+            (sum("requests") >= 10).then(|| (sum("requests"), sum("r2xx"), sum("r3xx"), sum("r4xx"), sum("r5xx")))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", cluster.agent.log_text()));
+    assert_eq!(totals, (10, 6, 1, 3, 0), "requests, 2xx, 3xx, 4xx, 5xx for the default host");
+    let (_, custom_series) = cluster.server.call(Method::GET, &format!("/api/traffic/{custom}"), None).await.unwrap();
+    let custom_requests: i64 = custom_series["samples"].as_array().unwrap().iter().map(|s| s["requests"].as_i64().unwrap()).sum();
+    assert_eq!(custom_requests, 1);
+    let (_, nobody) = cluster.server.call(Method::GET, "/api/traffic/nobody.test", None).await.unwrap();
+    assert_eq!(nobody["samples"], json!([]), "an unknown host is never a series");
+    let bodies = bodies.lock().unwrap().clone();
+    assert!(!bodies.is_empty());
+    for raw in &bodies {
+        let parsed: Value = serde_json::from_str(raw).unwrap();
+        for entry in parsed["metrics"]["traffic"].as_array().unwrap() {
+            let keys: Vec<&String> = entry.as_object().unwrap().keys().collect();
+            assert_eq!(keys, ["dur_sum_ms", "host", "r2xx", "r3xx", "r4xx", "r5xx", "requests", "slow"]);
+        }
+        for forbidden in ["secret-path", "token=abc", "127.0.0.1", "nobody.test", "remote", "uri", "headers"] {
+            assert!(!raw.contains(forbidden), "the raw heartbeat contains {forbidden:?}: {raw}");
+        }
+    }
+
+    // A broken upstream list for one app does not take down another.
+    let blog_container = blog["instances"][0]["container"].as_str().unwrap();
+    let removed = std::process::Command::new("docker").args(["rm", "-f", blog_container]).output().unwrap();
+    assert!(removed.status.success());
+    let broken = client.get(cluster.https(&other_host, "/")).send().await.unwrap();
+    assert_eq!(broken.status(), 502);
+    assert_eq!(client.get(cluster.https(&host, "/")).send().await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn three_blue_green_switches_under_load_fail_no_request() {
+    let cluster = cluster().await;
+    let name = unique_name("steady");
+    let host = format!("{name}.test");
+    cluster.app(&name, "v0\n", &[]).await;
+    let client = cluster.client(&[&host]);
+    let url = cluster.https(&host, "/");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let (client, url, stop, ok, failed, failures) = (client.clone(), url.clone(), stop.clone(), ok.clone(), failed.clone(), failures.clone());
+        workers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match client.get(&url).send().await {
+                    Ok(response) if response.status() == 200 => {
+                        let _ = response.bytes().await;
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(response) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        failures.lock().unwrap().push(format!("status {}", response.status()));
+                    }
+                    Err(err) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        failures.lock().unwrap().push(format!("{err:?}"));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }));
+    }
+    let started = Instant::now();
+    for version in 1..=3 {
+        cluster.git.commit(&name, &[("index.html", &format!("v{version}\n"))], "next").unwrap();
+        cluster.deploy(&name).await;
+        // Let the drain period pass so the old instance really stops under load.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    let rate = (ok + failed) as f64 / elapsed;
+    assert_eq!(failed, 0, "{failed} failed of {}: {:?}", ok + failed, failures.lock().unwrap());
+    assert!(rate >= 50.0, "{rate:.0} req/s is below the 50 req/s the test promises");
+    assert_eq!(client.get(&url).send().await.unwrap().text().await.unwrap(), "v3\n");
+    eprintln!("{ok} requests at {rate:.0} req/s over three switches, none failed");
+}
+
+#[tokio::test]
+async fn an_open_stream_survives_an_unrelated_route_change() {
+    let cluster = cluster().await;
+    let name = unique_name("live");
+    let host = format!("{name}.test");
+    cluster.app(&name, "live\n", &[]).await;
+    let client = cluster.client(&[&host]);
+    let mut stream = client
+        .get(cluster.https(&host, "/cgi-bin/stream"))
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.chunk()).await.unwrap().unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("tick"));
+
+    // Another app appears: the route table changes and Caddy reloads.
+    let (_, before) = cluster.server.call(Method::GET, "/api/routes", None).await.unwrap();
+    cluster.app(&unique_name("other"), "other\n", &[]).await;
+    let (_, after) = cluster.server.call(Method::GET, "/api/routes", None).await.unwrap();
+    assert!(after["version"].as_u64() > before["version"].as_u64(), "the table changed");
+    assert!(cluster.agent.log_text().matches("route table applied").count() >= 2, "caddy reloaded");
+
+    // The stream still delivers new events after the reload.
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        let chunk = tokio::time::timeout(Duration::from_secs(3), stream.chunk()).await.expect("the stream goes on").unwrap().expect("still open");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.matches("tick").count() >= 5, "{seen}");
+}

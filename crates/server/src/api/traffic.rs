@@ -1,0 +1,67 @@
+//! `GET /api/routes`, `GET /api/traffic/{host}` and
+//! `GET /api/nodes/{id}/last-heartbeat`: what the ingress serves and counts.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::clock::rfc3339_ms;
+use crate::error::ApiError;
+use crate::AppState;
+
+pub async fn routes(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let table = state.routes.read().expect("routes lock").clone();
+    let ingress: Vec<Value> = state
+        .nodes
+        .all()
+        .iter()
+        .filter(|n| n.ingress)
+        .map(|n| json!({"node_id": n.id, "name": n.name, "status": n.ingress_status}))
+        .collect();
+    Json(json!({"version": table.version, "routes": table.routes, "ingress": ingress}))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TrafficQuery {
+    /// Seconds of history (default one hour, at most 30 days).
+    seconds: Option<u64>,
+}
+
+/// A host's request counts per sample, summed over ingress nodes.
+pub async fn traffic(
+    State(state): State<Arc<AppState>>,
+    Path(host): Path<String>,
+    Query(query): Query<TrafficQuery>,
+) -> Result<Json<Value>, ApiError> {
+    cloudweb_protocol::validate::hostname("host", &host)?;
+    let seconds = query.seconds.unwrap_or(3600);
+    if seconds == 0 || seconds > 30 * 86_400 {
+        return Err(ApiError::BadRequest("seconds must be 1 to 2592000".into()));
+    }
+    let since = state.clock.now_ms() - (seconds as i64) * 1000;
+    let samples: Vec<Value> = state
+        .store
+        .traffic(&host.to_ascii_lowercase(), since)
+        .await?
+        .into_iter()
+        .map(|(at, requests, r2xx, r3xx, r4xx, r5xx, dur_sum_ms, slow)| {
+            json!({"at": rfc3339_ms(at), "requests": requests, "r2xx": r2xx, "r3xx": r3xx, "r4xx": r4xx, "r5xx": r5xx,
+                   "avg_ms": if requests > 0 { dur_sum_ms / requests as f64 } else { 0.0 }, "slow": slow})
+        })
+        .collect();
+    Ok(Json(json!({"host": host, "samples": samples})))
+}
+
+/// The last heartbeat body a node sent, byte for byte.
+pub async fn last_heartbeat(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let body = state.last_bodies.lock().expect("last bodies lock").get(&id).cloned();
+    match body {
+        Some(body) => Ok(([(CONTENT_TYPE, "application/json")], body).into_response()),
+        None => Err(ApiError::NotFound(format!("no heartbeat from node {id:?} since the control plane started"))),
+    }
+}
