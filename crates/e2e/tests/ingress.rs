@@ -200,6 +200,16 @@ async fn apps_answer_through_caddy_and_their_traffic_is_counted() {
     let broken = client.get(cluster.https(&other_host, "/")).send().await.unwrap();
     assert_eq!(broken.status(), 502);
     assert_eq!(client.get(cluster.https(&host, "/")).send().await.unwrap().status(), 200);
+
+    // A domain added later is served as soon as the ingress applies it.
+    let added = format!("{name}-added.test");
+    let (status, body) = cluster.server.call(Method::PUT, &format!("/api/apps/{name}/domains"), Some(json!([custom, added]))).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = cluster.server.call(Method::PUT, &format!("/api/apps/{name}/domains"), Some(json!(["not a host"]))).await.unwrap();
+    assert_eq!(status, 400);
+    cluster.routes_applied().await;
+    let client = cluster.client(&[&added]);
+    assert_eq!(client.get(cluster.https(&added, "/")).send().await.unwrap().text().await.unwrap(), "shop home\n");
 }
 
 #[tokio::test]

@@ -69,15 +69,7 @@ fn validate_create(request: &CreateApp, allow_file_repos: bool) -> Result<(), Ap
     if request.port == 0 {
         return Err(ApiError::BadRequest("invalid port: must be 1 to 65535".into()));
     }
-    if request.domains.len() > MAX_DOMAINS {
-        return Err(ApiError::BadRequest(format!("invalid domains: at most {MAX_DOMAINS}")));
-    }
-    for domain in &request.domains {
-        validate::hostname("domains", domain)?;
-        if !domain.contains('.') {
-            return Err(ApiError::BadRequest("invalid domains: a domain needs at least one dot".into()));
-        }
-    }
+    validate_domains(&request.domains)?;
     if let Some(instances) = request.instances {
         if instances == 0 || instances > MAX_INSTANCES {
             return Err(ApiError::BadRequest(format!("invalid instances: must be 1 to {MAX_INSTANCES}")));
@@ -166,7 +158,7 @@ pub async fn create(
         repo_url: request.repo_url,
         branch: request.branch,
         port: i64::from(request.port),
-        domains: serde_json::to_string(&request.domains).expect("strings serialize"),
+        domains: serde_json::to_string(&request.domains.iter().map(|d| d.to_ascii_lowercase()).collect::<Vec<_>>()).expect("strings serialize"),
         build: build.as_ref().map(|b| serde_json::to_string(b).expect("settings serialize")),
         strategy: serde_json::to_value(strategy).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "auto".into()),
         instances: i64::from(request.instances.unwrap_or(1)),
@@ -223,6 +215,36 @@ pub async fn set_env(
     let sealed = state.sealer.seal_json(&env_context(&name), &vars);
     state.store.set_app_env(&name, &sealed).await?;
     Ok(Json(json!({ "app": name, "env": vars.keys().collect::<Vec<_>>() })))
+}
+
+/// Checks a list of custom domains.
+fn validate_domains(domains: &[String]) -> Result<(), ApiError> {
+    if domains.len() > MAX_DOMAINS {
+        return Err(ApiError::BadRequest(format!("invalid domains: at most {MAX_DOMAINS}")));
+    }
+    for domain in domains {
+        validate::hostname("domains", domain)?;
+        if !domain.contains('.') {
+            return Err(ApiError::BadRequest("invalid domains: a domain needs at least one dot".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the app's custom domains; the ingress picks them up at once.
+pub async fn set_domains(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let domains: Vec<String> = parse_json(&body_bytes(body)?)
+        .map_err(|_| ApiError::BadRequest("the body must be a JSON array of host names".into()))?;
+    validate_domains(&domains)?;
+    let domains: Vec<String> = domains.into_iter().map(|d| d.to_ascii_lowercase()).collect();
+    load(&state, &name).await?;
+    state.store.set_app_domains(&name, &serde_json::to_string(&domains).expect("strings serialize")).await?;
+    crate::routes::recompute(&state).await?;
+    Ok(Json(json!({"app": name, "domains": domains})))
 }
 
 #[derive(Debug, Deserialize)]

@@ -95,6 +95,12 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
+    pub async fn set_app_domains(&self, name: &str, domains_json: &str) -> Result<bool, StoreError> {
+        let result = sqlx::query("UPDATE apps SET domains = $1 WHERE name = $2").bind(domains_json).bind(name).execute(&self.pool).await?;
+        self.count_commit();
+        Ok(result.rows_affected() == 1)
+    }
+
     /// Deletes an app with its deployments and instance records.
     pub async fn delete_app(&self, name: &str) -> Result<bool, StoreError> {
         let mut tx = self.write_transaction().await?;
