@@ -52,6 +52,8 @@ pub struct AppState {
     /// SHA-256 digests of valid admin API tokens.
     pub admin_tokens: RwLock<HashSet<String>>,
     pub routes: RwLock<RouteTable>,
+    /// Apps that could not be moved off a node, and why, per node id.
+    pub waiting: std::sync::Mutex<std::collections::HashMap<String, Vec<(String, String)>>>,
     /// The last heartbeat body of each node, as sent.
     pub last_bodies: std::sync::Mutex<std::collections::HashMap<String, String>>,
     pub registry: RwLock<RegistryConfig>,
@@ -146,6 +148,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         admin_tokens: RwLock::new(admin_tokens),
         routes: RwLock::new(RouteTable { version: 0, routes: Vec::new() }),
         last_bodies: std::sync::Mutex::new(std::collections::HashMap::new()),
+        waiting: std::sync::Mutex::new(std::collections::HashMap::new()),
         registry: RwLock::new(RegistryConfig::default()),
         heartbeats_total: AtomicU64::new(0),
         sealer,

@@ -198,6 +198,12 @@ impl NodeRegistry {
         peers.into_iter().map(|(_, peer)| peer).collect()
     }
 
+    pub fn set_draining(&self, id: &str, draining: bool) {
+        if let Some(node) = self.nodes.write().expect("node registry lock").get_mut(id) {
+            node.draining = draining;
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.nodes.read().expect("node registry lock").len()
     }

@@ -27,6 +27,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/nodes", get(nodes::list))
         .route("/api/nodes/{id}", get(nodes::show).delete(nodes::remove))
         .route("/api/nodes/{id}/commands", get(nodes::commands).post(nodes::enqueue))
+        .route("/api/nodes/{id}/drain", post(nodes::drain))
+        .route("/api/nodes/{id}/undrain", post(nodes::undrain))
         .route("/api/apps", get(apps::list).post(apps::create))
         .route("/api/apps/{name}", get(apps::show).delete(apps::remove))
         .route("/api/apps/{name}/env", axum::routing::put(apps::set_env))

@@ -39,6 +39,9 @@ pub struct NodeView {
     health_report: Option<Value>,
     features: Vec<String>,
     metrics: Option<Value>,
+    /// Apps that could not be moved off this node (draining or
+    /// unreachable), with the scheduler's reason.
+    waiting: Vec<Value>,
 }
 
 fn view(state: &AppState, row: &NodeRow, now: Instant) -> NodeView {
@@ -84,7 +87,41 @@ fn view(state: &AppState, row: &NodeRow, now: Instant) -> NodeView {
         health_report: report,
         features,
         metrics,
+        waiting: state
+            .waiting
+            .lock()
+            .expect("waiting lock")
+            .get(&row.id)
+            .map(|apps| apps.iter().map(|(app, reason)| json!({"app": app, "reason": reason})).collect())
+            .unwrap_or_default(),
     }
+}
+
+async fn set_draining(state: &AppState, id: &str, draining: bool) -> Result<Json<NodeView>, ApiError> {
+    if !state.store.set_draining(id, draining).await? {
+        return Err(ApiError::NotFound(format!("no node {id:?}")));
+    }
+    state.nodes.set_draining(id, draining);
+    tracing::info!(node_id = %id, draining, "node drain changed");
+    if draining {
+        // Start the replacements now rather than on the next tick, so the
+        // answer can list what has to wait.
+        let waiting = crate::deploy::moves::move_instances(state).await?;
+        *state.waiting.lock().expect("waiting lock") = waiting;
+    }
+    let row = state.store.node(id).await?.ok_or_else(|| ApiError::NotFound(format!("no node {id:?}")))?;
+    Ok(Json(view(state, &row, Instant::now())))
+}
+
+/// Stops placing instances on the node and moves its instances elsewhere;
+/// each old instance stops once its replacement runs.
+pub async fn drain(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<NodeView>, ApiError> {
+    set_draining(&state, &id, true).await
+}
+
+/// The node takes new instances again. Moves already started go on.
+pub async fn undrain(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<NodeView>, ApiError> {
+    set_draining(&state, &id, false).await
 }
 
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {

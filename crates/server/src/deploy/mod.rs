@@ -11,6 +11,7 @@
 //! the image to the cluster registry; the other instances (and any later
 //! rollback or reschedule) run that image without building.
 
+pub mod moves;
 pub mod scheduler;
 pub mod state;
 
@@ -182,7 +183,7 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
     Ok(())
 }
 
-fn deploy_payload(
+pub(crate) fn deploy_payload(
     state: &AppState,
     app: &AppRow,
     deployment: &DeploymentRow,
@@ -281,6 +282,9 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
     }
     let now = state.clock.now_ms();
     match reported {
+        // A replacement instance of a deployment that already runs moves
+        // only its own state.
+        "building" | "deploying" if DeploymentState::parse(&deployment.state) == Some(DeploymentState::Running) => {}
         "building" => {
             transition(state, &deployment, DeploymentState::Building, None, None).await?;
         }
@@ -302,7 +306,12 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
         }
         "running" => {
             state.store.update_instance(&deployment.id, instance_no, Some(node_id), "running", report.address.as_deref(), None, now).await?;
-            let all_running = state.store.instances(&deployment.id).await?.iter().all(|i| i.state == "running");
+            if let Some(replaced) = instance.replaces {
+                retire_replaced(state, &deployment.id, replaced).await?;
+            }
+            let instances = state.store.instances(&deployment.id).await?;
+            let live: Vec<_> = instances.iter().filter(|i| matches!(i.state.as_str(), "pending" | "running")).collect();
+            let all_running = !live.is_empty() && live.iter().all(|i| i.state == "running");
             if all_running {
                 let deployment = state.store.deployment(&deployment.id).await?.unwrap_or(deployment);
                 if transition(state, &deployment, DeploymentState::Running, None, None).await? {
@@ -369,6 +378,21 @@ fn ingress_caught_up(state: &AppState, version: i64) -> bool {
         .all(|n| n.ingress_status.as_ref().is_some_and(|s| s.routes_version as i64 >= version))
 }
 
+/// Once its replacement runs, a replaced instance (on a draining node)
+/// leaves the routes and stops after the drain period.
+async fn retire_replaced(state: &AppState, deployment_id: &str, replaced: i64) -> Result<(), ApiError> {
+    let now = state.clock.now_ms();
+    let Some(old) = state.store.instances(deployment_id).await?.into_iter().find(|i| i.instance == replaced) else { return Ok(()) };
+    if old.state != "running" {
+        return Ok(());
+    }
+    let stop_after = now + state.config.drain_period.as_millis() as i64;
+    state.store.update_instance(deployment_id, replaced, None, "stopping", None, Some(stop_after), now).await?;
+    let version = crate::routes::recompute(state).await?;
+    state.store.set_stop_after_routes(deployment_id, version as i64).await?;
+    Ok(())
+}
+
 /// One pass of the reconciler: queue the stops that are due.
 pub async fn reconcile(state: &AppState) -> Result<(), ApiError> {
     let now = state.clock.now_ms();
@@ -384,6 +408,8 @@ pub async fn reconcile(state: &AppState) -> Result<(), ApiError> {
         }
         stop_instance(state, &instance, "replaced").await?;
     }
+    let waiting = moves::move_instances(state).await?;
+    *state.waiting.lock().expect("waiting lock") = waiting;
     crate::routes::recompute(state).await?;
     Ok(())
 }

@@ -34,11 +34,14 @@ pub struct InstanceRow {
     pub stop_after: Option<i64>,
     /// Route table version every ready ingress must serve before the stop.
     pub stop_after_routes: Option<i64>,
+    /// The instance of the same deployment this one replaces.
+    pub replaces: Option<i64>,
     pub updated_at: i64,
 }
 
 const DEPLOYMENT_COLUMNS: &str = "id, seq, app, kind, commit_sha, rollback_of, state, image, error, created_at, updated_at";
-const INSTANCE_COLUMNS: &str = "deployment_id, instance, node_id, container, state, address, stop_after, stop_after_routes, updated_at";
+const INSTANCE_COLUMNS: &str =
+    "deployment_id, instance, node_id, container, state, address, stop_after, stop_after_routes, replaces, updated_at";
 
 fn deployment_from_row(row: &SqliteRow) -> DeploymentRow {
     DeploymentRow {
@@ -66,6 +69,7 @@ fn instance_from_row(row: &SqliteRow) -> InstanceRow {
         address: row.get("address"),
         stop_after: row.get("stop_after"),
         stop_after_routes: row.get("stop_after_routes"),
+        replaces: row.get("replaces"),
         updated_at: row.get("updated_at"),
     }
 }
@@ -315,5 +319,44 @@ impl Store {
             .await?;
         self.count_commit();
         Ok(())
+    }
+}
+
+impl Store {
+    /// Adds an instance to a deployment that replaces instance `replaces`;
+    /// returns its number.
+    pub async fn insert_replacement(&self, deployment_id: &str, replaces: i64, now_ms: i64) -> Result<i64, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        let next: i64 = sqlx::query("SELECT COALESCE(MAX(instance), 0) + 1 AS n FROM instances WHERE deployment_id = $1")
+            .bind(deployment_id)
+            .fetch_one(&mut *tx)
+            .await?
+            .get("n");
+        sqlx::query("INSERT INTO instances (deployment_id, instance, state, replaces, updated_at) VALUES ($1, $2, 'pending', $3, $4)")
+            .bind(deployment_id)
+            .bind(next)
+            .bind(replaces)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.count_commit();
+        Ok(next)
+    }
+
+    /// Whether instance `instance` already has a replacement that is
+    /// pending or running, or one that was tried since `since_ms`.
+    pub async fn replacement_in_progress(&self, deployment_id: &str, instance: i64, since_ms: i64) -> Result<bool, StoreError> {
+        let n: i64 = sqlx::query(
+            "SELECT COUNT(*) AS n FROM instances WHERE deployment_id = $1 AND replaces = $2 \
+             AND (state IN ('pending', 'running') OR updated_at >= $3)",
+        )
+        .bind(deployment_id)
+        .bind(instance)
+        .bind(since_ms)
+        .fetch_one(&self.pool)
+        .await?
+        .get("n");
+        Ok(n > 0)
     }
 }

@@ -208,6 +208,12 @@ impl Store {
         Ok(rows.iter().map(node_from_row).collect())
     }
 
+    pub async fn set_draining(&self, id: &str, draining: bool) -> Result<bool, StoreError> {
+        let result = sqlx::query("UPDATE nodes SET draining = $1 WHERE id = $2").bind(draining).bind(id).execute(&self.pool).await?;
+        self.count_commit();
+        Ok(result.rows_affected() == 1)
+    }
+
     /// Removes a node and its queued commands. Returns whether it existed.
     pub async fn delete_node(&self, id: &str) -> Result<bool, StoreError> {
         let mut tx = self.write_transaction().await?;

@@ -1,0 +1,220 @@
+//! Node lifecycle with several real agents on one machine (sharing the
+//! Docker Engine; each touches only containers labelled with its node id):
+//! a node that dies has its instance started elsewhere from the same image
+//! and stops the stale copy when it returns; drain moves instances, or
+//! lists what has to wait; removal and leave refuse while instances run.
+
+use std::time::Duration;
+
+use cloudweb_e2e::{ensure_images, free_port, run_agent_command, unique_name, wait_for, AgentNode, GitServer, ServerProcess};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n";
+const AGENT_FLAGS: [&str; 6] = ["--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1"];
+
+struct Cluster {
+    tmp: tempfile::TempDir,
+    server: ServerProcess,
+    agents: Vec<AgentNode>,
+    git: GitServer,
+}
+
+async fn cluster(nodes: usize) -> Cluster {
+    ensure_images().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let git = GitServer::start(&tmp.path().join("git")).unwrap();
+    let registry = format!("127.0.0.1:{}", free_port());
+    let server = ServerProcess::start_with(
+        tmp.path(),
+        &["--registry-bin", "/usr/bin/docker-registry", "--registry-listen", &registry, "--drain-seconds", "1", "--unreachable-after-seconds", "5"],
+    )
+    .await
+    .unwrap();
+    let mut agents = Vec::new();
+    for i in 0..nodes {
+        let (token, ca) = server.join_token().await.unwrap();
+        let name = format!("node-{i}");
+        let mut agent = AgentNode::join(&server, &tmp.path().join(&name), &name, &token, &ca, &[]).unwrap().unwrap();
+        agent.start(&AGENT_FLAGS).unwrap();
+        agents.push(agent);
+    }
+    for agent in &agents {
+        let id = agent.node_id.clone();
+        wait_for(Duration::from_secs(10), "node ready", || async { (server.node(&id).await.ok()?["state"] == "ready").then_some(()) }).await.unwrap();
+    }
+    Cluster { tmp, server, agents, git }
+}
+
+impl Cluster {
+    async fn deploy_app(&self, name: &str) -> Value {
+        self.git.commit(name, &[("Dockerfile", DOCKERFILE), ("index.html", "hello\n")], "first").unwrap();
+        let (status, body) = self
+            .server
+            .call(Method::POST, "/api/apps", Some(json!({"name": name, "repo_url": self.git.url(name), "port": 8080, "health_timeout_seconds": 10})))
+            .await
+            .unwrap();
+        assert_eq!(status, 201, "{body}");
+        let (_, body) = self.server.call(Method::POST, &format!("/api/apps/{name}/deploy"), None).await.unwrap();
+        let id = body["id"].as_str().unwrap().to_string();
+        let deployment = self.deployment_where(&id, "running", |d| d["state"] == "running" || d["state"] == "failed").await;
+        assert_eq!(deployment["state"], "running", "{deployment}");
+        deployment
+    }
+
+    async fn deployment_where(&self, id: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        wait_for(Duration::from_secs(90), what, || async {
+            let (_, d) = self.server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+            check(&d).then_some(d)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nserver:\n{}", self.server.process.log_text()))
+    }
+
+    fn agent_of(&self, node_id: &str) -> usize {
+        self.agents.iter().position(|a| a.node_id == node_id).unwrap()
+    }
+}
+
+/// Running containers of a deployment, by node label.
+fn running(deployment: &str, node_id: &str) -> usize {
+    let output = std::process::Command::new("docker")
+        .args(["ps", "-q", "--filter", &format!("label=cloudweb.deployment={deployment}"), "--filter", &format!("label=cloudweb.node={node_id}")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout).split_whitespace().count()
+}
+
+fn running_instances(deployment: &Value) -> Vec<Value> {
+    deployment["instances"].as_array().unwrap().iter().filter(|i| i["state"] == "running").cloned().collect()
+}
+
+#[tokio::test]
+async fn a_lost_node_is_replaced_and_its_stale_copy_stopped_when_it_returns() {
+    let mut cluster = cluster(2).await;
+    let app = unique_name("lost");
+    let deployment = cluster.deploy_app(&app).await;
+    let id = deployment["id"].as_str().unwrap().to_string();
+    let first_node = deployment["instances"][0]["node_id"].as_str().unwrap().to_string();
+    let image = deployment["image"].clone();
+    let index = cluster.agent_of(&first_node);
+    let other = cluster.agents[1 - index].node_id.clone();
+
+    cluster.agents[index].kill();
+    let killed = std::time::Instant::now();
+    let server = &cluster.server;
+    wait_for(Duration::from_secs(5 + 1 + 3), "the node to be unreachable", || async {
+        (server.node(&first_node).await.ok()?["state"] == "unreachable").then_some(())
+    })
+    .await
+    .unwrap();
+    let moved = cluster
+        .deployment_where(&id, "the instance to run elsewhere", |d| running_instances(d).iter().any(|i| i["node_id"] == other.as_str()))
+        .await;
+    assert!(killed.elapsed() < Duration::from_secs(60), "moved within a minute of the crash");
+    assert_eq!(moved["image"], image, "same image, no rebuild");
+    assert_eq!(moved["state"], "running");
+    let new = running_instances(&moved);
+    assert_eq!(new.len(), 1, "{moved}");
+    assert_eq!(reqwest::get(format!("http://{}/", new[0]["address"].as_str().unwrap())).await.unwrap().text().await.unwrap(), "hello\n");
+    assert_eq!(running(&id, &first_node), 1, "the stale copy still runs on the dead node's side");
+
+    // The node returns: it becomes ready and stops its stale copy.
+    cluster.agents[index].start(&AGENT_FLAGS).unwrap();
+    let server = &cluster.server;
+    wait_for(Duration::from_secs(10), "the node to be ready again", || async {
+        (server.node(&first_node).await.ok()?["state"] == "ready").then_some(())
+    })
+    .await
+    .unwrap();
+    wait_for(Duration::from_secs(20), "the stale copy to stop", || async { (running(&id, &first_node) == 0).then_some(()) })
+        .await
+        .unwrap();
+    assert_eq!(running(&id, &other), 1, "exactly one instance serves");
+    let _ = &cluster.tmp;
+}
+
+#[tokio::test]
+async fn drain_moves_instances_and_undrain_takes_new_ones() {
+    let cluster = cluster(2).await;
+    let app = unique_name("drained");
+    let deployment = cluster.deploy_app(&app).await;
+    let id = deployment["id"].as_str().unwrap().to_string();
+    let node = deployment["instances"][0]["node_id"].as_str().unwrap().to_string();
+    let other = cluster.agents[1 - cluster.agent_of(&node)].node_id.clone();
+
+    let (status, view) = cluster.server.call(Method::POST, &format!("/api/nodes/{node}/drain"), None).await.unwrap();
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["state"], "draining");
+    assert_eq!(view["waiting"], json!([]));
+    let moved = cluster
+        .deployment_where(&id, "the replacement to run and the old one to stop", |d| {
+            let running = running_instances(d);
+            running.len() == 1 && running[0]["node_id"] == other.as_str()
+        })
+        .await;
+    assert_eq!(moved["state"], "running");
+    wait_for(Duration::from_secs(20), "the old container to go", || async { (running(&id, &node) == 0).then_some(()) }).await.unwrap();
+
+    let (status, view) = cluster.server.call(Method::POST, &format!("/api/nodes/{node}/undrain"), None).await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(view["state"], "ready");
+    // Moved apps do not come back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(running(&id, &other), 1);
+    assert_eq!(running(&id, &node), 0);
+}
+
+#[tokio::test]
+async fn without_room_drain_waits_and_removal_is_refused_until_forced() {
+    let mut cluster = cluster(1).await;
+    let app = unique_name("stuck");
+    let deployment = cluster.deploy_app(&app).await;
+    let id = deployment["id"].as_str().unwrap().to_string();
+    let node = cluster.agents[0].node_id.clone();
+
+    // Nowhere to go: the app is listed and keeps running.
+    let (_, view) = cluster.server.call(Method::POST, &format!("/api/nodes/{node}/drain"), None).await.unwrap();
+    assert_eq!(view["waiting"][0]["app"], app.as_str(), "{view}");
+    assert!(view["waiting"][0]["reason"].as_str().unwrap().contains("excluded"), "{view}");
+    assert_eq!(running(&id, &node), 1);
+    cluster.server.call(Method::POST, &format!("/api/nodes/{node}/undrain"), None).await.unwrap();
+
+    // Removal and leave refuse while the instance runs.
+    let (status, body) = cluster.server.call(Method::DELETE, &format!("/api/nodes/{node}"), None).await.unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert!(body["error"].as_str().unwrap().contains(&app));
+    let (status, _) = cluster.server.call(Method::DELETE, &format!("/api/nodes/{node}?force=1"), None).await.unwrap();
+    assert_eq!(status, 409, "force only applies to an unreachable node");
+    let leave = run_agent_command(&["--data-dir".into(), cluster.agents[0].dir.display().to_string(), "leave".into()]).unwrap();
+    assert!(!leave.success && leave.output.contains("409") && leave.output.contains(&app), "{}", leave.output);
+
+    // Unreachable, with nowhere to move: force removal fails the instance.
+    cluster.agents[0].kill();
+    let server = &cluster.server;
+    wait_for(Duration::from_secs(10), "unreachable", || async { (server.node(&node).await.ok()?["state"] == "unreachable").then_some(()) })
+        .await
+        .unwrap();
+    let (status, _) = cluster.server.call(Method::DELETE, &format!("/api/nodes/{node}"), None).await.unwrap();
+    assert_eq!(status, 409);
+    let (status, _) = cluster.server.call(Method::DELETE, &format!("/api/nodes/{node}?force=1"), None).await.unwrap();
+    assert_eq!(status, 204);
+    let (_, d) = cluster.server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.unwrap();
+    assert_eq!(d["instances"][0]["state"], "failed", "{d}");
+}
+
+#[tokio::test]
+async fn leave_with_force_fails_the_nodes_deployments() {
+    let cluster = cluster(1).await;
+    let app = unique_name("leaver");
+    let deployment = cluster.deploy_app(&app).await;
+    let id = deployment["id"].as_str().unwrap().to_string();
+    let dir = cluster.agents[0].dir.display().to_string();
+    let forced = run_agent_command(&["--data-dir".into(), dir, "leave".into(), "--force".into()]).unwrap();
+    assert!(forced.success, "{}", forced.output);
+    assert!(forced.output.contains(&format!("deployment {id} marked failed")), "{}", forced.output);
+    let (_, d) = cluster.server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.unwrap();
+    assert_eq!(d["instances"][0]["state"], "failed");
+    let (_, nodes) = cluster.server.call(Method::GET, "/api/nodes", None).await.unwrap();
+    assert_eq!(nodes["nodes"], json!([]));
+}

@@ -1,0 +1,84 @@
+//! Moving instances off nodes: off an unreachable node (its instances are
+//! lost; replacements start elsewhere from the same image, and the node is
+//! told to stop the old ones for when it comes back) and off a draining
+//! node (the old instance keeps serving until its replacement runs). Where
+//! nothing fits, the app waits, and the reason is kept for the node's view.
+
+use std::collections::HashMap;
+
+use cloudweb_protocol::{CommandKind, StopPayload};
+use serde_json::json;
+
+use super::scheduler::{self, Placement, Request};
+use super::state::DeploymentState;
+use super::{deploy_payload, snapshot, DEFAULT_CPU, DEFAULT_MEMORY};
+use crate::error::ApiError;
+use crate::live::NodeState;
+use crate::AppState;
+
+/// A failed replacement is not tried again for this long.
+const RETRY_AFTER_MS: i64 = 30_000;
+
+/// One pass over unreachable and draining nodes. Returns, per node, the
+/// apps that could not be moved and why.
+pub async fn move_instances(state: &AppState) -> Result<HashMap<String, Vec<(String, String)>>, ApiError> {
+    let now = tokio::time::Instant::now();
+    let mut waiting: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    let leaving: Vec<(String, bool)> = state
+        .nodes
+        .all()
+        .into_iter()
+        .filter_map(|node| match node.state(now, state.config.unreachable_after) {
+            NodeState::Unreachable => Some((node.id, true)),
+            NodeState::Draining => Some((node.id, false)),
+            NodeState::Ready => None,
+        })
+        .collect();
+    if leaving.is_empty() {
+        return Ok(waiting);
+    }
+    let active = state.store.active_instances().await?;
+    for (node_id, lost) in leaving {
+        for instance in active.iter().filter(|i| i.node_id.as_deref() == Some(node_id.as_str()) && i.state == "running") {
+            let now_ms = state.clock.now_ms();
+            if state.store.replacement_in_progress(&instance.deployment_id, instance.instance, now_ms - RETRY_AFTER_MS).await? {
+                continue;
+            }
+            let Some(deployment) = state.store.deployment(&instance.deployment_id).await? else { continue };
+            let (Some(DeploymentState::Running), Some(_)) = (DeploymentState::parse(&deployment.state), &deployment.image) else { continue };
+            let Some(app) = state.store.app(&deployment.app).await? else { continue };
+            let request = Request {
+                cpu: app.cpu.unwrap_or(DEFAULT_CPU),
+                mem_bytes: app.memory_bytes.map(|m| m.max(0) as u64).unwrap_or(DEFAULT_MEMORY),
+                features: Vec::new(),
+                avoid: vec![node_id.clone()],
+            };
+            let target = match scheduler::place(&snapshot(state).await?, &request) {
+                Placement::Node(target) => target,
+                Placement::Nowhere(reason) => {
+                    waiting.entry(node_id.clone()).or_default().push((app.name.clone(), reason));
+                    continue;
+                }
+            };
+            let number = state.store.insert_replacement(&deployment.id, instance.instance, now_ms).await?;
+            let container = state.store.assign_instance(&deployment.id, &app.name, number, &target, now_ms).await?;
+            let mut payload = deploy_payload(state, &app, &deployment, number, None)?;
+            payload.container = Some(container);
+            crate::queue_command(state, &target, CommandKind::Deploy, &serde_json::to_value(&payload).expect("payload serializes")).await?;
+            tracing::info!(deployment = %deployment.id, from = %node_id, to = %target, instance = number, lost, "replacing an instance");
+            if lost {
+                // Out of the routes now; stopped on the node whenever it
+                // comes back, so two generations never serve together.
+                state.store.update_instance(&deployment.id, instance.instance, None, "lost", None, None, now_ms).await?;
+                let stop = StopPayload {
+                    deployment_id: deployment.id.clone(),
+                    instance: Some(instance.instance as u32),
+                    reason: Some("replaced while the node was unreachable".into()),
+                };
+                crate::queue_command(state, &node_id, CommandKind::Stop, &json!(stop)).await?;
+                crate::routes::recompute(state).await?;
+            }
+        }
+    }
+    Ok(waiting)
+}
