@@ -1,10 +1,17 @@
 //! `cloudweb-bench`: benchmarks that start the real binaries and print
 //! figures. Build with `--release`; see the README for the targets.
+//! `heartbeats` measures the agent protocol under load; `deploy` measures
+//! the time from a deploy request to a running instance.
 
+mod deploy;
+mod docker;
+mod git_daemon;
 mod heartbeats;
+mod process;
 mod procstat;
 mod server;
 mod stats;
+mod timestamp;
 
 use clap::{Parser, Subcommand};
 
@@ -20,6 +27,10 @@ enum Commands {
     /// N simulated agents, each on its own mTLS connection, heartbeating a
     /// real control plane on loopback.
     Heartbeats(heartbeats::Args),
+    /// Time from a deploy request to running, stage by stage, for a rollback
+    /// and a cached Dockerfile build, against a bare `docker run`, with a
+    /// real control plane, agent, registry and git daemon on loopback.
+    Deploy(deploy::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -28,6 +39,7 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Commands::Heartbeats(args) => heartbeats::run(args).await,
+            Commands::Deploy(args) => deploy::run(args).await,
         }
     });
     match result {

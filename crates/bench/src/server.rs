@@ -1,25 +1,22 @@
 //! Starting the real `cloudweb-server` binary for a benchmark.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+use crate::process::Guarded;
 
 pub struct Server {
-    child: Child,
+    /// Stopped with SIGTERM on drop, so it stops the registry it supervises.
+    process: Guarded,
     pub agent_url: String,
     pub api_url: String,
     pub admin_token: String,
     pub ca_pem: String,
     pub http: reqwest::Client,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The binary next to this one (same target profile), unless given.
@@ -34,7 +31,9 @@ pub fn sibling_binary(name: &str, given: Option<PathBuf>) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn free_port() -> Result<u16> {
+/// A free TCP port on 127.0.0.1 (the kernel does not hand it out again
+/// right away, so the child that binds it next has a moment to do so).
+pub fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -42,8 +41,8 @@ impl Server {
     pub async fn start(binary: &Path, data_dir: &Path, extra: &[&str]) -> Result<Server> {
         let agent_port = free_port()?;
         let api_port = free_port()?;
-        let log = std::fs::File::create(data_dir.join("server.log"))?;
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .arg("serve")
             .arg("--data-dir")
             .arg(data_dir.join("server"))
@@ -55,17 +54,18 @@ impl Server {
             .arg(format!("https://127.0.0.1:{agent_port}"))
             .args(extra)
             .env("CLOUDWEB_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
+            .env("NO_COLOR", "1");
+        let mut process = Guarded::spawn(command, &data_dir.join("server.log"), Duration::from_secs(10))?;
         let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
         let api_url = format!("http://127.0.0.1:{api_port}");
         let start = Instant::now();
         loop {
             if http.get(format!("{api_url}/healthz")).send().await.is_ok_and(|r| r.status().is_success()) {
                 break;
+            }
+            if let Some(status) = process.exited() {
+                let log = std::fs::read_to_string(data_dir.join("server.log")).unwrap_or_default();
+                bail!("the control plane exited with {status}:\n{}", log.trim_end());
             }
             if start.elapsed() > Duration::from_secs(30) {
                 bail!("the control plane did not start; see {}", data_dir.join("server.log").display());
@@ -74,20 +74,45 @@ impl Server {
         }
         let admin_token = std::fs::read_to_string(data_dir.join("server/admin-token"))?.trim().to_string();
         let ca_pem = std::fs::read_to_string(data_dir.join("server/ca.crt"))?;
-        Ok(Server { child, agent_url: format!("https://127.0.0.1:{agent_port}"), api_url, admin_token, ca_pem, http })
+        Ok(Server { process, agent_url: format!("https://127.0.0.1:{agent_port}"), api_url, admin_token, ca_pem, http })
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.id()
     }
 
     pub async fn join_token(&self) -> Result<String> {
+        Ok(self.join_token_and_ca().await?.0)
+    }
+
+    /// A fresh join token and the CA fingerprint a joining agent pins.
+    pub async fn join_token_and_ca(&self) -> Result<(String, String)> {
         let response = self.http.post(format!("{}/api/join-tokens", self.api_url)).bearer_auth(&self.admin_token).send().await?;
         if response.status() != 201 {
             bail!("join-tokens answered {}", response.status());
         }
-        let body: serde_json::Value = response.json().await?;
-        Ok(body["token"].as_str().context("token")?.to_string())
+        let body: Value = response.json().await?;
+        let token = body["token"].as_str().context("join-tokens answered without a token")?;
+        let ca_sha256 = body["ca_sha256"].as_str().context("join-tokens answered without ca_sha256")?;
+        Ok((token.to_string(), ca_sha256.to_string()))
+    }
+
+    /// A request on the user API with the admin token: status and JSON body
+    /// (`Null` when the body is not JSON).
+    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+        let mut request = self.http.request(method.clone(), format!("{}{path}", self.api_url)).bearer_auth(&self.admin_token);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.with_context(|| format!("{method} {path}"))?;
+        let status = response.status().as_u16();
+        let text = response.text().await.with_context(|| format!("{method} {path}"))?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+    }
+
+    /// The exit status, when the control plane has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.process.exited()
     }
 
     /// A counter from `/metrics`.
