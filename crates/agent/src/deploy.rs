@@ -280,6 +280,9 @@ async fn healthy_address(runtime: &DockerRuntime, options: &DeployOptions, paylo
         .map_err(|e| Failure::Failed(e.to_string()))?;
     let started = Instant::now();
     let timeout = Duration::from_secs(u64::from(payload.health.timeout_seconds));
+    // Most apps answer within a few tens of milliseconds of starting: probe
+    // fast at first, then every 200 ms.
+    let mut pause = Duration::from_millis(20);
     loop {
         if let Ok(response) = http.get(&url).send().await {
             let status = response.status().as_u16();
@@ -297,7 +300,8 @@ async fn healthy_address(runtime: &DockerRuntime, options: &DeployOptions, paylo
                 payload.health.path, payload.health.timeout_seconds
             )));
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(200));
     }
 }
 

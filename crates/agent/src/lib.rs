@@ -7,11 +7,13 @@ pub mod capacity;
 pub mod client;
 pub mod commands;
 pub mod deploy;
+pub mod health;
 pub mod identity;
 pub mod ingress;
 pub mod join;
 pub mod run;
 pub mod runtime;
+pub mod usage;
 
 /// This agent's version, sent in `X-Cloudweb-Agent-Version`.
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");

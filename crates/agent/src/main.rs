@@ -105,6 +105,13 @@ struct RunArgs {
     /// Port of the ingress's HTTPS server.
     #[arg(long, default_value_t = 443)]
     https_port: u16,
+    /// Seconds between two checks of the cluster registry.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    health_interval_seconds: u64,
+    /// Check the registry at this host:port instead of the address the
+    /// control plane gives (a node that reaches it by another route).
+    #[arg(long)]
+    registry_check_address: Option<String>,
     /// Seconds between two usage samples sent with heartbeats.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     metrics_interval_seconds: u64,
@@ -196,6 +203,14 @@ fn real_main() -> anyhow::Result<()> {
                     },
                     ingress,
                     metrics_interval: Duration::from_secs(args.metrics_interval_seconds),
+                    health_interval: Duration::from_secs(args.health_interval_seconds),
+                    registry_check_address: match args.registry_check_address {
+                        Some(address) => {
+                            cloudweb_protocol::validate::endpoint("--registry-check-address", &address).map_err(anyhow::Error::msg)?;
+                            Some(address)
+                        }
+                        None => None,
+                    },
                 })
                 .await?;
                 Ok(())

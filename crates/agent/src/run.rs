@@ -36,6 +36,10 @@ pub struct RunOptions {
     pub ingress: Option<IngressOptions>,
     /// How often a usage sample goes out with a heartbeat.
     pub metrics_interval: Duration,
+    /// How often the registry is checked.
+    pub health_interval: Duration,
+    /// Check this registry address instead of the one the control plane gives.
+    pub registry_check_address: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -52,14 +56,18 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     let identity = Identity::load(&options.data_dir)?;
     let client = Arc::new(ControlPlane::for_node(&identity, options.protocol)?);
     let runtime = DockerRuntime::new(&options.docker_host, &identity.info.node_id)?;
-    let executor = Executor::new(runtime, &options.data_dir, options.deploy.clone());
+    let executor = Executor::new(runtime.clone(), &options.data_dir, options.deploy.clone());
+    let samples = Arc::new(crate::usage::Latest::default());
+    tokio::spawn(crate::usage::sampler(runtime.clone(), options.data_dir.clone(), options.metrics_interval, samples.clone()));
+    let health = Arc::new(crate::health::Latest::default());
+    tokio::spawn(crate::health::checker(client.clone(), runtime, options.health_interval, options.registry_check_address.clone(), health.clone()));
     tracing::info!(node_id = %identity.info.node_id, server = %identity.info.server, "agent running");
     let shared = Arc::new(IngressShared::default());
     let routes_changed = Arc::new(Notify::new());
     if let Some(ingress) = options.ingress.clone() {
         tokio::spawn(crate::ingress::run(client.clone(), ingress, routes_changed.clone(), shared.clone()));
     }
-    let heartbeats = tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared));
+    let heartbeats = tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared, samples, health));
     let commands = tokio::spawn(command_loop(client, executor, options, routes_changed));
     // Both loops run until the process is stopped.
     let _ = tokio::join!(heartbeats, commands);
@@ -94,9 +102,15 @@ fn log_failure(what: &str, err: &ClientError, upgrade_retry: Duration) {
     }
 }
 
-async fn heartbeat_loop(client: Arc<ControlPlane>, options: RunOptions, ingress: Arc<IngressShared>) {
+async fn heartbeat_loop(
+    client: Arc<ControlPlane>,
+    options: RunOptions,
+    ingress: Arc<IngressShared>,
+    samples: Arc<crate::usage::Latest>,
+    health: Arc<crate::health::Latest>,
+) {
     let mut refused = false;
-    let mut last_sample = tokio::time::Instant::now();
+    let mut last_traffic = tokio::time::Instant::now();
     loop {
         let mut heartbeat = capacity::measure(&options.data_dir);
         // This agent builds static sites (it ships the static server); it
@@ -106,20 +120,21 @@ async fn heartbeat_loop(client: Arc<ControlPlane>, options: RunOptions, ingress:
         if ingress_active {
             features.push(cloudweb_protocol::features::TRAFFIC_METRICS.to_string());
         }
-        heartbeat.health = Some(cloudweb_protocol::Health { registry: None, mesh: None, features: Some(features) });
+        let registry = health.registry.lock().expect("health lock").clone();
+        heartbeat.health = Some(cloudweb_protocol::Health { registry, mesh: None, features: Some(features) });
         heartbeat.ingress = ingress.status.lock().expect("status lock").clone();
-        if last_sample.elapsed() >= options.metrics_interval {
-            last_sample = tokio::time::Instant::now();
-            if ingress_active {
-                let known = ingress.known_hosts.lock().expect("hosts lock").clone();
-                let (traffic, omitted) = ingress.counter.take_sample(&known, cloudweb_protocol::heartbeat::MAX_TRAFFIC_HOSTS);
-                heartbeat.metrics = Some(cloudweb_protocol::Metrics {
-                    traffic: Some(traffic),
-                    traffic_omitted: Some(omitted),
-                    ..Default::default()
-                });
-            }
+        // A usage sample goes out once, with the first heartbeat after it
+        // was taken; traffic rides along at the same pace.
+        let mut metrics = samples.sample.lock().expect("sample lock").take();
+        if ingress_active && last_traffic.elapsed() >= options.metrics_interval {
+            last_traffic = tokio::time::Instant::now();
+            let known = ingress.known_hosts.lock().expect("hosts lock").clone();
+            let (traffic, omitted) = ingress.counter.take_sample(&known, cloudweb_protocol::heartbeat::MAX_TRAFFIC_HOSTS);
+            let sample = metrics.get_or_insert_with(Default::default);
+            sample.traffic = Some(traffic);
+            sample.traffic_omitted = Some(omitted);
         }
+        heartbeat.metrics = metrics;
         let result = client.heartbeat(&heartbeat).await;
         match &result {
             Ok(()) if refused => {

@@ -73,7 +73,9 @@ pub struct Process {
 impl Process {
     pub fn spawn(program: &Path, args: &[String], log: PathBuf) -> Result<Process> {
         let file = File::create(&log)?;
-        let child = Command::new(program)
+        // Its own process group, so killing it also kills what it started
+        // (the registry under a control plane, Caddy under an agent).
+        let child = std::os::unix::process::CommandExt::process_group(&mut Command::new(program), 0)
             .args(args)
             .env("CLOUDWEB_LOG", "info,cloudweb_server=debug,cloudweb_agent=debug")
             .env("NO_COLOR", "1")
@@ -93,8 +95,10 @@ impl Process {
         self.child.id()
     }
 
-    /// SIGKILL, like a crash.
+    /// SIGKILL to the process and its children, like a crash of the
+    /// machine's service.
     pub fn kill(&mut self) {
+        let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", self.child.id())]).output();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

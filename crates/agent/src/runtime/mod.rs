@@ -5,6 +5,7 @@
 
 mod containers;
 mod images;
+mod usage;
 
 use std::collections::HashMap;
 
