@@ -215,3 +215,29 @@ async fn an_oversized_body_gets_a_json_413() {
     let error: Value = serde_json::from_str(&text).unwrap();
     assert!(error["error"].as_str().unwrap().contains("larger than 1 MiB"), "{text}");
 }
+
+#[tokio::test]
+async fn usage_history_is_kept_then_downsampled() {
+    let cp = InProcess::start().await;
+    let node = cp.join("busy").await;
+    for cpu in [10.0, 20.0, 30.0] {
+        let body = json!({"cpu_cores": 2, "mem_bytes": 1, "disk_bytes": 1,
+                          "metrics": {"node": {"cpu_pct": cpu, "mem_used": 100, "disk_used": 5},
+                                      "containers": [{"container": "cw-web-1", "cpu_cores": 0.5, "mem_bytes": 10}], "omitted": 0}});
+        let (status, _) = node.send(Method::POST, &cp.agent_url("/agent/v1/heartbeat"), &[], Some(&body.to_string())).await.unwrap();
+        assert_eq!(status, 200);
+    }
+    cp.server.state.store.save_heartbeats(&[], &[], &cp.server.state.nodes.take_usage()).await.unwrap();
+    let node_id = cp.server.state.nodes.all()[0].id.clone();
+    let fine = cp.server.state.store.node_usage(&node_id, 0).await.unwrap();
+    assert_eq!(fine.len(), 3);
+    assert!(fine.iter().all(|row| row.1 == 30));
+    // Two days later the fine rows are folded into one 5-minute average.
+    cp.clock.advance(Duration::from_secs(2 * 86_400));
+    cp.server.state.store.downsample_usage(cp.server.state.clock.now_ms()).await.unwrap();
+    let coarse = cp.server.state.store.node_usage(&node_id, 0).await.unwrap();
+    assert_eq!(coarse.len(), 1, "{coarse:?}");
+    assert_eq!(coarse[0].1, 300);
+    assert_eq!(coarse[0].2, Some(20.0));
+    assert_eq!(coarse[0].3, Some(100));
+}

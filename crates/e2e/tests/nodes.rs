@@ -218,3 +218,84 @@ async fn leave_with_force_fails_the_nodes_deployments() {
     let (_, nodes) = cluster.server.call(Method::GET, "/api/nodes", None).await.unwrap();
     assert_eq!(nodes["nodes"], json!([]));
 }
+
+#[tokio::test]
+async fn a_node_that_cannot_reach_the_registry_is_degraded_until_it_can() {
+    let mut cluster = cluster(1).await;
+    let node = cluster.agents[0].node_id.clone();
+    cluster.agents[0].kill();
+    let mut flags: Vec<&str> = AGENT_FLAGS.to_vec();
+    flags.extend(["--health-interval-seconds", "1", "--metrics-interval-seconds", "1", "--registry-check-address", "127.0.0.1:1"]);
+    cluster.agents[0].start(&flags).unwrap();
+    let server = &cluster.server;
+    let degraded = wait_for(Duration::from_secs(15), "the node to be degraded", || async {
+        let view = server.node(&node).await.ok()?;
+        (view["health"] == "degraded").then_some(view)
+    })
+    .await
+    .unwrap();
+    assert_eq!(degraded["eligible"], false);
+    assert!(degraded["health_reason"].as_str().unwrap().contains("127.0.0.1:1") || !degraded["health_reason"].as_str().unwrap().is_empty(), "{degraded}");
+
+    // No placement there: with every node degraded, a deploy fails naming it.
+    let app = unique_name("blocked");
+    cluster.git.commit(&app, &[("Dockerfile", DOCKERFILE), ("index.html", "x\n")], "first").unwrap();
+    server.call(Method::POST, "/api/apps", Some(json!({"name": app, "repo_url": cluster.git.url(&app), "port": 8080}))).await.unwrap();
+    let (_, body) = server.call(Method::POST, &format!("/api/apps/{app}/deploy"), None).await.unwrap();
+    assert_eq!(body["state"], "failed", "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(error.contains("node-0") && error.contains("degraded"), "{error}");
+
+    // The raw usage samples: node figures (CPU absent in the first sample of
+    // a start, present later) and an empty container list, never zeros for
+    // what was not measured.
+    let samples = wait_for(Duration::from_secs(10), "two usage samples", || {
+        let server = &cluster.server;
+        let node = node.clone();
+        async move {
+            let raw = server.http.get(server.api(&format!("/api/nodes/{node}/last-heartbeat"))).bearer_auth(&server.admin_token).send().await.ok()?.text().await.ok()?;
+            let body: Value = serde_json::from_str(&raw).ok()?;
+            body["metrics"]["node"]["cpu_pct"].is_number().then_some(body)
+        }
+    })
+    .await
+    .unwrap();
+    let usage = &samples["metrics"]["node"];
+    assert!(usage["mem_used"].as_u64().unwrap() > 0 && usage["disk_used"].as_u64().unwrap() > 0, "{samples}");
+    assert_eq!(samples["metrics"]["containers"], json!([]));
+    assert_eq!(samples["metrics"]["omitted"], 0);
+    assert!(cluster.agents[0].log_text().contains("agent running"));
+
+    // Fixed: the node recovers by itself and takes the deploy.
+    cluster.agents[0].kill();
+    let mut flags: Vec<&str> = AGENT_FLAGS.to_vec();
+    flags.extend(["--health-interval-seconds", "1", "--metrics-interval-seconds", "1"]);
+    cluster.agents[0].start(&flags).unwrap();
+    let server = &cluster.server;
+    wait_for(Duration::from_secs(15), "the node to be healthy", || async { (server.node(&node).await.ok()?["health"] == "healthy").then_some(()) })
+        .await
+        .unwrap();
+    let (_, body) = server.call(Method::POST, &format!("/api/apps/{app}/deploy"), None).await.unwrap();
+    let id = body["id"].as_str().unwrap().to_string();
+    let deployment = cluster.deployment_where(&id, "running", |d| d["state"] == "running" || d["state"] == "failed").await;
+    assert_eq!(deployment["state"], "running", "{deployment}");
+    let container = deployment["instances"][0]["container"].as_str().unwrap().to_string();
+
+    // Its container shows up in a later sample, with the fields the
+    // protocol names.
+    let server = &cluster.server;
+    let sample = wait_for(Duration::from_secs(15), "a sample with the container", || async {
+        let raw = server.http.get(server.api(&format!("/api/nodes/{node}/last-heartbeat"))).bearer_auth(&server.admin_token).send().await.ok()?.text().await.ok()?;
+        let body: Value = serde_json::from_str(&raw).ok()?;
+        let found = body["metrics"]["containers"].as_array()?.iter().find(|c| c["container"] == container.as_str())?.clone();
+        Some(found)
+    })
+    .await
+    .unwrap();
+    assert!(sample["cpu_cores"].is_number() && sample["mem_bytes"].is_number() && sample["mem_limit"].is_number(), "{sample}");
+    assert_eq!(sample["restarts"], 0);
+    assert!(sample["started_at"].as_str().unwrap().starts_with("20"), "{sample}");
+    let metrics = server.http.get(server.api("/metrics")).bearer_auth(&server.admin_token).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(&format!("cloudweb_app_memory_bytes{{app=\"{app}\",node=\"{node}\"}}")), "{metrics}");
+    assert!(metrics.contains("cloudweb_node_cpu_percent{"), "{metrics}");
+}

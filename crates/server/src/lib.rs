@@ -214,16 +214,24 @@ async fn ensure_admin_token(config: &Config, store: &Store, clock: &dyn Clock) -
 async fn heartbeat_writer(state: Arc<AppState>) {
     let mut interval = tokio::time::interval(state.config.heartbeat_flush_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_downsample = tokio::time::Instant::now();
     loop {
         interval.tick().await;
         flush_heartbeats(&state).await;
+        if last_downsample.elapsed() >= std::time::Duration::from_secs(600) {
+            last_downsample = tokio::time::Instant::now();
+            if let Err(err) = state.store.downsample_usage(state.clock.now_ms()).await {
+                tracing::error!(error = %err, "could not downsample the usage history");
+            }
+        }
     }
 }
 
 async fn flush_heartbeats(state: &AppState) {
     let batch = state.nodes.take_dirty();
     let traffic = state.nodes.take_traffic();
-    if let Err(err) = state.store.save_heartbeats(&batch, &traffic).await {
+    let usage = state.nodes.take_usage();
+    if let Err(err) = state.store.save_heartbeats(&batch, &traffic, &usage).await {
         tracing::error!(error = %err, nodes = batch.len(), "could not persist heartbeats");
     }
 }

@@ -139,6 +139,14 @@ pub struct TrafficRow {
 pub struct NodeRegistry {
     nodes: RwLock<HashMap<String, LiveNode>>,
     traffic: std::sync::Mutex<Vec<TrafficRow>>,
+    usage: std::sync::Mutex<Vec<crate::store::NodeUsageRow>>,
+}
+
+/// The app a container `cw-<app>-<n>` belongs to.
+pub fn app_of_container(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix("cw-")?;
+    let (app, n) = rest.rsplit_once('-')?;
+    (!app.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some(app)
 }
 
 impl NodeRegistry {
@@ -247,6 +255,29 @@ impl NodeRegistry {
                     sample: t.clone(),
                 }));
             }
+            if metrics.node.is_some() || metrics.containers.is_some() {
+                let mut apps: Vec<(String, Option<f64>, Option<i64>)> = Vec::new();
+                for container in metrics.containers.iter().flatten() {
+                    let Some(app) = app_of_container(&container.container) else { continue };
+                    let mem = container.mem_bytes.map(|m| m.min(i64::MAX as u64) as i64);
+                    match apps.iter_mut().find(|(name, _, _)| name == app) {
+                        Some(entry) => {
+                            entry.1 = match (entry.1, container.cpu_cores) { (Some(a), Some(b)) => Some(a + b), (a, b) => a.or(b) };
+                            entry.2 = match (entry.2, mem) { (Some(a), Some(b)) => Some(a + b), (a, b) => a.or(b) };
+                        }
+                        None => apps.push((app.to_string(), container.cpu_cores, mem)),
+                    }
+                }
+                let usage = metrics.node.as_ref();
+                self.usage.lock().expect("usage lock").push(crate::store::NodeUsageRow {
+                    node_id: id.to_string(),
+                    at_ms: now_ms,
+                    cpu_pct: usage.and_then(|u| u.cpu_pct),
+                    mem_used: usage.and_then(|u| u.mem_used).map(|m| m.min(i64::MAX as u64) as i64),
+                    disk_used: usage.and_then(|u| u.disk_used).map(|m| m.min(i64::MAX as u64) as i64),
+                    apps,
+                });
+            }
             node.metrics = Some(Stamped { value: metrics, received: now, at_ms: now_ms });
         }
         if heartbeat.ingress.is_some() {
@@ -254,6 +285,11 @@ impl NodeRegistry {
         }
         node.dirty = true;
         Some(if node.draining { NodeState::Draining } else { NodeState::Ready })
+    }
+
+    /// Takes the usage samples received since the last call.
+    pub fn take_usage(&self) -> Vec<crate::store::NodeUsageRow> {
+        std::mem::take(&mut *self.usage.lock().expect("usage lock"))
     }
 
     /// Takes the traffic samples received since the last call.
@@ -345,6 +381,14 @@ mod tests {
             metrics: None,
             dirty: false,
         }
+    }
+
+    #[test]
+    fn apps_of_containers() {
+        assert_eq!(app_of_container("cw-web-3"), Some("web"));
+        assert_eq!(app_of_container("cw-my-app-12"), Some("my-app"));
+        assert_eq!(app_of_container("cw-web"), None);
+        assert_eq!(app_of_container("other-1"), None);
     }
 
     #[tokio::test(start_paused = true)]

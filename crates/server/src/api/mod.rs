@@ -41,6 +41,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/routes", get(traffic::routes))
         .route("/api/traffic/{host}", get(traffic::traffic))
         .route("/api/nodes/{id}/last-heartbeat", get(traffic::last_heartbeat))
+        .route("/api/nodes/{id}/usage", get(traffic::node_usage))
         .route("/metrics", get(metrics::prometheus))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
     Router::new()

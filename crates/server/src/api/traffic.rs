@@ -65,3 +65,27 @@ pub async fn last_heartbeat(State(state): State<Arc<AppState>>, Path(id): Path<S
         None => Err(ApiError::NotFound(format!("no heartbeat from node {id:?} since the control plane started"))),
     }
 }
+
+/// A node's usage history: 30 s samples for the last day, 5-minute
+/// averages before that.
+pub async fn node_usage(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(query): Query<TrafficQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let seconds = query.seconds.unwrap_or(3600);
+    if seconds == 0 || seconds > 30 * 86_400 {
+        return Err(ApiError::BadRequest("seconds must be 1 to 2592000".into()));
+    }
+    let since = state.clock.now_ms() - (seconds as i64) * 1000;
+    let samples: Vec<Value> = state
+        .store
+        .node_usage(&id, since)
+        .await?
+        .into_iter()
+        .map(|(at, resolution, cpu_pct, mem_used, disk_used)| {
+            json!({"at": rfc3339_ms(at), "resolution_seconds": resolution, "cpu_pct": cpu_pct, "mem_used": mem_used, "disk_used": disk_used})
+        })
+        .collect();
+    Ok(Json(json!({"node_id": id, "samples": samples})))
+}

@@ -12,6 +12,7 @@ mod nodes;
 mod open;
 mod reports;
 mod tokens;
+mod usage;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,6 +24,7 @@ pub use commands::{CommandRow, NewCommand};
 pub use deployments::{DeploymentRow, InstanceRow};
 pub use nodes::{HeartbeatRow, JoinRefusal, NewNode, NodeRow};
 pub use tokens::TokenRejection;
+pub use usage::NodeUsageRow;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

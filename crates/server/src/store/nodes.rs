@@ -226,11 +226,17 @@ impl Store {
 
     /// Persists the latest heartbeat of many nodes, and the traffic samples
     /// received since the last call, in one transaction.
-    pub async fn save_heartbeats(&self, batch: &[HeartbeatRow], traffic: &[crate::live::TrafficRow]) -> Result<(), StoreError> {
-        if batch.is_empty() && traffic.is_empty() {
+    pub async fn save_heartbeats(
+        &self,
+        batch: &[HeartbeatRow],
+        traffic: &[crate::live::TrafficRow],
+        usage: &[super::NodeUsageRow],
+    ) -> Result<(), StoreError> {
+        if batch.is_empty() && traffic.is_empty() && usage.is_empty() {
             return Ok(());
         }
         let mut tx = self.write_transaction().await?;
+        Store::insert_usage(&mut tx, usage).await?;
         for row in traffic {
             let t = &row.sample;
             sqlx::query(
