@@ -85,7 +85,7 @@ pub async fn sampler(runtime: DockerRuntime, data_dir: std::path::PathBuf, inter
                 (None, None)
             }
         };
-        tracing::debug!(took_ms = started.elapsed().as_millis() as u64, containers = containers.as_ref().map(Vec::len), "usage sample taken");
+        tracing::info!(took_ms = started.elapsed().as_millis() as u64, containers = containers.as_ref().map(Vec::len), "usage sample taken");
         *latest.sample.lock().expect("sample lock") = Some(Metrics { node: Some(node), containers, omitted, traffic: None, traffic_omitted: None });
     }
 }

@@ -46,43 +46,11 @@ pub enum Placement {
 }
 
 pub fn place(nodes: &[NodeSnapshot], request: &Request) -> Placement {
+    // The common case finds a node; the reasons are only worth building
+    // (allocating) when none fits.
     let mut best: Option<(f64, u32, &str)> = None;
-    let mut reasons = Vec::new();
     for node in nodes {
-        let skip = |why: String| format!("{} ({}): {why}", node.name, node.id);
-        if request.avoid.contains(&node.id) {
-            reasons.push(skip("excluded".into()));
-            continue;
-        }
-        if node.state != "ready" {
-            reasons.push(skip(format!("{}", node.state)));
-            continue;
-        }
-        if let Some(reason) = &node.degraded {
-            reasons.push(skip(format!("degraded: {reason}")));
-            continue;
-        }
-        if let Some(missing) = request.features.iter().find(|f| !node.features.contains(f)) {
-            let version = node.version.as_deref().unwrap_or("unknown");
-            reasons.push(skip(format!("runs agent {version}, which does not report {missing}; upgrade it")));
-            continue;
-        }
-        let cpu_after = node.cpu_reserved + request.cpu;
-        let mem_after = node.mem_reserved.saturating_add(request.mem_bytes);
-        if node.cpu_cores <= 0.0 || node.mem_bytes == 0 {
-            reasons.push(skip("has not reported its capacity yet".into()));
-            continue;
-        }
-        if cpu_after > node.cpu_cores + 1e-9 {
-            reasons.push(skip(format!("not enough CPU ({:.2} of {:.2} cores reserved)", node.cpu_reserved, node.cpu_cores)));
-            continue;
-        }
-        if mem_after > node.mem_bytes {
-            reasons.push(skip(format!("not enough memory ({} of {} MiB reserved)", node.mem_reserved >> 20, node.mem_bytes >> 20)));
-            continue;
-        }
-        let load = (cpu_after / node.cpu_cores).max(mem_after as f64 / node.mem_bytes as f64);
-        let candidate = (load, node.instances, node.id.as_str());
+        let Some(load) = fit(node, request) else { continue };
         let better = match best {
             None => true,
             Some((best_load, best_instances, best_id)) => {
@@ -91,23 +59,71 @@ pub fn place(nodes: &[NodeSnapshot], request: &Request) -> Placement {
             }
         };
         if better {
-            best = Some(candidate);
+            best = Some((load, node.instances, node.id.as_str()));
         }
     }
     match best {
         Some((_, _, id)) => Placement::Node(id.to_string()),
-        None if nodes.is_empty() => Placement::Nowhere("no node has joined the cluster".to_string()),
-        None => {
-            let mut text = String::from("no node can take this instance: ");
-            for (i, reason) in reasons.iter().enumerate() {
-                if i > 0 {
-                    text.push_str("; ");
-                }
-                let _ = write!(text, "{reason}");
-            }
-            Placement::Nowhere(text)
-        }
+        None => Placement::Nowhere(explain(nodes, request)),
     }
+}
+
+/// The node's load after placing the request there, or `None` when it is
+/// not eligible or the request does not fit.
+fn fit(node: &NodeSnapshot, request: &Request) -> Option<f64> {
+    if node.state != "ready" || node.degraded.is_some() || request.avoid.contains(&node.id) {
+        return None;
+    }
+    if !request.features.iter().all(|f| node.features.contains(f)) {
+        return None;
+    }
+    if node.cpu_cores <= 0.0 || node.mem_bytes == 0 {
+        return None;
+    }
+    let cpu_after = node.cpu_reserved + request.cpu;
+    let mem_after = node.mem_reserved.saturating_add(request.mem_bytes);
+    if cpu_after > node.cpu_cores + 1e-9 || mem_after > node.mem_bytes {
+        return None;
+    }
+    Some((cpu_after / node.cpu_cores).max(mem_after as f64 / node.mem_bytes as f64))
+}
+
+/// Why no node can take the request, node by node.
+fn explain(nodes: &[NodeSnapshot], request: &Request) -> String {
+    if nodes.is_empty() {
+        return "no node has joined the cluster".to_string();
+    }
+    let mut text = String::from("no node can take this instance: ");
+    for (i, node) in nodes.iter().enumerate() {
+        if i > 0 {
+            text.push_str("; ");
+        }
+        let _ = write!(text, "{} ({}): {}", node.name, node.id, reason(node, request));
+    }
+    text
+}
+
+fn reason(node: &NodeSnapshot, request: &Request) -> String {
+    if request.avoid.contains(&node.id) {
+        return "excluded".into();
+    }
+    if node.state != "ready" {
+        return node.state.to_string();
+    }
+    if let Some(reason) = &node.degraded {
+        return format!("degraded: {reason}");
+    }
+    if let Some(missing) = request.features.iter().find(|f| !node.features.contains(f)) {
+        let version = node.version.as_deref().unwrap_or("unknown");
+        return format!("runs agent {version}, which does not report {missing}; upgrade it");
+    }
+    if node.cpu_cores <= 0.0 || node.mem_bytes == 0 {
+        return "has not reported its capacity yet".into();
+    }
+    if node.cpu_reserved + request.cpu > node.cpu_cores + 1e-9 {
+        return format!("not enough CPU ({:.2} of {:.2} cores reserved)", node.cpu_reserved, node.cpu_cores);
+    }
+    format!("not enough memory ({} of {} MiB reserved)", node.mem_reserved >> 20, node.mem_bytes >> 20)
 }
 
 #[cfg(test)]
