@@ -32,6 +32,16 @@ pub struct TrafficQuery {
     seconds: Option<u64>,
 }
 
+/// The start of the window `?seconds=` asks for (default an hour, at most
+/// 30 days).
+fn since_ms(state: &AppState, query: &TrafficQuery) -> Result<i64, ApiError> {
+    let seconds = query.seconds.unwrap_or(3600);
+    if seconds == 0 || seconds > 30 * 86_400 {
+        return Err(ApiError::BadRequest("seconds must be 1 to 2592000".into()));
+    }
+    Ok(state.clock.now_ms() - (seconds as i64) * 1000)
+}
+
 /// A host's request counts per sample, summed over ingress nodes.
 pub async fn traffic(
     State(state): State<Arc<AppState>>,
@@ -39,11 +49,7 @@ pub async fn traffic(
     Query(query): Query<TrafficQuery>,
 ) -> Result<Json<Value>, ApiError> {
     cloudweb_protocol::validate::hostname("host", &host)?;
-    let seconds = query.seconds.unwrap_or(3600);
-    if seconds == 0 || seconds > 30 * 86_400 {
-        return Err(ApiError::BadRequest("seconds must be 1 to 2592000".into()));
-    }
-    let since = state.clock.now_ms() - (seconds as i64) * 1000;
+    let since = since_ms(&state, &query)?;
     let samples: Vec<Value> = state
         .store
         .traffic(&host.to_ascii_lowercase(), since)
@@ -73,11 +79,7 @@ pub async fn node_usage(
     Path(id): Path<String>,
     Query(query): Query<TrafficQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let seconds = query.seconds.unwrap_or(3600);
-    if seconds == 0 || seconds > 30 * 86_400 {
-        return Err(ApiError::BadRequest("seconds must be 1 to 2592000".into()));
-    }
-    let since = state.clock.now_ms() - (seconds as i64) * 1000;
+    let since = since_ms(&state, &query)?;
     let samples: Vec<Value> = state
         .store
         .node_usage(&id, since)

@@ -125,15 +125,6 @@ impl Store {
         Ok(rows.iter().map(deployment_from_row).collect())
     }
 
-    /// Deployments in any of `states`, oldest first.
-    pub async fn deployments_in(&self, states: &[&str]) -> Result<Vec<DeploymentRow>, StoreError> {
-        let list = states.iter().map(|s| format!("'{}'", s.replace('\'', ""))).collect::<Vec<_>>().join(", ");
-        let rows = sqlx::query(&format!("SELECT {DEPLOYMENT_COLUMNS} FROM deployments WHERE state IN ({list}) ORDER BY seq"))
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows.iter().map(deployment_from_row).collect())
-    }
-
     /// Moves a deployment from `from` to `to` (compare and set). Returns
     /// false when it was no longer in `from`.
     pub async fn transition_deployment(

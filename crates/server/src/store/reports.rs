@@ -37,16 +37,4 @@ impl Store {
         self.count_commit();
         Ok(())
     }
-
-    /// Reports of a deployment as `(node_id, state, message)`, oldest first.
-    pub async fn deployment_reports(&self, deployment_id: &str) -> Result<Vec<(String, Option<String>, Option<String>)>, StoreError> {
-        use sqlx::Row;
-        let rows = sqlx::query(
-            "SELECT node_id, state, message FROM deployment_reports WHERE deployment_id = $1 ORDER BY seq",
-        )
-        .bind(deployment_id)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.iter().map(|r| (r.get("node_id"), r.get("state"), r.get("message"))).collect())
-    }
 }
