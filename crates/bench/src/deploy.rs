@@ -11,9 +11,9 @@
 //! delays the next measurement.
 
 mod baseline;
-mod cluster;
+pub mod cluster;
 mod report;
-mod timeline;
+pub mod timeline;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -105,7 +105,7 @@ pub async fn run(args: Args) -> Result<()> {
 
 /// Image references go into a Dockerfile and onto command lines: keep them
 /// to the characters a reference can have.
-fn check_image_reference(image: &str) -> Result<()> {
+pub fn check_image_reference(image: &str) -> Result<()> {
     let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/' | ':' | '@');
     if image.is_empty() || image.len() > 255 || image.starts_with(['-', '.', '/', ':']) || !image.chars().all(allowed) {
         bail!("--base-image {image:?} is not an image reference (letters, digits, '.', '_', '-', '/', ':', '@'; at most 255)");

@@ -1,14 +1,18 @@
 //! `cloudweb-bench`: benchmarks that start the real binaries and print
 //! figures. Build with `--release`; see the README for the targets.
 //! `heartbeats` measures the agent protocol under load; `deploy` measures
-//! the time from a deploy request to a running instance.
+//! the time from a deploy request to a running instance; `ingress` measures
+//! route changes, blue/green switches and the latency Caddy adds.
 
+mod agent_rss;
 mod deploy;
 mod docker;
 mod git_daemon;
 mod heartbeats;
+mod ingress;
 mod process;
 mod procstat;
+mod scheduler;
 mod server;
 mod stats;
 mod timestamp;
@@ -31,6 +35,17 @@ enum Commands {
     /// and a cached Dockerfile build, against a bare `docker run`, with a
     /// real control plane, agent, registry and git daemon on loopback.
     Deploy(deploy::Args),
+    /// Route change to served by Caddy at 10, 1,000 and 10,000 routes,
+    /// failed requests during blue/green switches, and the latency and
+    /// throughput Caddy costs, with a real control plane, ingress agent and
+    /// Caddy on loopback.
+    Ingress(ingress::Args),
+    /// Placements per second of the scheduler against simulated nodes, on
+    /// one thread.
+    Scheduler(scheduler::Args),
+    /// The agent's memory idle and with 50 containers, and the time one
+    /// usage sample takes with 1, 20 and 100 containers.
+    Agent(agent_rss::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -40,6 +55,9 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Commands::Heartbeats(args) => heartbeats::run(args).await,
             Commands::Deploy(args) => deploy::run(args).await,
+            Commands::Ingress(args) => ingress::run(args).await,
+            Commands::Scheduler(args) => scheduler::run(args),
+            Commands::Agent(args) => agent_rss::run(args).await,
         }
     });
     match result {

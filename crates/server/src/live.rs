@@ -206,6 +206,22 @@ impl NodeRegistry {
         peers.into_iter().map(|(_, peer)| peer).collect()
     }
 
+    /// Nodes that instances must move off: `(id, lost)`, where `lost` means
+    /// unreachable (as opposed to draining). Reads under the lock without
+    /// copying nodes, since the reconciler asks every second.
+    pub fn leaving(&self, now: Instant, unreachable_after: Duration) -> Vec<(String, bool)> {
+        self.nodes
+            .read()
+            .expect("node registry lock")
+            .values()
+            .filter_map(|node| match node.state(now, unreachable_after) {
+                NodeState::Unreachable => Some((node.id.clone(), true)),
+                NodeState::Draining => Some((node.id.clone(), false)),
+                NodeState::Ready => None,
+            })
+            .collect()
+    }
+
     pub fn set_draining(&self, id: &str, draining: bool) {
         if let Some(node) = self.nodes.write().expect("node registry lock").get_mut(id) {
             node.draining = draining;
@@ -300,26 +316,44 @@ impl NodeRegistry {
     /// Takes the heartbeats received since the last call, for one batched
     /// write.
     pub fn take_dirty(&self) -> Vec<HeartbeatRow> {
-        let mut nodes = self.nodes.write().expect("node registry lock");
-        let mut batch = Vec::new();
-        for node in nodes.values_mut().filter(|n| n.dirty) {
-            node.dirty = false;
-            let Some(capacity) = node.capacity else { continue };
-            batch.push(HeartbeatRow {
-                node_id: node.id.clone(),
-                at_ms: node.heartbeat_at_ms.unwrap_or_default(),
-                agent_version: node.agent_version.clone(),
-                protocol: i64::from(node.protocol),
+        // Copy under the lock, serialize after it: heartbeats wait for this
+        // lock, and JSON for thousands of nodes takes a while.
+        let taken: Vec<(String, i64, Option<String>, i64, Capacity, Option<Stamped<Health>>, Option<Stamped<Metrics>>)> = {
+            let mut nodes = self.nodes.write().expect("node registry lock");
+            nodes
+                .values_mut()
+                .filter(|n| n.dirty)
+                .filter_map(|node| {
+                    node.dirty = false;
+                    let capacity = node.capacity?;
+                    Some((
+                        node.id.clone(),
+                        node.heartbeat_at_ms.unwrap_or_default(),
+                        node.agent_version.clone(),
+                        i64::from(node.protocol),
+                        capacity,
+                        node.health.clone(),
+                        node.metrics.clone(),
+                    ))
+                })
+                .collect()
+        };
+        taken
+            .into_iter()
+            .map(|(node_id, at_ms, agent_version, protocol, capacity, health, metrics)| HeartbeatRow {
+                node_id,
+                at_ms,
+                agent_version,
+                protocol,
                 cpu_cores: i64::from(capacity.cpu_cores),
                 mem_bytes: capacity.mem_bytes.min(i64::MAX as u64) as i64,
                 disk_bytes: capacity.disk_bytes.min(i64::MAX as u64) as i64,
-                health_json: node.health.as_ref().and_then(|h| serde_json::to_string(&h.value).ok()),
-                health_at: node.health.as_ref().map(|h| h.at_ms),
-                metrics_json: node.metrics.as_ref().and_then(|m| serde_json::to_string(&m.value).ok()),
-                metrics_at: node.metrics.as_ref().map(|m| m.at_ms),
-            });
-        }
-        batch
+                health_json: health.as_ref().and_then(|h| serde_json::to_string(&h.value).ok()),
+                health_at: health.as_ref().map(|h| h.at_ms),
+                metrics_json: metrics.as_ref().and_then(|m| serde_json::to_string(&m.value).ok()),
+                metrics_at: metrics.as_ref().map(|m| m.at_ms),
+            })
+            .collect()
     }
 }
 

@@ -1,8 +1,8 @@
-//! A one-node cloud-web on loopback for the deploy benchmark: the real
-//! control plane with its image registry, one real agent joined to it, a git
-//! daemon serving the app's repository, and the app itself. Everything it
-//! started is stopped, and everything the run left in Docker removed, when
-//! it is dropped.
+//! A one-node cloud-web on loopback for the deploy and ingress benchmarks:
+//! the real control plane with its image registry, one real agent joined to
+//! it, a git daemon serving the app's repository, and the app itself.
+//! Everything it started is stopped, and everything the run left in Docker
+//! removed, when it is dropped.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,6 +29,15 @@ pub struct Binaries {
     pub registry: PathBuf,
 }
 
+/// Flags beyond the ones every benchmark cluster gets, for the control
+/// plane's `serve`, the agent's `join` and the agent's `run`.
+#[derive(Default)]
+pub struct ExtraFlags<'a> {
+    pub server: &'a [&'a str],
+    pub join: &'a [&'a str],
+    pub run: &'a [&'a str],
+}
+
 pub struct Cluster {
     pub dir: PathBuf,
     pub server: Server,
@@ -50,16 +59,18 @@ impl Cluster {
     /// Starts the control plane (with the registry) and the git daemon, and
     /// joins and starts an agent; returns once the node is ready.
     pub async fn start(dir: &Path, binaries: &Binaries, app: &str) -> Result<Cluster> {
+        Cluster::start_with(dir, binaries, app, &ExtraFlags::default()).await
+    }
+
+    /// [`Cluster::start`], with `extra` flags for the two binaries.
+    pub async fn start_with(dir: &Path, binaries: &Binaries, app: &str, extra: &ExtraFlags<'_>) -> Result<Cluster> {
         let registry = format!("127.0.0.1:{}", free_port()?);
         let registry_certs_existed = Path::new(DOCKER_CERTS_DIR).join(&registry).exists();
         let git = GitDaemon::start(&dir.join("git"))?;
         let registry_bin = binaries.registry.display().to_string();
-        let server = Server::start(
-            &binaries.server,
-            dir,
-            &["--registry-bin", &registry_bin, "--registry-listen", &registry, "--drain-seconds", "1"],
-        )
-        .await?;
+        let mut server_flags = vec!["--registry-bin", registry_bin.as_str(), "--registry-listen", registry.as_str(), "--drain-seconds", "1"];
+        server_flags.extend_from_slice(extra.server);
+        let server = Server::start(&binaries.server, dir, &server_flags).await?;
         let mut cluster = Cluster {
             dir: dir.to_path_buf(),
             server,
@@ -73,20 +84,31 @@ impl Cluster {
             app: app.to_string(),
             app_created: false,
         };
-        cluster.node_id = cluster.join_agent(&binaries.agent).await?;
+        cluster.node_id = cluster.join_agent(&binaries.agent, extra.join).await?;
         // Watch before the agent can start anything, so no event is missed.
         cluster.events = Some(Events::watch(&format!("cloudweb.node={}", cluster.node_id))?);
-        cluster.start_agent(&binaries.agent).await?;
+        cluster.start_agent(&binaries.agent, extra.run).await?;
         Ok(cluster)
     }
 
-    async fn join_agent(&self, agent_bin: &Path) -> Result<String> {
+    /// The agent's data dir (its identity, and Caddy's state on an ingress node).
+    pub fn agent_dir(&self) -> PathBuf {
+        self.dir.join("agent")
+    }
+
+    /// The agent's process id, while it runs.
+    pub fn agent_pid(&self) -> Option<u32> {
+        self.agent.as_ref().map(Guarded::id)
+    }
+
+    async fn join_agent(&self, agent_bin: &Path, extra: &[&str]) -> Result<String> {
         let (token, ca_sha256) = self.server.join_token_and_ca().await?;
-        let data_dir = self.dir.join("agent");
+        let data_dir = self.agent_dir();
         let output = Command::new(agent_bin)
             .arg("--data-dir")
             .arg(&data_dir)
             .args(["join", "--server", &self.server.agent_url, "--ca-sha256", &ca_sha256, "--name", "bench"])
+            .args(extra)
             // The token travels in the environment, which keeps it out of `ps`.
             .env("CLOUDWEB_JOIN_TOKEN", token)
             .env("NO_COLOR", "1")
@@ -100,12 +122,13 @@ impl Cluster {
         Ok(info["node_id"].as_str().context("node.json has no node_id")?.to_string())
     }
 
-    async fn start_agent(&mut self, agent_bin: &Path) -> Result<()> {
+    async fn start_agent(&mut self, agent_bin: &Path, extra: &[&str]) -> Result<()> {
         let mut command = Command::new(agent_bin);
         command
             .arg("--data-dir")
-            .arg(self.dir.join("agent"))
+            .arg(self.agent_dir())
             .args(["run", "--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1"])
+            .args(extra)
             // Info level: the agent's "deploying" line says when it picked a command up.
             .env("CLOUDWEB_LOG", "info")
             .env("NO_COLOR", "1");

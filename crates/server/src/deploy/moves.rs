@@ -13,7 +13,6 @@ use super::scheduler::{self, Placement, Request};
 use super::state::DeploymentState;
 use super::{deploy_payload, snapshot, DEFAULT_CPU, DEFAULT_MEMORY};
 use crate::error::ApiError;
-use crate::live::NodeState;
 use crate::AppState;
 
 /// A failed replacement is not tried again for this long.
@@ -24,16 +23,7 @@ const RETRY_AFTER_MS: i64 = 30_000;
 pub async fn move_instances(state: &AppState) -> Result<HashMap<String, Vec<(String, String)>>, ApiError> {
     let now = tokio::time::Instant::now();
     let mut waiting: HashMap<String, Vec<(String, String)>> = HashMap::new();
-    let leaving: Vec<(String, bool)> = state
-        .nodes
-        .all()
-        .into_iter()
-        .filter_map(|node| match node.state(now, state.config.unreachable_after) {
-            NodeState::Unreachable => Some((node.id, true)),
-            NodeState::Draining => Some((node.id, false)),
-            NodeState::Ready => None,
-        })
-        .collect();
+    let leaving = state.nodes.leaving(now, state.config.unreachable_after);
     if leaving.is_empty() {
         return Ok(waiting);
     }
