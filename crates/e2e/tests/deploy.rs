@@ -287,9 +287,20 @@ async fn bad_app_input_is_refused_and_creates_nothing() {
 
     let (status, _) = server.call(Method::POST, "/api/apps", Some(base.clone())).await.unwrap();
     assert_eq!(status, 201);
-    let big = "x".repeat(10 * 1024 * 1024);
-    let (status, answer) = server.call(Method::PUT, "/api/apps/ok/env", Some(json!({"BIG": big}))).await.unwrap();
-    assert_eq!(status, 413, "{answer}");
+    // A 10 MB value. Sent with curl, which asks `Expect: 100-continue` for a
+    // large body as real clients do, so the early 413 is read instead of the
+    // connection being cut mid-upload.
+    let big = tmp.path().join("big.json");
+    std::fs::write(&big, json!({"BIG": "x".repeat(10 * 1024 * 1024)}).to_string()).unwrap();
+    let output = std::process::Command::new("curl")
+        .args(["-sS", "-X", "PUT", "-H", "content-type: application/json", "-H", &format!("authorization: Bearer {}", server.admin_token)])
+        .args(["--data-binary", &format!("@{}", big.display()), "-w", "\n%{http_code}", &server.api("/api/apps/ok/env")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (answer, status) = text.rsplit_once('\n').unwrap();
+    assert_eq!(status, "413", "{text} {}", String::from_utf8_lossy(&output.stderr));
+    assert!(answer.contains("larger than 1 MiB"), "{answer}");
     let (status, answer) = server.call(Method::PUT, "/api/apps/ok/env", Some(json!({"BIG": "x".repeat(40 * 1024)}))).await.unwrap();
     assert_eq!(status, 400, "{answer}");
     let (status, _) = server.call(Method::PUT, "/api/apps/ok/env", Some(json!({"1BAD": "x"}))).await.unwrap();

@@ -209,7 +209,7 @@ fn arbitrary_bodies_never_make_the_server_fail() {
 async fn an_oversized_body_gets_a_json_413() {
     let cp = InProcess::start().await;
     let node = cp.join("big").await;
-    let body = format!("{{\"cpu_cores\": 1, \"pad\": \"{}\"}}", "x".repeat(2 * 1024 * 1024));
+    let body = format!("{{\"cpu_cores\": 1, \"pad\": \"{}\"}}", "x".repeat(1_200_000));
     let (status, text) = node.send(Method::POST, &cp.agent_url("/agent/v1/heartbeat"), &[], Some(&body)).await.unwrap();
     assert_eq!(status, 413);
     let error: Value = serde_json::from_str(&text).unwrap();

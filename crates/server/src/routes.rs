@@ -18,6 +18,9 @@ use crate::AppState;
 /// installs it with a new version and tells every node. Returns the version
 /// in force afterwards.
 pub async fn recompute(state: &AppState) -> Result<u64, ApiError> {
+    // One at a time: two passes reading the store at different moments must
+    // not install their tables in the wrong order.
+    let _turn = state.routes_turn.lock().await;
     let apps = state.store.apps().await?;
     let running = state.store.running_addresses().await?;
     let mut hosts: BTreeMap<String, Vec<String>> = BTreeMap::new();
