@@ -630,3 +630,23 @@ pub fn caddy_bin() -> PathBuf {
         _ => PathBuf::from("caddy"),
     }
 }
+
+/// What the deploy-level tests share: the local base images, a temporary
+/// dir, a git daemon, and a control plane running the cluster registry
+/// (with a 1 s drain period) plus `extra` flags.
+pub struct Platform {
+    pub tmp: tempfile::TempDir,
+    pub git: GitServer,
+    pub server: ServerProcess,
+}
+
+pub async fn start_platform(extra: &[&str]) -> Result<Platform> {
+    ensure_images()?;
+    let tmp = tempfile::tempdir()?;
+    let git = GitServer::start(&tmp.path().join("git"))?;
+    let registry = format!("127.0.0.1:{}", free_port());
+    let mut flags = vec!["--registry-bin", "/usr/bin/docker-registry", "--registry-listen", registry.as_str(), "--drain-seconds", "1"];
+    flags.extend_from_slice(extra);
+    let server = ServerProcess::start_with(tmp.path(), &flags).await?;
+    Ok(Platform { tmp, git, server })
+}

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use cloudweb_e2e::{ensure_images, free_port, unique_name, wait_for, AgentNode, GitServer, ServerProcess};
+use cloudweb_e2e::{start_platform, Platform, unique_name, wait_for, AgentNode, GitServer, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -28,16 +28,7 @@ const AGENT_FLAGS: [&str; 8] = [
 ];
 
 async fn cluster() -> Cluster {
-    ensure_images().unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let git = GitServer::start(&tmp.path().join("git")).unwrap();
-    let registry = format!("127.0.0.1:{}", free_port());
-    let server = ServerProcess::start_with(
-        tmp.path(),
-        &["--registry-bin", "/usr/bin/docker-registry", "--registry-listen", &registry, "--drain-seconds", "1"],
-    )
-    .await
-    .unwrap();
+    let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
     let (token, ca) = server.join_token().await.unwrap();
     let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "builder", &token, &ca, &[]).unwrap().unwrap();
     agent.start(&AGENT_FLAGS).unwrap();

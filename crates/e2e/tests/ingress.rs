@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cloudweb_e2e::{caddy_bin, ensure_images, free_port, unique_name, wait_for, AgentNode, GitServer, ServerProcess};
+use cloudweb_e2e::{start_platform, Platform, caddy_bin, free_port, unique_name, wait_for, AgentNode, GitServer, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -25,17 +25,7 @@ struct Cluster {
 }
 
 async fn cluster() -> Cluster {
-    ensure_images().unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let git = GitServer::start(&tmp.path().join("git")).unwrap();
-    let registry = format!("127.0.0.1:{}", free_port());
-    let server = ServerProcess::start_with(
-        tmp.path(),
-        &["--registry-bin", "/usr/bin/docker-registry", "--registry-listen", &registry, "--drain-seconds", "1",
-          "--base-domain", "test", "--heartbeat-flush-seconds", "1"],
-    )
-    .await
-    .unwrap();
+    let Platform { tmp, git, server } = start_platform(&["--base-domain", "test", "--heartbeat-flush-seconds", "1"]).await.unwrap();
     let (token, ca) = server.join_token().await.unwrap();
     let mut agent = AgentNode::join(&server, &tmp.path().join("edge"), "edge", &token, &ca, &["--ingress"]).unwrap().unwrap();
     let (http_port, https_port) = (free_port(), free_port());

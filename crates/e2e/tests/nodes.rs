@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use cloudweb_e2e::{ensure_images, free_port, run_agent_command, unique_name, wait_for, AgentNode, GitServer, ServerProcess};
+use cloudweb_e2e::{start_platform, Platform, run_agent_command, unique_name, wait_for, AgentNode, GitServer, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -21,16 +21,7 @@ struct Cluster {
 }
 
 async fn cluster(nodes: usize) -> Cluster {
-    ensure_images().unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let git = GitServer::start(&tmp.path().join("git")).unwrap();
-    let registry = format!("127.0.0.1:{}", free_port());
-    let server = ServerProcess::start_with(
-        tmp.path(),
-        &["--registry-bin", "/usr/bin/docker-registry", "--registry-listen", &registry, "--drain-seconds", "1", "--unreachable-after-seconds", "5"],
-    )
-    .await
-    .unwrap();
+    let Platform { tmp, git, server } = start_platform(&["--unreachable-after-seconds", "5"]).await.unwrap();
     let mut agents = Vec::new();
     for i in 0..nodes {
         let (token, ca) = server.join_token().await.unwrap();
