@@ -1,7 +1,10 @@
 //! Rendering the route table into Caddy's JSON configuration.
 //!
 //! - One HTTPS server with a route per host that reverse-proxies to the
-//!   host's upstreams (503 when it has none), then a 404 for anything else.
+//!   upstreams the agent's directory lists for that host (see [`super::dns`]),
+//!   then a 404 for anything else. The configuration names hosts only, never
+//!   instances, so a blue/green switch changes the directory and leaves
+//!   Caddy's configuration (and its open connections) alone.
 //! - One HTTP server that redirects known hosts to HTTPS and answers 404 to
 //!   the rest.
 //! - Certificates: Caddy's internal issuer for `localhost`, `*.localhost`,
@@ -13,13 +16,13 @@
 //!   across reloads (`stream_close_delay`), so a route change does not cut
 //!   them.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 
-use cloudweb_protocol::RouteTable;
 use serde_json::{json, Value};
 
 use super::caddy::admin_block;
+use super::dns;
 
 #[derive(Debug, Clone)]
 pub struct Ports {
@@ -44,28 +47,38 @@ pub fn usable_upstream(address: &str) -> bool {
     cloudweb_protocol::validate::endpoint("upstream", address).is_ok()
 }
 
-pub fn render(table: &RouteTable, ports: &Ports, admin_socket: &Path, access_socket: &Path) -> Value {
+/// Caddy's configuration for these hosts. `resolver` is the loopback address
+/// of the agent's upstream directory.
+pub fn render(hosts: &[String], ports: &Ports, admin_socket: &Path, access_socket: &Path, resolver: SocketAddr) -> Value {
     let mut https_routes = Vec::new();
     let mut http_routes = Vec::new();
     let mut internal = Vec::new();
     let mut public = Vec::new();
-    for route in &table.routes {
-        let upstreams: Vec<Value> = route.upstreams.iter().filter(|u| usable_upstream(u)).map(|u| json!({"dial": u})).collect();
-        let handler = if upstreams.is_empty() {
-            json!({"handler": "static_response", "status_code": 503, "body": "no healthy instance\n"})
-        } else {
-            json!({
-                "handler": "reverse_proxy",
-                "upstreams": upstreams,
-                "stream_close_delay": STREAM_CLOSE_DELAY,
-                // A dial error (an instance that just stopped) is retried on
-                // another upstream instead of failing the request.
-                "load_balancing": {"selection_policy": {"policy": "round_robin"}, "try_duration": "3s", "try_interval": "100ms"},
-            })
-        };
-        https_routes.push(json!({"match": [{"host": [route.host]}], "handle": [handler], "terminal": true}));
+    let resolvers = json!({"addresses": [format!("udp/{resolver}")]});
+    for host in hosts {
+        let handler = json!({
+            "handler": "reverse_proxy",
+            "dynamic_upstreams": {
+                "source": "srv",
+                "name": dns::service_name(host),
+                "refresh": format!("{}ms", dns::REFRESH.as_millis()),
+                // Should the directory stop answering (the agent restarts),
+                // the last answer keeps serving.
+                "grace_period": "5m",
+                "resolver": resolvers,
+                "dial_timeout": "2s",
+            },
+            // Upstream names (`4-127-0-0-1.cloudweb.`) resolve through the
+            // same directory.
+            "transport": {"protocol": "http", "resolver": resolvers},
+            "stream_close_delay": STREAM_CLOSE_DELAY,
+            // A dial error (an instance that just stopped) is retried, with
+            // a fresh upstream list, instead of failing the request.
+            "load_balancing": {"selection_policy": {"policy": "round_robin"}, "try_duration": "3s", "try_interval": "100ms"},
+        });
+        https_routes.push(json!({"match": [{"host": [host]}], "handle": [handler], "terminal": true}));
         http_routes.push(json!({
-            "match": [{"host": [route.host]}],
+            "match": [{"host": [host]}],
             "handle": [{
                 "handler": "static_response",
                 "status_code": 308,
@@ -73,10 +86,10 @@ pub fn render(table: &RouteTable, ports: &Ports, admin_socket: &Path, access_soc
             }],
             "terminal": true,
         }));
-        if internal_host(&route.host) {
-            internal.push(route.host.clone());
+        if internal_host(host) {
+            internal.push(host.clone());
         } else {
-            public.push(route.host.clone());
+            public.push(host.clone());
         }
     }
     let not_found = json!({"handle": [{"handler": "static_response", "status_code": 404, "body": "unknown host\n"}]});
@@ -134,8 +147,6 @@ pub fn render(table: &RouteTable, ports: &Ports, admin_socket: &Path, access_soc
 
 #[cfg(test)]
 mod tests {
-    use cloudweb_protocol::Route;
-
     use super::*;
 
     #[test]
@@ -148,19 +159,16 @@ mod tests {
 
     #[test]
     fn renders_routes_with_fallbacks() {
-        let table = RouteTable {
-            version: 7,
-            routes: vec![
-                Route { host: "web.test".into(), upstreams: vec!["127.0.0.1:32768".into(), "not an address".into()] },
-                Route { host: "empty.test".into(), upstreams: vec![] },
-                Route { host: "www.example.com".into(), upstreams: vec!["10.77.0.2:30000".into()] },
-            ],
-        };
-        let config = render(&table, &Ports { http: 8080, https: 8443 }, Path::new("/run/a.sock"), Path::new("/run/l.sock"));
+        let hosts = ["web.test".to_string(), "empty.test".to_string(), "www.example.com".to_string()];
+        let resolver: SocketAddr = "127.0.0.1:5353".parse().unwrap();
+        let config = render(&hosts, &Ports { http: 8080, https: 8443 }, Path::new("/run/a.sock"), Path::new("/run/l.sock"), resolver);
         let routes = &config["apps"]["http"]["servers"]["cloudweb_https"]["routes"];
-        assert_eq!(routes[0]["handle"][0]["upstreams"], json!([{"dial": "127.0.0.1:32768"}]), "bad upstreams are dropped");
-        assert_eq!(routes[0]["handle"][0]["stream_close_delay"], STREAM_CLOSE_DELAY);
-        assert_eq!(routes[1]["handle"][0]["status_code"], 503);
+        let proxy = &routes[0]["handle"][0];
+        assert_eq!(proxy["dynamic_upstreams"]["name"], dns::service_name("web.test"));
+        assert_eq!(proxy["dynamic_upstreams"]["resolver"]["addresses"], json!(["udp/127.0.0.1:5353"]));
+        assert_eq!(proxy["transport"]["resolver"]["addresses"], json!(["udp/127.0.0.1:5353"]));
+        assert!(proxy.get("upstreams").is_none(), "no instance address in the configuration");
+        assert_eq!(proxy["stream_close_delay"], STREAM_CLOSE_DELAY);
         assert_eq!(routes[3]["handle"][0]["status_code"], 404, "unknown hosts get a 404");
         let policies = &config["apps"]["tls"]["automation"]["policies"];
         assert_eq!(policies[0]["subjects"], json!(["web.test", "empty.test"]));

@@ -2,16 +2,20 @@
 //! control plane's route table, and the traffic counts its access log feeds.
 //!
 //! The route table is fetched when the event stream says `routes` (and every
-//! few seconds as a safety net). Caddy is reloaded only when the table's
-//! content changed; the version it serves goes out with each heartbeat, and
-//! the control plane stops a replaced instance only once every ingress
-//! serves a table without it.
+//! few seconds as a safety net). Instances reach Caddy through the agent's
+//! upstream directory ([`dns`]), so a change of instances only rewrites the
+//! directory; Caddy is reloaded only when the set of hosts changes. The
+//! version served goes out with each heartbeat once Caddy can no longer hold
+//! an older answer, and the control plane stops a replaced instance only
+//! once every ingress serves a table without it.
 
 pub mod caddy;
 pub mod config;
+pub mod dns;
 pub mod traffic;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,6 +56,16 @@ pub async fn run(client: Arc<ControlPlane>, options: IngressOptions, wake: Arc<N
         tracing::error!(dir = %options.dir.display(), error = %err, "cannot create the ingress dir; ingress disabled");
         return;
     }
+    let directory = dns::Directory::default();
+    let (resolver, unavailable) = match (dns::serve(directory.clone()).await, dns::serve_unavailable().await) {
+        (Ok(resolver), Ok(unavailable)) => (resolver, unavailable),
+        (Err(err), _) | (_, Err(err)) => {
+            tracing::error!(error = %err, "cannot bind the upstream directory on loopback; ingress disabled");
+            set_error(&shared, 0, format!("cannot bind the upstream directory: {err}"));
+            return;
+        }
+    };
+    let mut state = Applied { directory, resolver, unavailable, table: None, loaded: None };
     {
         let counter = shared.counter.clone();
         let socket = access_socket.clone();
@@ -72,10 +86,11 @@ pub async fn run(client: Arc<ControlPlane>, options: IngressOptions, wake: Arc<N
             }
         };
         tracing::info!(admin = %caddy.admin_socket().display(), "caddy started");
-        let mut applied: Option<RouteTable> = None;
+        // A new Caddy process has no configuration yet.
+        state.loaded = None;
         while caddy.is_running() {
             match client.routes().await {
-                Ok(table) => apply(&caddy, &options, &access_socket, &shared, &mut applied, table).await,
+                Ok(table) => apply(&caddy, &options, &access_socket, &shared, &mut state, table).await,
                 Err(err) => tracing::warn!(error = %err, "cannot read the route table"),
             }
             tokio::select! {
@@ -89,34 +104,84 @@ pub async fn run(client: Arc<ControlPlane>, options: IngressOptions, wake: Arc<N
     }
 }
 
-async fn apply(
-    caddy: &Caddy,
-    options: &IngressOptions,
-    access_socket: &std::path::Path,
-    shared: &IngressShared,
-    applied: &mut Option<RouteTable>,
-    table: RouteTable,
-) {
-    let unchanged = applied.as_ref().is_some_and(|current| current.routes == table.routes);
-    if !unchanged {
-        for route in &table.routes {
-            for upstream in route.upstreams.iter().filter(|u| !config::usable_upstream(u)) {
-                tracing::warn!(host = %route.host, %upstream, "dropping an upstream that is not host:port");
+/// What the ingress has put in force.
+struct Applied {
+    directory: dns::Directory,
+    resolver: SocketAddr,
+    /// The 503 responder hosts without instances point at.
+    unavailable: SocketAddr,
+    table: Option<RouteTable>,
+    /// The configuration Caddy runs, to skip identical loads.
+    loaded: Option<serde_json::Value>,
+}
+
+async fn apply(caddy: &Caddy, options: &IngressOptions, access_socket: &std::path::Path, shared: &IngressShared, state: &mut Applied, table: RouteTable) {
+    let routes_changed = state.table.as_ref().is_none_or(|current| current.routes != table.routes);
+    if routes_changed {
+        let previous_zone = state.table.as_ref().map(|t| t.routes.clone());
+        let zone = directory_zone(&table, state.unavailable).await;
+        // Names first: a host Caddy is about to serve must already resolve.
+        state.directory.replace(zone.clone());
+        let hosts: Vec<String> = table.routes.iter().map(|r| r.host.clone()).collect();
+        let rendered = config::render(&hosts, &options.ports, caddy.admin_socket(), access_socket, state.resolver);
+        if state.loaded.as_ref() != Some(&rendered) {
+            if let Err(err) = caddy.load(&rendered).await {
+                // Caddy keeps serving the previous configuration; keep the
+                // names it refers to resolving too.
+                if let Some(previous) = previous_zone {
+                    let old = directory_zone(&RouteTable { version: 0, routes: previous }, state.unavailable).await;
+                    let mut merged = old;
+                    merged.extend(zone);
+                    state.directory.replace(merged);
+                }
+                tracing::error!(version = table.version, error = %err, "caddy refused the route table; the previous one keeps serving");
+                set_error(shared, state.table.as_ref().map(|t| t.version).unwrap_or(0), err.to_string());
+                return;
             }
+            state.loaded = Some(rendered);
+            tracing::info!(version = table.version, routes = table.routes.len(), reloaded = true, "route table applied");
+        } else {
+            tracing::info!(version = table.version, routes = table.routes.len(), reloaded = false, "route table applied");
         }
-        let rendered = config::render(&table, &options.ports, caddy.admin_socket(), access_socket);
-        if let Err(err) = caddy.load(&rendered).await {
-            // Caddy keeps serving the previous configuration.
-            tracing::error!(version = table.version, error = %err, "caddy refused the route table; the previous one keeps serving");
-            set_error(shared, applied.as_ref().map(|t| t.version).unwrap_or(0), err.to_string());
-            return;
-        }
-        tracing::info!(version = table.version, routes = table.routes.len(), "route table applied");
+        // Caddy may hold an answer read just before the change for one
+        // refresh interval; only then does the new table really serve.
+        tokio::time::sleep(dns::REFRESH + std::time::Duration::from_millis(20)).await;
     }
     *shared.known_hosts.lock().expect("hosts lock") = table.routes.iter().map(|r| r.host.clone()).collect();
     *shared.status.lock().expect("status lock") = Some(IngressStatus { routes_version: table.version, error: None });
     shared.active.store(true, std::sync::atomic::Ordering::Relaxed);
-    *applied = Some(table);
+    state.table = Some(table);
+}
+
+/// The directory for a table: each host's service name with its usable
+/// upstreams, or the 503 responder when it has none. Upstreams given by
+/// name are resolved here, once per change.
+async fn directory_zone(table: &RouteTable, unavailable: SocketAddr) -> HashMap<String, Vec<dns::Target>> {
+    let mut zone = HashMap::with_capacity(table.routes.len());
+    for route in &table.routes {
+        let mut targets = Vec::new();
+        for upstream in &route.upstreams {
+            if !config::usable_upstream(upstream) {
+                tracing::warn!(host = %route.host, %upstream, "dropping an upstream that is not host:port");
+                continue;
+            }
+            match upstream.parse::<SocketAddr>() {
+                Ok(address) => targets.push(dns::Target::of(address)),
+                Err(_) => match tokio::net::lookup_host(upstream.as_str()).await {
+                    Ok(mut found) => match found.next() {
+                        Some(address) => targets.push(dns::Target::of(address)),
+                        None => tracing::warn!(host = %route.host, %upstream, "an upstream name resolves to nothing"),
+                    },
+                    Err(err) => tracing::warn!(host = %route.host, %upstream, error = %err, "cannot resolve an upstream name"),
+                },
+            }
+        }
+        if targets.is_empty() {
+            targets.push(dns::Target::of(unavailable));
+        }
+        zone.insert(dns::service_name(&route.host), targets);
+    }
+    zone
 }
 
 fn set_error(shared: &IngressShared, version: u64, error: String) {
