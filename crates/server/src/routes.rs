@@ -7,7 +7,7 @@
 //! The version grows on every change and starts from the wall clock, so it
 //! keeps growing across restarts of the control plane.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use cloudweb_protocol::{events, Route};
 
@@ -18,14 +18,37 @@ use crate::AppState;
 /// installs it with a new version and tells every node. Returns the version
 /// in force afterwards.
 pub async fn recompute(state: &AppState) -> Result<u64, ApiError> {
+    use std::sync::atomic::Ordering;
+    // Callers ask after their store write, so any pass that starts after
+    // this ticket sees that write.
+    let ticket = state.routes_requested.fetch_add(1, Ordering::SeqCst) + 1;
     // One at a time: two passes reading the store at different moments must
     // not install their tables in the wrong order.
-    let _turn = state.routes_turn.lock().await;
+    let mut covered = state.routes_turn.lock().await;
+    if *covered >= ticket {
+        // A pass that started after this request finished while we waited
+        // (many app changes at once share one pass).
+        return Ok(version(state));
+    }
+    let starting = state.routes_requested.load(Ordering::SeqCst);
+    let result = compute_and_install(state).await;
+    if result.is_ok() {
+        *covered = starting;
+    }
+    result
+}
+
+async fn compute_and_install(state: &AppState) -> Result<u64, ApiError> {
     let apps = state.store.apps().await?;
     let running = state.store.running_addresses().await?;
+    // Grouped once, so a pass is linear in apps plus instances.
+    let mut by_app: HashMap<&str, Vec<String>> = HashMap::new();
+    for (name, address) in &running {
+        by_app.entry(name.as_str()).or_default().push(address.clone());
+    }
     let mut hosts: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for app in &apps {
-        let mut upstreams: Vec<String> = running.iter().filter(|(name, _)| name == &app.name).map(|(_, address)| address.clone()).collect();
+        let mut upstreams = by_app.remove(app.name.as_str()).unwrap_or_default();
         upstreams.sort();
         upstreams.dedup();
         let domains: Vec<String> = serde_json::from_str(&app.domains).unwrap_or_default();

@@ -9,7 +9,8 @@
 //!   the rest.
 //! - Certificates: Caddy's internal issuer for `localhost`, `*.localhost`,
 //!   `*.test`, `*.internal`, `*.local` and IP addresses (works offline and
-//!   in tests); ACME for every other host.
+//!   in tests); ACME for every other host. Both on demand, at a host's first
+//!   TLS handshake, for hosts the agent permits.
 //! - Access logs go, through a filter that deletes everything but host,
 //!   status and duration, to the agent's unix socket.
 //! - Proxied WebSocket and streaming connections are kept open for a while
@@ -47,9 +48,18 @@ pub fn usable_upstream(address: &str) -> bool {
     cloudweb_protocol::validate::endpoint("upstream", address).is_ok()
 }
 
-/// Caddy's configuration for these hosts. `resolver` is the loopback address
-/// of the agent's upstream directory.
-pub fn render(hosts: &[String], ports: &Ports, admin_socket: &Path, access_socket: &Path, resolver: SocketAddr) -> Value {
+/// The agent's loopback services Caddy calls.
+#[derive(Debug, Clone, Copy)]
+pub struct Local {
+    /// The upstream directory (UDP DNS).
+    pub resolver: SocketAddr,
+    /// The on-demand TLS permission check (HTTP).
+    pub permission: SocketAddr,
+}
+
+/// Caddy's configuration for these hosts.
+pub fn render(hosts: &[String], ports: &Ports, admin_socket: &Path, access_socket: &Path, local: Local) -> Value {
+    let resolver = local.resolver;
     let mut https_routes = Vec::new();
     let mut http_routes = Vec::new();
     let mut internal = Vec::new();
@@ -96,12 +106,16 @@ pub fn render(hosts: &[String], ports: &Ports, admin_socket: &Path, access_socke
     https_routes.push(not_found.clone());
     http_routes.push(not_found);
 
+    // Certificates are obtained on demand, at a host's first handshake, and
+    // only for hosts the agent's permission check knows. A reload then costs
+    // nothing per host: with ten thousand hosts, managing every certificate
+    // at load time took Caddy seconds on each route change.
     let mut policies = Vec::new();
     if !internal.is_empty() {
-        policies.push(json!({"subjects": internal, "issuers": [{"module": "internal"}]}));
+        policies.push(json!({"subjects": internal, "issuers": [{"module": "internal"}], "on_demand": true}));
     }
     if !public.is_empty() {
-        policies.push(json!({"subjects": public}));
+        policies.push(json!({"subjects": public, "on_demand": true}));
     }
     // Only host, status and duration reach the agent.
     let dropped = [
@@ -137,7 +151,10 @@ pub fn render(hosts: &[String], ports: &Ports, admin_socket: &Path, access_socke
                 },
             },
         },
-        "tls": {"automation": {"policies": policies}},
+        "tls": {"automation": {
+            "policies": policies,
+            "on_demand": {"permission": {"module": "http", "endpoint": format!("http://{}/", local.permission)}},
+        }},
         // The internal CA's root stays in Caddy's storage; the agent never
         // touches the machine's trust store.
         "pki": {"certificate_authorities": {"local": {"install_trust": false}}},
@@ -160,8 +177,8 @@ mod tests {
     #[test]
     fn renders_routes_with_fallbacks() {
         let hosts = ["web.test".to_string(), "empty.test".to_string(), "www.example.com".to_string()];
-        let resolver: SocketAddr = "127.0.0.1:5353".parse().unwrap();
-        let config = render(&hosts, &Ports { http: 8080, https: 8443 }, Path::new("/run/a.sock"), Path::new("/run/l.sock"), resolver);
+        let local = Local { resolver: "127.0.0.1:5353".parse().unwrap(), permission: "127.0.0.1:7000".parse().unwrap() };
+        let config = render(&hosts, &Ports { http: 8080, https: 8443 }, Path::new("/run/a.sock"), Path::new("/run/l.sock"), local);
         let routes = &config["apps"]["http"]["servers"]["cloudweb_https"]["routes"];
         let proxy = &routes[0]["handle"][0];
         assert_eq!(proxy["dynamic_upstreams"]["name"], dns::service_name("web.test"));
@@ -174,6 +191,8 @@ mod tests {
         assert_eq!(policies[0]["subjects"], json!(["web.test", "empty.test"]));
         assert_eq!(policies[0]["issuers"][0]["module"], "internal");
         assert_eq!(policies[1]["subjects"], json!(["www.example.com"]));
+        assert!(policies[0]["on_demand"] == true && policies[1]["on_demand"] == true);
+        assert_eq!(config["apps"]["tls"]["automation"]["on_demand"]["permission"]["endpoint"], "http://127.0.0.1:7000/");
         assert_eq!(config["admin"]["listen"], "unix//run/a.sock");
         let redirect = &config["apps"]["http"]["servers"]["cloudweb_http"]["routes"][0]["handle"][0];
         assert_eq!(redirect["headers"]["Location"][0], "https://{http.request.host}:8443{http.request.uri}");

@@ -23,8 +23,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, UdpSocket};
+use tokio::net::UdpSocket;
 
 /// How long Caddy may use an answer before asking again. A switch counts as
 /// applied only once this has passed after the directory changed.
@@ -269,40 +268,6 @@ pub async fn serve(directory: Directory) -> std::io::Result<SocketAddr> {
     Ok(address)
 }
 
-/// The upstream of a host without a healthy instance: answers every request
-/// with a 503 and closes. Returns its loopback address.
-pub async fn serve_unavailable() -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-    let address = listener.local_addr()?;
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut stream, _)) = listener.accept().await else {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            };
-            tokio::spawn(async move {
-                // Read the request head (bounded), then answer and close.
-                let mut head = Vec::new();
-                let mut buffer = [0u8; 2048];
-                while head.len() < 16 * 1024 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buffer)).await {
-                        Ok(Ok(n)) if n > 0 => head.extend_from_slice(&buffer[..n]),
-                        _ => return,
-                    }
-                }
-                let body = "no healthy instance\n";
-                let response = format!(
-                    "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = stream.write_all(response.as_bytes()).await;
-                let _ = stream.shutdown().await;
-            });
-        }
-    });
-    Ok(address)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,7 +370,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn serves_over_udp_and_the_503_responder_answers() {
+    async fn serves_over_udp() {
         let directory = Directory::default();
         let service = service_name("web.test");
         directory.replace(HashMap::from([(service.clone(), vec![Target::of("127.0.0.1:8080".parse().unwrap())])]));
@@ -415,13 +380,5 @@ mod tests {
         let mut buffer = [0u8; 1500];
         let len = tokio::time::timeout(Duration::from_secs(5), socket.recv(&mut buffer)).await.unwrap().unwrap();
         assert_eq!(counts(&buffer[..len]), (0, 1));
-
-        let sink = serve_unavailable().await.unwrap();
-        let mut stream = tokio::net::TcpStream::connect(sink).await.unwrap();
-        stream.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        assert!(response.starts_with("HTTP/1.1 503"), "{response}");
-        assert!(response.ends_with("no healthy instance\n"));
     }
 }

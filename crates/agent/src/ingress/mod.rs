@@ -12,6 +12,7 @@
 pub mod caddy;
 pub mod config;
 pub mod dns;
+pub mod local;
 pub mod traffic;
 
 use std::collections::{HashMap, HashSet};
@@ -57,15 +58,22 @@ pub async fn run(client: Arc<ControlPlane>, options: IngressOptions, wake: Arc<N
         return;
     }
     let directory = dns::Directory::default();
-    let (resolver, unavailable) = match (dns::serve(directory.clone()).await, dns::serve_unavailable().await) {
-        (Ok(resolver), Ok(unavailable)) => (resolver, unavailable),
-        (Err(err), _) | (_, Err(err)) => {
-            tracing::error!(error = %err, "cannot bind the upstream directory on loopback; ingress disabled");
-            set_error(&shared, 0, format!("cannot bind the upstream directory: {err}"));
+    let allowed = local::Allowed::default();
+    let bound = async {
+        let resolver = dns::serve(directory.clone()).await?;
+        let permission = local::serve_permission(allowed.clone()).await?;
+        let unavailable = local::serve_unavailable().await?;
+        std::io::Result::Ok((config::Local { resolver, permission }, unavailable))
+    };
+    let (local, unavailable) = match bound.await {
+        Ok(bound) => bound,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot bind the ingress's loopback services; ingress disabled");
+            set_error(&shared, 0, format!("cannot bind the ingress's loopback services: {err}"));
             return;
         }
     };
-    let mut state = Applied { directory, resolver, unavailable, table: None, loaded: None };
+    let mut state = Applied { directory, allowed, local, unavailable, table: None, loaded: None };
     {
         let counter = shared.counter.clone();
         let socket = access_socket.clone();
@@ -107,7 +115,9 @@ pub async fn run(client: Arc<ControlPlane>, options: IngressOptions, wake: Arc<N
 /// What the ingress has put in force.
 struct Applied {
     directory: dns::Directory,
-    resolver: SocketAddr,
+    /// Hosts on-demand TLS may obtain a certificate for.
+    allowed: local::Allowed,
+    local: config::Local,
     /// The 503 responder hosts without instances point at.
     unavailable: SocketAddr,
     table: Option<RouteTable>,
@@ -120,10 +130,17 @@ async fn apply(caddy: &Caddy, options: &IngressOptions, access_socket: &std::pat
     if routes_changed {
         let previous_zone = state.table.as_ref().map(|t| t.routes.clone());
         let zone = directory_zone(&table, state.unavailable).await;
-        // Names first: a host Caddy is about to serve must already resolve.
+        // Names first: a host Caddy is about to serve must already resolve
+        // and be allowed a certificate.
         state.directory.replace(zone.clone());
         let hosts: Vec<String> = table.routes.iter().map(|r| r.host.clone()).collect();
-        let rendered = config::render(&hosts, &options.ports, caddy.admin_socket(), access_socket, state.resolver);
+        let mut allowed: HashSet<String> = hosts.iter().cloned().collect();
+        if let Some(current) = &state.table {
+            // Until the new configuration loads, the old one still serves.
+            allowed.extend(current.routes.iter().map(|r| r.host.clone()));
+        }
+        state.allowed.replace(allowed);
+        let rendered = config::render(&hosts, &options.ports, caddy.admin_socket(), access_socket, state.local);
         if state.loaded.as_ref() != Some(&rendered) {
             if let Err(err) = caddy.load(&rendered).await {
                 // Caddy keeps serving the previous configuration; keep the
@@ -139,6 +156,7 @@ async fn apply(caddy: &Caddy, options: &IngressOptions, access_socket: &std::pat
                 return;
             }
             state.loaded = Some(rendered);
+            state.allowed.replace(hosts.iter().cloned().collect());
             tracing::info!(version = table.version, routes = table.routes.len(), reloaded = true, "route table applied");
         } else {
             tracing::info!(version = table.version, routes = table.routes.len(), reloaded = false, "route table applied");
