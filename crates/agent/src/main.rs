@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use cloudweb_agent::client::{parse_fingerprint, ControlPlane};
 use cloudweb_agent::deploy::DeployOptions;
 use cloudweb_agent::ingress::config::Ports;
+use cloudweb_agent::ingress::caddy::Launch;
 use cloudweb_agent::ingress::IngressOptions;
 use cloudweb_agent::identity::Identity;
 use cloudweb_agent::join::{join, JoinOptions};
@@ -99,6 +100,10 @@ struct RunArgs {
     /// Caddy binary run by ingress nodes.
     #[arg(long, default_value = "caddy")]
     caddy_bin: PathBuf,
+    /// Run Caddy from this image as a container on the host network instead
+    /// of the binary; it keeps serving while the agent restarts.
+    #[arg(long, conflicts_with = "caddy_bin")]
+    caddy_image: Option<String>,
     /// Port of the ingress's plain HTTP server (redirects to HTTPS).
     #[arg(long, default_value_t = 80)]
     http_port: u16,
@@ -166,7 +171,7 @@ fn real_main() -> anyhow::Result<()> {
                 Ok(())
             }
             Commands::Run(args) => {
-                for image in [&args.static_builder_image, &args.static_server_image, &args.buildpacks_builder] {
+                for image in [&args.static_builder_image, &args.static_server_image, &args.buildpacks_builder].into_iter().chain(args.caddy_image.as_ref()) {
                     if image.is_empty() || image.starts_with('-') || image.contains(char::is_whitespace) {
                         anyhow::bail!("image names must not be empty, start with '-' or contain spaces: {image:?}");
                     }
@@ -177,7 +182,10 @@ fn real_main() -> anyhow::Result<()> {
                     anyhow::bail!("--http-port and --https-port must be two different non-zero ports");
                 }
                 let ingress = identity.info.ingress.then(|| IngressOptions {
-                    caddy_bin: resolve_binary(&args.caddy_bin),
+                    launch: match args.caddy_image.clone() {
+                        Some(image) => Launch::Image { image, docker_host: args.docker_host.clone(), node_id: identity.info.node_id.clone() },
+                        None => Launch::Binary(resolve_binary(&args.caddy_bin)),
+                    },
                     ports: Ports { http: args.http_port, https: args.https_port },
                     dir: cli.data_dir.join("caddy"),
                 });

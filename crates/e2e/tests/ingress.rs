@@ -22,21 +22,28 @@ struct Cluster {
     git: GitServer,
     https_port: u16,
     http_port: u16,
+    agent_args: Vec<String>,
 }
 
 async fn cluster() -> Cluster {
+    let caddy = caddy_bin().display().to_string();
+    cluster_with(&["--caddy-bin", &caddy]).await
+}
+
+/// A cluster whose ingress runs Caddy as `launch` says.
+async fn cluster_with(launch: &[&str]) -> Cluster {
     let Platform { tmp, git, server } = start_platform(&["--base-domain", "test", "--heartbeat-flush-seconds", "1"]).await.unwrap();
     let (token, ca) = server.join_token().await.unwrap();
     let mut agent = AgentNode::join(&server, &tmp.path().join("edge"), "edge", &token, &ca, &["--ingress"]).unwrap().unwrap();
     let (http_port, https_port) = (free_port(), free_port());
-    let caddy = caddy_bin().display().to_string();
-    agent
-        .start(&[
-            "--heartbeat-interval-seconds", "1", "--metrics-interval-seconds", "2",
-            "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1",
-            "--caddy-bin", &caddy, "--http-port", &http_port.to_string(), "--https-port", &https_port.to_string(),
-        ])
-        .unwrap();
+    let (http, https) = (http_port.to_string(), https_port.to_string());
+    let mut args = vec![
+        "--heartbeat-interval-seconds", "1", "--metrics-interval-seconds", "2",
+        "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1",
+        "--http-port", &http, "--https-port", &https,
+    ];
+    args.extend_from_slice(launch);
+    agent.start(&args).unwrap();
     let node_id = agent.node_id.clone();
     wait_for(Duration::from_secs(20), "the ingress to run", || async {
         let node = server.node(&node_id).await.ok()?;
@@ -44,7 +51,7 @@ async fn cluster() -> Cluster {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
-    Cluster { _tmp: tmp, server, agent, git, https_port, http_port }
+    Cluster { _tmp: tmp, server, agent, git, https_port, http_port, agent_args: args.iter().map(|a| a.to_string()).collect() }
 }
 
 impl Cluster {
@@ -304,4 +311,54 @@ async fn an_open_stream_survives_an_unrelated_route_change() {
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     assert!(seen.matches("tick").count() >= 5, "{seen}");
+}
+
+/// `docker inspect` of one field of a container.
+fn inspect(container: &str, format: &str) -> String {
+    let output = std::process::Command::new("docker").args(["inspect", "--format", format, container]).output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+#[tokio::test]
+async fn caddy_in_a_container_serves_and_is_adopted_after_an_agent_restart() {
+    let mut cluster = cluster_with(&["--caddy-image", "cloudweb/caddy:latest"]).await;
+    let name = unique_name("boxed");
+    let host = format!("{name}.test");
+    cluster.app(&name, "boxed\n", &[]).await;
+    let client = cluster.client(&[&host]);
+    let response = client.get(cluster.https(&host, "/")).send().await.unwrap();
+    assert_eq!(response.text().await.unwrap(), "boxed\n");
+    let redirect = client.get(format!("http://{host}:{}/x", cluster.http_port)).send().await.unwrap();
+    assert_eq!(redirect.status(), 308);
+
+    // Caddy runs in its own container on the host network, labelled as this
+    // node's ingress, and no Caddy process is the agent's child.
+    let short: String = cluster.agent.node_id.chars().filter(char::is_ascii_alphanumeric).take(24).collect();
+    let container = format!("cloudweb-caddy-{short}");
+    assert_eq!(inspect(&container, "{{.HostConfig.NetworkMode}}"), "host");
+    assert_eq!(inspect(&container, "{{index .Config.Labels \"cloudweb.role\"}}"), "ingress");
+    let started = inspect(&container, "{{.State.StartedAt}}");
+
+    // The agent restarts: the container keeps running, is adopted, and its
+    // configuration is still right, so nothing is reloaded.
+    cluster.agent.kill();
+    assert_eq!(inspect(&container, "{{.State.Running}}"), "true", "caddy outlives the agent");
+    let args: Vec<&str> = cluster.agent_args.iter().map(String::as_str).collect();
+    cluster.agent.start(&args).unwrap();
+    wait_for(Duration::from_secs(20), "the restarted agent to adopt caddy", || async {
+        cluster.agent.log_text().contains("route table applied").then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", cluster.agent.log_text()));
+    let log = cluster.agent.log_text();
+    assert!(log.contains("adopted=true"), "{log}");
+    assert!(!log.contains("reloaded=true"), "an adopted caddy with the same routes is not reloaded: {log}");
+    assert_eq!(inspect(&container, "{{.State.StartedAt}}"), started, "the same container, never restarted");
+    assert_eq!(client.get(cluster.https(&host, "/")).send().await.unwrap().text().await.unwrap(), "boxed\n");
+
+    // And a blue/green switch after the restart goes through the directory.
+    cluster.git.commit(&name, &[("index.html", "boxed 2\n")], "next").unwrap();
+    cluster.deploy(&name).await;
+    assert_eq!(client.get(cluster.https(&host, "/")).send().await.unwrap().text().await.unwrap(), "boxed 2\n");
 }

@@ -246,9 +246,15 @@ fn srv_record(target: &Target) -> Vec<u8> {
     record(TYPE_SRV, &rdata)
 }
 
-/// Serves the directory on a loopback UDP port; returns the bound address.
-pub async fn serve(directory: Directory) -> std::io::Result<SocketAddr> {
-    let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+/// Serves the directory on a loopback UDP port, `preferred` when it is free
+/// (so a Caddy that outlived the agent finds it again); returns the bound
+/// address.
+pub async fn serve(directory: Directory, preferred: u16) -> std::io::Result<SocketAddr> {
+    let socket = match UdpSocket::bind((Ipv4Addr::LOCALHOST, preferred)).await {
+        Ok(socket) => socket,
+        Err(_) if preferred != 0 => UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await?,
+        Err(err) => return Err(err),
+    };
     let address = socket.local_addr()?;
     tokio::spawn(async move {
         let mut buffer = vec![0u8; 4096];
@@ -374,7 +380,7 @@ mod tests {
         let directory = Directory::default();
         let service = service_name("web.test");
         directory.replace(HashMap::from([(service.clone(), vec![Target::of("127.0.0.1:8080".parse().unwrap())])]));
-        let address = serve(directory.clone()).await.unwrap();
+        let address = serve(directory.clone(), 0).await.unwrap();
         let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         socket.send_to(&query(&service, TYPE_SRV, None), address).await.unwrap();
         let mut buffer = [0u8; 1500];

@@ -31,14 +31,16 @@ impl Allowed {
     }
 }
 
-/// Serves the 503 upstream; returns its address.
-pub async fn serve_unavailable() -> std::io::Result<SocketAddr> {
-    serve(|_target| (503, "no healthy instance\n")).await
+/// Serves the 503 upstream on `preferred` when it is free; returns its
+/// address.
+pub async fn serve_unavailable(preferred: u16) -> std::io::Result<SocketAddr> {
+    serve(preferred, |_target| (503, "no healthy instance\n")).await
 }
 
-/// Serves the on-demand TLS permission check; returns its address.
-pub async fn serve_permission(allowed: Allowed) -> std::io::Result<SocketAddr> {
-    serve(move |target| {
+/// Serves the on-demand TLS permission check on `preferred` when it is
+/// free; returns its address.
+pub async fn serve_permission(allowed: Allowed, preferred: u16) -> std::io::Result<SocketAddr> {
+    serve(preferred, move |target| {
         let domain = target.split_once('?').map(|(_, query)| query).unwrap_or("").split('&').find_map(|pair| pair.strip_prefix("domain="));
         match domain {
             Some(domain) if allowed.permits(domain) => (200, "ok\n"),
@@ -48,11 +50,15 @@ pub async fn serve_permission(allowed: Allowed) -> std::io::Result<SocketAddr> {
     .await
 }
 
-async fn serve<F>(answer: F) -> std::io::Result<SocketAddr>
+async fn serve<F>(preferred: u16, answer: F) -> std::io::Result<SocketAddr>
 where
     F: Fn(&str) -> (u16, &'static str) + Send + Sync + 'static,
 {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+    let listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, preferred)).await {
+        Ok(listener) => listener,
+        Err(_) if preferred != 0 => TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?,
+        Err(err) => return Err(err),
+    };
     let address = listener.local_addr()?;
     let answer = Arc::new(answer);
     tokio::spawn(async move {
@@ -110,7 +116,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_unavailable_upstream_answers_503() {
-        let address = serve_unavailable().await.unwrap();
+        let address = serve_unavailable(0).await.unwrap();
         let response = get(address, "/any/path").await;
         assert!(response.starts_with("HTTP/1.1 503"), "{response}");
         assert!(response.ends_with("no healthy instance\n"));
@@ -120,7 +126,7 @@ mod tests {
     async fn only_hosts_in_force_get_a_certificate() {
         let allowed = Allowed::default();
         allowed.replace(HashSet::from(["web.test".to_string()]));
-        let address = serve_permission(allowed.clone()).await.unwrap();
+        let address = serve_permission(allowed.clone(), 0).await.unwrap();
         assert!(get(address, "/?domain=web.test").await.starts_with("HTTP/1.1 200"));
         assert!(get(address, "/?domain=WEB.test").await.starts_with("HTTP/1.1 200"));
         assert!(get(address, "/?domain=other.test").await.starts_with("HTTP/1.1 403"));

@@ -24,14 +24,14 @@ use std::time::Duration;
 use cloudweb_protocol::{IngressStatus, RouteTable};
 use tokio::sync::Notify;
 
-use self::caddy::Caddy;
+use self::caddy::{Caddy, Launch};
 use self::config::Ports;
 use self::traffic::TrafficCounter;
 use crate::client::ControlPlane;
 
 #[derive(Debug, Clone)]
 pub struct IngressOptions {
-    pub caddy_bin: PathBuf,
+    pub launch: Launch,
     pub ports: Ports,
     /// Where Caddy keeps its state (certificates) and sockets live.
     pub dir: PathBuf,
@@ -59,10 +59,16 @@ pub async fn run(client: Arc<ControlPlane>, options: IngressOptions, wake: Arc<N
     }
     let directory = dns::Directory::default();
     let allowed = local::Allowed::default();
+    // The ports of the last run when they are free again: a Caddy container
+    // that outlived the agent keeps calling them.
+    let ports_file = options.dir.join("local-ports.json");
+    let previous: [u16; 3] = std::fs::read(&ports_file).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or([0; 3]);
     let bound = async {
-        let resolver = dns::serve(directory.clone()).await?;
-        let permission = local::serve_permission(allowed.clone()).await?;
-        let unavailable = local::serve_unavailable().await?;
+        let resolver = dns::serve(directory.clone(), previous[0]).await?;
+        let permission = local::serve_permission(allowed.clone(), previous[1]).await?;
+        let unavailable = local::serve_unavailable(previous[2]).await?;
+        let ports = [resolver.port(), permission.port(), unavailable.port()];
+        std::fs::write(&ports_file, serde_json::to_vec(&ports).expect("json"))?;
         std::io::Result::Ok((config::Local { resolver, permission }, unavailable))
     };
     let (local, unavailable) = match bound.await {
@@ -84,7 +90,7 @@ pub async fn run(client: Arc<ControlPlane>, options: IngressOptions, wake: Arc<N
         });
     }
     loop {
-        let mut caddy = match Caddy::start(&options.caddy_bin, &options.dir).await {
+        let mut caddy = match Caddy::start(&options.launch, &options.dir).await {
             Ok(caddy) => caddy,
             Err(err) => {
                 tracing::error!(error = %err, "cannot start Caddy; retrying in 10 s");
@@ -93,10 +99,12 @@ pub async fn run(client: Arc<ControlPlane>, options: IngressOptions, wake: Arc<N
                 continue;
             }
         };
-        tracing::info!(admin = %caddy.admin_socket().display(), "caddy started");
-        // A new Caddy process has no configuration yet.
-        state.loaded = None;
-        while caddy.is_running() {
+        tracing::info!(admin = %caddy.admin_socket().display(), adopted = caddy.adopted, "caddy started");
+        // A new Caddy has no configuration yet; an adopted one keeps its own,
+        // and is reloaded only if the table renders differently.
+        state.loaded = if caddy.adopted { caddy.current().await.ok() } else { None };
+        state.table = None;
+        while caddy.is_running().await {
             match client.routes().await {
                 Ok(table) => apply(&caddy, &options, &access_socket, &shared, &mut state, table).await,
                 Err(err) => tracing::warn!(error = %err, "cannot read the route table"),

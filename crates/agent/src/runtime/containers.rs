@@ -139,3 +139,67 @@ impl DockerRuntime {
         result
     }
 }
+
+/// The ingress's Caddy run as a container (`--caddy-image`).
+#[derive(Debug, Clone)]
+pub struct CaddyContainer {
+    pub name: String,
+    pub image: String,
+    /// The agent's Caddy dir: mounted at the same path, so the admin and
+    /// access log sockets and the certificates live where the agent looks.
+    pub dir: String,
+    pub bootstrap: String,
+}
+
+pub const LABEL_ROLE: &str = "cloudweb.role";
+
+impl DockerRuntime {
+    /// Starts the ingress container, or adopts it when one of this node with
+    /// the same image already runs (it outlives agent restarts, so traffic
+    /// goes on while the agent is upgraded). Returns its id and whether it
+    /// was adopted.
+    pub async fn ensure_caddy(&self, spec: &CaddyContainer) -> Result<(String, bool), RuntimeError> {
+        let docker = self.docker()?;
+        match docker.inspect_container(&spec.name, None::<bollard::query_parameters::InspectContainerOptions>).await {
+            Ok(existing) => {
+                let labels = existing.config.as_ref().and_then(|c| c.labels.clone()).unwrap_or_default();
+                let ours = labels.get(super::LABEL_NODE) == Some(&self.node_id) && labels.get(LABEL_ROLE).map(String::as_str) == Some("ingress");
+                if !ours {
+                    return Err(RuntimeError::Failed(format!("a container named {} exists and is not this node's ingress", spec.name)));
+                }
+                let same_image = existing.config.as_ref().and_then(|c| c.image.as_deref()) == Some(spec.image.as_str());
+                let running = existing.state.as_ref().and_then(|s| s.running).unwrap_or(false);
+                let id = existing.id.unwrap_or_default();
+                if same_image && running {
+                    return Ok((id, true));
+                }
+                self.remove(&id).await?;
+            }
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
+            Err(err) => return Err(err.into()),
+        }
+        let labels = HashMap::from([(super::LABEL_NODE.to_string(), self.node_id.clone()), (LABEL_ROLE.to_string(), "ingress".to_string())]);
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: Some(vec!["caddy".into(), "run".into(), "--config".into(), spec.bootstrap.clone()]),
+            env: Some(vec![
+                format!("XDG_DATA_HOME={}/data", spec.dir),
+                format!("XDG_CONFIG_HOME={}/config", spec.dir),
+                format!("HOME={}", spec.dir),
+            ]),
+            labels: Some(labels),
+            host_config: Some(HostConfig {
+                // The ports Caddy listens on and the agent's loopback
+                // services are the host's.
+                network_mode: Some("host".into()),
+                binds: Some(vec![format!("{}:{}", spec.dir, spec.dir)]),
+                restart_policy: Some(RestartPolicy { name: Some(RestartPolicyNameEnum::UNLESS_STOPPED), maximum_retry_count: None }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let created = docker.create_container(Some(CreateContainerOptionsBuilder::new().name(&spec.name).build()), body).await?;
+        docker.start_container(&created.id, None::<bollard::query_parameters::StartContainerOptions>).await?;
+        Ok((created.id, false))
+    }
+}
