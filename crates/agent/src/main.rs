@@ -38,6 +38,9 @@ enum Commands {
         /// Leave even while apps run here; their deployments become failed.
         #[arg(long)]
         force: bool,
+        /// The Docker Engine whose ingress container (`--caddy-image`) goes too.
+        #[arg(long, env = "DOCKER_HOST", default_value = "unix:///var/run/docker.sock")]
+        docker_host: String,
     },
 }
 
@@ -223,11 +226,23 @@ fn real_main() -> anyhow::Result<()> {
                 .await?;
                 Ok(())
             }
-            Commands::Leave { force } => {
+            Commands::Leave { force, docker_host } => {
                 let identity = Identity::load(&cli.data_dir)?;
                 let client = ControlPlane::for_node(&identity, cli.speak_protocol)?;
+                // A node that leaves stops serving: its Caddy container, if it
+                // has one, goes. Docker being unreachable does not stop the leave.
+                let remove_ingress = || async {
+                    if let Ok(runtime) = cloudweb_agent::runtime::DockerRuntime::new(&docker_host, &identity.info.node_id) {
+                        match runtime.remove_ingress().await {
+                            Ok(0) => {}
+                            Ok(_) => println!("removed the ingress container"),
+                            Err(err) => eprintln!("could not remove the ingress container: {err}"),
+                        }
+                    }
+                };
                 match client.leave(force).await {
                     Ok(left) => {
+                        remove_ingress().await;
                         Identity::erase(&cli.data_dir)?;
                         println!("node {} left the cluster", left.node_id);
                         for deployment in left.failed_deployments {
@@ -238,6 +253,7 @@ fn real_main() -> anyhow::Result<()> {
                     // Removed by an administrator already: nothing left to
                     // tell the control plane, so just forget the identity.
                     Err(err) if err.status() == Some(403) => {
+                        remove_ingress().await;
                         Identity::erase(&cli.data_dir)?;
                         println!("node {} was already removed from the cluster", identity.info.node_id);
                         Ok(())

@@ -361,4 +361,12 @@ async fn caddy_in_a_container_serves_and_is_adopted_after_an_agent_restart() {
     cluster.git.commit(&name, &[("index.html", "boxed 2\n")], "next").unwrap();
     cluster.deploy(&name).await;
     assert_eq!(client.get(cluster.https(&host, "/")).send().await.unwrap().text().await.unwrap(), "boxed 2\n");
+
+    // The node leaves: its ingress container goes with it.
+    cluster.agent.kill();
+    let args = vec!["--data-dir".to_string(), cluster.agent.dir.display().to_string(), "leave".into(), "--force".into()];
+    let left = cloudweb_e2e::run_agent_command(&args).unwrap();
+    assert!(left.success, "{}", left.output);
+    let gone = std::process::Command::new("docker").args(["inspect", &container]).output().unwrap();
+    assert!(!gone.status.success(), "the ingress container was removed");
 }

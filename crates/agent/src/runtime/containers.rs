@@ -202,4 +202,20 @@ impl DockerRuntime {
         docker.start_container(&created.id, None::<bollard::query_parameters::StartContainerOptions>).await?;
         Ok((created.id, false))
     }
+
+    /// Removes this node's ingress container, if any (the node leaves).
+    pub async fn remove_ingress(&self) -> Result<usize, RuntimeError> {
+        let labels = vec![format!("{}={}", super::LABEL_NODE, self.node_id), format!("{LABEL_ROLE}=ingress")];
+        let filters = HashMap::from([("label", labels)]);
+        let containers = self
+            .docker()?
+            .list_containers(Some(bollard::query_parameters::ListContainersOptionsBuilder::new().all(true).filters(&filters).build()))
+            .await?;
+        for container in &containers {
+            if let Some(id) = &container.id {
+                self.remove(id).await?;
+            }
+        }
+        Ok(containers.len())
+    }
 }
