@@ -133,7 +133,7 @@ struct Applied {
     loaded: Option<serde_json::Value>,
 }
 
-async fn apply(caddy: &Caddy, options: &IngressOptions, access_socket: &std::path::Path, shared: &IngressShared, state: &mut Applied, table: RouteTable) {
+async fn apply(caddy: &Caddy, options: &IngressOptions, access_socket: &std::path::Path, shared: &Arc<IngressShared>, state: &mut Applied, table: RouteTable) {
     let routes_changed = state.table.as_ref().is_none_or(|current| current.routes != table.routes);
     if routes_changed {
         let previous_zone = state.table.as_ref().map(|t| t.routes.clone());
@@ -169,14 +169,35 @@ async fn apply(caddy: &Caddy, options: &IngressOptions, access_socket: &std::pat
         } else {
             tracing::info!(version = table.version, routes = table.routes.len(), reloaded = false, "route table applied");
         }
-        // Caddy may hold an answer read just before the change for one
-        // refresh interval; only then does the new table really serve.
-        tokio::time::sleep(dns::REFRESH + std::time::Duration::from_millis(20)).await;
     }
     *shared.known_hosts.lock().expect("hosts lock") = table.routes.iter().map(|r| r.host.clone()).collect();
-    *shared.status.lock().expect("status lock") = Some(IngressStatus { routes_version: table.version, error: None });
     shared.active.store(true, std::sync::atomic::Ordering::Relaxed);
+    if routes_changed {
+        // Caddy may hold an answer read just before the change for one
+        // refresh interval; only then does the new table really serve. The
+        // loop goes on meanwhile, so a next change is not held up.
+        let (shared, version) = (shared.clone(), table.version);
+        tokio::spawn(async move {
+            tokio::time::sleep(dns::REFRESH + std::time::Duration::from_millis(20)).await;
+            publish(&shared, version);
+        });
+    } else {
+        publish(shared, table.version);
+    }
     state.table = Some(table);
+}
+
+/// Reports `version` as served, unless a newer version (or a failure of
+/// this one) was reported meanwhile.
+fn publish(shared: &IngressShared, version: u64) {
+    let mut status = shared.status.lock().expect("status lock");
+    let newer = match status.as_ref() {
+        None => true,
+        Some(current) => current.routes_version < version || (current.routes_version == version && current.error.is_none()),
+    };
+    if newer {
+        *status = Some(IngressStatus { routes_version: version, error: None });
+    }
 }
 
 /// The directory for a table: each host's service name with its usable
