@@ -264,7 +264,7 @@ fn print_summary(results: &Results, args: &Args) {
                 format_ms(quantile(&switches.switch_ms, 0.99)),
             );
             println!(
-                "   Caddy reloaded {} times; {} request loops per protocol, {} ms apart, each protocol on its own connections, both at once:",
+                "   Caddy's configuration reloaded {} times (switches change only the agent's upstream directory); {} request loops per protocol, {} ms apart, each protocol on its own connections, both at once:",
                 switches.caddy_loads, args.load_workers, args.load_pause_ms
             );
             for load in &switches.loads {

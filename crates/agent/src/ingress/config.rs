@@ -1,8 +1,8 @@
 //! Rendering the route table into Caddy's JSON configuration.
 //!
-//! - One HTTPS server with a route per host that reverse-proxies to the
-//!   upstreams the agent's directory lists for that host (see [`super::dns`]),
-//!   then a 404 for anything else. The configuration names hosts only, never
+//! - One HTTPS server with one route for all hosts that reverse-proxies to
+//!   the upstreams the agent's directory lists for the request's host (see
+//!   [`super::dns`]), then a 404 for anything else. The configuration names hosts only, never
 //!   instances, so a blue/green switch changes the directory and leaves
 //!   Caddy's configuration (and its open connections) alone.
 //! - One HTTP server that redirects known hosts to HTTPS and answers 404 to
@@ -65,30 +65,32 @@ pub fn render(hosts: &[String], ports: &Ports, admin_socket: &Path, access_socke
     let mut internal = Vec::new();
     let mut public = Vec::new();
     let resolvers = json!({"addresses": [format!("udp/{resolver}")]});
-    for host in hosts {
-        let handler = json!({
-            "handler": "reverse_proxy",
-            "dynamic_upstreams": {
-                "source": "srv",
-                "name": dns::service_name(host),
-                "refresh": format!("{}ms", dns::REFRESH.as_millis()),
-                // Should the directory stop answering (the agent restarts),
-                // the last answer keeps serving.
-                "grace_period": "5m",
-                "resolver": resolvers,
-                "dial_timeout": "2s",
-            },
-            // Upstream names (`4-127-0-0-1.cloudweb.`) resolve through the
-            // same directory.
-            "transport": {"protocol": "http", "resolver": resolvers},
-            "stream_close_delay": STREAM_CLOSE_DELAY,
-            // A dial error (an instance that just stopped) is retried, with
-            // a fresh upstream list, instead of failing the request.
-            "load_balancing": {"selection_policy": {"policy": "round_robin"}, "try_duration": "3s", "try_interval": "100ms"},
-        });
-        https_routes.push(json!({"match": [{"host": [host]}], "handle": [handler], "terminal": true}));
+    // One proxy for every host: the SRV name comes from the request's host,
+    // so Caddy provisions one handler whatever the size of the table.
+    let proxy = json!({
+        "handler": "reverse_proxy",
+        "dynamic_upstreams": {
+            "source": "srv",
+            "name": dns::SERVICE_PLACEHOLDER,
+            "refresh": format!("{}ms", dns::REFRESH.as_millis()),
+            // Should the directory stop answering (the agent restarts),
+            // the last answer keeps serving.
+            "grace_period": "5m",
+            "resolver": resolvers,
+            "dial_timeout": "2s",
+        },
+        // Upstream names (`4-127-0-0-1.a.cloudweb.`) resolve through the
+        // same directory.
+        "transport": {"protocol": "http", "resolver": resolvers},
+        "stream_close_delay": STREAM_CLOSE_DELAY,
+        // A dial error (an instance that just stopped) is retried, with a
+        // fresh upstream list, instead of failing the request.
+        "load_balancing": {"selection_policy": {"policy": "round_robin"}, "try_duration": "3s", "try_interval": "100ms"},
+    });
+    if !hosts.is_empty() {
+        https_routes.push(json!({"match": [{"host": hosts}], "handle": [proxy], "terminal": true}));
         http_routes.push(json!({
-            "match": [{"host": [host]}],
+            "match": [{"host": hosts}],
             "handle": [{
                 "handler": "static_response",
                 "status_code": 308,
@@ -96,6 +98,8 @@ pub fn render(hosts: &[String], ports: &Ports, admin_socket: &Path, access_socke
             }],
             "terminal": true,
         }));
+    }
+    for host in hosts {
         if internal_host(host) {
             internal.push(host.clone());
         } else {
@@ -180,13 +184,16 @@ mod tests {
         let local = Local { resolver: "127.0.0.1:5353".parse().unwrap(), permission: "127.0.0.1:7000".parse().unwrap() };
         let config = render(&hosts, &Ports { http: 8080, https: 8443 }, Path::new("/run/a.sock"), Path::new("/run/l.sock"), local);
         let routes = &config["apps"]["http"]["servers"]["cloudweb_https"]["routes"];
+        assert_eq!(routes[0]["match"][0]["host"], json!(hosts), "one route for every host");
         let proxy = &routes[0]["handle"][0];
-        assert_eq!(proxy["dynamic_upstreams"]["name"], dns::service_name("web.test"));
+        assert_eq!(proxy["dynamic_upstreams"]["name"], dns::SERVICE_PLACEHOLDER);
         assert_eq!(proxy["dynamic_upstreams"]["resolver"]["addresses"], json!(["udp/127.0.0.1:5353"]));
         assert_eq!(proxy["transport"]["resolver"]["addresses"], json!(["udp/127.0.0.1:5353"]));
         assert!(proxy.get("upstreams").is_none(), "no instance address in the configuration");
         assert_eq!(proxy["stream_close_delay"], STREAM_CLOSE_DELAY);
-        assert_eq!(routes[3]["handle"][0]["status_code"], 404, "unknown hosts get a 404");
+        assert_eq!(routes[1]["handle"][0]["status_code"], 404, "unknown hosts get a 404");
+        let empty = render(&[], &Ports { http: 8080, https: 8443 }, Path::new("/run/a.sock"), Path::new("/run/l.sock"), local);
+        assert_eq!(empty["apps"]["http"]["servers"]["cloudweb_https"]["routes"][0]["handle"][0]["status_code"], 404);
         let policies = &config["apps"]["tls"]["automation"]["policies"];
         assert_eq!(policies[0]["subjects"], json!(["web.test", "empty.test"]));
         assert_eq!(policies[0]["issuers"][0]["module"], "internal");

@@ -9,9 +9,11 @@
 //! in place. Caddy re-reads a name at most every [`REFRESH`].
 //!
 //! Names (all under `cloudweb.`, never forwarded anywhere):
-//! - `h-<16 hex>.cloudweb.`: SRV, one record per upstream of a host.
-//! - `4-a-b-c-d.cloudweb.`: A, the IPv4 address it spells.
-//! - `6-<32 hex>.cloudweb.`: AAAA, the IPv6 address it spells.
+//! - `<host>.h.cloudweb.`: SRV, one record per upstream of a host. Caddy
+//!   builds the name from the request's host, so one proxy handler serves
+//!   every host.
+//! - `4-a-b-c-d.a.cloudweb.`: A, the IPv4 address it spells.
+//! - `6-<32 hex>.a.cloudweb.`: AAAA, the IPv6 address it spells.
 //!
 //! A host without a healthy instance points at the agent's own 503 responder
 //! so that Caddy never sees an empty answer (it would treat one as a lookup
@@ -22,14 +24,14 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio::net::UdpSocket;
 
 /// How long Caddy may use an answer before asking again. A switch counts as
 /// applied only once this has passed after the directory changed.
 pub const REFRESH: Duration = Duration::from_millis(250);
 
-const SUFFIX: &str = "cloudweb.";
+const HOSTS: &str = "h.cloudweb.";
+const ADDRESSES: &str = "a.cloudweb.";
 const TYPE_A: u16 = 1;
 const TYPE_AAAA: u16 = 28;
 const TYPE_SRV: u16 = 33;
@@ -43,25 +45,27 @@ const RCODE_NOTIMP: u16 = 4;
 /// socket. 1232 bytes hold about 28 upstreams per host.
 const PLAIN_UDP_SIZE: usize = 512;
 
-/// The stable lookup name of a host's upstreams.
+/// The lookup name of a host's upstreams.
 pub fn service_name(host: &str) -> String {
-    let digest = Sha256::digest(host.as_bytes());
-    format!("h-{}.{SUFFIX}", &hex::encode(digest)[..16])
+    format!("{}.{HOSTS}", host.to_ascii_lowercase())
 }
+
+/// The SRV name Caddy looks up, from the request's host.
+pub const SERVICE_PLACEHOLDER: &str = "{http.request.host}.h.cloudweb.";
 
 /// The name that resolves to `ip`.
 pub fn address_name(ip: IpAddr) -> String {
     match ip {
         IpAddr::V4(v4) => {
             let [a, b, c, d] = v4.octets();
-            format!("4-{a}-{b}-{c}-{d}.{SUFFIX}")
+            format!("4-{a}-{b}-{c}-{d}.{ADDRESSES}")
         }
-        IpAddr::V6(v6) => format!("6-{}.{SUFFIX}", hex::encode(v6.octets())),
+        IpAddr::V6(v6) => format!("6-{}.{ADDRESSES}", hex::encode(v6.octets())),
     }
 }
 
 fn parse_address_name(name: &str) -> Option<IpAddr> {
-    let label = name.strip_suffix(SUFFIX)?.strip_suffix('.')?;
+    let label = name.strip_suffix(ADDRESSES)?.strip_suffix('.')?;
     if let Some(v4) = label.strip_prefix("4-") {
         let parts: Vec<u8> = v4.split('-').map(|p| p.parse().ok()).collect::<Option<_>>()?;
         let octets: [u8; 4] = parts.try_into().ok()?;
@@ -306,11 +310,11 @@ mod tests {
             let ip: IpAddr = ip.parse().unwrap();
             assert_eq!(parse_address_name(&address_name(ip)), Some(ip));
         }
-        assert_eq!(parse_address_name("4-1-2-3.cloudweb."), None);
-        assert_eq!(parse_address_name("4-1-2-3-256.cloudweb."), None);
-        assert_eq!(service_name("web.test"), service_name("web.test"));
-        assert_ne!(service_name("web.test"), service_name("web2.test"));
-        assert!(service_name("web.test").len() < 30);
+        assert_eq!(parse_address_name("4-1-2-3.a.cloudweb."), None);
+        assert_eq!(parse_address_name("4-1-2-3-256.a.cloudweb."), None);
+        assert_eq!(parse_address_name("4-1-2-3-4.h.cloudweb."), None, "a host name never reads as an address");
+        assert_eq!(service_name("Web.Test"), "web.test.h.cloudweb.");
+        assert_eq!(SERVICE_PLACEHOLDER.replace("{http.request.host}", "web.test"), service_name("web.test"));
     }
 
     #[test]
@@ -327,10 +331,10 @@ mod tests {
         assert_eq!(counts(&reply), (0, 2));
         assert!(reply.windows(2).any(|w| w == 32768u16.to_be_bytes()), "the port is in the answer");
 
-        let a = directory.answer(&query("4-127-0-0-1.cloudweb.", TYPE_A, None)).unwrap();
+        let a = directory.answer(&query("4-127-0-0-1.a.cloudweb.", TYPE_A, None)).unwrap();
         assert_eq!(counts(&a), (0, 1));
         assert_eq!(&a[a.len() - 4..], &[127, 0, 0, 1]);
-        let none = directory.answer(&query("4-127-0-0-1.cloudweb.", TYPE_AAAA, None)).unwrap();
+        let none = directory.answer(&query("4-127-0-0-1.a.cloudweb.", TYPE_AAAA, None)).unwrap();
         assert_eq!(counts(&none), (0, 0), "no AAAA for an IPv4 name, but the name exists");
         let v6 = directory.answer(&query(&address_name("fd00::2".parse().unwrap()), TYPE_AAAA, None)).unwrap();
         assert_eq!(counts(&v6), (0, 1));
@@ -343,7 +347,7 @@ mod tests {
     #[test]
     fn unknown_and_broken_queries() {
         let directory = Directory::default();
-        let missing = directory.answer(&query("h-0000000000000000.cloudweb.", TYPE_SRV, None)).unwrap();
+        let missing = directory.answer(&query("nobody.test.h.cloudweb.", TYPE_SRV, None)).unwrap();
         assert_eq!(counts(&missing), (RCODE_NXDOMAIN, 0));
         assert_eq!(directory.answer(&[1, 2, 3]), None, "shorter than a header");
         let mut truncated = query("web.cloudweb.", TYPE_SRV, None);

@@ -55,6 +55,9 @@ pub struct Applied {
     pub at: Nanos,
     pub version: u64,
     pub routes: usize,
+    /// Caddy's configuration was replaced (false: only the upstream
+    /// directory changed).
+    pub reloaded: bool,
 }
 
 impl Edge {
@@ -201,7 +204,8 @@ pub fn applied_lines(log: &str) -> Vec<Applied> {
             let mut words = line.split_whitespace();
             let at = parse_rfc3339(words.next()?)?;
             let field = |name: &str| line.split_whitespace().find_map(|word| word.strip_prefix(name)).map(|v| v.trim_matches(|c: char| !c.is_ascii_digit()));
-            Some(Applied { at, version: field("version=")?.parse().ok()?, routes: field("routes=")?.parse().ok()? })
+            let reloaded = !line.contains("reloaded=false");
+            Some(Applied { at, version: field("version=")?.parse().ok()?, routes: field("routes=")?.parse().ok()?, reloaded })
         })
         .collect()
 }
@@ -229,13 +233,13 @@ mod tests {
     fn reads_the_agents_applied_lines() {
         let log = "2026-11-29T10:00:00.000001Z  INFO cloudweb_agent::ingress: caddy started admin=/x/admin.sock\n\
                    2026-11-29T10:00:01.250000Z  INFO cloudweb_agent::ingress: route table applied version=1796000000123 routes=3\n\
-                   2026-11-29T10:00:02.5Z  INFO cloudweb_agent::ingress: route table applied version=1796000000200 routes=10001\n\
+                   2026-11-29T10:00:02.5Z  INFO cloudweb_agent::ingress: route table applied version=1796000000200 routes=10001 reloaded=false\n\
                    garbage route table applied version=x\n";
         assert_eq!(
             applied_lines(log),
             vec![
-                Applied { at: parse_rfc3339("2026-11-29T10:00:01.25Z").unwrap(), version: 1_796_000_000_123, routes: 3 },
-                Applied { at: parse_rfc3339("2026-11-29T10:00:02.5Z").unwrap(), version: 1_796_000_000_200, routes: 10_001 },
+                Applied { at: parse_rfc3339("2026-11-29T10:00:01.25Z").unwrap(), version: 1_796_000_000_123, routes: 3, reloaded: true },
+                Applied { at: parse_rfc3339("2026-11-29T10:00:02.5Z").unwrap(), version: 1_796_000_000_200, routes: 10_001, reloaded: false },
             ]
         );
     }

@@ -63,11 +63,11 @@ pub async fn measure(edge: &mut Edge, settings: &Settings, blue: &str) -> Result
     for protocol in [Protocol::Http2, Protocol::Http1] {
         loads.push(start_load(edge, protocol, settings, stop.clone()).await?);
     }
-    let loads_before = edge.applied().len();
+    let loads_before = edge.applied().iter().filter(|a| a.reloaded).count();
     let started = Instant::now();
     let outcome = switch_all(edge, settings, blue, &green).await;
     let seconds = started.elapsed().as_secs_f64();
-    let caddy_loads = edge.applied().len().saturating_sub(loads_before);
+    let caddy_loads = edge.applied().iter().filter(|a| a.reloaded).count().saturating_sub(loads_before);
     stop.store(true, Ordering::Relaxed);
     let mut results = Vec::new();
     for load in loads {
