@@ -15,7 +15,6 @@ pub mod cluster;
 mod report;
 pub mod timeline;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -23,11 +22,10 @@ use rand::Rng;
 use reqwest::Method;
 use serde_json::json;
 
-use self::cluster::{Binaries, Cluster};
+use self::cluster::{BinaryArgs, Cluster};
 use self::report::{format_ms, Results};
 use self::timeline::{Kind, Target};
 use crate::docker;
-use crate::server::sibling_binary;
 
 /// The app's Dockerfile: the same as the deploy end-to-end test's.
 const DOCKERFILE: &str = "FROM {base}\nCOPY index.html /www/index.html\n\
@@ -51,27 +49,13 @@ pub struct Args {
     /// (scripts/images.sh builds the default).
     #[arg(long, default_value = "cloudweb-test/busybox:latest")]
     base_image: String,
-    /// The control plane binary (default: next to this one).
-    #[arg(long)]
-    server_bin: Option<PathBuf>,
-    /// The agent binary (default: next to this one).
-    #[arg(long)]
-    agent_bin: Option<PathBuf>,
-    /// The Docker distribution registry binary the control plane runs.
-    #[arg(long, default_value = "/usr/bin/docker-registry")]
-    registry_bin: PathBuf,
+    #[command(flatten)]
+    binaries: BinaryArgs,
 }
 
 pub async fn run(args: Args) -> Result<()> {
     check_image_reference(&args.base_image)?;
-    let binaries = Binaries {
-        server: sibling_binary("cloudweb-server", args.server_bin.clone())?,
-        agent: sibling_binary("cloudweb-agent", args.agent_bin.clone())?,
-        registry: args.registry_bin.clone(),
-    };
-    if !binaries.registry.is_file() {
-        bail!("--registry-bin {} is not a file; install the Docker distribution registry (Debian: docker-registry)", binaries.registry.display());
-    }
+    let binaries = args.binaries.resolve()?;
     let engine = docker::docker(&["version", "--format", "{{.Server.Version}}"]).context("the Docker Engine is not reachable")?;
     if !docker::image_exists(&args.base_image) {
         bail!("image {} is missing; build it with scripts/images.sh", args.base_image);

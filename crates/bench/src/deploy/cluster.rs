@@ -29,6 +29,35 @@ pub struct Binaries {
     pub registry: PathBuf,
 }
 
+/// The flags that name a benchmark cluster's binaries.
+#[derive(clap::Args)]
+pub struct BinaryArgs {
+    /// The control plane binary (default: next to this one).
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// The agent binary (default: next to this one).
+    #[arg(long)]
+    agent_bin: Option<PathBuf>,
+    /// The Docker distribution registry binary the control plane runs.
+    #[arg(long, default_value = "/usr/bin/docker-registry")]
+    registry_bin: PathBuf,
+}
+
+impl BinaryArgs {
+    /// The binaries, each checked to exist.
+    pub fn resolve(&self) -> Result<Binaries> {
+        let binaries = Binaries {
+            server: crate::server::sibling_binary("cloudweb-server", self.server_bin.clone())?,
+            agent: crate::server::sibling_binary("cloudweb-agent", self.agent_bin.clone())?,
+            registry: self.registry_bin.clone(),
+        };
+        if !binaries.registry.is_file() {
+            bail!("--registry-bin {} is not a file; install the Docker distribution registry (Debian: docker-registry)", binaries.registry.display());
+        }
+        Ok(binaries)
+    }
+}
+
 /// Flags beyond the ones every benchmark cluster gets, for the control
 /// plane's `serve`, the agent's `join` and the agent's `run`.
 #[derive(Default)]
