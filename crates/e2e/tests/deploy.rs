@@ -266,6 +266,8 @@ async fn bad_app_input_is_refused_and_creates_nothing() {
         with("port", json!(0)),
         with("instances", json!(0)),
         with("domains", json!(["not a host"])),
+        // A valid host name, too long for the ingress's upstream directory.
+        with("domains", json!([format!("{}.example.com", vec!["x".repeat(59); 4].join("."))])), // 251 characters
         with("surprise", json!(true)),
     ];
     for body in cases {

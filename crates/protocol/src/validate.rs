@@ -83,6 +83,21 @@ pub fn hostname(field: &str, value: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// The longest host an app can be served on. The ingress looks a host up as
+/// `<host>.h.cloudweb.` in its upstream directory, and a DNS name holds at
+/// most 253 characters.
+pub const MAX_ROUTE_HOST_LEN: usize = 240;
+
+/// A host name the ingress can route: [`hostname`] and at most
+/// [`MAX_ROUTE_HOST_LEN`] characters.
+pub fn route_host(field: &str, value: &str) -> Result<(), ValidationError> {
+    hostname(field, value)?;
+    if value.len() > MAX_ROUTE_HOST_LEN {
+        return Err(ValidationError::new(field, "is longer than the 240 characters the ingress can route"));
+    }
+    Ok(())
+}
+
 /// `host:port`, where host is a host name, an IPv4 address or `[IPv6]`.
 pub fn endpoint(field: &str, value: &str) -> Result<(), ValidationError> {
     let bad = || ValidationError::new(field, "must be host:port");
@@ -128,6 +143,14 @@ mod tests {
         hostname("h", "node-1.example.com").unwrap();
         assert!(hostname("h", "a..b").is_err());
         assert!(hostname("h", "a b").is_err());
+        // 4 labels of 59 plus dots: 239 characters, routable; one more label is not.
+        let long = vec!["x".repeat(59); 4].join(".");
+        assert_eq!(long.len(), 239);
+        route_host("h", &long).unwrap();
+        let too_long = format!("{long}.ab");
+        hostname("h", &too_long).unwrap();
+        assert!(route_host("h", &too_long).is_err());
+        assert!(route_host("h", "a b").is_err());
         endpoint("e", "10.0.0.1:51820").unwrap();
         endpoint("e", "[::1]:51820").unwrap();
         endpoint("e", "node.example.com:51820").unwrap();

@@ -111,6 +111,12 @@ fn real_main() -> anyhow::Result<()> {
         drain_period: Duration::from_secs(args.drain_seconds),
         base_domain: {
             cloudweb_protocol::validate::hostname("--base-domain", &args.base_domain).map_err(anyhow::Error::msg)?;
+            // Every app's default host, `<app>.<base domain>`, must stay
+            // routable with the longest app name (63).
+            let longest = cloudweb_protocol::validate::MAX_ROUTE_HOST_LEN - 64;
+            if args.base_domain.len() > longest {
+                anyhow::bail!("--base-domain must be at most {longest} characters");
+            }
             args.base_domain.to_ascii_lowercase()
         },
         allow_file_repos: args.allow_file_repos,

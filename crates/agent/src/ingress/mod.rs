@@ -133,7 +133,16 @@ struct Applied {
     loaded: Option<serde_json::Value>,
 }
 
-async fn apply(caddy: &Caddy, options: &IngressOptions, access_socket: &std::path::Path, shared: &Arc<IngressShared>, state: &mut Applied, table: RouteTable) {
+async fn apply(caddy: &Caddy, options: &IngressOptions, access_socket: &std::path::Path, shared: &Arc<IngressShared>, state: &mut Applied, mut table: RouteTable) {
+    // Hosts end up in Caddy's matchers and in directory names: anything the
+    // control plane should never have sent is left out, not served.
+    table.routes.retain(|route| match cloudweb_protocol::validate::route_host("host", &route.host) {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::warn!(host = %route.host, error = %err, "dropping a route whose host the ingress cannot serve");
+            false
+        }
+    });
     let routes_changed = state.table.as_ref().is_none_or(|current| current.routes != table.routes);
     if routes_changed {
         let previous_zone = state.table.as_ref().map(|t| t.routes.clone());

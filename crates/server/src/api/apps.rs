@@ -223,7 +223,7 @@ fn validate_domains(domains: &[String]) -> Result<(), ApiError> {
         return Err(ApiError::BadRequest(format!("invalid domains: at most {MAX_DOMAINS}")));
     }
     for domain in domains {
-        validate::hostname("domains", domain)?;
+        validate::route_host("domains", domain)?;
         if !domain.contains('.') {
             return Err(ApiError::BadRequest("invalid domains: a domain needs at least one dot".into()));
         }
