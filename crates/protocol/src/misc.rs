@@ -16,6 +16,11 @@ pub struct LeaveResponse {
     pub node_id: String,
     /// Deployments marked failed because the node left with `force=1`.
     pub failed_deployments: Vec<String>,
+    /// Deployments whose image starts again on other nodes: a new
+    /// deployment for a failed one that ran only here, or one that still
+    /// runs elsewhere and replaces its instance. Absent from older servers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rescheduled: Vec<String>,
 }
 
 /// Body of a 409 from `POST /agent/v1/leave` without `force=1`.

@@ -30,6 +30,9 @@ pub struct Config {
     pub base_domain: String,
     /// Run the cluster image registry, when set.
     pub registry: Option<crate::registry::RegistrySettings>,
+    /// How long a deployment that finds no node for an instance stays
+    /// queued (retried every second) before it fails with the reasons.
+    pub placement_wait: Duration,
 }
 
 impl Config {
@@ -49,6 +52,7 @@ impl Config {
             allow_file_repos: false,
             registry: None,
             base_domain: "localhost".to_string(),
+            placement_wait: Duration::from_secs(60),
         }
     }
 }

@@ -23,6 +23,12 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     TooLarge(String),
+    #[error("{0}")]
+    Unprocessable(String),
+    /// The control plane cannot take writes now (its disk is full): retry
+    /// later; nothing about the request was wrong.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("internal error")]
     Internal(String),
 }
@@ -36,6 +42,8 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -58,6 +66,10 @@ impl From<ValidationError> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
+        if err.is_disk_full() {
+            tracing::error!(error = %err, "a write failed: the control plane's disk is full");
+            return ApiError::Unavailable("the control plane's disk is full; nothing was changed, try again once space is freed".to_string());
+        }
         ApiError::Internal(err.to_string())
     }
 }

@@ -68,6 +68,10 @@ struct ServeArgs {
     /// Seconds without a heartbeat after which a node is unreachable.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(5..=3600))]
     unreachable_after_seconds: u64,
+    /// Seconds a deployment waits, queued, for a node that can take it
+    /// before it fails with the scheduler's reasons (0: fail at once).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    placement_wait_seconds: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -120,6 +124,7 @@ fn real_main() -> anyhow::Result<()> {
             args.base_domain.to_ascii_lowercase()
         },
         allow_file_repos: args.allow_file_repos,
+        placement_wait: Duration::from_secs(args.placement_wait_seconds),
         registry: match args.registry_bin {
             Some(binary) => {
                 let advertise = args.registry_advertise.unwrap_or_else(|| args.registry_listen.to_string());

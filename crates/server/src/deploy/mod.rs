@@ -40,6 +40,9 @@ pub enum Origin {
     Source { commit: Option<String> },
     /// Run the image of an earlier deployment.
     Rollback { of: String, image: String },
+    /// Run a failed deployment's image again elsewhere: its node left or
+    /// lost every instance.
+    Reschedule { of: String, image: String },
 }
 
 pub fn new_deployment_id() -> String {
@@ -77,6 +80,7 @@ pub async fn create(state: &AppState, app: &AppRow, origin: Origin) -> Result<De
     let (kind, commit, rollback_of, image) = match &origin {
         Origin::Source { commit } => ("source", commit.clone(), None, None),
         Origin::Rollback { of, image } => ("rollback", None, Some(of.clone()), Some(image.clone())),
+        Origin::Reschedule { of, image } => ("reschedule", None, Some(of.clone()), Some(image.clone())),
     };
     let row = DeploymentRow {
         id: new_deployment_id(),
@@ -97,7 +101,7 @@ pub async fn create(state: &AppState, app: &AppRow, origin: Origin) -> Result<De
     // every instance at once.
     let first_wave: Vec<i64> = match origin {
         Origin::Source { .. } => vec![1],
-        Origin::Rollback { .. } => (1..=app.instances).collect(),
+        Origin::Rollback { .. } | Origin::Reschedule { .. } => (1..=app.instances).collect(),
     };
     place_instances(state, app, &deployment, &first_wave).await?;
     Ok(state.store.deployment(&deployment.id).await?.unwrap_or(deployment))
@@ -175,6 +179,15 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
                 } else {
                     reason
                 };
+                // A node that just joined, or one about to be undrained,
+                // may take it in a moment: wait a bounded time (from when
+                // the deployment entered its current state) before failing.
+                // The reconciler tries again every second.
+                let waited = state.clock.now_ms() - deployment.updated_at;
+                if waited < state.config.placement_wait.as_millis() as i64 {
+                    tracing::info!(deployment = %deployment.id, instance, reason = %message, "no node can take the instance yet; it waits");
+                    return Ok(());
+                }
                 fail(state, deployment, &message).await?;
                 return Ok(());
             }
@@ -410,8 +423,93 @@ pub async fn reconcile(state: &AppState) -> Result<(), ApiError> {
     }
     let waiting = moves::move_instances(state).await?;
     *state.waiting.lock().expect("waiting lock") = waiting;
+    place_waiting(state).await?;
+    fail_stuck_on_lost_nodes(state).await?;
+    recover_running_without_instances(state).await?;
     crate::routes::recompute(state).await?;
     Ok(())
+}
+
+/// Tries again to place the instances that found no node, and fails their
+/// deployment once the placement wait is over.
+async fn place_waiting(state: &AppState) -> Result<(), ApiError> {
+    let mut by_deployment: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for instance in state.store.unplaced_instances().await? {
+        by_deployment.entry(instance.deployment_id).or_default().push(instance.instance);
+    }
+    for (id, instances) in by_deployment {
+        let Some(deployment) = state.store.deployment(&id).await? else { continue };
+        let Some(app) = state.store.app(&deployment.app).await? else { continue };
+        // From code, only instance 1 goes out before the image exists (it
+        // builds it); the others follow once it does.
+        let due: Vec<i64> = match deployment.image {
+            Some(_) => instances,
+            None => instances.into_iter().filter(|&i| i == 1).collect(),
+        };
+        if !due.is_empty() {
+            place_instances(state, &app, &deployment, &due).await?;
+        }
+    }
+    Ok(())
+}
+
+/// An unfinished deployment whose instance sits on a node that is
+/// unreachable (or gone) would wait forever for a report: fail it, so it
+/// reaches a terminal state within the unreachable period plus a tick.
+/// Its stop stays queued for the node, in case it comes back.
+async fn fail_stuck_on_lost_nodes(state: &AppState) -> Result<(), ApiError> {
+    let now = tokio::time::Instant::now();
+    for (instance, deployment) in state.store.placed_unfinished_instances().await? {
+        let Some(node_id) = instance.node_id.as_deref() else { continue };
+        let lost = match state.nodes.get(node_id) {
+            None => Some(format!("node {node_id} is no longer registered")),
+            Some(node) if node.state(now, state.config.unreachable_after) == crate::live::NodeState::Unreachable => {
+                Some(format!("node {} ({node_id}) became unreachable", node.name))
+            }
+            Some(_) => None,
+        };
+        if let Some(lost) = lost {
+            let reason = format!("{lost} while the deployment was {}; deploy again", deployment.state);
+            fail(state, &deployment, &reason).await?;
+        }
+    }
+    Ok(())
+}
+
+/// How long a running deployment may have no running (or starting)
+/// instance before it is failed and its image started again elsewhere.
+pub const NO_INSTANCE_LIMIT_MS: i64 = 60_000;
+
+/// A running deployment that lost all its instances (they failed, or their
+/// node left) is not left "running": after [`NO_INSTANCE_LIMIT_MS`] it
+/// becomes failed, and its image is started again wherever there is room.
+async fn recover_running_without_instances(state: &AppState) -> Result<(), ApiError> {
+    let cutoff = state.clock.now_ms() - NO_INSTANCE_LIMIT_MS;
+    for deployment in state.store.running_without_instances(cutoff).await? {
+        fail_and_reschedule(state, &deployment, "no instance of this deployment runs any more").await?;
+    }
+    Ok(())
+}
+
+/// Fails a running deployment that has nothing left running and, when it
+/// is still the app's newest deployment, starts its image again as a new
+/// `reschedule` deployment (placed where there is room, after the same
+/// bounded wait as any deployment). Returns the new deployment's id.
+async fn fail_and_reschedule(state: &AppState, deployment: &DeploymentRow, reason: &str) -> Result<Option<String>, ApiError> {
+    if !transition(state, deployment, DeploymentState::Failed, Some(reason), None).await? {
+        return Ok(None);
+    }
+    tracing::warn!(deployment = %deployment.id, app = %deployment.app, %reason, "running deployment failed");
+    let Some(image) = deployment.image.clone() else { return Ok(None) };
+    let Some(app) = state.store.app(&deployment.app).await? else { return Ok(None) };
+    // A newer deployment of the app takes over by itself.
+    let newer = state.store.app_deployments(&app.name).await?.into_iter().any(|d| d.seq > deployment.seq && !matches!(d.state.as_str(), "failed" | "superseded"));
+    if newer {
+        return Ok(None);
+    }
+    let again = create(state, &app, Origin::Reschedule { of: deployment.id.clone(), image }).await?;
+    tracing::info!(deployment = %again.id, of = %deployment.id, app = %app.name, state = %again.state, "started the failed deployment's image again");
+    Ok(Some(again.id))
 }
 
 async fn stop_instance(state: &AppState, instance: &InstanceRow, reason: &str) -> Result<(), ApiError> {
@@ -454,25 +552,62 @@ pub async fn stop_app(state: &AppState, app: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Marks every active instance on a node failed (the node is leaving or
-/// being removed by force) and fails the deployments that had not finished.
-/// Returns the affected deployments.
-pub async fn fail_node_instances(state: &AppState, node_id: &str, reason: &str) -> Result<Vec<String>, ApiError> {
+/// What a forced leave or removal did to the node's deployments.
+#[derive(Debug, Default)]
+pub struct NodeLoss {
+    /// Deployments now `failed`.
+    pub failed: Vec<String>,
+    /// Deployments whose image starts again elsewhere: a new `reschedule`
+    /// deployment for a failed one, or the same deployment when it still
+    /// runs on other nodes and only the lost instance is replaced.
+    pub rescheduled: Vec<String>,
+}
+
+/// A node leaves or is removed by force while instances are placed there.
+/// Its instances become failed; an unfinished deployment fails; a running
+/// deployment that still runs elsewhere gets a replacement instance (where
+/// there is room), and one that ran only there fails and its image starts
+/// again as a new deployment (spec: the node's deployments become failed,
+/// and the app is not left without an instance).
+pub async fn fail_node_instances(state: &AppState, node_id: &str, reason: &str) -> Result<NodeLoss, ApiError> {
     let now = state.clock.now_ms();
-    let mut affected = Vec::new();
+    let mut affected: Vec<(String, Vec<i64>)> = Vec::new();
     for instance in state.store.active_instances().await? {
         if instance.node_id.as_deref() != Some(node_id) {
             continue;
         }
         state.store.update_instance(&instance.deployment_id, instance.instance, None, "failed", None, None, now).await?;
-        if !affected.contains(&instance.deployment_id) {
-            affected.push(instance.deployment_id.clone());
+        match affected.iter_mut().find(|(id, _)| *id == instance.deployment_id) {
+            Some((_, numbers)) => numbers.push(instance.instance),
+            None => affected.push((instance.deployment_id.clone(), vec![instance.instance])),
         }
     }
-    for id in &affected {
-        if let Some(deployment) = state.store.deployment(id).await? {
-            fail(state, &deployment, reason).await?;
+    let mut loss = NodeLoss::default();
+    for (id, lost) in &affected {
+        let Some(deployment) = state.store.deployment(id).await? else { continue };
+        match DeploymentState::parse(&deployment.state) {
+            Some(DeploymentState::Running) => {
+                let others_run = state.store.instances(id).await?.iter().any(|i| i.state == "running");
+                if others_run {
+                    if moves::replace_lost(state, &deployment, lost, node_id).await? {
+                        loss.rescheduled.push(id.clone());
+                    }
+                } else {
+                    if let Some(again) = fail_and_reschedule(state, &deployment, reason).await? {
+                        loss.rescheduled.push(again);
+                    }
+                    loss.failed.push(id.clone());
+                }
+            }
+            Some(DeploymentState::Queued | DeploymentState::Building | DeploymentState::Deploying) => {
+                fail(state, &deployment, reason).await?;
+                loss.failed.push(id.clone());
+            }
+            // Superseded or failed already: its instance there was on its
+            // way out anyway.
+            _ => {}
         }
     }
-    Ok(affected)
+    crate::routes::recompute(state).await?;
+    Ok(loss)
 }
