@@ -309,9 +309,9 @@ async fn bad_app_input_is_refused_and_creates_nothing() {
 }
 
 #[tokio::test]
-async fn a_deploy_with_no_node_fails_with_the_reason() {
+async fn a_deploy_with_no_node_waits_then_fails_with_the_reason() {
     let tmp = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(tmp.path()).await.unwrap();
+    let server = ServerProcess::start_with(tmp.path(), &["--placement-wait-seconds", "1"]).await.unwrap();
     let (status, _) = server
         .call(Method::POST, "/api/apps", Some(json!({"name": "lonely", "repo_url": "https://git.example.com/a.git", "port": 80})))
         .await
@@ -319,6 +319,13 @@ async fn a_deploy_with_no_node_fails_with_the_reason() {
     assert_eq!(status, 201);
     let (status, body) = server.call(Method::POST, "/api/apps/lonely/deploy", None).await.unwrap();
     assert_eq!(status, 201);
-    assert_eq!(body["state"], "failed", "{body}");
-    assert!(body["error"].as_str().unwrap().contains("no node has joined"), "{body}");
+    assert_eq!(body["state"], "queued", "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    let failed = wait_for(Duration::from_secs(10), "the deployment to fail", || async {
+        let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        (d["state"] == "failed").then_some(d)
+    })
+    .await
+    .unwrap();
+    assert!(failed["error"].as_str().unwrap().contains("no node has joined"), "{failed}");
 }

@@ -129,6 +129,17 @@ async fn open_store(data_dir: &std::path::Path, stamp: &str) -> Result<Store, St
     }
 }
 
+/// A start-up write that failed on a full disk, said in those words.
+fn full_disk(err: StartError, data_dir: &std::path::Path) -> StartError {
+    match err {
+        StartError::Store(store) if store.is_disk_full() => StartError::Database(format!(
+            "the disk holding {} is full, so the control plane cannot write its state ({store}); free some space and start again",
+            data_dir.display()
+        )),
+        other => other,
+    }
+}
+
 /// Whether the file system of `dir` has (next to) no space left for an
 /// unprivileged writer.
 fn disk_full(dir: &std::path::Path) -> bool {
@@ -150,6 +161,7 @@ impl RunningServer {
             task.abort();
         }
         flush_heartbeats(&self.state).await;
+        self.state.store.close().await;
     }
 }
 
@@ -170,8 +182,9 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         .unwrap_or_else(|_| "unknown".to_string());
     let store = open_store(&config.data_dir, &stamp).await?;
     let ca = ClusterCa::load_or_create(&config.data_dir, clock.now())?;
-    let admin_tokens = ensure_admin_token(&config, &store, clock.as_ref()).await?;
-    for app in store.sync_default_hosts(&config.base_domain).await? {
+    let admin_tokens = ensure_admin_token(&config, &store, clock.as_ref()).await.map_err(|e| full_disk(e, &config.data_dir))?;
+    let lost_hosts = store.sync_default_hosts(&config.base_domain).await.map_err(|e| full_disk(e.into(), &config.data_dir))?;
+    for app in lost_hosts {
         tracing::warn!(app = %app, base_domain = %config.base_domain, "the app's default host is another app's custom domain; it answers only on its own domains");
     }
     let sealer = secrets::Sealer::load_or_create(&config.data_dir)?;

@@ -121,6 +121,12 @@ impl Store {
         }
     }
 
+    /// Closes every connection (waiting for those in use), which also
+    /// folds the write-ahead log into the database file.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
     fn count_commit(&self) {
         self.commits.fetch_add(1, Ordering::Relaxed);
     }
