@@ -25,6 +25,27 @@ pub struct AppContainer {
     pub memory_bytes: Option<i64>,
 }
 
+/// A container's state as the health wait needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerState {
+    /// Running now (and not between restarts).
+    pub running: bool,
+    /// The last exit code (0 while it never exited).
+    pub exit_code: Option<i64>,
+    /// How often Docker restarted it (its restart policy).
+    pub restart_count: i64,
+    /// Whether it ever exited.
+    pub finished: bool,
+}
+
+impl ContainerState {
+    /// The exit code when the container has exited at least once: it is
+    /// stopped now, or its restart policy brought it back.
+    pub fn crashed(&self) -> Option<i64> {
+        (self.finished && (!self.running || self.restart_count > 0)).then(|| self.exit_code.unwrap_or(0))
+    }
+}
+
 /// A build step: run to completion in `image` with `dir` mounted at /src.
 #[derive(Debug, Clone)]
 pub struct OneShot {
@@ -83,8 +104,21 @@ impl DockerRuntime {
 
     /// Whether the container is still running (false once it exited).
     pub async fn is_running(&self, id: &str) -> Result<bool, RuntimeError> {
+        Ok(self.container_state(id).await?.running)
+    }
+
+    /// What became of a container: running, or exited (with its code), and
+    /// how often Docker restarted it.
+    pub async fn container_state(&self, id: &str) -> Result<ContainerState, RuntimeError> {
         let inspect = self.docker()?.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>).await?;
-        Ok(inspect.state.and_then(|s| s.running).unwrap_or(false))
+        let state = inspect.state.unwrap_or_default();
+        Ok(ContainerState {
+            // Docker reports a container between restarts as running too.
+            running: state.running.unwrap_or(false) && !state.restarting.unwrap_or(false),
+            exit_code: state.exit_code,
+            restart_count: inspect.restart_count.unwrap_or(0),
+            finished: state.finished_at.is_some_and(|at| !at.starts_with("0001-")),
+        })
     }
 
     /// The last `tail` lines of a container's output, as (stream, line).
@@ -119,6 +153,9 @@ impl DockerRuntime {
             ..Default::default()
         };
         let created = docker.create_container(None::<bollard::query_parameters::CreateContainerOptions>, body).await?;
+        // Removed however this ends, also when the caller gives up on the
+        // step (build timeout, cancellation) and drops this future.
+        let _guard = RemoveOnDrop { runtime: self.clone(), id: Some(created.id.clone()) };
         let result = async {
             docker.start_container(&created.id, None::<bollard::query_parameters::StartContainerOptions>).await?;
             let mut wait = docker.wait_container(&created.id, Some(WaitContainerOptionsBuilder::new().build()));
@@ -135,8 +172,26 @@ impl DockerRuntime {
             Ok((code, output))
         }
         .await;
-        let _ = self.remove(&created.id).await;
         result
+    }
+}
+
+/// Removes a container in the background when dropped.
+struct RemoveOnDrop {
+    runtime: DockerRuntime,
+    id: Option<String>,
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let (Some(id), Ok(handle)) = (self.id.take(), tokio::runtime::Handle::try_current()) {
+            let runtime = self.runtime.clone();
+            handle.spawn(async move {
+                if let Err(err) = runtime.remove(&id).await {
+                    tracing::warn!(container = %id, error = %err, "could not remove a build step container");
+                }
+            });
+        }
     }
 }
 
