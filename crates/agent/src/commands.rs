@@ -283,7 +283,7 @@ impl Inner {
             tracing::error!(command = %command.id, error = %err, "invalid stop payload; dropping the command");
             return Outcome::Handled;
         }
-        tracing::info!(command = %command.id, deployment = %payload.deployment_id, instance = ?payload.instance, "stopping");
+        tracing::info!(deployment = %payload.deployment_id, instance = ?payload.instance, command = %command.id, "stopping");
         match self.runtime.stop_deployment(&payload.deployment_id, payload.instance).await {
             Ok(count) => {
                 let line = format!("stopped {count} container(s) of {}", payload.deployment_id);
