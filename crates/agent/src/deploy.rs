@@ -377,6 +377,7 @@ async fn healthy_address(runtime: &DockerRuntime, options: &DeployOptions, paylo
             if let Ok(response) = http.get(&url).send().await {
                 let status = response.status().as_u16();
                 if healthy_status(status) {
+                    runtime.keep_running(id).await?;
                     logs.line("agent", format!("healthy after {:.1} s (HTTP {status} on {})", started.elapsed().as_secs_f64(), payload.health.path));
                     return Ok(format!("{}:{port}", bracket(&options.advertise_host)));
                 }
@@ -398,10 +399,13 @@ async fn healthy_address(runtime: &DockerRuntime, options: &DeployOptions, paylo
 const CRASH_LINES: usize = 5;
 
 async fn crash_reason(runtime: &DockerRuntime, id: &str, code: i64, restarts: i64) -> String {
-    let mut reason = format!("the container exited with exit code {code} before it answered the health check");
-    if restarts > 0 {
-        reason.push_str(&format!(" (restarted {restarts} time(s): a restart loop)"));
-    }
+    // A container started by an older agent restarts on exit; its exit
+    // code is then reset by the restart.
+    let mut reason = if restarts > 0 {
+        format!("the container keeps exiting (restarted {restarts} time(s)) before it answered the health check")
+    } else {
+        format!("the container exited with exit code {code} before it answered the health check")
+    };
     let lines = runtime.logs(id, CRASH_LINES).await.unwrap_or_default();
     if !lines.is_empty() {
         let output: Vec<&str> = lines.iter().map(|(_, line)| line.as_str()).collect();

@@ -76,7 +76,10 @@ impl DockerRuntime {
                     port_key,
                     Some(vec![PortBinding { host_ip: Some(spec.publish_ip.clone()), host_port: Some(String::new()) }]),
                 )])),
-                restart_policy: Some(RestartPolicy { name: Some(RestartPolicyNameEnum::UNLESS_STOPPED), maximum_retry_count: None }),
+                // No restarts until it passed its health check (see
+                // `keep_running`): an app that exits at start stays exited,
+                // with its exit code, instead of looping.
+                restart_policy: Some(RestartPolicy { name: Some(RestartPolicyNameEnum::NO), maximum_retry_count: None }),
                 nano_cpus: spec.nano_cpus,
                 memory: spec.memory_bytes,
                 ..Default::default()
@@ -89,6 +92,17 @@ impl DockerRuntime {
         let created = docker.create_container(Some(CreateContainerOptionsBuilder::new().name(&spec.name).build()), body).await?;
         docker.start_container(&created.id, None::<bollard::query_parameters::StartContainerOptions>).await?;
         Ok(created.id)
+    }
+
+    /// Gives a healthy instance its restart policy, `unless-stopped`: from
+    /// now on Docker restarts it when it exits or the host reboots.
+    pub async fn keep_running(&self, id: &str) -> Result<(), RuntimeError> {
+        let update = bollard::models::ContainerUpdateBody {
+            restart_policy: Some(RestartPolicy { name: Some(RestartPolicyNameEnum::UNLESS_STOPPED), maximum_retry_count: None }),
+            ..Default::default()
+        };
+        self.docker()?.update_container(id, update).await?;
+        Ok(())
     }
 
     /// The host port Docker chose for the container's `port`.
