@@ -57,6 +57,8 @@ struct CreateApp {
     memory: Option<u64>,
     health_path: Option<String>,
     health_timeout_seconds: Option<u32>,
+    /// How long a build may take (default 30 min, at most 2 h).
+    build_timeout_seconds: Option<u32>,
     git_username: Option<String>,
     git_password: Option<String>,
 }
@@ -99,6 +101,9 @@ fn validate_create(request: &CreateApp, allow_file_repos: bool) -> Result<(), Ap
             return Err(ApiError::BadRequest("invalid health_timeout_seconds: must be 1 to 3600".into()));
         }
     }
+    if let Some(seconds) = request.build_timeout_seconds {
+        deploy::build_timeout(seconds)?;
+    }
     match (&request.git_username, &request.git_password) {
         (Some(user), Some(password)) => {
             validate::bounded_text("git_username", user, 256)?;
@@ -128,6 +133,7 @@ pub fn view(state: &AppState, app: &AppRow) -> Value {
         "memory": app.memory_bytes,
         "health_path": app.health_path,
         "health_timeout_seconds": app.health_timeout_s,
+        "build_timeout_seconds": app.build_timeout_s.unwrap_or(i64::from(deploy::DEFAULT_BUILD_TIMEOUT_SECONDS)),
         // Names only: values never leave the control plane through the API.
         "env": env_names,
         "git_credentials": app.git_credentials_sealed.is_some(),
@@ -169,6 +175,7 @@ pub async fn create(
         memory_bytes: request.memory.map(|m| m as i64),
         health_path: request.health_path.unwrap_or_else(|| "/".to_string()),
         health_timeout_s: i64::from(request.health_timeout_seconds.unwrap_or(60)),
+        build_timeout_s: request.build_timeout_seconds.map(i64::from),
         env_sealed: None,
         git_credentials_sealed,
         created_at: state.clock.now_ms(),

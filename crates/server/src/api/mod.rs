@@ -38,6 +38,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/apps/{name}/deployments", get(deployments::of_app))
         .route("/api/deployments/{id}", get(deployments::show))
         .route("/api/deployments/{id}/logs", get(deployments::logs))
+        .route("/api/deployments/{id}/cancel", post(deployments::cancel))
         .route("/api/routes", get(traffic::routes))
         .route("/api/traffic/{host}", get(traffic::traffic))
         .route("/api/nodes/{id}/last-heartbeat", get(traffic::last_heartbeat))

@@ -235,6 +235,10 @@ pub(crate) fn deploy_payload(
         image: deployment.image.clone(),
         limits: Limits { cpu: app.cpu, memory_bytes: app.memory_bytes.map(|m| m.max(0) as u64) },
         health: HealthCheck { path: app.health_path.clone(), timeout_seconds: app.health_timeout_s as u32 },
+        build_timeout_seconds: match &deployment.image {
+            Some(_) => None,
+            None => app.build_timeout_s.map(|s| s.clamp(1, i64::from(cloudweb_protocol::deploy::MAX_BUILD_TIMEOUT_SECONDS)) as u32),
+        },
     })
 }
 
@@ -259,13 +263,33 @@ async fn transition(state: &AppState, deployment: &DeploymentRow, to: Deployment
 
 /// Fails a deployment and stops whatever of it already started.
 pub async fn fail(state: &AppState, deployment: &DeploymentRow, reason: &str) -> Result<(), ApiError> {
+    fail_and_stop(state, deployment, reason, false).await.map(|_| ())
+}
+
+/// The error of a deployment the user cancelled.
+pub const CANCELLED: &str = "cancelled by the user";
+
+/// Cancels an unfinished deployment: it fails with [`CANCELLED`] and its
+/// nodes get a stop at once, which makes an agent abandon the build or
+/// start in progress. Returns false when the deployment had already
+/// finished (another path moved it first).
+pub async fn cancel(state: &AppState, deployment: &DeploymentRow) -> Result<bool, ApiError> {
+    fail_and_stop(state, deployment, CANCELLED, true).await
+}
+
+/// Moves the deployment to failed; its placed instances stop after no
+/// drain (queued now when `stop_now`, else by the next reconcile pass).
+async fn fail_and_stop(state: &AppState, deployment: &DeploymentRow, reason: &str, stop_now: bool) -> Result<bool, ApiError> {
     if !transition(state, deployment, DeploymentState::Failed, Some(reason), None).await? {
-        return Ok(());
+        return Ok(false);
     }
     tracing::warn!(deployment = %deployment.id, app = %deployment.app, %reason, "deployment failed");
     let now = state.clock.now_ms();
     for instance in state.store.instances(&deployment.id).await? {
         match (instance.state.as_str(), &instance.node_id) {
+            ("pending" | "running", Some(_)) if stop_now => {
+                stop_instance(state, &instance, reason).await?;
+            }
             ("pending" | "running", Some(node)) => {
                 state.store.update_instance(&deployment.id, instance.instance, Some(node), "stopping", None, Some(now), now).await?;
             }
@@ -275,16 +299,65 @@ pub async fn fail(state: &AppState, deployment: &DeploymentRow, reason: &str) ->
             _ => {}
         }
     }
+    Ok(true)
+}
+
+/// Refuses a report that the sending node has no business making: an
+/// unknown deployment (404; also one deleted with its app), an unknown
+/// instance (400), or an instance that is not placed on this node (403).
+/// A report that names no instance and carries no state (log lines of a
+/// whole-deployment stop) needs some instance of the deployment on the node.
+pub async fn check_report(state: &AppState, node_id: &str, report: &Report) -> Result<(), ApiError> {
+    if state.store.deployment(&report.deployment_id).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no deployment {}", report.deployment_id)));
+    }
+    let instances = state.store.instances(&report.deployment_id).await?;
+    let placed = |i: &InstanceRow| i.node_id.as_deref() == Some(node_id);
+    match (report.instance, &report.state) {
+        (None, None) => {
+            if !instances.iter().any(placed) {
+                return Err(ApiError::Forbidden(format!("no instance of {} is placed on this node", report.deployment_id)));
+            }
+        }
+        (instance, _) => {
+            let number = i64::from(instance.unwrap_or(1));
+            let Some(instance) = instances.iter().find(|i| i.instance == number) else {
+                return Err(ApiError::BadRequest(format!("deployment {} has no instance {number}", report.deployment_id)));
+            };
+            if !placed(instance) {
+                return Err(ApiError::Forbidden(format!("instance {number} of {} is not placed on this node", report.deployment_id)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Records the full commit an agent checked out for a deploy from code.
+/// The typed commit (possibly abbreviated) must be a prefix of it; the
+/// branch head (no commit typed) is recorded as reported.
+async fn record_commit(state: &AppState, deployment: &DeploymentRow, commit: &str) -> Result<(), ApiError> {
+    if deployment.kind != "source" || deployment.commit_sha.as_deref() == Some(commit) {
+        return Ok(());
+    }
+    if let Some(typed) = &deployment.commit_sha {
+        if !commit.starts_with(&typed.to_ascii_lowercase()) {
+            tracing::warn!(deployment = %deployment.id, typed = %typed, reported = %commit, "an agent reported a commit other than the one asked for; keeping the typed one");
+            return Ok(());
+        }
+    }
+    state.store.set_deployment_commit(&deployment.id, commit, state.clock.now_ms()).await?;
     Ok(())
 }
 
 /// Applies an agent's report about one of its instances.
 pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Result<(), ApiError> {
-    let Some(reported) = report.state.as_deref() else { return Ok(()) };
     let Some(deployment) = state.store.deployment(&report.deployment_id).await? else {
-        tracing::debug!(deployment = %report.deployment_id, "report for an unknown deployment");
-        return Ok(());
+        return Err(ApiError::NotFound(format!("no deployment {}", report.deployment_id)));
     };
+    if let Some(commit) = &report.commit {
+        record_commit(state, &deployment, commit).await?;
+    }
+    let Some(reported) = report.state.as_deref() else { return Ok(()) };
     let instance_no = i64::from(report.instance.unwrap_or(1));
     let instances = state.store.instances(&deployment.id).await?;
     let Some(instance) = instances.iter().find(|i| i.instance == instance_no) else {

@@ -23,13 +23,15 @@ pub struct AppRow {
     pub memory_bytes: Option<i64>,
     pub health_path: String,
     pub health_timeout_s: i64,
+    /// Build time limit; the agent's default when `None`.
+    pub build_timeout_s: Option<i64>,
     pub env_sealed: Option<String>,
     pub git_credentials_sealed: Option<String>,
     pub created_at: i64,
 }
 
 const APP_COLUMNS: &str = "name, repo_url, branch, port, domains, build, strategy, instances, cpu, memory_bytes, health_path, \
-     health_timeout_s, env_sealed, git_credentials_sealed, created_at";
+     health_timeout_s, env_sealed, git_credentials_sealed, created_at, build_timeout_s";
 
 fn app_from_row(row: &SqliteRow) -> AppRow {
     AppRow {
@@ -48,6 +50,7 @@ fn app_from_row(row: &SqliteRow) -> AppRow {
         env_sealed: row.get("env_sealed"),
         git_credentials_sealed: row.get("git_credentials_sealed"),
         created_at: row.get("created_at"),
+        build_timeout_s: row.get("build_timeout_s"),
     }
 }
 
@@ -97,7 +100,7 @@ impl Store {
     pub async fn insert_app(&self, app: &AppRow, default_host: &str) -> Result<Result<(), AppRefusal>, StoreError> {
         let mut tx = self.write_transaction().await?;
         let result = sqlx::query(&format!(
-            "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+            "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
              ON CONFLICT (name) DO NOTHING"
         ))
         .bind(&app.name)
@@ -115,6 +118,7 @@ impl Store {
         .bind(&app.env_sealed)
         .bind(&app.git_credentials_sealed)
         .bind(app.created_at)
+        .bind(app.build_timeout_s)
         .execute(&mut *tx)
         .await?;
         if result.rows_affected() != 1 {
@@ -206,9 +210,16 @@ impl Store {
         Ok(row.map(|r| r.get("app")))
     }
 
-    /// Deletes an app with its deployments and instance records.
+    /// Deletes an app with its deployments, instance records, reports and
+    /// log lines (an app's output may hold its secrets: nothing of it stays).
     pub async fn delete_app(&self, name: &str) -> Result<bool, StoreError> {
         let mut tx = self.write_transaction().await?;
+        for table in ["deployment_logs", "deployment_reports"] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE deployment_id IN (SELECT id FROM deployments WHERE app = $1)"))
+                .bind(name)
+                .execute(&mut *tx)
+                .await?;
+        }
         sqlx::query("DELETE FROM instances WHERE deployment_id IN (SELECT id FROM deployments WHERE app = $1)")
             .bind(name)
             .execute(&mut *tx)

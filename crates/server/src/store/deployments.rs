@@ -152,6 +152,12 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
+    pub async fn set_deployment_commit(&self, id: &str, commit: &str, now_ms: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE deployments SET commit_sha = $1, updated_at = $2 WHERE id = $3").bind(commit).bind(now_ms).bind(id).execute(&self.pool).await?;
+        self.count_commit();
+        Ok(())
+    }
+
     pub async fn set_deployment_image(&self, id: &str, image: &str, now_ms: i64) -> Result<(), StoreError> {
         sqlx::query("UPDATE deployments SET image = $1, updated_at = $2 WHERE id = $3").bind(image).bind(now_ms).bind(id).execute(&self.pool).await?;
         self.count_commit();
