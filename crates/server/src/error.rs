@@ -104,3 +104,23 @@ pub fn body_bytes(body: Result<axum::body::Bytes, axum::extract::rejection::Byte
         }
     })
 }
+
+/// The largest request body either listener reads.
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Answers 413 for a body whose declared length is over [`MAX_BODY_BYTES`]
+/// before anything reads it. Reading it first would make hyper send
+/// `100 Continue` to a client that asked for it, and then close the
+/// connection mid-upload, so such a client would see a broken pipe instead
+/// of the answer.
+pub async fn refuse_declared_oversize(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
+        return ApiError::TooLarge("request body is larger than 1 MiB".to_string()).into_response();
+    }
+    next.run(request).await
+}

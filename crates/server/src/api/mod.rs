@@ -50,7 +50,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(authenticated)
         .fallback(|| async { ApiError::NotFound("no such endpoint".to_string()) })
         .layer(middleware::from_fn(run_to_completion))
-        .layer(DefaultBodyLimit::max(1024 * 1024))
+        .layer(DefaultBodyLimit::max(crate::error::MAX_BODY_BYTES))
+        .layer(middleware::from_fn(crate::error::refuse_declared_oversize))
         .with_state(state)
 }
 
