@@ -402,10 +402,14 @@ async fn a_lost_database_is_not_replaced_by_a_new_cluster() {
     let db = dir.path().join("state.db");
     let start = || cloudweb_server::start(cloudweb_server::config::Config::local(dir.path().to_path_buf()), std::sync::Arc::new(cloudweb_server::clock::ShiftedClock::default()));
 
+    // The good copy keeps its write-ahead log, in case the shutdown's
+    // checkpoint did not run (it is best effort under load).
+    std::fs::copy(&db, dir.path().join("good.db")).unwrap();
+    let wal = dir.path().join("state.db-wal");
+    let kept_wal = wal.exists().then(|| std::fs::copy(&wal, dir.path().join("good.db-wal")).unwrap()).is_some();
     for side in ["state.db-wal", "state.db-shm"] {
         let _ = std::fs::remove_file(dir.path().join(side));
     }
-    std::fs::copy(&db, dir.path().join("good.db")).unwrap();
     std::fs::write(&db, b"").unwrap();
     let err = start().await.err().expect("an empty database must not start").to_string();
     assert!(err.contains("is empty") && err.contains("backups") && err.contains("refusing"), "{err}");
@@ -420,6 +424,9 @@ async fn a_lost_database_is_not_replaced_by_a_new_cluster() {
 
     // Restored, it starts with its apps.
     std::fs::rename(dir.path().join("good.db"), &db).unwrap();
+    if kept_wal {
+        std::fs::rename(dir.path().join("good.db-wal"), &wal).unwrap();
+    }
     let server = start().await.unwrap();
     assert!(server.state.store.app("kept").await.unwrap().is_some());
 }
