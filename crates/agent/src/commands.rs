@@ -112,9 +112,12 @@ impl Executor {
         let pending = client.commands().await?;
         for command in pending.commands {
             if self.inner.is_handled(&command.id) {
-                // Handled before, but the ack was lost.
-                client.ack(&command.id).await?;
-                tracing::info!(command = %command.id, kind = %command.kind, "command acked");
+                // Handled before, but the ack was lost. A failed ack must not
+                // keep the commands after it from their lanes.
+                match client.ack(&command.id).await {
+                    Ok(()) => tracing::info!(command = %command.id, kind = %command.kind, "command acked"),
+                    Err(err) => tracing::warn!(command = %command.id, error = %err, "could not ack a handled command"),
+                }
                 continue;
             }
             self.enqueue(client, command);
@@ -161,9 +164,17 @@ impl Executor {
                     lanes.lanes.remove(&key);
                     return;
                 };
-                let (sender, receiver) = watch::channel(false);
-                if CommandKind::parse(&command.kind) == Some(CommandKind::Deploy) {
-                    lane.running_deploy = Some((instance_of(&command).unwrap_or(1), sender));
+                let is_deploy = CommandKind::parse(&command.kind) == Some(CommandKind::Deploy);
+                let instance = instance_of(&command).unwrap_or(1);
+                // A deploy with its stop already queued behind it (cancelled
+                // before it started) starts cancelled: it would be undone.
+                let stopped = is_deploy
+                    && lane.queue.iter().skip(1).any(|later| {
+                        CommandKind::parse(&later.kind) == Some(CommandKind::Stop) && instance_of(later).is_none_or(|i| i == instance)
+                    });
+                let (sender, receiver) = watch::channel(stopped);
+                if is_deploy {
+                    lane.running_deploy = Some((instance, sender));
                 }
                 (command, receiver)
             };
