@@ -421,6 +421,7 @@ async fn a_crashing_app_fails_fast_with_its_exit_code_and_leaves_no_secret() {
     assert!(error.contains("connecting with [redacted API_SECRET]"), "the last line, redacted: {error}");
     assert!(!error.contains(secret), "{error}");
     assert!(elapsed < Duration::from_secs(15), "failed {elapsed:?} after the build, not after the health timeout");
+    eprintln!("crash: failed {:.1} s after the build ended", elapsed.as_secs_f64());
     let lines = log_lines(server, &id).await;
     assert!(lines.iter().any(|(_, l)| l.contains("connecting with [redacted API_SECRET]")), "{lines:?}");
     assert!(!format!("{lines:?}").contains(secret), "{lines:?}");
@@ -469,6 +470,7 @@ async fn a_slow_stop_does_not_hold_up_a_rollback() {
     assert_eq!(r["state"], "running", "{r}");
     assert!(!containers_of(&dep_a).is_empty(), "the rollback ran while A's container was still being stopped ({elapsed:?})");
     assert!(elapsed < Duration::from_secs(6), "the rollback took {elapsed:?}, close to the stop's 10 s");
+    eprintln!("slow stop: the rollback ran after {:.1} s", elapsed.as_secs_f64());
     server.call(Method::DELETE, &format!("/api/apps/{web}"), None).await.unwrap();
 }
 
@@ -519,6 +521,7 @@ async fn a_hung_build_times_out_and_a_build_can_be_cancelled() {
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", cluster.agent.log_text()));
     assert!(started.elapsed() < Duration::from_secs(10));
+    eprintln!("cancel: the build container was gone {:.1} s after the cancel", started.elapsed().as_secs_f64());
     let (status, again) = server.call(Method::POST, &format!("/api/deployments/{id}/cancel"), None).await.unwrap();
     assert_eq!(status, 409, "a finished deployment is not cancelled again: {again}");
     let (status, _) = server.call(Method::POST, "/api/deployments/dep_nope/cancel", None).await.unwrap();
