@@ -30,9 +30,11 @@ use crate::runtime::{DockerRuntime, RuntimeError};
 const HANDLED_FILE: &str = "handled-commands.json";
 /// How many handled ids to remember.
 const HANDLED_MEMORY: usize = 1000;
-/// How long a command may keep asking to be retried before the agent gives
-/// up on it (reports its deployment failed and acks it), so no command is
-/// retried forever.
+/// How long a deploy may keep asking to be retried before the agent gives
+/// up on it (reports its deployment failed and acks it), so no deployment
+/// waits forever. Stops keep being retried: a try is cheap, it holds up
+/// only its own deployment's lane, and giving up would leave a container
+/// running that nothing manages.
 const RETRY_LIMIT: Duration = Duration::from_secs(30 * 60);
 
 /// What became of one command.
@@ -222,24 +224,25 @@ impl Inner {
         self.handled.lock().expect("handled lock").contains(&id.to_string())
     }
 
-    /// Keeps a retried command queued, unless it has been retried for longer
-    /// than [`RETRY_LIMIT`]: then its deployment is reported failed (with
-    /// the last reason) and the command is handled.
+    /// Keeps a retried command queued, unless it is a deploy retried for
+    /// longer than [`RETRY_LIMIT`]: then its deployment is reported failed
+    /// (with the last reason) and the command is handled.
     async fn give_up_after_limit(&self, client: &ControlPlane, command: &Command, reason: String) -> Outcome {
+        if CommandKind::parse(&command.kind) != Some(CommandKind::Deploy) {
+            return Outcome::Retry(reason);
+        }
         let first = *self.retrying.lock().expect("retry lock").entry(command.id.clone()).or_insert_with(Instant::now);
         if first.elapsed() < RETRY_LIMIT {
             return Outcome::Retry(reason);
         }
         tracing::error!(command = %command.id, kind = %command.kind, %reason, "giving up on a command retried for {} minutes", RETRY_LIMIT.as_secs() / 60);
-        if CommandKind::parse(&command.kind) == Some(CommandKind::Deploy) {
-            if let Some(id) = command.payload.get("deployment_id").and_then(|v| v.as_str()) {
-                let mut report = Report::new(id);
-                report.state = Some("failed".into());
-                report.instance = instance_of(command);
-                report.message = Some(format!("the agent gave up after {} minutes: {reason}", RETRY_LIMIT.as_secs() / 60));
-                if let Err(err) = client.report(&report).await {
-                    tracing::warn!(error = %err, "could not report the command it gave up on");
-                }
+        if let Some(id) = command.payload.get("deployment_id").and_then(|v| v.as_str()) {
+            let mut report = Report::new(id);
+            report.state = Some("failed".into());
+            report.instance = instance_of(command);
+            report.message = Some(format!("the agent gave up after {} minutes: {reason}", RETRY_LIMIT.as_secs() / 60));
+            if let Err(err) = client.report(&report).await {
+                tracing::warn!(error = %err, "could not report the command it gave up on");
             }
         }
         Outcome::Handled
