@@ -69,6 +69,9 @@ struct Inner {
     lanes: Mutex<Lanes>,
     /// When each command first asked to be retried.
     retrying: Mutex<HashMap<String, Instant>>,
+    /// When the lanes' recent acks completed: a queue read that started
+    /// before may still list the command, which is no lost ack.
+    acked: Mutex<HashMap<String, Instant>>,
 }
 
 #[derive(Clone)]
@@ -104,6 +107,7 @@ impl Executor {
                 handled: Mutex::new(handled),
                 lanes: Mutex::new(Lanes::default()),
                 retrying: Mutex::new(HashMap::new()),
+                acked: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -111,8 +115,17 @@ impl Executor {
     /// Reads the queue, acks what was already handled and hands every other
     /// command to its deployment's lane. Returns without waiting for them.
     pub async fn run_pending(&mut self, client: &Arc<ControlPlane>) -> Result<(), crate::client::ClientError> {
+        let read_at = Instant::now();
         let pending = client.commands().await?;
+        self.inner.acked.lock().expect("acked lock").retain(|_, at| at.elapsed() < Duration::from_secs(300));
         for command in pending.commands {
+            let in_lane = self.inner.lanes.lock().expect("lanes lock").queued.contains(&command.id);
+            let acked_since_read = self.inner.acked.lock().expect("acked lock").get(&command.id).is_some_and(|at| *at >= read_at);
+            if in_lane || acked_since_read {
+                // Running, being acked, or acked after this read started:
+                // acking it again would count a second ack.
+                continue;
+            }
             if self.inner.is_handled(&command.id) {
                 // Handled before, but the ack was lost. A failed ack must not
                 // keep the commands after it from their lanes.
@@ -191,17 +204,21 @@ impl Executor {
                         let mut lanes = self.inner.lanes.lock().expect("lanes lock");
                         self.inner.retrying.lock().expect("retry lock").remove(&command.id);
                         self.inner.remember(&command.id);
-                        lanes.queued.remove(&command.id);
                         if let Some(lane) = lanes.lanes.get_mut(&key) {
                             lane.queue.pop_front();
                             lane.running_deploy = None;
                         }
                     }
                     match client.ack(&command.id).await {
-                        Ok(()) => tracing::info!(command = %command.id, kind = %command.kind, "command acked"),
+                        Ok(()) => {
+                            self.inner.acked.lock().expect("acked lock").insert(command.id.clone(), Instant::now());
+                            tracing::info!(command = %command.id, kind = %command.kind, "command acked")
+                        }
                         // Remembered as handled: the next read acks it.
                         Err(err) => tracing::warn!(command = %command.id, error = %err, "could not ack; will ack on the next read"),
                     }
+                    // Only now may a read of the queue ack it again.
+                    self.inner.lanes.lock().expect("lanes lock").queued.remove(&command.id);
                 }
                 Outcome::Retry(reason) => {
                     tracing::warn!(command = %command.id, kind = %command.kind, %reason, "command will be retried");

@@ -472,6 +472,17 @@ async fn a_slow_stop_does_not_hold_up_a_rollback() {
     assert!(elapsed < Duration::from_secs(6), "the rollback took {elapsed:?}, close to the stop's 10 s");
     eprintln!("slow stop: the rollback ran after {:.1} s", elapsed.as_secs_f64());
     server.call(Method::DELETE, &format!("/api/apps/{web}"), None).await.unwrap();
+    // Commands run concurrently, and each is still acked exactly once.
+    let path = format!("/api/nodes/{}/commands", cluster.agent.node_id);
+    let commands = wait_for(Duration::from_secs(30), "every command to be acked", || async {
+        let (_, body) = server.call(Method::GET, &path, None).await.ok()?;
+        let commands = body["commands"].as_array()?.clone();
+        commands.iter().all(|c| !c["acked_at"].is_null()).then_some(commands)
+    })
+    .await
+    .unwrap();
+    assert!(commands.len() >= 5, "{commands:?}");
+    assert!(commands.iter().all(|c| c["ack_count"] == 1), "{commands:?}");
 }
 
 fn containers_running(marker: &str) -> bool {
