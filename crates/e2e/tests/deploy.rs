@@ -523,6 +523,15 @@ async fn a_hung_build_times_out_and_a_build_can_be_cancelled() {
     let (_, body) = server.call(Method::POST, &format!("/api/apps/{patient}/deploy"), None).await.unwrap();
     let id = body["id"].as_str().unwrap().to_string();
     wait_for(Duration::from_secs(30), "the build step to run", || async { containers_running(&marker).then_some(()) }).await.unwrap();
+    // The hung build holds up no other app's deploy on the node.
+    let other = unique_name("beside");
+    cluster.git.commit("beside", &[("Dockerfile", DOCKERFILE), ("index.html", "beside\n")], "beside").unwrap();
+    create_app(server, json!({"name": other, "repo_url": cluster.git.url("beside"), "port": 8080, "health_timeout_seconds": 10})).await;
+    let (_, body) = server.call(Method::POST, &format!("/api/apps/{other}/deploy"), None).await.unwrap();
+    let beside = settle_within(&cluster, body["id"].as_str().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(beside["state"], "running", "{beside}");
+    let (_, still) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.unwrap();
+    assert_eq!(still["state"], "building", "{still}");
     let started = std::time::Instant::now();
     let (status, cancelled) = server.call(Method::POST, &format!("/api/deployments/{id}/cancel"), None).await.unwrap();
     assert_eq!(status, 200, "{cancelled}");
@@ -537,7 +546,7 @@ async fn a_hung_build_times_out_and_a_build_can_be_cancelled() {
     assert_eq!(status, 409, "a finished deployment is not cancelled again: {again}");
     let (status, _) = server.call(Method::POST, "/api/deployments/dep_nope/cancel", None).await.unwrap();
     assert_eq!(status, 404);
-    for app in [&slow, &patient] {
+    for app in [&slow, &patient, &other] {
         server.call(Method::DELETE, &format!("/api/apps/{app}"), None).await.unwrap();
     }
 }
