@@ -30,9 +30,11 @@ use crate::runtime::{DockerRuntime, RuntimeError};
 const HANDLED_FILE: &str = "handled-commands.json";
 /// How many handled ids to remember.
 const HANDLED_MEMORY: usize = 1000;
-/// How long a command may keep asking to be retried before the agent gives
-/// up on it (reports its deployment failed and acks it), so no command is
-/// retried forever.
+/// How long a deploy may keep asking to be retried before the agent gives
+/// up on it (reports its deployment failed and acks it), so no deployment
+/// waits forever. Stops keep being retried: a try is cheap, it holds up
+/// only its own deployment's lane, and giving up would leave a container
+/// running that nothing manages.
 const RETRY_LIMIT: Duration = Duration::from_secs(30 * 60);
 
 /// What became of one command.
@@ -67,6 +69,9 @@ struct Inner {
     lanes: Mutex<Lanes>,
     /// When each command first asked to be retried.
     retrying: Mutex<HashMap<String, Instant>>,
+    /// When the lanes' recent acks completed: a queue read that started
+    /// before may still list the command, which is no lost ack.
+    acked: Mutex<HashMap<String, Instant>>,
 }
 
 #[derive(Clone)]
@@ -102,6 +107,7 @@ impl Executor {
                 handled: Mutex::new(handled),
                 lanes: Mutex::new(Lanes::default()),
                 retrying: Mutex::new(HashMap::new()),
+                acked: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -109,12 +115,24 @@ impl Executor {
     /// Reads the queue, acks what was already handled and hands every other
     /// command to its deployment's lane. Returns without waiting for them.
     pub async fn run_pending(&mut self, client: &Arc<ControlPlane>) -> Result<(), crate::client::ClientError> {
+        let read_at = Instant::now();
         let pending = client.commands().await?;
+        self.inner.acked.lock().expect("acked lock").retain(|_, at| at.elapsed() < Duration::from_secs(300));
         for command in pending.commands {
+            let in_lane = self.inner.lanes.lock().expect("lanes lock").queued.contains(&command.id);
+            let acked_since_read = self.inner.acked.lock().expect("acked lock").get(&command.id).is_some_and(|at| *at >= read_at);
+            if in_lane || acked_since_read {
+                // Running, being acked, or acked after this read started:
+                // acking it again would count a second ack.
+                continue;
+            }
             if self.inner.is_handled(&command.id) {
-                // Handled before, but the ack was lost.
-                client.ack(&command.id).await?;
-                tracing::info!(command = %command.id, kind = %command.kind, "command acked");
+                // Handled before, but the ack was lost. A failed ack must not
+                // keep the commands after it from their lanes.
+                match client.ack(&command.id).await {
+                    Ok(()) => tracing::info!(command = %command.id, kind = %command.kind, "command acked"),
+                    Err(err) => tracing::warn!(command = %command.id, error = %err, "could not ack a handled command"),
+                }
                 continue;
             }
             self.enqueue(client, command);
@@ -161,9 +179,17 @@ impl Executor {
                     lanes.lanes.remove(&key);
                     return;
                 };
-                let (sender, receiver) = watch::channel(false);
-                if CommandKind::parse(&command.kind) == Some(CommandKind::Deploy) {
-                    lane.running_deploy = Some((instance_of(&command).unwrap_or(1), sender));
+                let is_deploy = CommandKind::parse(&command.kind) == Some(CommandKind::Deploy);
+                let instance = instance_of(&command).unwrap_or(1);
+                // A deploy with its stop already queued behind it (cancelled
+                // before it started) starts cancelled: it would be undone.
+                let stopped = is_deploy
+                    && lane.queue.iter().skip(1).any(|later| {
+                        CommandKind::parse(&later.kind) == Some(CommandKind::Stop) && instance_of(later).is_none_or(|i| i == instance)
+                    });
+                let (sender, receiver) = watch::channel(stopped);
+                if is_deploy {
+                    lane.running_deploy = Some((instance, sender));
                 }
                 (command, receiver)
             };
@@ -178,17 +204,21 @@ impl Executor {
                         let mut lanes = self.inner.lanes.lock().expect("lanes lock");
                         self.inner.retrying.lock().expect("retry lock").remove(&command.id);
                         self.inner.remember(&command.id);
-                        lanes.queued.remove(&command.id);
                         if let Some(lane) = lanes.lanes.get_mut(&key) {
                             lane.queue.pop_front();
                             lane.running_deploy = None;
                         }
                     }
                     match client.ack(&command.id).await {
-                        Ok(()) => tracing::info!(command = %command.id, kind = %command.kind, "command acked"),
+                        Ok(()) => {
+                            self.inner.acked.lock().expect("acked lock").insert(command.id.clone(), Instant::now());
+                            tracing::info!(command = %command.id, kind = %command.kind, "command acked")
+                        }
                         // Remembered as handled: the next read acks it.
                         Err(err) => tracing::warn!(command = %command.id, error = %err, "could not ack; will ack on the next read"),
                     }
+                    // Only now may a read of the queue ack it again.
+                    self.inner.lanes.lock().expect("lanes lock").queued.remove(&command.id);
                 }
                 Outcome::Retry(reason) => {
                     tracing::warn!(command = %command.id, kind = %command.kind, %reason, "command will be retried");
@@ -211,24 +241,25 @@ impl Inner {
         self.handled.lock().expect("handled lock").contains(&id.to_string())
     }
 
-    /// Keeps a retried command queued, unless it has been retried for longer
-    /// than [`RETRY_LIMIT`]: then its deployment is reported failed (with
-    /// the last reason) and the command is handled.
+    /// Keeps a retried command queued, unless it is a deploy retried for
+    /// longer than [`RETRY_LIMIT`]: then its deployment is reported failed
+    /// (with the last reason) and the command is handled.
     async fn give_up_after_limit(&self, client: &ControlPlane, command: &Command, reason: String) -> Outcome {
+        if CommandKind::parse(&command.kind) != Some(CommandKind::Deploy) {
+            return Outcome::Retry(reason);
+        }
         let first = *self.retrying.lock().expect("retry lock").entry(command.id.clone()).or_insert_with(Instant::now);
         if first.elapsed() < RETRY_LIMIT {
             return Outcome::Retry(reason);
         }
         tracing::error!(command = %command.id, kind = %command.kind, %reason, "giving up on a command retried for {} minutes", RETRY_LIMIT.as_secs() / 60);
-        if CommandKind::parse(&command.kind) == Some(CommandKind::Deploy) {
-            if let Some(id) = command.payload.get("deployment_id").and_then(|v| v.as_str()) {
-                let mut report = Report::new(id);
-                report.state = Some("failed".into());
-                report.instance = instance_of(command);
-                report.message = Some(format!("the agent gave up after {} minutes: {reason}", RETRY_LIMIT.as_secs() / 60));
-                if let Err(err) = client.report(&report).await {
-                    tracing::warn!(error = %err, "could not report the command it gave up on");
-                }
+        if let Some(id) = command.payload.get("deployment_id").and_then(|v| v.as_str()) {
+            let mut report = Report::new(id);
+            report.state = Some("failed".into());
+            report.instance = instance_of(command);
+            report.message = Some(format!("the agent gave up after {} minutes: {reason}", RETRY_LIMIT.as_secs() / 60));
+            if let Err(err) = client.report(&report).await {
+                tracing::warn!(error = %err, "could not report the command it gave up on");
             }
         }
         Outcome::Handled

@@ -428,6 +428,7 @@ async fn a_crashing_app_fails_fast_with_its_exit_code_and_leaves_no_secret() {
     assert!(error.contains("connecting with [redacted API_SECRET]"), "the last line, redacted: {error}");
     assert!(!error.contains(secret), "{error}");
     assert!(elapsed < Duration::from_secs(15), "failed {elapsed:?} after the build, not after the health timeout");
+    eprintln!("crash: failed {:.1} s after the build ended", elapsed.as_secs_f64());
     let lines = log_lines(server, &id).await;
     assert!(lines.iter().any(|(_, l)| l.contains("connecting with [redacted API_SECRET]")), "{lines:?}");
     assert!(!format!("{lines:?}").contains(secret), "{lines:?}");
@@ -476,7 +477,19 @@ async fn a_slow_stop_does_not_hold_up_a_rollback() {
     assert_eq!(r["state"], "running", "{r}");
     assert!(!containers_of(&dep_a).is_empty(), "the rollback ran while A's container was still being stopped ({elapsed:?})");
     assert!(elapsed < Duration::from_secs(6), "the rollback took {elapsed:?}, close to the stop's 10 s");
+    eprintln!("slow stop: the rollback ran after {:.1} s", elapsed.as_secs_f64());
     server.call(Method::DELETE, &format!("/api/apps/{web}"), None).await.unwrap();
+    // Commands run concurrently, and each is still acked exactly once.
+    let path = format!("/api/nodes/{}/commands", cluster.agent.node_id);
+    let commands = wait_for(Duration::from_secs(30), "every command to be acked", || async {
+        let (_, body) = server.call(Method::GET, &path, None).await.ok()?;
+        let commands = body["commands"].as_array()?.clone();
+        commands.iter().all(|c| !c["acked_at"].is_null()).then_some(commands)
+    })
+    .await
+    .unwrap();
+    assert!(commands.len() >= 5, "{commands:?}");
+    assert!(commands.iter().all(|c| c["ack_count"] == 1), "{commands:?}");
 }
 
 fn containers_running(marker: &str) -> bool {
@@ -517,6 +530,15 @@ async fn a_hung_build_times_out_and_a_build_can_be_cancelled() {
     let (_, body) = server.call(Method::POST, &format!("/api/apps/{patient}/deploy"), None).await.unwrap();
     let id = body["id"].as_str().unwrap().to_string();
     wait_for(Duration::from_secs(30), "the build step to run", || async { containers_running(&marker).then_some(()) }).await.unwrap();
+    // The hung build holds up no other app's deploy on the node.
+    let other = unique_name("beside");
+    cluster.git.commit("beside", &[("Dockerfile", DOCKERFILE), ("index.html", "beside\n")], "beside").unwrap();
+    create_app(server, json!({"name": other, "repo_url": cluster.git.url("beside"), "port": 8080, "health_timeout_seconds": 10})).await;
+    let (_, body) = server.call(Method::POST, &format!("/api/apps/{other}/deploy"), None).await.unwrap();
+    let beside = settle_within(&cluster, body["id"].as_str().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(beside["state"], "running", "{beside}");
+    let (_, still) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.unwrap();
+    assert_eq!(still["state"], "building", "{still}");
     let started = std::time::Instant::now();
     let (status, cancelled) = server.call(Method::POST, &format!("/api/deployments/{id}/cancel"), None).await.unwrap();
     assert_eq!(status, 200, "{cancelled}");
@@ -526,11 +548,12 @@ async fn a_hung_build_times_out_and_a_build_can_be_cancelled() {
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", cluster.agent.log_text()));
     assert!(started.elapsed() < Duration::from_secs(10));
+    eprintln!("cancel: the build container was gone {:.1} s after the cancel", started.elapsed().as_secs_f64());
     let (status, again) = server.call(Method::POST, &format!("/api/deployments/{id}/cancel"), None).await.unwrap();
     assert_eq!(status, 409, "a finished deployment is not cancelled again: {again}");
     let (status, _) = server.call(Method::POST, "/api/deployments/dep_nope/cancel", None).await.unwrap();
     assert_eq!(status, 404);
-    for app in [&slow, &patient] {
+    for app in [&slow, &patient, &other] {
         server.call(Method::DELETE, &format!("/api/apps/{app}"), None).await.unwrap();
     }
 }
