@@ -226,6 +226,9 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());
+    // The first table exists before any node can connect, so a new
+    // stream never sees a `routes` event for a table that did not change.
+    routes::recompute(&state).await.map_err(|e| StartError::Database(format!("cannot compute the route table: {e:?}")))?;
 
     let agent_listener = bind(state.config.agent_listen).await?;
     let api_listener = bind(state.config.api_listen).await?;
