@@ -185,7 +185,12 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
                 // The reconciler tries again every second.
                 let waited = state.clock.now_ms() - deployment.updated_at;
                 if waited < state.config.placement_wait.as_millis() as i64 {
-                    tracing::info!(deployment = %deployment.id, instance, reason = %message, "no node can take the instance yet; it waits");
+                    // Said once; the retries every second stay quiet.
+                    if waited < 1_000 {
+                        tracing::info!(deployment = %deployment.id, instance, reason = %message, "no node can take the instance yet; it waits");
+                    } else {
+                        tracing::debug!(deployment = %deployment.id, instance, reason = %message, "still no node for the instance");
+                    }
                     return Ok(());
                 }
                 fail(state, deployment, &message).await?;
