@@ -142,6 +142,8 @@ fn full_disk(err: StartError, data_dir: &std::path::Path) -> StartError {
 
 /// Whether the file system of `dir` has (next to) no space left for an
 /// unprivileged writer.
+// The casts matter where `statvfs` counts in 32 bits.
+#[allow(clippy::unnecessary_cast)]
 fn disk_full(dir: &std::path::Path) -> bool {
     nix::sys::statvfs::statvfs(dir).is_ok_and(|fs| (fs.blocks_available() as u64).saturating_mul(fs.fragment_size() as u64) < 64 * 1024)
 }
