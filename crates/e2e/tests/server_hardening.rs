@@ -213,6 +213,50 @@ async fn a_deployment_on_a_node_that_goes_silent_fails() {
     }
 }
 
+#[tokio::test]
+async fn an_unfinished_rollback_on_a_node_that_goes_silent_is_placed_again() {
+    let (_dir, cp) = control(|c| c.unreachable_after = Duration::from_secs(2)).await;
+    let a = cp.join("a").await;
+    let b = cp.join("b").await;
+    cp.alive(&a).await;
+    cp.alive(&b).await;
+    assert_eq!(cp.create_app("back", json!({})).await.0, 201);
+    let (_, body) = cp.call(Method::POST, "/api/apps/back/deploy", None).await;
+    let first = body["id"].as_str().unwrap().to_string();
+    let d = cp.deployment_until(&first, 5, "placement", |d| !d["instances"][0]["node_id"].is_null()).await;
+    let (stays, silent) = if d["instances"][0]["node_id"] == a.id.as_str() { (&a, &b) } else { (&b, &a) };
+    cp.run_on(stays, &first, 1).await;
+    // The rollback goes to the less loaded node, which then goes silent
+    // while the other keeps beating.
+    let (_, body) = cp.call(Method::POST, "/api/apps/back/rollback", Some(json!({"deployment_id": first}))).await;
+    let rollback = body["id"].as_str().unwrap().to_string();
+    assert_eq!(cp.deployment(&rollback).await["instances"][0]["node_id"], silent.id.as_str());
+    let beat = {
+        let client = stays.client.clone();
+        let url = cp.agent_url("/agent/v1/heartbeat");
+        tokio::spawn(async move {
+            loop {
+                let body = json!({"cpu_cores": 4, "mem_bytes": 8u64 << 30, "disk_bytes": 100u64 << 30}).to_string();
+                let _ = client.send(Method::POST, &url, &[], Some(&body)).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    let moved = cp
+        .deployment_until(&rollback, 10, "the instance to move", |d| d["instances"].as_array().unwrap().iter().any(|i| i["node_id"] == stays.id.as_str()))
+        .await;
+    beat.abort();
+    assert_eq!(moved["state"], "queued", "re-placed, not failed: {moved}");
+    assert_eq!(moved["instances"][0]["state"], "lost", "{moved}");
+    assert_eq!(moved["instances"][1]["state"], "pending", "{moved}");
+    let (_, text) = silent.client.send(Method::GET, &cp.agent_url("/agent/v1/commands"), &[], None).await.unwrap();
+    assert!(text.contains("\"stop\""), "the silent node is told to stop its copy: {text}");
+    // It runs on the other node.
+    assert_eq!(cp.report(stays, json!({"deployment_id": rollback, "instance": 2, "state": "deploying", "image": moved["image"]})).await, 202);
+    assert_eq!(cp.report(stays, json!({"deployment_id": rollback, "instance": 2, "state": "running", "address": "10.77.0.5:1"})).await, 202);
+    assert_eq!(cp.deployment(&rollback).await["state"], "running");
+}
+
 /// A running deployment of app `app` on `node`.
 async fn running_app(cp: &Control, node: &cloudweb_e2e::control::HandNode, app: &str) -> String {
     assert_eq!(cp.create_app(app, json!({})).await.0, 201);

@@ -459,9 +459,12 @@ async fn place_waiting(state: &AppState) -> Result<(), ApiError> {
 }
 
 /// An unfinished deployment whose instance sits on a node that is
-/// unreachable (or gone) would wait forever for a report: fail it, so it
-/// reaches a terminal state within the unreachable period plus a tick.
-/// Its stop stays queued for the node, in case it comes back.
+/// unreachable (or gone) would wait forever for a report. When its image
+/// exists already (a rollback, a reschedule, a build that was pushed) the
+/// instance starts again on another node; otherwise, or when no node has
+/// room, the deployment fails. Either way it settles within the unreachable
+/// period plus a tick. The node is told to stop its copy, in case it comes
+/// back.
 async fn fail_stuck_on_lost_nodes(state: &AppState) -> Result<(), ApiError> {
     let now = tokio::time::Instant::now();
     for (instance, deployment) in state.store.placed_unfinished_instances().await? {
@@ -473,10 +476,30 @@ async fn fail_stuck_on_lost_nodes(state: &AppState) -> Result<(), ApiError> {
             }
             Some(_) => None,
         };
-        if let Some(lost) = lost {
-            let reason = format!("{lost} while the deployment was {}; deploy again", deployment.state);
-            fail(state, &deployment, &reason).await?;
+        let Some(lost) = lost else { continue };
+        let mut reason = format!("{lost} while the deployment was {}", deployment.state);
+        if deployment.image.is_some() {
+            if let Some(app) = state.store.app(&deployment.app).await? {
+                match moves::start_replacement(state, &app, &deployment, instance.instance, node_id).await? {
+                    Ok((target, number)) => {
+                        let now_ms = state.clock.now_ms();
+                        state.store.update_instance(&deployment.id, instance.instance, None, "lost", None, None, now_ms).await?;
+                        if state.nodes.get(node_id).is_some() {
+                            let stop = StopPayload {
+                                deployment_id: deployment.id.clone(),
+                                instance: Some(instance.instance as u32),
+                                reason: Some("replaced while the node was unreachable".into()),
+                            };
+                            crate::queue_command(state, node_id, cloudweb_protocol::CommandKind::Stop, &json!(stop)).await?;
+                        }
+                        tracing::info!(deployment = %deployment.id, from = %node_id, to = %target, instance = number, %reason, "re-placed an unfinished instance");
+                        continue;
+                    }
+                    Err(nowhere) => reason = format!("{reason}, and {nowhere}"),
+                }
+            }
         }
+        fail(state, &deployment, &format!("{reason}; deploy again")).await?;
     }
     Ok(())
 }

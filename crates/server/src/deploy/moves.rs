@@ -66,7 +66,7 @@ pub async fn move_instances(state: &AppState) -> Result<HashMap<String, Vec<(Str
 /// Places a replacement for instance `replaced` of a deployment that has
 /// its image, anywhere but `avoid`, and queues its deploy. Returns the
 /// target node and the new instance number, or the scheduler's reason.
-async fn start_replacement(
+pub(super) async fn start_replacement(
     state: &AppState,
     app: &AppRow,
     deployment: &DeploymentRow,
