@@ -545,6 +545,32 @@ async fn a_join_sent_again_gets_the_same_answer() {
     let body = json!({"token": token, "csr": other, "hostname": "h", "name": "thief"}).to_string();
     let (status, text) = cp.anonymous().send(Method::POST, &url, &[], Some(&body)).await.unwrap();
     assert_eq!(status, 401, "{text}");
+    // The client hangs up at various points of the join; sending the same
+    // request again always completes it, and each token makes one node.
+    let mut spent_before_retry = 0;
+    let drops = [1u64, 3, 6, 10, 15, 21, 28, 36, 45, 55];
+    for (i, millis) in drops.iter().enumerate() {
+        let token = cp.token().await;
+        let (_, csr) = key_and_csr(|_| {});
+        let body = json!({"token": token, "csr": csr, "hostname": "h", "name": format!("drop{i}")}).to_string();
+        let impatient = reqwest::Client::builder()
+            .use_rustls_tls()
+            .danger_accept_invalid_certs(true)
+            .timeout(Duration::from_millis(*millis))
+            .build()
+            .unwrap();
+        let _ = impatient.post(&url).header("content-type", "application/json").body(body.clone()).send().await;
+        // Whatever reached the server finishes there.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let digest = cloudweb_server::ca::sha256_hex(token.as_bytes());
+        if cp.server.state.store.check_join_token(&digest, cp.server.state.clock.now_ms()).await.unwrap().is_err() {
+            spent_before_retry += 1;
+        }
+        let (status, text) = cp.anonymous().send(Method::POST, &url, &[], Some(&body)).await.unwrap();
+        assert_eq!(status, 200, "attempt {i}: {text}");
+    }
+    assert_eq!(cp.server.state.nodes.len(), 1 + drops.len());
+    assert!(spent_before_retry > 0, "no first attempt reached the server; the retries proved nothing");
     // Past the token's life the same request is refused too.
     cp.clock.advance(Duration::from_secs(3601));
     let body = json!({"token": token, "csr": csr, "hostname": "h", "name": "again"}).to_string();
