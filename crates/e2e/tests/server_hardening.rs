@@ -190,7 +190,7 @@ async fn a_deploy_with_nowhere_to_go_fails_after_the_wait_with_the_reasons() {
 // reaches a terminal state.
 #[tokio::test]
 async fn a_deployment_on_a_node_that_goes_silent_fails() {
-    let (_dir, cp) = control(|c| c.unreachable_after = Duration::from_secs(1)).await;
+    let (_dir, cp) = control(|c| c.unreachable_after = Duration::from_secs(3)).await;
     let node = cp.join("silent").await;
     cp.alive(&node).await;
     assert_eq!(cp.create_app("hung", json!({})).await.0, 201);
@@ -206,33 +206,21 @@ async fn a_deployment_on_a_node_that_goes_silent_fails() {
         let d = cp.deployment(id).await;
         assert_eq!(d["instances"][0]["node_id"], node.id.as_str(), "{d}");
     }
-    // No more heartbeats: unreachable after 1 s, failed on the next pass.
+    // No more heartbeats: unreachable after 3 s, failed on the next pass.
     for id in &ids {
-        let failed = cp.deployment_until(id, 10, "the deployment to fail", |d| d["state"] == "failed").await;
+        let failed = cp.deployment_until(id, 15, "the deployment to fail", |d| d["state"] == "failed").await;
         assert!(failed["error"].as_str().unwrap().contains("unreachable"), "{failed}");
     }
 }
 
 #[tokio::test]
 async fn an_unfinished_rollback_on_a_node_that_goes_silent_is_placed_again() {
-    let (_dir, cp) = control(|c| c.unreachable_after = Duration::from_secs(2)).await;
+    let (_dir, cp) = control(|c| c.unreachable_after = Duration::from_secs(3)).await;
     let a = cp.join("a").await;
     let b = cp.join("b").await;
-    cp.alive(&a).await;
-    cp.alive(&b).await;
-    assert_eq!(cp.create_app("back", json!({})).await.0, 201);
-    let (_, body) = cp.call(Method::POST, "/api/apps/back/deploy", None).await;
-    let first = body["id"].as_str().unwrap().to_string();
-    let d = cp.deployment_until(&first, 5, "placement", |d| !d["instances"][0]["node_id"].is_null()).await;
-    let (stays, silent) = if d["instances"][0]["node_id"] == a.id.as_str() { (&a, &b) } else { (&b, &a) };
-    cp.run_on(stays, &first, 1).await;
-    // The rollback goes to the less loaded node, which then goes silent
-    // while the other keeps beating.
-    let (_, body) = cp.call(Method::POST, "/api/apps/back/rollback", Some(json!({"deployment_id": first}))).await;
-    let rollback = body["id"].as_str().unwrap().to_string();
-    assert_eq!(cp.deployment(&rollback).await["instances"][0]["node_id"], silent.id.as_str());
-    let beat = {
-        let client = stays.client.clone();
+    // Both beat until the test silences one.
+    let beat = |node: &cloudweb_e2e::control::HandNode| {
+        let client = node.client.clone();
         let url = cp.agent_url("/agent/v1/heartbeat");
         tokio::spawn(async move {
             loop {
@@ -242,10 +230,26 @@ async fn an_unfinished_rollback_on_a_node_that_goes_silent_is_placed_again() {
             }
         })
     };
+    let beats = [beat(&a), beat(&b)];
+    cp.alive(&a).await;
+    cp.alive(&b).await;
+    assert_eq!(cp.create_app("back", json!({})).await.0, 201);
+    let (_, body) = cp.call(Method::POST, "/api/apps/back/deploy", None).await;
+    let first = body["id"].as_str().unwrap().to_string();
+    let d = cp.deployment_until(&first, 5, "placement", |d| !d["instances"][0]["node_id"].is_null()).await;
+    let (stays, silent, silenced) = if d["instances"][0]["node_id"] == a.id.as_str() { (&a, &b, &beats[1]) } else { (&b, &a, &beats[0]) };
+    cp.run_on(stays, &first, 1).await;
+    // The rollback goes to the less loaded node, which then goes silent.
+    let (_, body) = cp.call(Method::POST, "/api/apps/back/rollback", Some(json!({"deployment_id": first}))).await;
+    let rollback = body["id"].as_str().unwrap().to_string();
+    assert_eq!(cp.deployment(&rollback).await["instances"][0]["node_id"], silent.id.as_str());
+    silenced.abort();
     let moved = cp
-        .deployment_until(&rollback, 10, "the instance to move", |d| d["instances"].as_array().unwrap().iter().any(|i| i["node_id"] == stays.id.as_str()))
+        .deployment_until(&rollback, 15, "the instance to move", |d| d["instances"].as_array().unwrap().iter().any(|i| i["node_id"] == stays.id.as_str()))
         .await;
-    beat.abort();
+    for beat in &beats {
+        beat.abort();
+    }
     assert_eq!(moved["state"], "queued", "re-placed, not failed: {moved}");
     assert_eq!(moved["instances"][0]["state"], "lost", "{moved}");
     assert_eq!(moved["instances"][1]["state"], "pending", "{moved}");
