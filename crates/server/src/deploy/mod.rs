@@ -615,7 +615,9 @@ pub async fn fail_node_instances(state: &AppState, node_id: &str, reason: &str) 
         let Some(deployment) = state.store.deployment(id).await? else { continue };
         match DeploymentState::parse(&deployment.state) {
             Some(DeploymentState::Running) => {
-                let others_run = state.store.instances(id).await?.iter().any(|i| i.state == "running");
+                // Instances elsewhere that run or are starting (a drain's
+                // replacement) keep the deployment going.
+                let others_run = state.store.instances(id).await?.iter().any(|i| matches!(i.state.as_str(), "running" | "pending"));
                 if others_run {
                     if moves::replace_lost(state, &deployment, lost, node_id).await? {
                         loss.rescheduled.push(id.clone());

@@ -103,6 +103,10 @@ pub async fn replace_lost(state: &AppState, deployment: &DeploymentRow, lost: &[
     }
     let mut all = true;
     for &instance in lost {
+        // A drain may have started its replacement already.
+        if state.store.replacement_in_progress(&deployment.id, instance, i64::MAX).await? {
+            continue;
+        }
         match start_replacement(state, &app, deployment, instance, node_id).await? {
             Ok((target, number)) => {
                 tracing::info!(deployment = %deployment.id, from = %node_id, to = %target, instance = number, "replacing an instance of a node that left");
