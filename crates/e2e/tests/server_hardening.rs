@@ -190,7 +190,7 @@ async fn a_deploy_with_nowhere_to_go_fails_after_the_wait_with_the_reasons() {
 // reaches a terminal state.
 #[tokio::test]
 async fn a_deployment_on_a_node_that_goes_silent_fails() {
-    let (_dir, cp) = control(|c| c.unreachable_after = Duration::from_secs(1)).await;
+    let (_dir, cp) = control(|c| c.unreachable_after = Duration::from_secs(3)).await;
     let node = cp.join("silent").await;
     cp.alive(&node).await;
     assert_eq!(cp.create_app("hung", json!({})).await.0, 201);
@@ -206,11 +206,59 @@ async fn a_deployment_on_a_node_that_goes_silent_fails() {
         let d = cp.deployment(id).await;
         assert_eq!(d["instances"][0]["node_id"], node.id.as_str(), "{d}");
     }
-    // No more heartbeats: unreachable after 1 s, failed on the next pass.
+    // No more heartbeats: unreachable after 3 s, failed on the next pass.
     for id in &ids {
-        let failed = cp.deployment_until(id, 10, "the deployment to fail", |d| d["state"] == "failed").await;
+        let failed = cp.deployment_until(id, 15, "the deployment to fail", |d| d["state"] == "failed").await;
         assert!(failed["error"].as_str().unwrap().contains("unreachable"), "{failed}");
     }
+}
+
+#[tokio::test]
+async fn an_unfinished_rollback_on_a_node_that_goes_silent_is_placed_again() {
+    let (_dir, cp) = control(|c| c.unreachable_after = Duration::from_secs(3)).await;
+    let a = cp.join("a").await;
+    let b = cp.join("b").await;
+    // Both beat until the test silences one.
+    let beat = |node: &cloudweb_e2e::control::HandNode| {
+        let client = node.client.clone();
+        let url = cp.agent_url("/agent/v1/heartbeat");
+        tokio::spawn(async move {
+            loop {
+                let body = json!({"cpu_cores": 4, "mem_bytes": 8u64 << 30, "disk_bytes": 100u64 << 30}).to_string();
+                let _ = client.send(Method::POST, &url, &[], Some(&body)).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    let beats = [beat(&a), beat(&b)];
+    cp.alive(&a).await;
+    cp.alive(&b).await;
+    assert_eq!(cp.create_app("back", json!({})).await.0, 201);
+    let (_, body) = cp.call(Method::POST, "/api/apps/back/deploy", None).await;
+    let first = body["id"].as_str().unwrap().to_string();
+    let d = cp.deployment_until(&first, 5, "placement", |d| !d["instances"][0]["node_id"].is_null()).await;
+    let (stays, silent, silenced) = if d["instances"][0]["node_id"] == a.id.as_str() { (&a, &b, &beats[1]) } else { (&b, &a, &beats[0]) };
+    cp.run_on(stays, &first, 1).await;
+    // The rollback goes to the less loaded node, which then goes silent.
+    let (_, body) = cp.call(Method::POST, "/api/apps/back/rollback", Some(json!({"deployment_id": first}))).await;
+    let rollback = body["id"].as_str().unwrap().to_string();
+    assert_eq!(cp.deployment(&rollback).await["instances"][0]["node_id"], silent.id.as_str());
+    silenced.abort();
+    let moved = cp
+        .deployment_until(&rollback, 15, "the instance to move", |d| d["instances"].as_array().unwrap().iter().any(|i| i["node_id"] == stays.id.as_str()))
+        .await;
+    for beat in &beats {
+        beat.abort();
+    }
+    assert_eq!(moved["state"], "queued", "re-placed, not failed: {moved}");
+    assert_eq!(moved["instances"][0]["state"], "lost", "{moved}");
+    assert_eq!(moved["instances"][1]["state"], "pending", "{moved}");
+    let (_, text) = silent.client.send(Method::GET, &cp.agent_url("/agent/v1/commands"), &[], None).await.unwrap();
+    assert!(text.contains("\"stop\""), "the silent node is told to stop its copy: {text}");
+    // It runs on the other node.
+    assert_eq!(cp.report(stays, json!({"deployment_id": rollback, "instance": 2, "state": "deploying", "image": moved["image"]})).await, 202);
+    assert_eq!(cp.report(stays, json!({"deployment_id": rollback, "instance": 2, "state": "running", "address": "10.77.0.5:1"})).await, 202);
+    assert_eq!(cp.deployment(&rollback).await["state"], "running");
 }
 
 /// A running deployment of app `app` on `node`.
@@ -308,7 +356,9 @@ async fn a_running_deployment_that_lost_its_instance_is_failed_and_started_again
     let again = &all["deployments"][0];
     assert_eq!(again["kind"], "reschedule", "{all}");
     assert_eq!(again["rollback_of"], id.as_str(), "{all}");
-    assert_eq!(again["instances"][0]["node_id"], node.id.as_str(), "{all}");
+    // Placed in the same pass (which this test may have looked in on).
+    let again = again["id"].as_str().unwrap().to_string();
+    cp.deployment_until(&again, 5, "the new deployment's placement", |d| d["instances"][0]["node_id"] == node.id.as_str()).await;
 }
 
 // Item: retention of logs, reports, acked commands, traffic and
@@ -402,13 +452,11 @@ async fn a_lost_database_is_not_replaced_by_a_new_cluster() {
     let db = dir.path().join("state.db");
     let start = || cloudweb_server::start(cloudweb_server::config::Config::local(dir.path().to_path_buf()), std::sync::Arc::new(cloudweb_server::clock::ShiftedClock::default()));
 
-    // The good copy keeps its write-ahead log, in case the shutdown's
-    // checkpoint did not run (it is best effort under load).
-    std::fs::copy(&db, dir.path().join("good.db")).unwrap();
-    let wal = dir.path().join("state.db-wal");
-    let kept_wal = wal.exists().then(|| std::fs::copy(&wal, dir.path().join("good.db-wal")).unwrap()).is_some();
-    for side in ["state.db-wal", "state.db-shm"] {
-        let _ = std::fs::remove_file(dir.path().join(side));
+    // Keep the database aside (with its write-ahead log, if any is left).
+    let aside = dir.path().join("aside");
+    std::fs::create_dir(&aside).unwrap();
+    for file in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = std::fs::rename(dir.path().join(file), aside.join(file));
     }
     std::fs::write(&db, b"").unwrap();
     let err = start().await.err().expect("an empty database must not start").to_string();
@@ -423,9 +471,8 @@ async fn a_lost_database_is_not_replaced_by_a_new_cluster() {
     assert!(err.contains("damaged or is not a cloud-web database") && err.contains("restore"), "{err}");
 
     // Restored, it starts with its apps.
-    std::fs::rename(dir.path().join("good.db"), &db).unwrap();
-    if kept_wal {
-        std::fs::rename(dir.path().join("good.db-wal"), &wal).unwrap();
+    for file in ["state.db", "state.db-wal", "state.db-shm"] {
+        let _ = std::fs::rename(aside.join(file), dir.path().join(file));
     }
     let server = start().await.unwrap();
     assert!(server.state.store.app("kept").await.unwrap().is_some());
@@ -508,6 +555,32 @@ async fn a_join_sent_again_gets_the_same_answer() {
     let body = json!({"token": token, "csr": other, "hostname": "h", "name": "thief"}).to_string();
     let (status, text) = cp.anonymous().send(Method::POST, &url, &[], Some(&body)).await.unwrap();
     assert_eq!(status, 401, "{text}");
+    // The client hangs up at various points of the join; sending the same
+    // request again always completes it, and each token makes one node.
+    let mut spent_before_retry = 0;
+    let drops = [1u64, 3, 6, 10, 15, 21, 28, 36, 45, 55];
+    for (i, millis) in drops.iter().enumerate() {
+        let token = cp.token().await;
+        let (_, csr) = key_and_csr(|_| {});
+        let body = json!({"token": token, "csr": csr, "hostname": "h", "name": format!("drop{i}")}).to_string();
+        let impatient = reqwest::Client::builder()
+            .use_rustls_tls()
+            .danger_accept_invalid_certs(true)
+            .timeout(Duration::from_millis(*millis))
+            .build()
+            .unwrap();
+        let _ = impatient.post(&url).header("content-type", "application/json").body(body.clone()).send().await;
+        // Whatever reached the server finishes there.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let digest = cloudweb_server::ca::sha256_hex(token.as_bytes());
+        if cp.server.state.store.check_join_token(&digest, cp.server.state.clock.now_ms()).await.unwrap().is_err() {
+            spent_before_retry += 1;
+        }
+        let (status, text) = cp.anonymous().send(Method::POST, &url, &[], Some(&body)).await.unwrap();
+        assert_eq!(status, 200, "attempt {i}: {text}");
+    }
+    assert_eq!(cp.server.state.nodes.len(), 1 + drops.len());
+    assert!(spent_before_retry > 0, "no first attempt reached the server; the retries proved nothing");
     // Past the token's life the same request is refused too.
     cp.clock.advance(Duration::from_secs(3601));
     let body = json!({"token": token, "csr": csr, "hostname": "h", "name": "again"}).to_string();

@@ -142,6 +142,8 @@ fn full_disk(err: StartError, data_dir: &std::path::Path) -> StartError {
 
 /// Whether the file system of `dir` has (next to) no space left for an
 /// unprivileged writer.
+// The casts matter where `statvfs` counts in 32 bits.
+#[allow(clippy::unnecessary_cast)]
 fn disk_full(dir: &std::path::Path) -> bool {
     nix::sys::statvfs::statvfs(dir).is_ok_and(|fs| (fs.blocks_available() as u64).saturating_mul(fs.fragment_size() as u64) < 64 * 1024)
 }
@@ -226,6 +228,9 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());
+    // The first table exists before any node can connect, so a new
+    // stream never sees a `routes` event for a table that did not change.
+    routes::recompute(&state).await.map_err(|e| StartError::Database(format!("cannot compute the route table: {e:?}")))?;
 
     let agent_listener = bind(state.config.agent_listen).await?;
     let api_listener = bind(state.config.api_listen).await?;

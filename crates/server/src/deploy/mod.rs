@@ -185,7 +185,12 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
                 // The reconciler tries again every second.
                 let waited = state.clock.now_ms() - deployment.updated_at;
                 if waited < state.config.placement_wait.as_millis() as i64 {
-                    tracing::info!(deployment = %deployment.id, instance, reason = %message, "no node can take the instance yet; it waits");
+                    // Said once; the retries every second stay quiet.
+                    if waited < 1_000 {
+                        tracing::info!(deployment = %deployment.id, instance, reason = %message, "no node can take the instance yet; it waits");
+                    } else {
+                        tracing::debug!(deployment = %deployment.id, instance, reason = %message, "still no node for the instance");
+                    }
                     return Ok(());
                 }
                 fail(state, deployment, &message).await?;
@@ -527,9 +532,12 @@ async fn place_waiting(state: &AppState) -> Result<(), ApiError> {
 }
 
 /// An unfinished deployment whose instance sits on a node that is
-/// unreachable (or gone) would wait forever for a report: fail it, so it
-/// reaches a terminal state within the unreachable period plus a tick.
-/// Its stop stays queued for the node, in case it comes back.
+/// unreachable (or gone) would wait forever for a report. When its image
+/// exists already (a rollback, a reschedule, a build that was pushed) the
+/// instance starts again on another node; otherwise, or when no node has
+/// room, the deployment fails. Either way it settles within the unreachable
+/// period plus a tick. The node is told to stop its copy, in case it comes
+/// back.
 async fn fail_stuck_on_lost_nodes(state: &AppState) -> Result<(), ApiError> {
     let now = tokio::time::Instant::now();
     for (instance, deployment) in state.store.placed_unfinished_instances().await? {
@@ -541,10 +549,30 @@ async fn fail_stuck_on_lost_nodes(state: &AppState) -> Result<(), ApiError> {
             }
             Some(_) => None,
         };
-        if let Some(lost) = lost {
-            let reason = format!("{lost} while the deployment was {}; deploy again", deployment.state);
-            fail(state, &deployment, &reason).await?;
+        let Some(lost) = lost else { continue };
+        let mut reason = format!("{lost} while the deployment was {}", deployment.state);
+        if deployment.image.is_some() {
+            if let Some(app) = state.store.app(&deployment.app).await? {
+                match moves::start_replacement(state, &app, &deployment, instance.instance, node_id).await? {
+                    Ok((target, number)) => {
+                        let now_ms = state.clock.now_ms();
+                        state.store.update_instance(&deployment.id, instance.instance, None, "lost", None, None, now_ms).await?;
+                        if state.nodes.get(node_id).is_some() {
+                            let stop = StopPayload {
+                                deployment_id: deployment.id.clone(),
+                                instance: Some(instance.instance as u32),
+                                reason: Some("replaced while the node was unreachable".into()),
+                            };
+                            crate::queue_command(state, node_id, cloudweb_protocol::CommandKind::Stop, &json!(stop)).await?;
+                        }
+                        tracing::info!(deployment = %deployment.id, from = %node_id, to = %target, instance = number, %reason, "re-placed an unfinished instance");
+                        continue;
+                    }
+                    Err(nowhere) => reason = format!("{reason}, and {nowhere}"),
+                }
+            }
         }
+        fail(state, &deployment, &format!("{reason}; deploy again")).await?;
     }
     Ok(())
 }
@@ -660,7 +688,9 @@ pub async fn fail_node_instances(state: &AppState, node_id: &str, reason: &str) 
         let Some(deployment) = state.store.deployment(id).await? else { continue };
         match DeploymentState::parse(&deployment.state) {
             Some(DeploymentState::Running) => {
-                let others_run = state.store.instances(id).await?.iter().any(|i| i.state == "running");
+                // Instances elsewhere that run or are starting (a drain's
+                // replacement) keep the deployment going.
+                let others_run = state.store.instances(id).await?.iter().any(|i| matches!(i.state.as_str(), "running" | "pending"));
                 if others_run {
                     if moves::replace_lost(state, &deployment, lost, node_id).await? {
                         loss.rescheduled.push(id.clone());

@@ -66,7 +66,7 @@ pub async fn move_instances(state: &AppState) -> Result<HashMap<String, Vec<(Str
 /// Places a replacement for instance `replaced` of a deployment that has
 /// its image, anywhere but `avoid`, and queues its deploy. Returns the
 /// target node and the new instance number, or the scheduler's reason.
-async fn start_replacement(
+pub(super) async fn start_replacement(
     state: &AppState,
     app: &AppRow,
     deployment: &DeploymentRow,
@@ -103,6 +103,10 @@ pub async fn replace_lost(state: &AppState, deployment: &DeploymentRow, lost: &[
     }
     let mut all = true;
     for &instance in lost {
+        // A drain may have started its replacement already.
+        if state.store.replacement_in_progress(&deployment.id, instance, i64::MAX).await? {
+            continue;
+        }
         match start_replacement(state, &app, deployment, instance, node_id).await? {
             Ok((target, number)) => {
                 tracing::info!(deployment = %deployment.id, from = %node_id, to = %target, instance = number, "replacing an instance of a node that left");
