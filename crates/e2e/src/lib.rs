@@ -645,7 +645,17 @@ pub async fn start_platform(extra: &[&str]) -> Result<Platform> {
     let tmp = tempfile::tempdir()?;
     let git = GitServer::start(&tmp.path().join("git"))?;
     let registry = format!("127.0.0.1:{}", free_port());
-    let mut flags = vec!["--registry-bin", "/usr/bin/docker-registry", "--registry-listen", registry.as_str(), "--drain-seconds", "1"];
+    // The git daemon listens on loopback, which the control plane refuses
+    // as a git host unless told otherwise.
+    let mut flags = vec![
+        "--registry-bin",
+        "/usr/bin/docker-registry",
+        "--registry-listen",
+        registry.as_str(),
+        "--drain-seconds",
+        "1",
+        "--allow-private-git-hosts",
+    ];
     flags.extend_from_slice(extra);
     let server = ServerProcess::start_with(tmp.path(), &flags).await?;
     Ok(Platform { tmp, git, server })

@@ -263,6 +263,18 @@ async fn bad_app_input_is_refused_and_creates_nothing() {
         with("repo_url", json!("ext::sh -c id")),
         with("repo_url", json!("file:///etc")),
         with("repo_url", json!("https://user:token@git.example.com/a.git")),
+        // Option injection through the ssh host or user.
+        with("repo_url", json!("ssh://-oProxyCommand=id/a.git")),
+        with("repo_url", json!("git@-oProxyCommand=id:x.git")),
+        // An ssh repository without the app's own key and known hosts.
+        with("repo_url", json!("ssh://git@git.example.com/a.git")),
+        // Places the node must not be sent to (no --allow-private-git-hosts).
+        with("repo_url", json!("https://169.254.169.254/latest/meta-data")),
+        with("repo_url", json!("git://127.0.0.1:9418/a.git")),
+        with("repo_url", json!("https://[::ffff:7f00:1]/a.git")),
+        with("repo_url", json!("https://[::]/a.git")),
+        with("repo_url", json!("https://10.0.0.5/a.git")),
+        with("repo_url", json!("https://localhost:8443/a.git")),
         with("port", json!(0)),
         with("instances", json!(0)),
         with("domains", json!(["not a host"])),
