@@ -79,6 +79,11 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     // A builder container left by an agent that was killed mid-build would
     // run on beside the one the redelivered deploy starts.
     remove_builders(&runtime, "left by an earlier agent").await;
+    match crate::build::firewall::isolate(crate::runtime::BUILD_BRIDGE).await {
+        Ok(0) => {}
+        Ok(added) => tracing::info!(added, bridge = crate::runtime::BUILD_BRIDGE, "firewall rules keep builds off the host and private networks"),
+        Err(err) => tracing::warn!(error = %err, "builds can reach the host's services and private networks"),
+    }
     let executor = Executor::new(runtime.clone(), &options.data_dir, options.deploy.clone());
     let samples = Arc::new(crate::usage::Latest::default());
     let mut tasks = vec![tokio::spawn(crate::usage::sampler(runtime.clone(), options.data_dir.clone(), options.metrics_interval, samples.clone()))];

@@ -334,3 +334,33 @@ async fn a_deploy_with_no_node_fails_with_the_reason() {
     assert_eq!(body["state"], "failed", "{body}");
     assert!(body["error"].as_str().unwrap().contains("no node has joined"), "{body}");
 }
+
+#[tokio::test]
+async fn a_build_cannot_reach_the_nodes_own_services() {
+    // A service of the node, listening on every address (as a database or
+    // an admin panel might): a build step must not read it.
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let _ = std::io::Write::write_all(&mut stream, b"HTTP/1.0 200 OK\r\ncontent-length: 7\r\n\r\nsecret\n");
+        }
+    });
+    let cluster = cluster().await;
+    let name = unique_name("probe");
+    // The build step tries the host through its network's gateway and
+    // writes what it got into the image.
+    let dockerfile = format!(
+        "FROM cloudweb-test/busybox:latest\nRUN mkdir -p /www && gw=$(ip route | awk '/default/ {{print $3}}') && \
+         ((echo | nc -w 3 $gw {port} > /tmp/answer && grep -q secret /tmp/answer && echo reached > /www/probe.txt) || echo blocked > /www/probe.txt)\n\
+         CMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n"
+    );
+    let commit = cluster.git.commit(&name, &[("Dockerfile", &dockerfile)], "probe").unwrap();
+    create_app(&cluster.server, json!({"name": name, "repo_url": cluster.git.url(&name), "port": 8080, "health_timeout_seconds": 10})).await;
+    let id = deploy(&cluster.server, &name, &commit).await;
+    let deployment = settle(&cluster, &id).await;
+    assert_eq!(deployment["state"], "running", "{deployment}\n{}", cluster.agent.log_text());
+    let (status, body) = get(&format!("http://{}/probe.txt", address(&deployment))).await;
+    assert_eq!((status, body.as_str()), (200, "blocked\n"), "the build reached the node's service");
+}

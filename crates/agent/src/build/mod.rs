@@ -2,6 +2,7 @@
 //! site, buildpacks), run it, and check everything the control plane sent
 //! again before using it.
 
+pub mod firewall;
 pub mod git;
 pub mod static_site;
 
