@@ -364,3 +364,56 @@ async fn a_build_cannot_reach_the_nodes_own_services() {
     let (status, body) = get(&format!("http://{}/probe.txt", address(&deployment))).await;
     assert_eq!((status, body.as_str()), (200, "blocked\n"), "the build reached the node's service");
 }
+
+/// Ids of this node's build step containers, running or not.
+fn builders(node_id: &str) -> Vec<String> {
+    let output = std::process::Command::new("docker")
+        .args(["ps", "-aq", "--no-trunc", "--filter", &format!("label=cloudweb.node={node_id}"), "--filter", "label=cloudweb.role=builder"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout).split_whitespace().map(str::to_string).collect()
+}
+
+#[tokio::test]
+async fn a_build_cut_off_by_kill_9_leaves_no_second_builder() {
+    let mut cluster = cluster().await;
+    let name = unique_name("slow");
+    cluster.git.commit(&name, &[("index.html", "<h1>slow</h1>\n")], "slow").unwrap();
+    let build = "sleep 8 && mkdir -p dist && cp index.html dist/";
+    create_app(
+        &cluster.server,
+        json!({"name": name, "repo_url": cluster.git.url(&name), "port": 8080, "health_timeout_seconds": 10,
+               "build": {"build_cmd": build, "output_dir": "dist"}}),
+    )
+    .await;
+    let (status, body) = cluster.server.call(Method::POST, &format!("/api/apps/{name}/deploy"), None).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    let node_id = cluster.agent.node_id.clone();
+    let first = wait_for(Duration::from_secs(60), "the builder to run", || async {
+        let found = builders(&node_id);
+        (found.len() == 1).then(|| found[0].clone())
+    })
+    .await
+    .unwrap();
+
+    // kill -9 of the agent alone, mid-build; the builder container is the
+    // Docker daemon's and would run on.
+    let agent = cluster.agent.process.as_mut().unwrap();
+    agent.signal("KILL");
+    assert!(agent.wait_exit(Duration::from_secs(5)).await.is_some());
+    cluster.agent.start(&AGENT_FLAGS).unwrap();
+    // The restarted agent removes the leftover before the redelivered
+    // deploy starts its own builder: never two at once.
+    let deployment = wait_for(Duration::from_secs(90), "the redelivered deploy to settle", || async {
+        let found = builders(&node_id);
+        assert!(found.len() <= 1, "two builders at once: {found:?}");
+        let (_, d) = cluster.server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        matches!(d["state"].as_str(), Some("running" | "failed")).then_some(d)
+    })
+    .await
+    .unwrap();
+    assert_eq!(deployment["state"], "running", "{deployment}\n{}", cluster.agent.log_text());
+    assert!(!builders(&node_id).contains(&first), "the cut-off builder was removed");
+    assert!(cluster.agent.log_text().contains("removed builder containers left by an earlier agent"), "{}", cluster.agent.log_text());
+}
