@@ -90,10 +90,16 @@ pub async fn start(settings: &RegistrySettings, data_dir: &Path, ca: &ClusterCa,
     // A registry left by a control plane that was killed (one started
     // before children were tied to their parent) still holds the port.
     let pid_file = cloudweb_child::PidFile::new(dir.join("registry.pid"));
-    match pid_file.kill_leftover(config_path.as_os_str()) {
-        Ok(Some(pid)) => tracing::warn!(pid, "stopped an image registry left running by an earlier control plane"),
-        Ok(None) => {}
-        Err(err) => tracing::warn!(error = %err, "could not stop a leftover image registry"),
+    let leftover = {
+        let (pid_file, marker) = (pid_file.clone(), config_path.clone().into_os_string());
+        // It may wait a moment for the old process to go.
+        tokio::task::spawn_blocking(move || pid_file.kill_leftover(&marker)).await
+    };
+    match leftover {
+        Ok(Ok(Some(pid))) => tracing::warn!(pid, "stopped an image registry left running by an earlier control plane"),
+        Ok(Ok(None)) => {}
+        Ok(Err(err)) => tracing::warn!(error = %err, "could not stop a leftover image registry"),
+        Err(err) => tracing::warn!(error = %err, "could not look for a leftover image registry"),
     }
     let child = spawn(&command, &pid_file)?;
     wait_listening(settings.listen).await?;

@@ -102,10 +102,16 @@ impl Caddy {
         // old configuration: it goes first. Its command line names this
         // bootstrap file, which is how it is told from unrelated processes.
         let pid_file = cloudweb_child::PidFile::new(dir.join("caddy.pid"));
-        match pid_file.kill_leftover(bootstrap.as_os_str()) {
-            Ok(Some(pid)) => tracing::warn!(pid, "stopped a Caddy left running by an earlier agent"),
-            Ok(None) => {}
-            Err(err) => tracing::warn!(error = %err, "could not stop a Caddy left by an earlier agent"),
+        let leftover = {
+            let (pid_file, marker) = (pid_file.clone(), bootstrap.clone().into_os_string());
+            // It may wait a moment for the old process to go.
+            tokio::task::spawn_blocking(move || pid_file.kill_leftover(&marker)).await
+        };
+        match leftover {
+            Ok(Ok(Some(pid))) => tracing::warn!(pid, "stopped a Caddy left running by an earlier agent"),
+            Ok(Ok(None)) => {}
+            Ok(Err(err)) => tracing::warn!(error = %err, "could not stop a Caddy left by an earlier agent"),
+            Err(err) => tracing::warn!(error = %err, "could not look for a Caddy left by an earlier agent"),
         }
         let _ = std::fs::remove_file(&admin_socket);
         let mut command = Command::new(binary);
