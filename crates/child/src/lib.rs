@@ -131,8 +131,16 @@ mod tests {
     async fn a_leftover_is_killed_only_when_it_is_ours() {
         let dir = tempfile::tempdir().unwrap();
         let marker = dir.path().join("marker-arg");
-        // `sh -c CMD NAME`: NAME becomes $0, so it shows in the command line.
-        let child = tokio::process::Command::new("sh").arg("-c").arg("sleep 60").arg(&marker).kill_on_drop(true).spawn();
+        // A long-running process with no children whose command line names
+        // the marker.
+        std::fs::write(&marker, "").unwrap();
+        let child = tokio::process::Command::new("tail")
+            .arg("-f")
+            .arg(&marker)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn();
         let mut child = child.unwrap();
         let pid = child.id().unwrap();
         let file = PidFile::new(dir.path().join("x.pid"));
