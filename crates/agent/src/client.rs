@@ -3,6 +3,15 @@
 //! request byte (and so the join token) is sent; afterwards every request
 //! presents the node's client certificate and trusts only the cluster CA.
 //! Every request carries the two version headers.
+//!
+//! Two answers change how the whole agent talks to the control plane, so
+//! they are handled here, once, for every request:
+//! - a 426 closes a gate shared by every caller (heartbeats, commands,
+//!   routes, registry checks, reports): until the retry pace has passed no
+//!   request goes out at all, then one request probes, and only an answer
+//!   other than 426 opens the gate again;
+//! - a 403 whose body says `node_not_registered` means an administrator
+//!   removed this node: [`ControlPlane::removed`] fires so `run` can stop.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,6 +46,13 @@ pub enum ClientError {
     Decode(String),
     #[error("tls setup: {0}")]
     Tls(String),
+    /// Not sent: the control plane answered 426 and the shared gate holds
+    /// every request until the retry pace has passed.
+    #[error("held for {retry_in_seconds} s more: the control plane asked for an upgrade ({})", .body.error)]
+    Held { retry_in_seconds: u64, body: UpgradeRequired },
+    /// 403 with `node_not_registered`: this node was removed.
+    #[error("this node is no longer registered with the control plane: {0}")]
+    Removed(String),
 }
 
 impl ClientError {
@@ -44,6 +60,7 @@ impl ClientError {
         match self {
             ClientError::Status { status, .. } => Some(*status),
             ClientError::UpgradeRequired(_) => Some(426),
+            ClientError::Removed(_) => Some(403),
             _ => None,
         }
     }
@@ -139,7 +156,34 @@ pub struct ControlPlane {
     /// Same TLS identity, but no overall timeout: for the event stream.
     stream_http: reqwest::Client,
     pin_mismatch: Option<(String, Arc<Mutex<Option<String>>>)>,
+    gate: Mutex<Gate>,
+    /// Pace of requests after a 426.
+    upgrade_retry: Duration,
+    removed: tokio::sync::watch::Sender<bool>,
 }
+
+/// The shared 426 gate.
+#[derive(Debug)]
+enum Gate {
+    Open,
+    Held {
+        until: tokio::time::Instant,
+        body: UpgradeRequired,
+        /// One request is out to see whether the control plane accepts us
+        /// again; the others stay held until it answers.
+        probing: bool,
+    },
+}
+
+/// How a request passed the gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Normal,
+    Probe,
+}
+
+/// Default pace after a 426: one request every 5 minutes.
+pub const DEFAULT_UPGRADE_RETRY: Duration = Duration::from_secs(300);
 
 /// How long one ordinary request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -187,7 +231,68 @@ impl ControlPlane {
             .read_timeout(STREAM_READ_TIMEOUT)
             .build()
             .map_err(|e| ClientError::Tls(e.to_string()))?;
-        Ok(ControlPlane { base: server.trim_end_matches('/').to_string(), protocol, http, stream_http, pin_mismatch: None })
+        Ok(ControlPlane {
+            base: server.trim_end_matches('/').to_string(),
+            protocol,
+            http,
+            stream_http,
+            pin_mismatch: None,
+            gate: Mutex::new(Gate::Open),
+            upgrade_retry: DEFAULT_UPGRADE_RETRY,
+            removed: tokio::sync::watch::Sender::new(false),
+        })
+    }
+
+    /// Sets the pace of requests after a 426.
+    pub fn with_upgrade_retry(mut self, pace: Duration) -> ControlPlane {
+        self.upgrade_retry = pace;
+        self
+    }
+
+    /// Resolves once the control plane said this node is not registered.
+    pub async fn removed(&self) {
+        let mut receiver = self.removed.subscribe();
+        let _ = receiver.wait_for(|removed| *removed).await;
+    }
+
+    /// Lets a request out, or says how long the 426 gate still holds it.
+    fn pass(&self) -> Result<Pass, ClientError> {
+        let mut gate = self.gate.lock().expect("gate lock");
+        match &mut *gate {
+            Gate::Open => Ok(Pass::Normal),
+            Gate::Held { until, probing, .. } if !*probing && tokio::time::Instant::now() >= *until => {
+                *probing = true;
+                Ok(Pass::Probe)
+            }
+            Gate::Held { until, body, .. } => Err(ClientError::Held {
+                retry_in_seconds: until.saturating_duration_since(tokio::time::Instant::now()).as_secs(),
+                body: body.clone(),
+            }),
+        }
+    }
+
+    /// Updates the gate with a request's outcome.
+    fn passed(&self, pass: Pass, result: &Result<reqwest::Response, ClientError>) {
+        let mut gate = self.gate.lock().expect("gate lock");
+        match result {
+            Err(ClientError::UpgradeRequired(body)) => {
+                *gate = Gate::Held { until: tokio::time::Instant::now() + self.upgrade_retry, body: body.clone(), probing: false };
+            }
+            // No answer at all says nothing about the version: the next
+            // request probes again.
+            Err(ClientError::Transport(_)) if pass == Pass::Probe => {
+                if let Gate::Held { probing, .. } = &mut *gate {
+                    *probing = false;
+                }
+            }
+            Err(ClientError::Transport(_)) => {}
+            _ => {
+                if matches!(*gate, Gate::Held { .. }) {
+                    tracing::info!("the control plane accepts this agent again; back to the normal pace");
+                }
+                *gate = Gate::Open;
+            }
+        }
     }
 
     fn url(&self, path: &str) -> String {
@@ -199,6 +304,13 @@ impl ControlPlane {
     }
 
     async fn send(&self, request: RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        let pass = self.pass()?;
+        let result = self.send_now(request).await;
+        self.passed(pass, &result);
+        result
+    }
+
+    async fn send_now(&self, request: RequestBuilder) -> Result<reqwest::Response, ClientError> {
         let response = match self.headers(request).send().await {
             Ok(response) => response,
             Err(err) => return Err(self.transport_error(err)),
@@ -213,9 +325,14 @@ impl ControlPlane {
                 return Err(ClientError::UpgradeRequired(upgrade));
             }
         }
-        let message = serde_json::from_slice::<ErrorBody>(&body)
-            .map(|b| b.error)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned());
+        let (message, code) = match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(body) => (body.error, body.code),
+            Err(_) => (String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned(), None),
+        };
+        if status == StatusCode::FORBIDDEN && code.as_deref() == Some(cloudweb_protocol::error_codes::NODE_NOT_REGISTERED) {
+            self.removed.send_replace(true);
+            return Err(ClientError::Removed(message));
+        }
         Err(ClientError::Status { status: status.as_u16(), message })
     }
 

@@ -12,7 +12,7 @@ use cloudweb_agent::ingress::caddy::Launch;
 use cloudweb_agent::ingress::IngressOptions;
 use cloudweb_agent::identity::Identity;
 use cloudweb_agent::join::{join, JoinOptions};
-use cloudweb_agent::run::{run, RunOptions};
+use cloudweb_agent::run::{run, RunError, RunOptions, EXIT_REMOVED};
 
 #[derive(Parser)]
 #[command(name = "cloudweb-agent", version, about = "The cloud-web node agent")]
@@ -131,6 +131,10 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
+            // A removed node must not be restarted by its service manager.
+            if matches!(err.downcast_ref::<RunError>(), Some(RunError::Removed(_))) {
+                return std::process::ExitCode::from(EXIT_REMOVED);
+            }
             std::process::ExitCode::FAILURE
         }
     }

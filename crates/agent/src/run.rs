@@ -2,8 +2,13 @@
 //!
 //! Commands arrive through the event stream, which only says "look again";
 //! the agent then reads its queue. When the stream is down it polls. When the
-//! control plane answers 426, both loops log the supported range as an error
-//! and slow to one try per `upgrade_retry` until they are accepted again.
+//! control plane answers 426, the client holds every request (see
+//! [`crate::client`]) and the loops log the supported range as an error.
+//!
+//! `run` returns on SIGTERM or SIGINT after a clean shutdown (Caddy run as
+//! a child stopped, builder containers removed), and with
+//! [`RunError::Removed`] when the control plane says this node is no
+//! longer registered: retrying could never succeed, so the agent stops.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,28 +55,103 @@ pub enum RunError {
     Client(#[from] ClientError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    #[error("cannot handle signals: {0}")]
+    Signals(std::io::Error),
+    #[error("this node was removed from the cluster ({0}); join again with a new token to bring it back")]
+    Removed(String),
 }
 
+/// Exit status of `cloudweb-agent run` when the node was removed (the
+/// systemd unit lists it in `RestartPreventExitStatus`, so it is not
+/// restarted).
+pub const EXIT_REMOVED: u8 = 78;
+
+/// How long the shutdown may take before the agent exits anyway.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(15);
+
 pub async fn run(options: RunOptions) -> Result<(), RunError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate()).map_err(RunError::Signals)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(RunError::Signals)?;
     let identity = Identity::load(&options.data_dir)?;
-    let client = Arc::new(ControlPlane::for_node(&identity, options.protocol)?);
+    let client = Arc::new(ControlPlane::for_node(&identity, options.protocol)?.with_upgrade_retry(options.upgrade_retry));
     let runtime = DockerRuntime::new(&options.docker_host, &identity.info.node_id)?;
+    // A builder container left by an agent that was killed mid-build would
+    // run on beside the one the redelivered deploy starts.
+    remove_builders(&runtime, "left by an earlier agent").await;
+    match crate::build::firewall::isolate(crate::runtime::BUILD_BRIDGE).await {
+        Ok(0) => {}
+        Ok(added) => tracing::info!(added, bridge = crate::runtime::BUILD_BRIDGE, "firewall rules keep builds off the host and private networks"),
+        Err(err) => tracing::warn!(error = %err, "builds can reach the host's services and private networks"),
+    }
     let executor = Executor::new(runtime.clone(), &options.data_dir, options.deploy.clone());
     let samples = Arc::new(crate::usage::Latest::default());
-    tokio::spawn(crate::usage::sampler(runtime.clone(), options.data_dir.clone(), options.metrics_interval, samples.clone()));
+    let mut tasks = vec![tokio::spawn(crate::usage::sampler(runtime.clone(), options.data_dir.clone(), options.metrics_interval, samples.clone()))];
     let health = Arc::new(crate::health::Latest::default());
-    tokio::spawn(crate::health::checker(client.clone(), runtime, options.health_interval, options.registry_check_address.clone(), health.clone()));
+    tasks.push(tokio::spawn(crate::health::checker(
+        client.clone(),
+        runtime.clone(),
+        options.health_interval,
+        options.registry_check_address.clone(),
+        health.clone(),
+    )));
     tracing::info!(node_id = %identity.info.node_id, server = %identity.info.server, "agent running");
     let shared = Arc::new(IngressShared::default());
     let routes_changed = Arc::new(Notify::new());
-    if let Some(ingress) = options.ingress.clone() {
-        tokio::spawn(crate::ingress::run(client.clone(), ingress, routes_changed.clone(), shared.clone()));
+    let (stop_ingress, ingress_stopped) = tokio::sync::watch::channel(false);
+    let ingress = options
+        .ingress
+        .clone()
+        .map(|ingress| tokio::spawn(crate::ingress::run(client.clone(), ingress, routes_changed.clone(), shared.clone(), ingress_stopped)));
+    tasks.push(tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared, samples, health)));
+    tasks.push(tokio::spawn(command_loop(client.clone(), executor, options, routes_changed)));
+    // The loops run until one of these happens.
+    let removed = tokio::select! {
+        _ = client.removed() => true,
+        _ = terminate.recv() => {
+            tracing::info!("SIGTERM: shutting down");
+            false
+        }
+        _ = interrupt.recv() => {
+            tracing::info!("SIGINT: shutting down");
+            false
+        }
+    };
+    let shutdown = async {
+        for task in &tasks {
+            task.abort();
+        }
+        let _ = stop_ingress.send(true);
+        if let Some(ingress) = ingress {
+            let _ = ingress.await;
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        // A deploy cut off mid-build was not acked and comes again.
+        remove_builders(&runtime, "of an interrupted build").await;
+    };
+    if tokio::time::timeout(SHUTDOWN_LIMIT, shutdown).await.is_err() {
+        tracing::warn!("the shutdown took longer than {} s; exiting anyway", SHUTDOWN_LIMIT.as_secs());
     }
-    let heartbeats = tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared, samples, health));
-    let commands = tokio::spawn(command_loop(client, executor, options, routes_changed));
-    // Both loops run until the process is stopped.
-    let _ = tokio::join!(heartbeats, commands);
+    if removed {
+        let err = RunError::Removed(format!("the control plane answers 403 {}", cloudweb_protocol::error_codes::NODE_NOT_REGISTERED));
+        tracing::error!(exit_code = EXIT_REMOVED, "{err}");
+        return Err(err);
+    }
+    tracing::info!("agent stopped");
     Ok(())
+}
+
+/// Removes this node's build step containers, within 10 s; `why` goes in
+/// the log.
+async fn remove_builders(runtime: &DockerRuntime, why: &str) {
+    match tokio::time::timeout(Duration::from_secs(10), runtime.remove_builders()).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(count)) => tracing::warn!(count, "removed builder containers {why}"),
+        Ok(Err(err)) => tracing::warn!(error = %err, "could not look for builder containers {why}"),
+        Err(_) => tracing::warn!("the Docker Engine did not answer within 10 s; builder containers {why} may remain"),
+    }
 }
 
 /// How long to wait before the next try, given the last result.
@@ -82,8 +162,12 @@ pub fn next_delay(result: &Result<(), ClientError>, normal: Duration, upgrade_re
     }
 }
 
-fn log_failure(what: &str, err: &ClientError, upgrade_retry: Duration) {
+pub(crate) fn log_failure(what: &str, err: &ClientError, upgrade_retry: Duration) {
     match err {
+        // Nothing was sent; the 426 that closed the gate was logged.
+        ClientError::Held { .. } => tracing::debug!("{what}: {err}"),
+        // `run` logs this once and stops.
+        ClientError::Removed(_) => tracing::debug!("{what}: {err}"),
         ClientError::UpgradeRequired(body) => tracing::error!(
             agent_protocol = body.agent_protocol,
             supported_min = body.supported_min,
@@ -109,7 +193,6 @@ async fn heartbeat_loop(
     samples: Arc<crate::usage::Latest>,
     health: Arc<crate::health::Latest>,
 ) {
-    let mut refused = false;
     let mut last_traffic = tokio::time::Instant::now();
     loop {
         let mut heartbeat = capacity::measure(&options.data_dir);
@@ -137,15 +220,8 @@ async fn heartbeat_loop(
         heartbeat.metrics = metrics;
         let result = client.heartbeat(&heartbeat).await;
         match &result {
-            Ok(()) if refused => {
-                tracing::info!("the control plane accepts this agent again; back to the normal heartbeat pace");
-                refused = false;
-            }
             Ok(()) => tracing::debug!("heartbeat sent"),
-            Err(err) => {
-                refused = matches!(err, ClientError::UpgradeRequired(_));
-                log_failure("heartbeat", err, options.upgrade_retry);
-            }
+            Err(err) => log_failure("heartbeat", err, options.upgrade_retry),
         }
         tokio::time::sleep(next_delay(&result, options.heartbeat_interval, options.upgrade_retry)).await;
     }
@@ -177,9 +253,16 @@ async fn command_loop(client: Arc<ControlPlane>, mut executor: Executor, options
             }
             Err(err) => {
                 log_failure("event stream", &err, options.upgrade_retry);
-                if matches!(err, ClientError::UpgradeRequired(_)) {
-                    tokio::time::sleep(options.upgrade_retry).await;
-                    continue;
+                match err {
+                    ClientError::UpgradeRequired(_) => {
+                        tokio::time::sleep(options.upgrade_retry).await;
+                        continue;
+                    }
+                    ClientError::Held { retry_in_seconds, .. } => {
+                        tokio::time::sleep(Duration::from_secs(retry_in_seconds.max(1))).await;
+                        continue;
+                    }
+                    _ => {}
                 }
                 sync(&client, &mut executor, &options).await;
             }

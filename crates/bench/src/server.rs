@@ -52,6 +52,8 @@ impl Server {
             .arg(format!("127.0.0.1:{api_port}"))
             .arg("--public-url")
             .arg(format!("https://127.0.0.1:{agent_port}"))
+            // The benchmarks' git daemon listens on loopback.
+            .arg("--allow-private-git-hosts")
             .args(extra)
             .env("CLOUDWEB_LOG", "warn")
             .env("NO_COLOR", "1");

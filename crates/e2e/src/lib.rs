@@ -108,6 +108,56 @@ impl Process {
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
+
+    /// Sends `signal` (`KILL`, `TERM`, …) to this process only, not to its
+    /// group: what a crash or a service manager does to the binary, which
+    /// leaves its children to the binary's own care.
+    pub fn signal(&self, signal: &str) {
+        let _ = Command::new("kill").args(["-s", signal, "--", &self.child.id().to_string()]).output();
+    }
+
+    /// Waits up to `timeout` for the process to exit; its status, if it did.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if start.elapsed() > timeout {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Pids of the running processes (zombies excluded) whose command line
+/// contains `marker`.
+pub fn processes_with(marker: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(command_line) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if pid != std::process::id() && String::from_utf8_lossy(&command_line).contains(marker) && process_alive(pid) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+/// Whether `pid` runs (a zombie counts as gone).
+pub fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_string)))
+        .is_some_and(|state| state != "Z" && state != "X")
 }
 
 impl Drop for Process {
@@ -647,7 +697,17 @@ pub async fn start_platform(extra: &[&str]) -> Result<Platform> {
     let tmp = tempfile::tempdir()?;
     let git = GitServer::start(&tmp.path().join("git"))?;
     let registry = format!("127.0.0.1:{}", free_port());
-    let mut flags = vec!["--registry-bin", "/usr/bin/docker-registry", "--registry-listen", registry.as_str(), "--drain-seconds", "1"];
+    // The git daemon listens on loopback, which the control plane refuses
+    // as a git host unless told otherwise.
+    let mut flags = vec![
+        "--registry-bin",
+        "/usr/bin/docker-registry",
+        "--registry-listen",
+        registry.as_str(),
+        "--drain-seconds",
+        "1",
+        "--allow-private-git-hosts",
+    ];
     flags.extend_from_slice(extra);
     let server = ServerProcess::start_with(tmp.path(), &flags).await?;
     Ok(Platform { tmp, git, server })

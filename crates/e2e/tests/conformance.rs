@@ -119,6 +119,30 @@ async fn a_removed_node_is_refused_although_its_certificate_is_valid() {
     let (status, text) = client.send(Method::GET, &url, &[], None).await.unwrap();
     assert_eq!(status, 403, "{text}");
     assert!(text.contains("not registered"), "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["code"], "node_not_registered", "{text}");
+}
+
+#[tokio::test]
+async fn the_agent_of_a_removed_node_stops_with_its_exit_status() {
+    let (tmp, server) = server().await;
+    let mut node = join_agent(&server, tmp.path(), "removed").await;
+    node.start(&["--heartbeat-interval-seconds", "1", "--docker-host", "unix:///nonexistent/docker.sock"]).unwrap();
+    let id = node.node_id.clone();
+    cloudweb_e2e::wait_for(Duration::from_secs(10), "the first heartbeat", || async {
+        server.node(&id).await.ok().filter(|n| !n["last_heartbeat"].is_null()).map(drop)
+    })
+    .await
+    .unwrap();
+    let (status, _) = server.call(Method::DELETE, &format!("/api/nodes/{id}"), None).await.unwrap();
+    assert_eq!(status, 204);
+    let process = node.process.as_mut().unwrap();
+    let exited = process.wait_exit(Duration::from_secs(10)).await;
+    let log = process.log_text();
+    let status = exited.unwrap_or_else(|| panic!("the agent still runs 10 s after its removal:\n{log}"));
+    // 78 is in the systemd unit's RestartPreventExitStatus.
+    assert_eq!(status.code(), Some(78), "{log}");
+    assert_eq!(log.matches("this node was removed from the cluster").count(), 2, "logged once, and printed once on exit:\n{log}");
 }
 
 #[tokio::test]
@@ -179,6 +203,27 @@ async fn an_agent_refused_with_426_slows_down_and_logs_the_range() {
     // At the normal pace there would be 4 or 5 tries; slowed down, 2.
     assert!((1..=2).contains(&refusals), "{refusals} tries in 4.5 s:\n{log}");
     assert!(node.log_text().contains("upgrade=ControlPlane"), "{log}");
+}
+
+#[tokio::test]
+async fn after_a_426_every_request_of_the_agent_waits() {
+    let (tmp, server) = server().await;
+    let mut node = join_agent(&server, tmp.path(), "held").await;
+    // Heartbeats, registry checks and queue polls each once a second at
+    // the normal pace; after a 426, one request per 4 s in all.
+    node.start(&[
+        "--speak-protocol", "2", "--heartbeat-interval-seconds", "1", "--health-interval-seconds", "1",
+        "--poll-interval-seconds", "1", "--upgrade-retry-seconds", "4",
+    ])
+    .unwrap();
+    let refusals = || server.process.log_text().matches("refused an agent speaking an unsupported protocol").count();
+    cloudweb_e2e::wait_for(Duration::from_secs(10), "the first 426", || async { (refusals() > 0).then_some(()) }).await.unwrap();
+    // Requests already on their way when the first 426 came back.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = refusals();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let during = refusals() - before;
+    assert!((1..=2).contains(&during), "{during} requests in 6 s after a 426 (one per 4 s expected)\n{}", node.log_text());
 }
 
 #[tokio::test]

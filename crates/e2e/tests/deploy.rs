@@ -263,6 +263,18 @@ async fn bad_app_input_is_refused_and_creates_nothing() {
         with("repo_url", json!("ext::sh -c id")),
         with("repo_url", json!("file:///etc")),
         with("repo_url", json!("https://user:token@git.example.com/a.git")),
+        // Option injection through the ssh host or user.
+        with("repo_url", json!("ssh://-oProxyCommand=id/a.git")),
+        with("repo_url", json!("git@-oProxyCommand=id:x.git")),
+        // An ssh repository without the app's own key and known hosts.
+        with("repo_url", json!("ssh://git@git.example.com/a.git")),
+        // Places the node must not be sent to (no --allow-private-git-hosts).
+        with("repo_url", json!("https://169.254.169.254/latest/meta-data")),
+        with("repo_url", json!("git://127.0.0.1:9418/a.git")),
+        with("repo_url", json!("https://[::ffff:7f00:1]/a.git")),
+        with("repo_url", json!("https://[::]/a.git")),
+        with("repo_url", json!("https://10.0.0.5/a.git")),
+        with("repo_url", json!("https://localhost:8443/a.git")),
         with("port", json!(0)),
         with("instances", json!(0)),
         with("domains", json!(["not a host"])),
@@ -556,4 +568,87 @@ async fn a_hung_build_times_out_and_a_build_can_be_cancelled() {
     for app in [&slow, &patient, &other] {
         server.call(Method::DELETE, &format!("/api/apps/{app}"), None).await.unwrap();
     }
+}
+
+#[tokio::test]
+async fn a_build_cannot_reach_the_nodes_own_services() {
+    // A service of the node, listening on every address (as a database or
+    // an admin panel might): a build step must not read it.
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            let _ = std::io::Write::write_all(&mut stream, b"HTTP/1.0 200 OK\r\ncontent-length: 7\r\n\r\nsecret\n");
+        }
+    });
+    let cluster = cluster().await;
+    let name = unique_name("probe");
+    // The build step tries the host through its network's gateway and
+    // writes what it got into the image.
+    let dockerfile = format!(
+        "FROM cloudweb-test/busybox:latest\nRUN mkdir -p /www && gw=$(ip route | awk '/default/ {{print $3}}') && \
+         ((echo | nc -w 3 $gw {port} > /tmp/answer && grep -q secret /tmp/answer && echo reached > /www/probe.txt) || echo blocked > /www/probe.txt)\n\
+         CMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n"
+    );
+    let commit = cluster.git.commit(&name, &[("Dockerfile", &dockerfile)], "probe").unwrap();
+    create_app(&cluster.server, json!({"name": name, "repo_url": cluster.git.url(&name), "port": 8080, "health_timeout_seconds": 10})).await;
+    let id = deploy(&cluster.server, &name, &commit).await;
+    let deployment = settle(&cluster, &id).await;
+    assert_eq!(deployment["state"], "running", "{deployment}\n{}", cluster.agent.log_text());
+    let (status, body) = get(&format!("http://{}/probe.txt", address(&deployment))).await;
+    assert_eq!((status, body.as_str()), (200, "blocked\n"), "the build reached the node's service");
+}
+
+/// Ids of this node's build step containers, running or not.
+fn builders(node_id: &str) -> Vec<String> {
+    let output = std::process::Command::new("docker")
+        .args(["ps", "-aq", "--no-trunc", "--filter", &format!("label=cloudweb.node={node_id}"), "--filter", "label=cloudweb.role=builder"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout).split_whitespace().map(str::to_string).collect()
+}
+
+#[tokio::test]
+async fn a_build_cut_off_by_kill_9_leaves_no_second_builder() {
+    let mut cluster = cluster().await;
+    let name = unique_name("slow");
+    cluster.git.commit(&name, &[("index.html", "<h1>slow</h1>\n")], "slow").unwrap();
+    let build = "sleep 8 && mkdir -p dist && cp index.html dist/";
+    create_app(
+        &cluster.server,
+        json!({"name": name, "repo_url": cluster.git.url(&name), "port": 8080, "health_timeout_seconds": 10,
+               "build": {"build_cmd": build, "output_dir": "dist"}}),
+    )
+    .await;
+    let (status, body) = cluster.server.call(Method::POST, &format!("/api/apps/{name}/deploy"), None).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    let node_id = cluster.agent.node_id.clone();
+    let first = wait_for(Duration::from_secs(60), "the builder to run", || async {
+        let found = builders(&node_id);
+        (found.len() == 1).then(|| found[0].clone())
+    })
+    .await
+    .unwrap();
+
+    // kill -9 of the agent alone, mid-build; the builder container is the
+    // Docker daemon's and would run on.
+    let agent = cluster.agent.process.as_mut().unwrap();
+    agent.signal("KILL");
+    assert!(agent.wait_exit(Duration::from_secs(5)).await.is_some());
+    cluster.agent.start(&AGENT_FLAGS).unwrap();
+    // The restarted agent removes the leftover before the redelivered
+    // deploy starts its own builder: never two at once.
+    let deployment = wait_for(Duration::from_secs(90), "the redelivered deploy to settle", || async {
+        let found = builders(&node_id);
+        assert!(found.len() <= 1, "two builders at once: {found:?}");
+        let (_, d) = cluster.server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        matches!(d["state"].as_str(), Some("running" | "failed")).then_some(d)
+    })
+    .await
+    .unwrap();
+    assert_eq!(deployment["state"], "running", "{deployment}\n{}", cluster.agent.log_text());
+    assert!(!builders(&node_id).contains(&first), "the cut-off builder was removed");
+    assert!(cluster.agent.log_text().contains("removed builder containers left by an earlier agent"), "{}", cluster.agent.log_text());
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cloudweb_e2e::{start_platform, Platform, caddy_bin, free_port, unique_name, wait_for, AgentNode, GitServer, ServerProcess};
+use cloudweb_e2e::{start_platform, Platform, caddy_bin, free_port, process_alive, unique_name, wait_for, AgentNode, GitServer, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -369,4 +369,102 @@ async fn caddy_in_a_container_serves_and_is_adopted_after_an_agent_restart() {
     assert!(left.success, "{}", left.output);
     let gone = std::process::Command::new("docker").args(["inspect", &container]).output().unwrap();
     assert!(!gone.status.success(), "the ingress container was removed");
+}
+
+impl Cluster {
+    /// The pid of the Caddy the agent runs as a child, from its pid file.
+    fn caddy_pid(&self) -> u32 {
+        std::fs::read_to_string(self.agent.dir.join("caddy/caddy.pid")).unwrap().trim().parse().unwrap()
+    }
+
+    /// Polls `host` over HTTPS through Caddy until it answers `body`;
+    /// returns how long that took.
+    async fn serves_again(&self, host: &str, body: &str, limit: Duration) -> Duration {
+        let start = Instant::now();
+        let client = self.client(&[host]);
+        loop {
+            let answer = client.get(self.https(host, "/")).timeout(Duration::from_millis(500)).send().await;
+            if let Ok(response) = answer {
+                if response.text().await.is_ok_and(|text| text == body) {
+                    return start.elapsed();
+                }
+            }
+            assert!(start.elapsed() < limit, "not served again within {limit:?}\n{}", self.agent.log_text());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_caddy_killed_with_kill_9_is_restarted_with_the_route_table() {
+    let cluster = cluster().await;
+    let name = unique_name("phoenix");
+    let host = format!("{name}.test");
+    cluster.app(&name, "phoenix\n", &[]).await;
+    cluster.serves_again(&host, "phoenix\n", Duration::from_secs(5)).await;
+    for round in 0..2 {
+        let old = cluster.caddy_pid();
+        std::process::Command::new("kill").args(["-KILL", &old.to_string()]).output().unwrap();
+        // Noticed when the child exits, not at the next 10 s route poll.
+        let took = cluster.serves_again(&host, "phoenix\n", Duration::from_secs(5)).await;
+        let new = cluster.caddy_pid();
+        assert_ne!(old, new, "round {round}: a new caddy serves");
+        assert!(process_alive(new));
+        println!("round {round}: served again {took:?} after kill -9 of caddy");
+    }
+}
+
+#[tokio::test]
+async fn a_caddy_container_that_dies_is_started_again_with_the_route_table() {
+    let cluster = cluster_with(&["--caddy-image", "cloudweb/caddy:latest"]).await;
+    let name = unique_name("boxdie");
+    let host = format!("{name}.test");
+    cluster.app(&name, "boxdie\n", &[]).await;
+    cluster.serves_again(&host, "boxdie\n", Duration::from_secs(5)).await;
+    let short: String = cluster.agent.node_id.chars().filter(char::is_ascii_alphanumeric).take(24).collect();
+    let container = format!("cloudweb-caddy-{short}");
+    let killed = std::process::Command::new("docker").args(["kill", "--signal", "KILL", &container]).output().unwrap();
+    assert!(killed.status.success(), "{}", String::from_utf8_lossy(&killed.stderr));
+    let took = cluster.serves_again(&host, "boxdie\n", Duration::from_secs(8)).await;
+    println!("served again {took:?} after the caddy container was killed");
+}
+
+#[tokio::test]
+async fn no_caddy_outlives_its_agent() {
+    let mut cluster = cluster().await;
+    let name = unique_name("orphan");
+    let host = format!("{name}.test");
+    cluster.app(&name, "orphan\n", &[]).await;
+    cluster.serves_again(&host, "orphan\n", Duration::from_secs(5)).await;
+
+    // kill -9 of the agent alone (not its process group): its Caddy goes too.
+    let first = cluster.caddy_pid();
+    let agent = cluster.agent.process.as_mut().unwrap();
+    agent.signal("KILL");
+    assert!(agent.wait_exit(Duration::from_secs(5)).await.is_some());
+    wait_for(Duration::from_secs(5), "the old caddy to die with its agent", || async { (!process_alive(first)).then_some(()) })
+        .await
+        .unwrap();
+    let args: Vec<&str> = cluster.agent_args.iter().map(String::as_str).collect();
+    cluster.agent.start(&args).unwrap();
+    cluster.serves_again(&host, "orphan\n", Duration::from_secs(20)).await;
+    let second = cluster.caddy_pid();
+    assert_ne!(first, second);
+
+    // A deploy after the restart is served by the one Caddy there is.
+    cluster.git.commit(&name, &[("index.html", "orphan 2\n")], "next").unwrap();
+    cluster.deploy(&name).await;
+    let client = cluster.client(&[&host]);
+    for _ in 0..20 {
+        let answer = client.get(cluster.https(&host, "/")).send().await.unwrap();
+        assert_eq!(answer.text().await.unwrap(), "orphan 2\n");
+    }
+
+    // SIGTERM: a clean, prompt exit with status 0, and Caddy is gone.
+    let agent = cluster.agent.process.as_mut().unwrap();
+    agent.signal("TERM");
+    let status = agent.wait_exit(Duration::from_secs(10)).await.expect("the agent exits after SIGTERM");
+    assert!(status.success(), "{status:?}\n{}", agent.log_text());
+    assert!(!process_alive(second), "caddy stopped with the agent");
+    assert!(agent.log_text().contains("agent stopped"));
 }

@@ -105,6 +105,107 @@ pub struct Source {
     /// Short-lived credentials for this one clone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<GitCredentials>,
+    /// The app's own ssh key and the host keys it trusts, for ssh:// and
+    /// scp-like URLs (ssh never falls back to the node's keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh: Option<SshAccess>,
+    /// The control plane runs with `--allow-private-git-hosts`: the git
+    /// host may resolve to a loopback or private address.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_private_hosts: bool,
+}
+
+/// What an ssh clone uses: the app's private key (OpenSSH or PEM) and the
+/// `known_hosts` lines that say which host keys to trust.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SshAccess {
+    pub private_key: String,
+    pub known_hosts: String,
+}
+
+impl std::fmt::Debug for SshAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SshAccess").field("private_key", &"<redacted>").field("known_hosts", &self.known_hosts).finish()
+    }
+}
+
+impl SshAccess {
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        ssh_private_key(&self.private_key)?;
+        known_hosts(&self.known_hosts)
+    }
+}
+
+/// An ssh private key in PEM or OpenSSH armour, at most 16 KiB.
+pub fn ssh_private_key(key: &str) -> Result<(), ValidationError> {
+    const FIELD: &str = "git_ssh_key";
+    let key = key.trim();
+    let armoured = key.starts_with("-----BEGIN ") && key.ends_with("PRIVATE KEY-----") && key.lines().count() >= 3;
+    if key.len() > 16 * 1024 || !armoured {
+        return Err(ValidationError::new(FIELD, "must be a PEM or OpenSSH private key of at most 16 KiB"));
+    }
+    if key.chars().any(|c| c.is_control() && c != '\n' && c != '\r') {
+        return Err(ValidationError::new(FIELD, "contains control characters"));
+    }
+    Ok(())
+}
+
+/// Key types a `known_hosts` line may name.
+const HOST_KEY_TYPES: [&str; 8] = [
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+    "ssh-dss",
+];
+
+/// `known_hosts` text (as `ssh-keyscan` prints it): at most 200 lines of
+/// `hosts key-type base64-key [comment]`, optionally after `@cert-authority`
+/// or `@revoked`; `#` comments and blank lines are fine.
+pub fn known_hosts(text: &str) -> Result<(), ValidationError> {
+    const FIELD: &str = "git_known_hosts";
+    if text.len() > 64 * 1024 || text.lines().count() > 200 {
+        return Err(ValidationError::new(FIELD, "must be at most 200 lines and 64 KiB"));
+    }
+    let mut entries = 0;
+    for (index, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let bad = |problem: &str| ValidationError::new(FIELD, format!("line {}: {problem}", index + 1));
+        if line.chars().any(char::is_control) {
+            return Err(bad("contains control characters"));
+        }
+        let mut fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.first().is_some_and(|f| f.starts_with('@')) {
+            if !matches!(fields[0], "@cert-authority" | "@revoked") {
+                return Err(bad("unknown marker"));
+            }
+            fields.remove(0);
+        }
+        if fields.len() < 3 {
+            return Err(bad("must be `hosts key-type key`"));
+        }
+        if fields[0].starts_with('-') {
+            return Err(bad("hosts must not start with '-'"));
+        }
+        if !HOST_KEY_TYPES.contains(&fields[1]) {
+            return Err(bad("unknown key type"));
+        }
+        let decodes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, fields[2]).is_ok_and(|k| !k.is_empty());
+        if !decodes {
+            return Err(bad("the key is not base64"));
+        }
+        entries += 1;
+    }
+    if entries == 0 {
+        return Err(ValidationError::new(FIELD, "must list at least one host key"));
+    }
+    Ok(())
 }
 
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -237,7 +338,181 @@ pub fn repo_url(url: &str, allow_file: bool) -> Result<(), ValidationError> {
             return Err(ValidationError::new(FIELD, "must not carry credentials; set them on the app instead"));
         }
     }
+    // git hands the host (and an ssh user) to ssh as an argument: one that
+    // starts with '-' would be read as an option (`-oProxyCommand=…`).
+    repo_host(url)?;
     Ok(())
+}
+
+/// Which transport a repository URL uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RepoScheme {
+    Https,
+    Ssh,
+    Git,
+}
+
+/// The host a repository URL makes git contact, and the ssh user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepoHost {
+    pub scheme: RepoScheme,
+    pub user: Option<String>,
+    /// A host name, or an IP address without brackets.
+    pub host: String,
+    pub port: Option<u16>,
+}
+
+impl RepoHost {
+    /// The port git connects to.
+    pub fn port_or_default(&self) -> u16 {
+        self.port.unwrap_or(match self.scheme {
+            RepoScheme::Https => 443,
+            RepoScheme::Ssh => 22,
+            RepoScheme::Git => 9418,
+        })
+    }
+}
+
+/// Splits a repository URL into scheme, user, host and port; `None` for
+/// `file://`, which has no host. Refuses users and hosts starting with '-',
+/// and hosts that are neither an IP address nor a DNS name.
+pub fn repo_host(url: &str) -> Result<Option<RepoHost>, ValidationError> {
+    const FIELD: &str = "repo_url";
+    let bad = |problem: &str| ValidationError::new(FIELD, problem.to_string());
+    let (scheme, authority) = if let Some((scheme, rest)) = url.split_once("://") {
+        let scheme = match scheme {
+            "https" => RepoScheme::Https,
+            "ssh" => RepoScheme::Ssh,
+            "git" => RepoScheme::Git,
+            "file" => return Ok(None),
+            _ => return Err(bad("scheme must be https, ssh or git")),
+        };
+        (scheme, rest.split(['/', '?', '#']).next().unwrap_or(""))
+    } else {
+        // scp-like `user@host:path`.
+        let (authority, _) = url.split_once(':').ok_or_else(|| bad("must be a URL"))?;
+        if authority.starts_with('[') {
+            return Err(bad("an IPv6 host needs the ssh:// form"));
+        }
+        (RepoScheme::Ssh, authority)
+    };
+    let scp_like = !url.contains("://");
+    let (user, host_port) = match authority.rsplit_once('@') {
+        Some((user, rest)) => (Some(user), rest),
+        None => (None, authority),
+    };
+    if let Some(user) = user {
+        if user.is_empty() || user.starts_with('-') || !user.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b)) {
+            return Err(bad("the user must be letters, digits, '.', '_', '+' or '-', not starting with '-'"));
+        }
+    }
+    let (host, port) = if let Some(v6) = host_port.strip_prefix('[') {
+        let (host, after) = v6.split_once(']').ok_or_else(|| bad("unclosed '[' in the host"))?;
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(bad("the host in brackets is not an IPv6 address"));
+        }
+        (host, after.strip_prefix(':'))
+    } else if scp_like {
+        (host_port, None)
+    } else {
+        match host_port.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (host_port, None),
+        }
+    };
+    if host.is_empty() || host.starts_with('-') {
+        return Err(bad("the host must not be empty or start with '-'"));
+    }
+    let port = match port {
+        None | Some("") => None,
+        Some(text) => match text.parse::<u16>() {
+            Ok(port) if port > 0 => Some(port),
+            _ => return Err(bad("the port must be 1 to 65535")),
+        },
+    };
+    if host.parse::<std::net::IpAddr>().is_err() {
+        validate::hostname(FIELD, host).map_err(|_| bad("the host is not a valid host name or IP address"))?;
+        // The system resolver reads `2130706433`, `0x7f.1` or `127.1` as
+        // addresses: only the plain dotted form is accepted for those.
+        let last = host.rsplit('.').next().unwrap_or(host);
+        if last.bytes().all(|b| b.is_ascii_digit()) || last.to_ascii_lowercase().starts_with("0x") {
+            return Err(bad("write an IP address host in dotted decimal form"));
+        }
+    }
+    Ok(Some(RepoHost { scheme, user: user.map(str::to_string), host: host.to_string(), port }))
+}
+
+/// Why a git host address is refused, or `None` when git may connect to
+/// it. Loopback and private ranges pass only with `allow_private` (a
+/// cluster whose git server is on its own network); link-local (which
+/// holds cloud metadata services), unspecified, multicast and broadcast
+/// addresses never do. An IPv4-mapped IPv6 address counts as its IPv4.
+pub fn refused_git_address(ip: std::net::IpAddr, allow_private: bool) -> Option<&'static str> {
+    use std::net::IpAddr;
+    let ip = match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            if v4.is_unspecified() || a == 0 {
+                Some("an unspecified address")
+            } else if v4.is_link_local() {
+                Some("a link-local address (where cloud metadata services live)")
+            } else if v4.is_multicast() || v4.is_broadcast() || a >= 240 {
+                Some("a multicast, broadcast or reserved address")
+            } else if v4.is_loopback() && !allow_private {
+                Some("a loopback address")
+            } else if (v4.is_private() || (a == 100 && (64..128).contains(&b))) && !allow_private {
+                Some("a private address")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(v6) => {
+            let first = v6.segments()[0];
+            if v6.is_unspecified() {
+                Some("an unspecified address")
+            } else if first & 0xffc0 == 0xfe80 {
+                Some("a link-local address (where cloud metadata services live)")
+            } else if v6.is_multicast() {
+                Some("a multicast address")
+            } else if v6.is_loopback() && !allow_private {
+                Some("a loopback address")
+            } else if first & 0xfe00 == 0xfc00 && !allow_private {
+                Some("a private (unique local) address")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// The control plane's check of where a repository URL points, before any
+/// name is resolved: IP address hosts through [`refused_git_address`], and
+/// `localhost` names as loopback. The agent checks the resolved addresses
+/// again before it clones.
+pub fn repo_destination(url: &str, allow_private: bool) -> Result<(), ValidationError> {
+    let Some(target) = repo_host(url)? else {
+        return Ok(());
+    };
+    let host = target.host.to_ascii_lowercase();
+    let reason = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => refused_git_address(ip, allow_private),
+        Err(_) if (host == "localhost" || host.ends_with(".localhost")) && !allow_private => Some("a loopback address"),
+        Err(_) => None,
+    };
+    match reason {
+        Some(reason) => Err(ValidationError::new(
+            "repo_url",
+            format!("the host is {reason}; git servers on loopback or private networks need --allow-private-git-hosts on the control plane"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// A branch name git would accept, never starting with '-'.
@@ -314,6 +589,9 @@ impl DeployPayload {
             (Some(source), None) => {
                 repo_url(&source.repo_url, true)?;
                 branch(&source.branch)?;
+                if let Some(ssh) = &source.ssh {
+                    ssh.validate()?;
+                }
                 if let Some(id) = &source.commit {
                     commit(id)?;
                 }
@@ -392,10 +670,84 @@ mod tests {
             assert!(repo_url(bad, false).is_err(), "{bad}");
         }
         repo_url("file:///tmp/x", true).unwrap();
+        for bad in [
+            "ssh://-oProxyCommand=touch%20x/a.git",
+            "ssh://git@-oProxyCommand=x/a.git",
+            "ssh://-oProxyCommand=x@host/a.git",
+            "git@-oProxyCommand=touch x:x.git",
+            "git@-oProxyCommand=x:x.git",
+            "-oProxyCommand=x@host:x.git",
+            "https://-host/a.git",
+            "git://-h/a",
+            "ssh://[not-v6]/a",
+            "ssh://host:0/a",
+            "https://0x7f.1/a.git",
+            "https://2130706433/a.git",
+        ] {
+            assert!(repo_url(bad, false).is_err(), "{bad}");
+        }
+        assert_eq!(
+            repo_host("ssh://git@host.example:2222/a.git").unwrap(),
+            Some(RepoHost { scheme: RepoScheme::Ssh, user: Some("git".into()), host: "host.example".into(), port: Some(2222) })
+        );
+        assert_eq!(repo_host("git@gitlab.com:a/b.git").unwrap().unwrap().host, "gitlab.com");
+        assert_eq!(repo_host("https://[::1]:8443/a").unwrap().unwrap().host, "::1");
+        assert_eq!(repo_host("file:///tmp/x").unwrap(), None);
         for bad in ["-x", "--upload-pack=evil", "a..b", "a b", "a~1", ""] {
             assert!(branch(bad).is_err(), "{bad:?}");
         }
         branch("feature/x-1").unwrap();
+    }
+
+    #[test]
+    fn repository_destinations() {
+        // (url, allowed by default, allowed with --allow-private-git-hosts)
+        let table = [
+            ("https://gitlab.com/a/b.git", true, true),
+            ("https://93.184.216.34/a.git", true, true),
+            ("https://127.0.0.1/a.git", false, true),
+            ("git://127.0.0.1:9418/a.git", false, true),
+            ("https://localhost/a.git", false, true),
+            ("ssh://git@api.localhost/a.git", false, true),
+            ("https://10.1.2.3/a.git", false, true),
+            ("https://172.16.0.1/a.git", false, true),
+            ("https://192.168.1.1/a.git", false, true),
+            ("https://100.64.0.1/a.git", false, true),
+            ("https://[fd00::1]/a.git", false, true),
+            ("https://[::1]/a.git", false, true),
+            ("https://[::ffff:7f00:1]/a.git", false, true),
+            ("https://[::ffff:a9fe:a9fe]/a.git", false, false),
+            ("https://169.254.169.254/latest/meta-data", false, false),
+            ("https://[fe80::1]/a.git", false, false),
+            ("https://0.0.0.0/a.git", false, false),
+            ("https://[::]/a.git", false, false),
+            ("https://224.0.0.1/a.git", false, false),
+            ("https://255.255.255.255/a.git", false, false),
+            ("file:///tmp/x", true, true),
+        ];
+        for (url, public, private) in table {
+            assert_eq!(repo_destination(url, false).is_ok(), public, "{url} by default");
+            assert_eq!(repo_destination(url, true).is_ok(), private, "{url} with private hosts allowed");
+        }
+        let err = repo_destination("https://169.254.169.254/x", true).unwrap_err().to_string();
+        assert!(err.contains("link-local"), "{err}");
+    }
+
+    #[test]
+    fn ssh_keys_and_known_hosts() {
+        let key = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n";
+        ssh_private_key(key).unwrap();
+        for bad in ["", "ssh-ed25519 AAAA", "-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----"] {
+            assert!(ssh_private_key(bad).is_err(), "{bad:?}");
+        }
+        let line = "gitlab.com ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAfuCHKVTjquxvt6CM6tdG4SLp1Btn/nOeHHE5UOzRdf";
+        known_hosts(line).unwrap();
+        known_hosts(&format!("# from ssh-keyscan\n\n{line}\n@cert-authority *.example.com {}", &line[11..])).unwrap();
+        for bad in ["", "# only a comment", "gitlab.com ssh-ed25519", "gitlab.com ssh-foo AAAA", "gitlab.com ssh-ed25519 !!!", "-oProxyCommand=x ssh-ed25519 AAAA", "@weird h ssh-ed25519 AAAA"] {
+            assert!(known_hosts(bad).is_err(), "{bad:?}");
+        }
+        let access = SshAccess { private_key: key.into(), known_hosts: line.into() };
+        assert!(!format!("{access:?}").contains("b3BlbnNz"));
     }
 
     #[test]

@@ -14,12 +14,12 @@ pub mod validate;
 pub mod version;
 
 pub use commands::{Command, CommandKind, CommandList, StopPayload};
-pub use deploy::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Source, Spa, Strategy};
+pub use deploy::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Source, Spa, SshAccess, Strategy};
 pub use heartbeat::{
     ContainerUsage, Health, Heartbeat, HostTraffic, IngressStatus, MeshHealth, Metrics, NodeUsage, RegistryHealth,
 };
 pub use join::{JoinRequest, JoinResponse, Peer, PeerList};
-pub use misc::{ErrorBody, LeaveConflict, LeaveResponse, LogLine, RegistryConfig, Report, Route, RouteTable};
+pub use misc::{error_codes, ErrorBody, LeaveConflict, LeaveResponse, LogLine, RegistryConfig, Report, Route, RouteTable};
 pub use validate::ValidationError;
 pub use version::{negotiate, Negotiation, SupportedRange, Upgrade, UpgradeRequired};
 

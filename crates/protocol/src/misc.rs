@@ -9,6 +9,18 @@ use crate::validate::{self, ValidationError};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
     pub error: String,
+    /// A machine-readable reason, for the answers an agent acts on (see
+    /// [`error_codes`]); absent on the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+}
+
+/// Values of [`ErrorBody::code`].
+pub mod error_codes {
+    /// 403: the client certificate is the cluster CA's, but its node is not
+    /// registered (an administrator removed it, or it left). An agent that
+    /// gets this stops for good instead of retrying.
+    pub const NODE_NOT_REGISTERED: &str = "node_not_registered";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

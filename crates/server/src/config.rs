@@ -26,6 +26,9 @@ pub struct Config {
     pub drain_period: Duration,
     /// Accept `file://` repository URLs (development and tests only).
     pub allow_file_repos: bool,
+    /// Accept git hosts on loopback and private networks (`repo_url` and,
+    /// through the deploy payload, the agent's check of resolved names).
+    pub allow_private_git_hosts: bool,
     /// Every app answers on `<app>.<base_domain>`.
     pub base_domain: String,
     /// Run the cluster image registry, when set.
@@ -50,6 +53,7 @@ impl Config {
             protocol_range: SupportedRange::default(),
             drain_period: Duration::from_secs(10),
             allow_file_repos: false,
+            allow_private_git_hosts: false,
             registry: None,
             base_domain: "localhost".to_string(),
             placement_wait: Duration::from_secs(60),

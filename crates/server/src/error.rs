@@ -17,6 +17,10 @@ pub enum ApiError {
     Unauthorized(String),
     #[error("{0}")]
     Forbidden(String),
+    /// 403 for a certificate whose node is no longer registered; the body
+    /// carries `code: node_not_registered` so the agent can stop.
+    #[error("{0}")]
+    NodeNotRegistered(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -38,7 +42,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::Forbidden(_) | ApiError::NodeNotRegistered(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -54,7 +58,8 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(detail) = &self {
             tracing::error!(error = %detail, "request failed");
         }
-        (self.status(), Json(ErrorBody { error: self.to_string() })).into_response()
+        let code = matches!(self, ApiError::NodeNotRegistered(_)).then(|| cloudweb_protocol::error_codes::NODE_NOT_REGISTERED.to_string());
+        (self.status(), Json(ErrorBody { error: self.to_string(), code })).into_response()
     }
 }
 

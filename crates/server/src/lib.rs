@@ -159,9 +159,14 @@ pub struct RunningServer {
 
 impl RunningServer {
     pub async fn shutdown(mut self) {
-        for task in self.tasks.drain(..) {
+        let tasks: Vec<JoinHandle<()>> = self.tasks.drain(..).collect();
+        for task in &tasks {
             task.abort();
         }
+        // Wait until every task is really gone: dropping the registry's
+        // supervisor is what kills the registry, and that must happen
+        // before this process exits.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), futures_util::future::join_all(tasks)).await;
         flush_heartbeats(&self.state).await;
         self.state.store.close().await;
     }

@@ -52,6 +52,11 @@ struct ServeArgs {
     /// Accept file:// repository URLs (development and tests only).
     #[arg(long)]
     allow_file_repos: bool,
+    /// Accept git hosts on loopback and private networks (a git server on
+    /// the cluster's own network); link-local and unspecified addresses
+    /// stay refused.
+    #[arg(long)]
+    allow_private_git_hosts: bool,
     /// The Docker distribution registry binary to run as the cluster registry
     /// (Debian: /usr/bin/docker-registry). No registry runs without it.
     #[arg(long)]
@@ -125,6 +130,7 @@ fn real_main() -> anyhow::Result<()> {
         },
         allow_file_repos: args.allow_file_repos,
         placement_wait: Duration::from_secs(args.placement_wait_seconds),
+        allow_private_git_hosts: args.allow_private_git_hosts,
         registry: match args.registry_bin {
             Some(binary) => {
                 let advertise = args.registry_advertise.unwrap_or_else(|| args.registry_listen.to_string());

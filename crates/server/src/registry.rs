@@ -46,6 +46,7 @@ pub struct RunningRegistry {
     command: Vec<std::ffi::OsString>,
     child: Child,
     listen: SocketAddr,
+    pid_file: cloudweb_child::PidFile,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RegistryError + '_ {
@@ -85,8 +86,22 @@ pub async fn start(settings: &RegistrySettings, data_dir: &Path, ca: &ClusterCa,
     let config_path = dir.join("config.yml");
     replace_private(&config_path, config.as_bytes())?;
 
-    let command = vec![settings.binary.clone().into_os_string(), "serve".into(), config_path.into_os_string()];
-    let child = spawn(&command)?;
+    let command = vec![settings.binary.clone().into_os_string(), "serve".into(), config_path.clone().into_os_string()];
+    // A registry left by a control plane that was killed (one started
+    // before children were tied to their parent) still holds the port.
+    let pid_file = cloudweb_child::PidFile::new(dir.join("registry.pid"));
+    let leftover = {
+        let (pid_file, marker) = (pid_file.clone(), config_path.clone().into_os_string());
+        // It may wait a moment for the old process to go.
+        tokio::task::spawn_blocking(move || pid_file.kill_leftover(&marker)).await
+    };
+    match leftover {
+        Ok(Ok(Some(pid))) => tracing::warn!(pid, "stopped an image registry left running by an earlier control plane"),
+        Ok(Ok(None)) => {}
+        Ok(Err(err)) => tracing::warn!(error = %err, "could not stop a leftover image registry"),
+        Err(err) => tracing::warn!(error = %err, "could not look for a leftover image registry"),
+    }
+    let child = spawn(&command, &pid_file)?;
     wait_listening(settings.listen).await?;
     tracing::info!(listen = %settings.listen, advertise = %settings.advertise, "image registry running");
     Ok(RunningRegistry {
@@ -100,6 +115,7 @@ pub async fn start(settings: &RegistrySettings, data_dir: &Path, ca: &ClusterCa,
         command,
         child,
         listen: settings.listen,
+        pid_file,
     })
 }
 
@@ -123,13 +139,20 @@ fn replace_private(path: &Path, contents: &[u8]) -> Result<(), RegistryError> {
     write_private(path, contents).map_err(|e| RegistryError::Cert(e.to_string()))
 }
 
-fn spawn(command: &[std::ffi::OsString]) -> Result<Child, RegistryError> {
-    Command::new(&command[0])
-        .args(&command[1..])
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| RegistryError::Spawn { binary: PathBuf::from(&command[0]), source })
+/// Starts the registry tied to this process: the kernel kills it when the
+/// control plane dies, even by `kill -9`, and its pid is recorded for the
+/// next start.
+fn spawn(command: &[std::ffi::OsString], pid_file: &cloudweb_child::PidFile) -> Result<Child, RegistryError> {
+    let mut process = Command::new(&command[0]);
+    process.args(&command[1..]).stdin(std::process::Stdio::null()).kill_on_drop(true);
+    cloudweb_child::die_with_parent(&mut process);
+    let child = process.spawn().map_err(|source| RegistryError::Spawn { binary: PathBuf::from(&command[0]), source })?;
+    if let Some(pid) = child.id() {
+        if let Err(err) = pid_file.record(pid) {
+            tracing::warn!(error = %err, "could not record the registry's pid");
+        }
+    }
+    Ok(child)
 }
 
 async fn wait_listening(addr: SocketAddr) -> Result<(), RegistryError> {
@@ -146,11 +169,21 @@ async fn wait_listening(addr: SocketAddr) -> Result<(), RegistryError> {
 /// Restarts the registry whenever it exits, until the task is aborted
 /// (which kills the child).
 pub async fn supervise(mut running: RunningRegistry) {
+    // A registry that keeps exiting at once (its port taken, a broken
+    // config) is restarted ever more slowly, up to once a minute, and the
+    // pace resets once one has run for a minute.
+    let mut delay = Duration::from_secs(1);
     loop {
+        let started = tokio::time::Instant::now();
         let status = running.child.wait().await;
-        tracing::error!(?status, "the image registry exited; restarting it");
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        match spawn(&running.command) {
+        running.pid_file.clear();
+        if started.elapsed() >= Duration::from_secs(60) {
+            delay = Duration::from_secs(1);
+        }
+        tracing::error!(?status, retry_in_seconds = delay.as_secs(), "the image registry exited; restarting it");
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(60));
+        match spawn(&running.command, &running.pid_file) {
             Ok(child) => {
                 running.child = child;
                 if let Err(err) = wait_listening(running.listen).await {

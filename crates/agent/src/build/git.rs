@@ -1,14 +1,31 @@
 //! Cloning the exact commit to build. git runs with an argument vector,
 //! `--` before the URL and directory, no terminal prompts, no system or user
-//! configuration, only the transports we allow, and credentials handed to
-//! that one process through its environment (an extra HTTP header), never
-//! in the URL and never in a log line.
+//! configuration, only the transport of the repository URL, and credentials
+//! handed to that one process through its environment (an extra HTTP
+//! header), never in the URL and never in a log line.
+//!
+//! Before git runs, the repository's host name is resolved here and every
+//! address checked ([`refused_git_address`]: no loopback, link-local or
+//! private address unless the control plane allows private git hosts), and
+//! git is made to connect to the checked address: curl's resolve list for
+//! https, the address itself for git://, ssh's `HostName` for ssh. A name
+//! that resolves elsewhere a second time (DNS rebinding) changes nothing.
+//!
+//! ssh runs with no configuration file (`-F /dev/null`), only the app's own
+//! key (`IdentitiesOnly`, `-i` a 0600 copy in the clone's empty `HOME`,
+//! which is deleted with the build), no agent, and `StrictHostKeyChecking`
+//! against the known hosts the user gave: never the keys or known hosts of
+//! the user the agent runs as (ssh reads those from the password database,
+//! not from `HOME`).
 
-use std::path::Path;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::time::Duration;
 
 use base64::Engine;
-use cloudweb_protocol::{GitCredentials, Source};
+use cloudweb_protocol::deploy::{refused_git_address, repo_host, RepoHost, RepoScheme};
+use cloudweb_protocol::{GitCredentials, Source, SshAccess};
 use tokio::process::Command;
 
 #[derive(Debug, thiserror::Error)]
@@ -17,18 +34,122 @@ pub enum GitError {
     Failed { step: &'static str, message: String },
     #[error("cannot run git: {0}")]
     Spawn(std::io::Error),
+    #[error("repository host {host}: {message}")]
+    Host { host: String, message: String },
+    #[error("{0}")]
+    Setup(String),
 }
 
-/// Transports git may use. `file` only when the agent allows file:// repos.
-fn allowed_protocols(allow_file: bool) -> &'static str {
-    if allow_file {
-        "https:ssh:git:file"
-    } else {
-        "https:ssh:git"
+/// How long resolving the repository host may take.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Resolves the repository host and checks every address it has; returns
+/// the one git is to connect to.
+pub async fn checked_address(target: &RepoHost, allow_private: bool) -> Result<IpAddr, GitError> {
+    let fail = |message: String| GitError::Host { host: target.host.clone(), message };
+    let addresses: Vec<SocketAddr> = match target.host.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, target.port_or_default())],
+        Err(_) => tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((target.host.as_str(), target.port_or_default())))
+            .await
+            .map_err(|_| fail("the name did not resolve within 10 s".into()))?
+            .map_err(|e| fail(format!("cannot resolve the name: {e}")))?
+            .collect(),
+    };
+    // Every address counts: the resolver may hand git any of them.
+    for address in &addresses {
+        if let Some(reason) = refused_git_address(address.ip(), allow_private) {
+            return Err(fail(format!(
+                "resolves to {}, {reason}; git servers on loopback or private networks need --allow-private-git-hosts on the control plane",
+                address.ip()
+            )));
+        }
+    }
+    addresses.first().map(SocketAddr::ip).ok_or_else(|| fail("the name resolves to no address".into()))
+}
+
+/// Transports git may use: the repository URL's own.
+fn allowed_protocol(target: Option<&RepoHost>) -> &'static str {
+    match target.map(|t| t.scheme) {
+        None => "file",
+        Some(RepoScheme::Https) => "https",
+        Some(RepoScheme::Ssh) => "ssh",
+        Some(RepoScheme::Git) => "git",
     }
 }
 
-fn git(home: &Path, allow_file: bool, credentials: Option<&GitCredentials>) -> Command {
+/// Quotes `value` for the POSIX shell git runs `core.sshCommand` with, so
+/// it is one literal word whatever it contains.
+fn shell_word(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "'\\''"))
+}
+
+/// The files of one ssh clone, in the clone's private `HOME`.
+pub struct SshFiles {
+    pub key: PathBuf,
+    pub known_hosts: PathBuf,
+}
+
+impl SshFiles {
+    /// Writes the key (mode 0600) and known hosts under `home`.
+    pub fn write(home: &Path, access: &SshAccess) -> Result<SshFiles, GitError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = home.join(".cloudweb-ssh");
+        let setup = |e: std::io::Error| GitError::Setup(format!("cannot write the clone's ssh files: {e}"));
+        std::fs::create_dir_all(&dir).map_err(setup)?;
+        let key = dir.join("key");
+        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&key).map_err(setup)?;
+        let mut text = access.private_key.trim().to_string();
+        // ssh refuses a key file without its final line break.
+        text.push('\n');
+        file.write_all(text.as_bytes()).map_err(setup)?;
+        let known_hosts = dir.join("known_hosts");
+        std::fs::write(&known_hosts, format!("{}\n", access.known_hosts.trim())).map_err(setup)?;
+        Ok(SshFiles { key, known_hosts })
+    }
+}
+
+/// The `core.sshCommand` of an ssh clone: no config file, only the app's
+/// key, no agent, strict host key checking against the user's known hosts,
+/// and the checked address in place of the name (the name still selects
+/// the known host entry).
+pub fn ssh_command(files: &SshFiles, address: IpAddr, host: &str) -> String {
+    let words: Vec<String> = vec![
+        "ssh".into(),
+        "-F".into(),
+        "/dev/null".into(),
+        "-o".into(),
+        "BatchMode=yes".into(),
+        "-o".into(),
+        "IdentitiesOnly=yes".into(),
+        "-o".into(),
+        "IdentityAgent=none".into(),
+        "-o".into(),
+        "StrictHostKeyChecking=yes".into(),
+        "-o".into(),
+        format!("UserKnownHostsFile={}", files.known_hosts.display()),
+        "-o".into(),
+        "GlobalKnownHostsFile=/dev/null".into(),
+        "-o".into(),
+        format!("HostName={address}"),
+        "-o".into(),
+        format!("HostKeyAlias={host}"),
+        "-i".into(),
+        files.key.display().to_string(),
+    ];
+    words.iter().map(|w| shell_word(w)).collect::<Vec<_>>().join(" ")
+}
+
+/// How one clone reaches its repository.
+struct Route {
+    target: Option<RepoHost>,
+    /// The URL handed to git (git:// URLs name the checked address).
+    url: String,
+    /// `git -c` settings.
+    config: Vec<(String, String)>,
+}
+
+fn git(home: &Path, route: &Route, credentials: Option<&GitCredentials>) -> Command {
     let mut command = Command::new("git");
     command
         .env_clear()
@@ -36,20 +157,63 @@ fn git(home: &Path, allow_file: bool, credentials: Option<&GitCredentials>) -> C
         .env("HOME", home)
         .env("GIT_TERMINAL_PROMPT", "0")
         .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_ALLOW_PROTOCOL", allowed_protocols(allow_file))
-        .env("GIT_SSH_COMMAND", "ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_ALLOW_PROTOCOL", allowed_protocol(route.target.as_ref()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    let mut config = route.config.clone();
     if let Some(credentials) = credentials {
         let basic = base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", credentials.username, credentials.password));
-        command
-            .env("GIT_CONFIG_COUNT", "1")
-            .env("GIT_CONFIG_KEY_0", "http.extraHeader")
-            .env("GIT_CONFIG_VALUE_0", format!("Authorization: Basic {basic}"));
+        config.push(("http.extraHeader".into(), format!("Authorization: Basic {basic}")));
+    }
+    // Settings go in the environment, where `ps` does not show them.
+    command.env("GIT_CONFIG_COUNT", config.len().to_string());
+    for (index, (key, value)) in config.iter().enumerate() {
+        command.env(format!("GIT_CONFIG_KEY_{index}"), key).env(format!("GIT_CONFIG_VALUE_{index}"), value);
     }
     command
+}
+
+/// Works out how git reaches the repository of `source`: checks the
+/// resolved addresses and pins git to the checked one. `home` is the
+/// clone's own empty home dir.
+async fn route(source: &Source, home: &Path) -> Result<Route, GitError> {
+    let target = repo_host(&source.repo_url).map_err(|e| GitError::Setup(e.to_string()))?;
+    let Some(target) = target else {
+        return Ok(Route { target: None, url: source.repo_url.clone(), config: Vec::new() });
+    };
+    let address = checked_address(&target, source.allow_private_hosts).await?;
+    let port = target.port_or_default();
+    let literal = match address {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    };
+    let mut config = Vec::new();
+    let mut url = source.repo_url.clone();
+    match target.scheme {
+        RepoScheme::Https => {
+            config.push(("http.curloptResolve".into(), format!("{}:{port}:{literal}", target.host)));
+            // A redirect would lead to a host nobody checked.
+            config.push(("http.followRedirects".into(), "false".into()));
+        }
+        RepoScheme::Git => {
+            let rest = source.repo_url.strip_prefix("git://").unwrap_or(&source.repo_url);
+            let path = rest.find('/').map(|i| &rest[i..]).unwrap_or("/");
+            url = format!("git://{literal}:{port}{path}");
+        }
+        RepoScheme::Ssh => {
+            let access = source
+                .ssh
+                .as_ref()
+                .ok_or_else(|| GitError::Setup("an ssh repository needs the app's git_ssh_key and git_known_hosts".into()))?;
+            access.validate().map_err(|e| GitError::Setup(e.to_string()))?;
+            let files = SshFiles::write(home, access)?;
+            config.push(("core.sshCommand".into(), ssh_command(&files, address, &target.host)));
+        }
+    }
+    Ok(Route { target: Some(target), url, config })
 }
 
 async fn run(mut command: Command, step: &'static str, secret: Option<&str>) -> Result<String, GitError> {
@@ -68,9 +232,13 @@ async fn run(mut command: Command, step: &'static str, secret: Option<&str>) -> 
 /// Clones `source` into `dir` (which must not exist) and checks out the
 /// requested commit (the branch head when none). Returns the full commit id.
 pub async fn checkout(source: &Source, dir: &Path, home: &Path, allow_file: bool) -> Result<String, GitError> {
+    if source.repo_url.starts_with("file://") && !allow_file {
+        return Err(GitError::Setup("file:// repositories are not allowed on this node".into()));
+    }
+    let route = route(source, home).await?;
     let credentials = source.credentials.as_ref();
     let secret = credentials.map(|c| c.password.as_str());
-    let mut clone = git(home, allow_file, credentials);
+    let mut clone = git(home, &route, credentials);
     clone
         .arg("clone")
         .arg("--quiet")
@@ -79,17 +247,19 @@ pub async fn checkout(source: &Source, dir: &Path, home: &Path, allow_file: bool
         .arg("--branch")
         .arg(&source.branch)
         .arg("--")
-        .arg(&source.repo_url)
+        .arg(&route.url)
         .arg(dir);
     run(clone, "clone", secret).await?;
+    // The rest works on the local clone only.
+    let local = Route { target: None, url: String::new(), config: Vec::new() };
     let target = source.commit.clone().unwrap_or_else(|| "HEAD".to_string());
-    let mut resolve = git(home, allow_file, None);
+    let mut resolve = git(home, &local, None);
     resolve.arg("-C").arg(dir).arg("rev-parse").arg("--verify").arg("--end-of-options").arg(format!("{target}^{{commit}}"));
     let commit = run(resolve, "rev-parse", None).await.map_err(|_| GitError::Failed {
         step: "checkout",
         message: format!("commit {target} is not on branch {}", source.branch),
     })?;
-    let mut checkout = git(home, allow_file, None);
+    let mut checkout = git(home, &local, None);
     checkout.arg("-C").arg(dir).arg("checkout").arg("--quiet").arg("--detach").arg(&commit);
     run(checkout, "checkout", None).await?;
     Ok(commit)
@@ -99,22 +269,107 @@ pub async fn checkout(source: &Source, dir: &Path, home: &Path, allow_file: bool
 mod tests {
     use super::*;
 
+    fn env_of(command: &Command, name: &str) -> Option<String> {
+        command.as_std().get_envs().find(|(k, _)| *k == name).and_then(|(_, v)| v).map(|v| v.to_string_lossy().into_owned())
+    }
+
     #[test]
     fn credentials_travel_in_the_environment_only() {
         let credentials = GitCredentials { username: "ci".into(), password: "s3cret-token".into() };
-        let mut command = git(Path::new("/tmp"), false, Some(&credentials));
+        let target = repo_host("https://example.com/a.git").unwrap();
+        let route = Route { target, url: "https://example.com/a.git".into(), config: Vec::new() };
+        let mut command = git(Path::new("/tmp"), &route, Some(&credentials));
         command.arg("clone").arg("--").arg("https://example.com/a.git");
-        let std = command.as_std();
-        let args: Vec<String> = std.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        let args: Vec<String> = command.as_std().get_args().map(|a| a.to_string_lossy().into_owned()).collect();
         assert!(args.iter().all(|a| !a.contains("s3cret")), "{args:?}");
-        let header = std
-            .get_envs()
-            .find(|(k, _)| *k == "GIT_CONFIG_VALUE_0")
-            .and_then(|(_, v)| v)
-            .map(|v| v.to_string_lossy().into_owned())
-            .unwrap();
-        assert!(header.starts_with("Authorization: Basic "));
-        let protocols = std.get_envs().find(|(k, _)| *k == "GIT_ALLOW_PROTOCOL").and_then(|(_, v)| v).unwrap();
-        assert_eq!(protocols, "https:ssh:git");
+        assert_eq!(env_of(&command, "GIT_CONFIG_KEY_0").as_deref(), Some("http.extraHeader"));
+        assert!(env_of(&command, "GIT_CONFIG_VALUE_0").unwrap().starts_with("Authorization: Basic "));
+        // Only the URL's own transport.
+        assert_eq!(env_of(&command, "GIT_ALLOW_PROTOCOL").as_deref(), Some("https"));
+    }
+
+    #[tokio::test]
+    async fn a_name_resolving_to_loopback_is_refused_unless_allowed() {
+        let target = repo_host("https://localhost/a.git").unwrap().unwrap();
+        let err = checked_address(&target, false).await.unwrap_err().to_string();
+        assert!(err.contains("loopback"), "{err}");
+        assert!(checked_address(&target, true).await.unwrap().is_loopback());
+        // The same check for a literal the API would have refused.
+        let metadata = repo_host("http://169.254.169.254/x").ok().flatten();
+        assert!(metadata.is_none(), "http:// is not a repository scheme");
+        let metadata = repo_host("https://169.254.169.254/x").unwrap().unwrap();
+        assert!(checked_address(&metadata, true).await.unwrap_err().to_string().contains("link-local"));
+    }
+
+    #[tokio::test]
+    async fn git_connects_to_the_checked_address() {
+        let home = tempfile::tempdir().unwrap();
+        let source = |url: &str| Source {
+            repo_url: url.into(),
+            branch: "main".into(),
+            commit: None,
+            credentials: None,
+            ssh: None,
+            allow_private_hosts: true,
+        };
+        let https = route(&source("https://localhost:8443/team/a.git"), home.path()).await.unwrap();
+        let resolve = https.config.iter().find(|(k, _)| k == "http.curloptResolve").unwrap();
+        assert!(resolve.1 == "localhost:8443:127.0.0.1" || resolve.1 == "localhost:8443:[::1]", "{resolve:?}");
+        assert!(https.config.contains(&("http.followRedirects".into(), "false".into())));
+        let daemon = route(&source("git://localhost/team/a.git"), home.path()).await.unwrap();
+        assert!(daemon.url == "git://127.0.0.1:9418/team/a.git" || daemon.url == "git://[::1]:9418/team/a.git", "{}", daemon.url);
+        // ssh without the app's own key is refused, never run with the node's.
+        let err = route(&source("ssh://git@localhost/a.git"), home.path()).await.err().unwrap().to_string();
+        assert!(err.contains("git_ssh_key"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn ssh_uses_only_the_apps_key_and_known_hosts() {
+        let home = tempfile::tempdir().unwrap();
+        let access = SshAccess {
+            private_key: "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----".into(),
+            known_hosts: "localhost ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAfuCHKVTjquxvt6CM6tdG4SLp1Btn/nOeHHE5UOzRdf".into(),
+        };
+        let mut source = Source {
+            repo_url: "git@localhost:team/a.git".into(),
+            branch: "main".into(),
+            commit: None,
+            credentials: None,
+            ssh: Some(access),
+            allow_private_hosts: true,
+        };
+        let route = route(&source, home.path()).await.unwrap();
+        let command = git(home.path(), &route, None);
+        assert_eq!(env_of(&command, "GIT_ALLOW_PROTOCOL").as_deref(), Some("ssh"));
+        assert_eq!(env_of(&command, "GIT_CONFIG_KEY_0").as_deref(), Some("core.sshCommand"));
+        let ssh = env_of(&command, "GIT_CONFIG_VALUE_0").unwrap();
+        let key = home.path().join(".cloudweb-ssh/key");
+        let known = home.path().join(".cloudweb-ssh/known_hosts");
+        for word in [
+            "'ssh'".to_string(),
+            "'-F' '/dev/null'".to_string(),
+            "'-o' 'IdentitiesOnly=yes'".to_string(),
+            "'-o' 'IdentityAgent=none'".to_string(),
+            "'-o' 'StrictHostKeyChecking=yes'".to_string(),
+            format!("'-o' 'UserKnownHostsFile={}'", known.display()),
+            "'-o' 'GlobalKnownHostsFile=/dev/null'".to_string(),
+            "'-o' 'HostKeyAlias=localhost'".to_string(),
+            format!("'-i' '{}'", key.display()),
+        ] {
+            assert!(ssh.contains(&word), "{word} missing from {ssh}");
+        }
+        assert!(ssh.contains("'-o' 'HostName=127.0.0.1'") || ssh.contains("'-o' 'HostName=::1'"), "{ssh}");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+        assert!(std::fs::read_to_string(&known).unwrap().starts_with("localhost ssh-ed25519 "));
+        // A name that resolves to loopback is refused without the allowance.
+        source.allow_private_hosts = false;
+        let other = tempfile::tempdir().unwrap();
+        assert!(super::route(&source, other.path()).await.is_err());
+    }
+
+    #[test]
+    fn shell_words_stay_literal() {
+        assert_eq!(shell_word("/data dir/it's"), "'/data dir/it'\\''s'");
     }
 }

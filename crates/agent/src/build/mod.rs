@@ -2,6 +2,7 @@
 //! site, buildpacks), run it, and check everything the control plane sent
 //! again before using it.
 
+pub mod firewall;
 pub mod git;
 pub mod static_site;
 
@@ -36,6 +37,16 @@ pub enum Plan {
 pub fn plan(checkout: &Path, strategy: Strategy, settings: Option<&BuildSettings>) -> Result<Plan, BuildError> {
     let dockerfile = checkout.join("Dockerfile");
     let has_dockerfile = std::fs::symlink_metadata(&dockerfile).map(|m| m.is_file()).unwrap_or(false);
+    let uses_dockerfile = strategy == Strategy::Dockerfile || (strategy == Strategy::Auto && settings.is_none());
+    if has_dockerfile && uses_dockerfile {
+        let text = std::fs::read_to_string(&dockerfile).map_err(|source| BuildError::Io { path: dockerfile.clone(), source })?;
+        if let Some(instruction) = remote_add(&text) {
+            return Err(BuildError::Invalid(format!(
+                "the Dockerfile fetches a URL with ADD ({instruction}); the Docker daemon would fetch it from the node's own network, \
+                 so download it in a RUN step instead"
+            )));
+        }
+    }
     match strategy {
         Strategy::Dockerfile if has_dockerfile => Ok(Plan::Dockerfile),
         Strategy::Dockerfile => Err(BuildError::Invalid("strategy is dockerfile but the repository has no Dockerfile at its root".into())),
@@ -47,6 +58,65 @@ pub fn plan(checkout: &Path, strategy: Strategy, settings: Option<&BuildSettings
             None => Ok(Plan::Buildpacks),
         },
     }
+}
+
+/// The first `ADD` (or `ONBUILD ADD`) of a Dockerfile whose source is a
+/// URL or a git remote, shortened for the message. The Docker daemon
+/// fetches those itself, from the host's network namespace, where the
+/// build network does not apply and loopback is the node's own: such an
+/// `ADD` could read the node's private services into the image.
+pub fn remote_add(dockerfile: &str) -> Option<String> {
+    // Join continuation lines into instructions; drop comments.
+    let mut instructions = Vec::new();
+    let mut current = String::new();
+    for line in dockerfile.lines() {
+        let trimmed = line.trim();
+        if current.is_empty() && (trimmed.starts_with('#') || trimmed.is_empty()) {
+            continue;
+        }
+        match trimmed.strip_suffix('\\') {
+            Some(head) => {
+                current.push_str(head);
+                current.push(' ');
+            }
+            None => {
+                current.push_str(trimmed);
+                instructions.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    if !current.is_empty() {
+        instructions.push(current);
+    }
+    for instruction in instructions {
+        let mut words = instruction.split_whitespace();
+        let mut keyword = words.next().unwrap_or_default();
+        if keyword.eq_ignore_ascii_case("ONBUILD") {
+            keyword = words.next().unwrap_or_default();
+        }
+        if !keyword.eq_ignore_ascii_case("ADD") {
+            continue;
+        }
+        let rest: Vec<&str> = words.filter(|w| !w.starts_with("--")).collect();
+        let joined = rest.join(" ");
+        // The JSON form, `ADD ["src", "dest"]`, or plain words.
+        let sources: Vec<String> = match serde_json::from_str::<Vec<String>>(&joined) {
+            Ok(mut list) => {
+                list.pop();
+                list
+            }
+            Err(_) => rest[..rest.len().saturating_sub(1)].iter().map(|s| s.to_string()).collect(),
+        };
+        let remote = sources.iter().any(|source| source.contains("://") || source.starts_with("git@"));
+        if remote {
+            let mut shown: String = instruction.chars().take(120).collect();
+            if shown.len() < instruction.len() {
+                shown.push('…');
+            }
+            return Some(shown);
+        }
+    }
+    None
 }
 
 /// Resolves `relative` inside `root`, following symlinks, and refuses
@@ -128,6 +198,27 @@ pub fn spa_enabled(spa: Spa, has_package_json: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn add_from_a_url_is_refused() {
+        for bad in [
+            "FROM x\nADD http://127.0.0.1:8080/secret /s\n",
+            "FROM x\nadd --chown=1:1 https://169.254.169.254/latest/meta-data /m\n",
+            "FROM x\nADD [\"http://10.0.0.1/a\", \"/a\"]\n",
+            "FROM x\nADD \\\n  http://localhost/a \\\n  /a\n",
+            "FROM x\nONBUILD ADD git@github.com:a/b.git /b\n",
+            "FROM x\nADD --keep-git-dir=true https://github.com/a/b.git /b\n",
+        ] {
+            assert!(remote_add(bad).is_some(), "{bad}");
+        }
+        for good in ["FROM x\nADD site.tar.gz /srv/\nCOPY . /app\n", "FROM x\n# ADD http://x/y /z\nRUN echo http://x\n", "FROM x\nCOPY http /x\n"] {
+            assert_eq!(remote_add(good), None, "{good}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("Dockerfile"), "FROM x\nADD http://127.0.0.1:9/x /x\n").unwrap();
+        let err = plan(dir.path(), Strategy::Auto, None).unwrap_err().to_string();
+        assert!(err.contains("RUN step"), "{err}");
+    }
 
     #[test]
     fn output_dir_cannot_escape_through_a_symlink() {

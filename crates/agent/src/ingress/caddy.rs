@@ -4,9 +4,15 @@
 //! failed load leaves the previous configuration serving.
 //!
 //! Caddy runs either as a child process of the agent (`--caddy-bin`; it
-//! dies with the agent) or as a container on the host network
+//! dies with the agent, even on `kill -9`, through `PR_SET_PDEATHSIG`, and
+//! a Caddy that an earlier agent left anyway is found by its pid file and
+//! killed before a new one starts) or as a container on the host network
 //! (`--caddy-image`; it outlives agent restarts, and a restarted agent
 //! adopts it without reloading).
+//!
+//! [`Caddy::exited`] resolves when Caddy dies (the child exits, or the
+//! container stops or is restarted by Docker with an empty configuration),
+//! so the ingress can start it again and reload the table at once.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -43,9 +49,14 @@ pub enum Launch {
 }
 
 enum Runner {
-    Child(Child),
-    Container { runtime: DockerRuntime, id: String },
+    Child { child: Child, pid_file: cloudweb_child::PidFile },
+    /// `started_at` tells a container Docker restarted (which comes back
+    /// with only the bootstrap configuration) from the one configured.
+    Container { runtime: DockerRuntime, id: String, started_at: Option<String> },
 }
+
+/// How often a Caddy container's state is read.
+const CONTAINER_WATCH: Duration = Duration::from_millis(300);
 
 pub struct Caddy {
     runner: Runner,
@@ -78,7 +89,8 @@ impl Caddy {
         if !adopted {
             let _ = std::fs::remove_file(&admin_socket);
         }
-        let caddy = Caddy { runner: Runner::Container { runtime, id }, admin_socket, adopted };
+        let started_at = runtime.started_at(&id).await.ok().flatten();
+        let caddy = Caddy { runner: Runner::Container { runtime, id, started_at }, admin_socket, adopted };
         caddy.wait_for_admin().await
     }
 
@@ -86,8 +98,24 @@ impl Caddy {
     /// come with the first [`Caddy::load`].
     async fn start_binary(binary: &Path, dir: &Path) -> Result<Caddy, CaddyError> {
         let (admin_socket, bootstrap) = prepare(dir)?;
+        // A Caddy of an earlier agent still holds the ports and serves its
+        // old configuration: it goes first. Its command line names this
+        // bootstrap file, which is how it is told from unrelated processes.
+        let pid_file = cloudweb_child::PidFile::new(dir.join("caddy.pid"));
+        let leftover = {
+            let (pid_file, marker) = (pid_file.clone(), bootstrap.clone().into_os_string());
+            // It may wait a moment for the old process to go.
+            tokio::task::spawn_blocking(move || pid_file.kill_leftover(&marker)).await
+        };
+        match leftover {
+            Ok(Ok(Some(pid))) => tracing::warn!(pid, "stopped a Caddy left running by an earlier agent"),
+            Ok(Ok(None)) => {}
+            Ok(Err(err)) => tracing::warn!(error = %err, "could not stop a Caddy left by an earlier agent"),
+            Err(err) => tracing::warn!(error = %err, "could not look for a Caddy left by an earlier agent"),
+        }
         let _ = std::fs::remove_file(&admin_socket);
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .arg("run")
             .arg("--config")
             .arg(&bootstrap)
@@ -95,10 +123,13 @@ impl Caddy {
             .env("XDG_CONFIG_HOME", dir.join("config"))
             .env("HOME", dir)
             .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| CaddyError::Spawn { binary: binary.to_path_buf(), source })?;
-        let caddy = Caddy { runner: Runner::Child(child), admin_socket, adopted: false };
+            .kill_on_drop(true);
+        cloudweb_child::die_with_parent(&mut command);
+        let child = command.spawn().map_err(|source| CaddyError::Spawn { binary: binary.to_path_buf(), source })?;
+        if let Some(pid) = child.id() {
+            pid_file.record(pid).map_err(|source| CaddyError::Io { path: pid_file.path().to_path_buf(), source })?;
+        }
+        let caddy = Caddy { runner: Runner::Child { child, pid_file }, admin_socket, adopted: false };
         caddy.wait_for_admin().await
     }
 
@@ -118,12 +149,44 @@ impl Caddy {
         &self.admin_socket
     }
 
-    /// Whether Caddy still runs. A container whose state cannot be read
-    /// (the engine restarts) counts as running; the next load tells.
-    pub async fn is_running(&mut self) -> bool {
+    /// Resolves when this Caddy is gone: the child exited, or the container
+    /// stopped or was restarted by Docker. A container whose state cannot
+    /// be read (the engine restarts) counts as running.
+    pub async fn exited(&mut self) {
         match &mut self.runner {
-            Runner::Child(child) => matches!(child.try_wait(), Ok(None)),
-            Runner::Container { runtime, id } => runtime.is_running(id).await.unwrap_or(true),
+            Runner::Child { child, .. } => {
+                let status = child.wait().await;
+                tracing::error!(?status, "caddy exited");
+            }
+            Runner::Container { runtime, id, started_at } => loop {
+                tokio::time::sleep(CONTAINER_WATCH).await;
+                match runtime.started_at(id).await {
+                    Ok(None) => {
+                        tracing::error!("the caddy container stopped");
+                        return;
+                    }
+                    Ok(now) if now != *started_at => {
+                        tracing::error!("the caddy container was restarted and lost its configuration");
+                        return;
+                    }
+                    _ => {}
+                }
+            },
+        }
+    }
+
+    /// Stops a Caddy run as a child (the agent shuts down) and waits for
+    /// it; a container keeps serving, as across agent restarts.
+    pub async fn stop(mut self) {
+        if let Runner::Child { child, pid_file } = &mut self.runner {
+            if let Some(pid) = child.id() {
+                // SIGTERM lets Caddy finish requests in flight; it gets 5 s.
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+            }
+            if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+                let _ = child.kill().await;
+            }
+            pid_file.clear();
         }
     }
 

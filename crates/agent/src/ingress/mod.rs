@@ -51,7 +51,15 @@ pub struct IngressShared {
 /// How often the table is re-read when no event arrives.
 const POLL: Duration = Duration::from_secs(10);
 
-pub async fn run(client: Arc<ControlPlane>, options: IngressOptions, wake: Arc<Notify>, shared: Arc<IngressShared>) {
+/// Runs the ingress until `stop` turns true; then stops a Caddy run as a
+/// child process and returns.
+pub async fn run(
+    client: Arc<ControlPlane>,
+    options: IngressOptions,
+    wake: Arc<Notify>,
+    shared: Arc<IngressShared>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let access_socket = options.dir.join("access.sock");
     if let Err(err) = std::fs::create_dir_all(&options.dir) {
         tracing::error!(dir = %options.dir.display(), error = %err, "cannot create the ingress dir; ingress disabled");
@@ -89,34 +97,75 @@ pub async fn run(client: Arc<ControlPlane>, options: IngressOptions, wake: Arc<N
             }
         });
     }
+    // The table last fetched: a Caddy started again after a crash gets it
+    // at once, without waiting for the control plane.
+    let mut last_table: Option<RouteTable> = None;
+    let mut crashes_in_a_row = 0u32;
     loop {
-        let mut caddy = match Caddy::start(&options.launch, &options.dir).await {
+        let started = tokio::select! {
+            started = Caddy::start(&options.launch, &options.dir) => started,
+            _ = stopped(&mut stop) => return,
+        };
+        let mut caddy = match started {
             Ok(caddy) => caddy,
             Err(err) => {
                 tracing::error!(error = %err, "cannot start Caddy; retrying in 10 s");
                 set_error(&shared, 0, err.to_string());
-                tokio::time::sleep(Duration::from_secs(10)).await;
-                continue;
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(10)) => continue,
+                    _ = stopped(&mut stop) => return,
+                }
             }
         };
+        let running_since = tokio::time::Instant::now();
         tracing::info!(admin = %caddy.admin_socket().display(), adopted = caddy.adopted, "caddy started");
         // A new Caddy has no configuration yet; an adopted one keeps its own,
         // and is reloaded only if the table renders differently.
         state.loaded = if caddy.adopted { caddy.current().await.ok() } else { None };
         state.table = None;
-        while caddy.is_running().await {
+        if let Some(table) = last_table.clone() {
+            apply(&caddy, &options, &access_socket, &shared, &mut state, table).await;
+        }
+        loop {
             match client.routes().await {
-                Ok(table) => apply(&caddy, &options, &access_socket, &shared, &mut state, table).await,
+                Ok(table) => {
+                    last_table = Some(table.clone());
+                    apply(&caddy, &options, &access_socket, &shared, &mut state, table).await;
+                }
+                Err(err @ crate::client::ClientError::Held { .. }) => tracing::debug!(error = %err, "route table not read"),
                 Err(err) => tracing::warn!(error = %err, "cannot read the route table"),
             }
             tokio::select! {
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep(POLL) => {}
+                _ = caddy.exited() => break,
+                _ = stopped(&mut stop) => {
+                    shared.active.store(false, std::sync::atomic::Ordering::Relaxed);
+                    caddy.stop().await;
+                    tracing::info!("ingress stopped");
+                    return;
+                }
             }
         }
         shared.active.store(false, std::sync::atomic::Ordering::Relaxed);
-        tracing::error!("caddy exited; restarting it");
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Restart at once; only a Caddy that keeps dying right after its
+        // start is restarted ever more slowly (up to 10 s).
+        crashes_in_a_row = if running_since.elapsed() > Duration::from_secs(30) { 1 } else { crashes_in_a_row + 1 };
+        let delay = Duration::from_millis(100 * 2u64.pow(crashes_in_a_row.saturating_sub(1).min(7))).min(Duration::from_secs(10));
+        tracing::error!(retry_in_ms = delay.as_millis() as u64, "caddy is gone; starting it again with the current route table");
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = stopped(&mut stop) => return,
+        }
+    }
+}
+
+/// Resolves once `stop` turns true (or its sender is gone).
+async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            return;
+        }
     }
 }
 

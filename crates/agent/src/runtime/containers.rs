@@ -116,6 +116,20 @@ impl DockerRuntime {
             .ok_or_else(|| RuntimeError::Failed(format!("container {id} has no published port for {port}")))
     }
 
+    /// When the running container started (`None` once it is not
+    /// running): a change means Docker restarted it.
+    pub async fn started_at(&self, id: &str) -> Result<Option<String>, RuntimeError> {
+        let inspect = self.docker()?.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>).await;
+        match inspect {
+            Ok(inspect) => {
+                let state = inspect.state.unwrap_or_default();
+                Ok(if state.running.unwrap_or(false) { Some(state.started_at.unwrap_or_default()) } else { None })
+            }
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(None),
+            Err(err) => Err(err.into()),
+        }
+    }
+
     /// Whether the container is still running (false once it exited).
     pub async fn is_running(&self, id: &str) -> Result<bool, RuntimeError> {
         Ok(self.container_state(id).await?.running)
@@ -162,8 +176,17 @@ impl DockerRuntime {
             cmd: Some(step.command.clone()),
             env: Some(step.env.clone()),
             working_dir: Some("/src".to_string()),
-            labels: Some(HashMap::from([(LABEL_NODE.to_string(), self.node_id.clone())])),
-            host_config: Some(HostConfig { binds: Some(vec![format!("{}:/src", step.mount)]), ..Default::default() }),
+            // The role label lets a restarted agent find and remove a build
+            // step that its killed predecessor left running.
+            labels: Some(HashMap::from([
+                (LABEL_NODE.to_string(), self.node_id.clone()),
+                (LABEL_ROLE.to_string(), ROLE_BUILDER.to_string()),
+            ])),
+            host_config: Some(HostConfig {
+                binds: Some(vec![format!("{}:/src", step.mount)]),
+                network_mode: self.build_network().await,
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let created = docker.create_container(None::<bollard::query_parameters::CreateContainerOptions>, body).await?;
@@ -221,6 +244,71 @@ pub struct CaddyContainer {
 }
 
 pub const LABEL_ROLE: &str = "cloudweb.role";
+/// The bridge network every build step and `docker build` runs on, apart
+/// from app containers (see the README on what builds can reach).
+pub const BUILD_NETWORK: &str = "cloudweb-build";
+/// Its bridge interface on the host.
+pub const BUILD_BRIDGE: &str = "cw-build0";
+/// `cloudweb.role` of build step containers.
+pub const ROLE_BUILDER: &str = "builder";
+
+impl DockerRuntime {
+    /// The network build steps run on ([`BUILD_NETWORK`]), created on first
+    /// use; `None` (Docker's default bridge) when it cannot be created,
+    /// which is logged.
+    pub async fn build_network(&self) -> Option<String> {
+        match self.ensure_build_network().await {
+            Ok(()) => Some(BUILD_NETWORK.to_string()),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot create the build network; this build runs on Docker's default bridge");
+                None
+            }
+        }
+    }
+
+    async fn ensure_build_network(&self) -> Result<(), RuntimeError> {
+        let docker = self.docker()?;
+        match docker.inspect_network(BUILD_NETWORK, None::<bollard::query_parameters::InspectNetworkOptions>).await {
+            Ok(_) => return Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => {}
+            Err(err) => return Err(err.into()),
+        }
+        let request = bollard::models::NetworkCreateRequest {
+            name: BUILD_NETWORK.to_string(),
+            driver: Some("bridge".to_string()),
+            labels: Some(HashMap::from([(LABEL_ROLE.to_string(), "build-network".to_string())])),
+            options: Some(HashMap::from([
+                // A fixed interface name, so the host's firewall rules can
+                // name it; builds cannot talk to each other.
+                ("com.docker.network.bridge.name".to_string(), BUILD_BRIDGE.to_string()),
+                ("com.docker.network.bridge.enable_icc".to_string(), "false".to_string()),
+            ])),
+            ..Default::default()
+        };
+        match docker.create_network(request).await {
+            // Another agent on the same engine made it first.
+            Ok(_) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }) => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Stops and removes this node's build step containers; returns how
+    /// many there were.
+    pub async fn remove_builders(&self) -> Result<usize, RuntimeError> {
+        let labels = vec![format!("{}={}", super::LABEL_NODE, self.node_id), format!("{LABEL_ROLE}={ROLE_BUILDER}")];
+        let filters = HashMap::from([("label", labels)]);
+        let containers = self
+            .docker()?
+            .list_containers(Some(bollard::query_parameters::ListContainersOptionsBuilder::new().all(true).filters(&filters).build()))
+            .await?;
+        for container in &containers {
+            if let Some(id) = &container.id {
+                self.remove(id).await?;
+            }
+        }
+        Ok(containers.len())
+    }
+}
 
 impl DockerRuntime {
     /// Starts the ingress container, or adopts it when one of this node with

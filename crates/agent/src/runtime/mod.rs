@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder};
 use bollard::Docker;
 
-pub use containers::{AppContainer, CaddyContainer, ContainerState, OneShot};
+pub use containers::{AppContainer, CaddyContainer, ContainerState, OneShot, BUILD_BRIDGE, BUILD_NETWORK};
 pub use images::RegistryAuth;
 
 pub const LABEL_NODE: &str = "cloudweb.node";

@@ -44,7 +44,7 @@ pub async fn heartbeat(
     let now = tokio::time::Instant::now();
     let Some(node_state) = state.nodes.record_heartbeat(&node_id, heartbeat, agent.version, agent.protocol, now, state.clock.now_ms())
     else {
-        return Err(ApiError::Forbidden(format!("node {node_id} is not registered with this control plane")));
+        return Err(ApiError::NodeNotRegistered(format!("node {node_id} is not registered with this control plane")));
     };
     state.heartbeats_total.fetch_add(1, Ordering::Relaxed);
     Ok(Json(json!({ "node_id": node_id, "state": node_state.as_str() })))

@@ -114,7 +114,7 @@ async fn require_node(State(state): State<Arc<AppState>>, mut request: Request, 
             .into_response();
     };
     if !state.nodes.authorize(&cert.node_id, &cert.cert_sha256) {
-        return ApiError::Forbidden(format!("node {} is not registered with this control plane", cert.node_id))
+        return ApiError::NodeNotRegistered(format!("node {} is not registered with this control plane", cert.node_id))
             .into_response();
     }
     request.extensions_mut().insert(AuthedNode(cert.node_id));

@@ -86,6 +86,8 @@ Wants=network-online.target
 ExecStart=$BIN --data-dir $DATA run
 Restart=always
 RestartSec=2
+# 78: the agent's node was removed from the cluster; restarting cannot help.
+RestartPreventExitStatus=78
 
 [Install]
 WantedBy=multi-user.target

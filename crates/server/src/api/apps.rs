@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use sha2::Digest;
 use cloudweb_protocol::deploy::{self, BuildSettings, Spa, Strategy};
-use cloudweb_protocol::{validate, GitCredentials};
+use cloudweb_protocol::validate;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -61,15 +61,20 @@ struct CreateApp {
     build_timeout_seconds: Option<u32>,
     git_username: Option<String>,
     git_password: Option<String>,
+    /// The app's own ssh private key, for ssh:// and scp-like URLs.
+    git_ssh_key: Option<String>,
+    /// `known_hosts` lines of the git host (as `ssh-keyscan` prints them).
+    git_known_hosts: Option<String>,
 }
 
 fn default_branch() -> String {
     "main".to_string()
 }
 
-fn validate_create(request: &CreateApp, allow_file_repos: bool) -> Result<(), ApiError> {
+fn validate_create(request: &CreateApp, allow_file_repos: bool, allow_private_git_hosts: bool) -> Result<(), ApiError> {
     validate::node_name("name", &request.name)?;
     deploy::repo_url(&request.repo_url, allow_file_repos)?;
+    deploy::repo_destination(&request.repo_url, allow_private_git_hosts)?;
     deploy::branch(&request.branch)?;
     if request.port == 0 {
         return Err(ApiError::BadRequest("invalid port: must be 1 to 65535".into()));
@@ -112,6 +117,19 @@ fn validate_create(request: &CreateApp, allow_file_repos: bool) -> Result<(), Ap
         (None, None) => {}
         _ => return Err(ApiError::BadRequest("git_username and git_password go together".into())),
     }
+    match (&request.git_ssh_key, &request.git_known_hosts) {
+        (Some(key), Some(hosts)) => {
+            deploy::ssh_private_key(key)?;
+            deploy::known_hosts(hosts)?;
+        }
+        (None, None) => {}
+        _ => return Err(ApiError::BadRequest("git_ssh_key and git_known_hosts go together".into())),
+    }
+    let over_ssh = deploy::repo_host(&request.repo_url)?.is_some_and(|target| target.scheme == deploy::RepoScheme::Ssh);
+    if over_ssh && request.git_ssh_key.is_none() {
+        // ssh would otherwise offer whatever keys the node's user has.
+        return Err(ApiError::BadRequest("an ssh repository needs git_ssh_key and git_known_hosts".into()));
+    }
     if request.build.is_some() && matches!(request.strategy, Some(Strategy::Dockerfile | Strategy::Buildpacks)) {
         return Err(ApiError::BadRequest("build settings only apply to static sites; drop them or use strategy static".into()));
     }
@@ -120,6 +138,7 @@ fn validate_create(request: &CreateApp, allow_file_repos: bool) -> Result<(), Ap
 
 pub fn view(state: &AppState, app: &AppRow) -> Value {
     let env_names: Vec<String> = app_env(state, app).map(|env| env.into_keys().collect()).unwrap_or_default();
+    let git = crate::deploy::app_git(state, app).unwrap_or_default();
     json!({
         "name": app.name,
         "repo_url": app.repo_url,
@@ -136,7 +155,8 @@ pub fn view(state: &AppState, app: &AppRow) -> Value {
         "build_timeout_seconds": app.build_timeout_s.unwrap_or(i64::from(deploy::DEFAULT_BUILD_TIMEOUT_SECONDS)),
         // Names only: values never leave the control plane through the API.
         "env": env_names,
-        "git_credentials": app.git_credentials_sealed.is_some(),
+        "git_credentials": git.username.is_some(),
+        "git_ssh_key": git.ssh_key.is_some(),
         "created_at": rfc3339_ms(app.created_at),
     })
 }
@@ -146,7 +166,7 @@ pub async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let request: CreateApp = parse_json(&body_bytes(body)?)?;
-    validate_create(&request, state.config.allow_file_repos)?;
+    validate_create(&request, state.config.allow_file_repos, state.config.allow_private_git_hosts)?;
     let build = request.build.map(|b| BuildSettings { install_cmd: b.install_cmd, build_cmd: b.build_cmd, output_dir: b.output_dir, spa: b.spa });
     if let Some(build) = &build {
         build.validate()?;
@@ -156,12 +176,13 @@ pub async fn create(
         (None, Some(_)) => Strategy::Static,
         (None, None) => Strategy::Auto,
     };
-    let git_credentials_sealed = match (request.git_username, request.git_password) {
-        (Some(username), Some(password)) => {
-            Some(state.sealer.seal_json(&git_context(&request.name), &GitCredentials { username, password }))
-        }
-        _ => None,
+    let git = crate::deploy::GitAccess {
+        username: request.git_username,
+        password: request.git_password,
+        ssh_key: request.git_ssh_key,
+        known_hosts: request.git_known_hosts,
     };
+    let git_credentials_sealed = (!git.is_empty()).then(|| state.sealer.seal_json(&git_context(&request.name), &git));
     let app = AppRow {
         name: request.name.clone(),
         repo_url: request.repo_url,

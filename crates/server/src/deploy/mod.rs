@@ -18,7 +18,7 @@ pub mod state;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cloudweb_protocol::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Report, Source, StopPayload};
+use cloudweb_protocol::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Report, Source, SshAccess, StopPayload};
 use rand::Rng;
 use serde_json::json;
 
@@ -67,6 +67,38 @@ pub fn env_context(app: &str) -> String {
 
 pub fn git_context(app: &str) -> String {
     format!("app-git:{app}")
+}
+
+/// What an app's sealed git column holds: basic credentials for https,
+/// and an ssh key with the host keys it trusts. Rows sealed before ssh
+/// keys existed hold only the username and password, and still read.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct GitAccess {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub known_hosts: Option<String>,
+}
+
+impl GitAccess {
+    pub fn is_empty(&self) -> bool {
+        self.username.is_none() && self.ssh_key.is_none()
+    }
+}
+
+/// The decrypted git access of an app (empty when it has none).
+pub fn app_git(state: &AppState, app: &AppRow) -> Result<GitAccess, ApiError> {
+    match &app.git_credentials_sealed {
+        None => Ok(GitAccess::default()),
+        Some(sealed) => state
+            .sealer
+            .open_json::<GitAccess>(&git_context(&app.name), sealed)
+            .map_err(|e| ApiError::Internal(format!("app {}: {e}", app.name))),
+    }
 }
 
 fn build_settings(app: &AppRow) -> Option<BuildSettings> {
@@ -212,16 +244,23 @@ pub(crate) fn deploy_payload(
     let source = match &deployment.image {
         Some(_) => None,
         None => {
-            let credentials = match &app.git_credentials_sealed {
-                Some(sealed) => Some(
-                    state
-                        .sealer
-                        .open_json::<GitCredentials>(&git_context(&app.name), sealed)
-                        .map_err(|e| ApiError::Internal(format!("app {}: {e}", app.name)))?,
-                ),
-                None => None,
+            let git = app_git(state, app)?;
+            let credentials = match (git.username, git.password) {
+                (Some(username), Some(password)) => Some(GitCredentials { username, password }),
+                _ => None,
             };
-            Some(Source { repo_url: app.repo_url.clone(), branch: app.branch.clone(), commit: deployment.commit_sha.clone(), credentials })
+            let ssh = match (git.ssh_key, git.known_hosts) {
+                (Some(private_key), Some(known_hosts)) => Some(SshAccess { private_key, known_hosts }),
+                _ => None,
+            };
+            Some(Source {
+                repo_url: app.repo_url.clone(),
+                branch: app.branch.clone(),
+                commit: deployment.commit_sha.clone(),
+                credentials,
+                ssh,
+                allow_private_hosts: state.config.allow_private_git_hosts,
+            })
         }
     };
     Ok(DeployPayload {
