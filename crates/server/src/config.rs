@@ -30,6 +30,8 @@ pub struct Config {
     pub base_domain: String,
     /// Run the cluster image registry, when set.
     pub registry: Option<crate::registry::RegistrySettings>,
+    /// Bounds on the agent listener's connections.
+    pub agent_connections: crate::agent_api::listener::ConnectionLimits,
 }
 
 impl Config {
@@ -49,6 +51,7 @@ impl Config {
             allow_file_repos: false,
             registry: None,
             base_domain: "localhost".to_string(),
+            agent_connections: Default::default(),
         }
     }
 }

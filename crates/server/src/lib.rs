@@ -180,7 +180,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
     let agent_router = agent_api::router(state.clone());
     let api_router = api::router(state.clone());
     tasks.extend([
-        tokio::spawn(agent_api::listener::serve(agent_listener, tls, agent_router)),
+        tokio::spawn(agent_api::listener::serve(agent_listener, tls, agent_router, state.config.agent_connections.clone())),
         tokio::spawn(async move {
             if let Err(err) = axum::serve(api_listener, api_router).await {
                 tracing::error!(error = %err, "user API server stopped");
