@@ -329,7 +329,7 @@ api_send() { # method, path[, JSON body]
         -w '\n%{http_code}' "$api$2"
 }
 # One field of a JSON document on stdin, by a Python expression on `d`.
-json() { python3 -c 'import json, sys; d = json.load(sys.stdin); v = eval(sys.argv[1]); print("" if v is None else v)' "$1"; }
+json() { python3 -c 'import json, sys; d = json.load(sys.stdin); v = eval(sys.argv[1]); print("" if v is None else v)' "$1" 2>/dev/null; }
 
 echo "install: waiting for node $node_id"
 ready=''
