@@ -147,7 +147,7 @@ stop_service() { # name
 leftover_pids() {
     local proc cmdline
     for proc in /proc/[0-9]*; do
-        cmdline=$(tr '\0' ' ' < "$proc/cmdline" 2>/dev/null) || continue
+        cmdline=$(tr '\0' ' ' 2>/dev/null < "$proc/cmdline") || continue
         case "$cmdline" in
             *"$data_dir/"*|*"$agent_dir/"*) echo "${proc#/proc/}" ;;
         esac

@@ -99,7 +99,7 @@ uninstalled=true
 
 leftovers=''
 for proc in /proc/[0-9]*; do
-    cmdline=$(tr '\0' ' ' < "$proc/cmdline" 2>/dev/null) || continue
+    cmdline=$(tr '\0' ' ' 2>/dev/null < "$proc/cmdline") || continue
     case "$cmdline" in *"$root/"*) leftovers="$leftovers ${proc#/proc/}:$cmdline" ;; esac
 done
 [ -z "$leftovers" ] || fail "processes left running:$leftovers"
