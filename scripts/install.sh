@@ -142,11 +142,14 @@ stop_service() { # name
     rm -f "$pid_file"
 }
 
-# Pids of processes whose command line names one of this installation's
-# data directories (a Caddy or registry a crashed service left behind).
+# Pids of our programs (Caddy, the registry, the binaries) whose command
+# line names one of this installation's data directories: what a crashed
+# service may have left behind.
 leftover_pids() {
-    local proc cmdline
+    local proc cmdline comm
     for proc in /proc/[0-9]*; do
+        comm=$(cat 2>/dev/null < "$proc/comm") || continue
+        case "$comm" in caddy|docker-registry|cloudweb-server|cloudweb-agent) ;; *) continue ;; esac
         cmdline=$(tr '\0' ' ' 2>/dev/null < "$proc/cmdline") || continue
         case "$cmdline" in
             *"$data_dir/"*|*"$agent_dir/"*) echo "${proc#/proc/}" ;;
