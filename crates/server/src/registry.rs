@@ -91,8 +91,10 @@ pub async fn start(
     replace_private(&config_path, config.as_bytes())?;
 
     let command = vec![settings.binary.clone().into_os_string(), "serve".into(), config_path.into_os_string()];
+    let version = credentials.written_version();
     let child = spawn(&command)?;
     wait_listening(settings.listen).await?;
+    credentials.loaded(version);
     tracing::info!(listen = %settings.listen, advertise = %settings.advertise, "image registry running");
     Ok(RunningRegistry {
         agent_config: RegistryConfig {
@@ -150,13 +152,14 @@ pub async fn supervise(mut running: RunningRegistry, credentials: Arc<Credential
                 let _ = running.child.kill().await;
             }
         }
+        let version = credentials.written_version();
         match spawn(&running.command) {
             Ok(child) => {
                 running.child = child;
-                if let Err(err) = wait_listening(running.listen).await {
-                    tracing::error!(error = %err, "the image registry did not come back");
+                match wait_listening(running.listen).await {
+                    Ok(()) => credentials.loaded(version),
+                    Err(err) => tracing::error!(error = %err, "the image registry did not come back"),
                 }
-                credentials.restarted();
             }
             Err(err) => {
                 tracing::error!(error = %err, "cannot restart the image registry");

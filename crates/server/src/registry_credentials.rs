@@ -7,12 +7,15 @@
 //!
 //! The Docker distribution registry Debian ships (2.8) reads htpasswd once,
 //! at start, so every change of the file is followed by a restart of the
-//! registry: [`Credentials::changed`] wakes the supervisor, which restarts
-//! it and reports each finished restart on a watch channel. Changes happen
-//! only when a node gets its first credential or is removed.
+//! registry: each write of the file gets a version number and wakes the
+//! supervisor, which restarts the registry and reports which version the
+//! running registry loaded. A node is handed its password only once the
+//! running registry has loaded every version written so far. Changes
+//! happen only when a node gets its first credential or is removed.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,8 +54,10 @@ pub struct Credentials {
     /// Passwords handed out, per node id; serializes every change.
     known: Mutex<HashMap<String, String>>,
     restart: Arc<Notify>,
-    restarted: watch::Receiver<u64>,
-    restarted_tx: watch::Sender<u64>,
+    /// Versions of htpasswd: the last written, and the one the running
+    /// registry loaded.
+    written: AtomicU64,
+    loaded: watch::Sender<u64>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CredentialError + '_ {
@@ -75,15 +80,14 @@ fn check_node_id(node_id: &str) -> Result<(), CredentialError> {
 impl Credentials {
     /// `registry_dir` is the registry's directory in the data dir.
     pub fn new(registry_dir: &Path, sealer: Sealer) -> Credentials {
-        let (restarted_tx, restarted) = watch::channel(0);
         Credentials {
             dir: registry_dir.join("nodes"),
             htpasswd: registry_dir.join("htpasswd"),
             sealer,
             known: Mutex::new(HashMap::new()),
             restart: Arc::new(Notify::new()),
-            restarted,
-            restarted_tx,
+            written: AtomicU64::new(0),
+            loaded: watch::channel(0).0,
         }
     }
 
@@ -96,9 +100,14 @@ impl Credentials {
         self.restart.clone()
     }
 
-    /// The supervisor calls this after each restart it finished.
-    pub fn restarted(&self) {
-        self.restarted_tx.send_modify(|count| *count += 1);
+    /// The version of htpasswd a registry started now loads.
+    pub fn written_version(&self) -> u64 {
+        self.written.load(Ordering::SeqCst)
+    }
+
+    /// The registry started with `version` of htpasswd is listening.
+    pub fn loaded(&self, version: u64) {
+        self.loaded.send_modify(|loaded| *loaded = (*loaded).max(version));
     }
 
     /// Writes htpasswd for the `registered` nodes and deletes the
@@ -117,11 +126,19 @@ impl Credentials {
         self.write_htpasswd()
     }
 
-    /// The node's registry password, created on first use. A new one is
-    /// returned only once the registry runs with it (or after
+    /// The node's registry password, created on first use. It is returned
+    /// once the running registry loaded the latest htpasswd (or after
     /// [`RESTART_WAIT`], when the registry is slow to come back).
     pub async fn for_node(&self, node_id: &str) -> Result<String, CredentialError> {
         check_node_id(node_id)?;
+        let password = self.get_or_create(node_id).await?;
+        let needed = self.written_version();
+        let mut loaded = self.loaded.subscribe();
+        let _ = tokio::time::timeout(RESTART_WAIT, loaded.wait_for(|loaded| *loaded >= needed)).await;
+        Ok(password)
+    }
+
+    async fn get_or_create(&self, node_id: &str) -> Result<String, CredentialError> {
         let mut known = self.known.lock().await;
         if let Some(password) = known.get(node_id) {
             return Ok(password.clone());
@@ -141,13 +158,8 @@ impl Credentials {
         replace_private(&path, sealed.as_bytes())?;
         self.write_htpasswd()?;
         known.insert(node_id.to_string(), password.clone());
-        let mut restarted = self.restarted.clone();
-        restarted.mark_unchanged();
         self.restart.notify_one();
-        drop(known);
         tracing::info!(node_id, "created the node's registry credential");
-        // Each restart after the notification reloads the file written above.
-        let _ = tokio::time::timeout(RESTART_WAIT, restarted.changed()).await;
         Ok(password)
     }
 
@@ -211,7 +223,9 @@ impl Credentials {
                 }
             }
         }
-        replace_private(&self.htpasswd, text.as_bytes())
+        replace_private(&self.htpasswd, text.as_bytes())?;
+        self.written.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 }
 
@@ -237,18 +251,20 @@ mod tests {
         let sealer = Sealer::load_or_create(dir.path()).unwrap();
         let credentials = Credentials::new(&dir.path().join("registry"), sealer);
         credentials.prepare(&HashSet::new()).await.unwrap();
-        // Nobody restarts a registry here: answer each request at once.
-        let signal = credentials.restart_signal();
-        let restarted = credentials.restarted_tx.clone();
+        let credentials = Arc::new(credentials);
+        // A stand-in supervisor: "restarts" at once with the latest file.
+        let supervisor = credentials.clone();
         tokio::spawn(async move {
+            let signal = supervisor.restart_signal();
             loop {
                 signal.notified().await;
-                restarted.send_modify(|c| *c += 1);
+                supervisor.loaded(supervisor.written_version());
             }
         });
         let a = credentials.for_node("n_a").await.unwrap();
         let b = credentials.for_node("n_b").await.unwrap();
         assert_ne!(a, b);
+        assert_eq!(*credentials.loaded.borrow(), credentials.written_version(), "handed out once loaded");
         assert_eq!(credentials.for_node("n_a").await.unwrap(), a, "stable");
         let htpasswd = std::fs::read_to_string(credentials.htpasswd_path()).unwrap();
         let users: Vec<&str> = htpasswd.lines().map(|l| l.split(':').next().unwrap()).collect();
