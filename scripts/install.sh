@@ -142,14 +142,14 @@ stop_service() { # name
     rm -f "$pid_file"
 }
 
-# Pids of our programs (Caddy, the registry, the binaries) whose command
+# Pids of our programs (Caddy, the registry, the binaries, git) whose command
 # line names one of this installation's data directories: what a crashed
 # service may have left behind.
 leftover_pids() {
     local proc cmdline comm
     for proc in /proc/[0-9]*; do
         comm=$(cat 2>/dev/null < "$proc/comm") || continue
-        case "$comm" in caddy|docker-registry|cloudweb-server|cloudweb-agent) ;; *) continue ;; esac
+        case "$comm" in caddy|docker-registry|cloudweb-server|cloudweb-agent|git|git-daemon) ;; *) continue ;; esac
         cmdline=$(tr '\0' ' ' 2>/dev/null < "$proc/cmdline") || continue
         case "$cmdline" in
             *"$data_dir/"*|*"$agent_dir/"*) echo "${proc#/proc/}" ;;
@@ -346,7 +346,8 @@ done
 running=$(api_get "/api/apps/$example_app/deployments" 2>/dev/null | json 'any(x["state"] == "running" for x in d)' || echo False)
 if [ "$running" != True ] && [ "$no_ingress" = 0 ]; then
     echo "install: deploying examples/hello as $example_app"
-    work=$(mktemp -d)
+    # Inside the data dir, so an interrupted run leaves nothing elsewhere.
+    work=$(mktemp -d "$data_dir/example.XXXXXX")
     git_pid=''
     cleanup_example() {
         if [ -n "$git_pid" ]; then kill -TERM -- "-$git_pid" 2>/dev/null || true; fi

@@ -70,6 +70,11 @@ on_exit() {
     exit "$status"
 }
 trap on_exit EXIT
+# A timeout's SIGTERM must still clean up.
+trap 'exit 143' TERM INT
+
+say "the installer refuses an unknown option"
+if bash scripts/install.sh --bogus >/dev/null 2>&1; then fail "install.sh --bogus succeeded"; fi
 
 say "installing under $root (API $api_port, agents $agent_port, HTTPS $https_port)"
 bash scripts/install.sh > "$root.install-1.log" 2>&1 || { cat "$root.install-1.log" >&2; rm -f "$root.install-1.log"; fail "the first install"; }
