@@ -47,6 +47,13 @@ impl ClientError {
             _ => None,
         }
     }
+
+    /// Whether sending the same request again can never succeed: a 4xx
+    /// answer other than 408 (timeout), 426 (upgrade: retried slowly) and
+    /// 429 (too many requests).
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, ClientError::Status { status: 400..=499, .. }) && !matches!(self.status(), Some(408 | 426 | 429))
+    }
 }
 
 /// Parses `--ca-sha256`: 64 hex digits.
@@ -251,8 +258,12 @@ impl ControlPlane {
         self.send(self.http.post(self.url(&paths::ack(command_id)))).await.map(drop)
     }
 
+    /// Sends a report with its free text made valid first (one-line,
+    /// length-capped message), so a multi-line error never gets it refused.
     pub async fn report(&self, report: &Report) -> Result<(), ClientError> {
-        self.send(self.http.post(self.url(paths::REPORT)).json(report)).await.map(drop)
+        let mut report = report.clone();
+        report.sanitize();
+        self.send(self.http.post(self.url(paths::REPORT)).json(&report)).await.map(drop)
     }
 
     pub async fn leave(&self, force: bool) -> Result<LeaveResponse, ClientError> {

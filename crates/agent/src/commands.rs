@@ -3,12 +3,24 @@
 //! unreachable Docker Engine leaves it un-acked, so the control plane
 //! delivers it again. Ids already handled are remembered on disk so a lost
 //! ack does not run a command twice.
+//!
+//! Commands run concurrently in lanes, one lane per deployment: the
+//! commands of one deployment (its deploy, then its stop) run in queue
+//! order, while a slow stop (a container that ignores SIGTERM waits out the
+//! whole grace period), a long build or a command waiting to be retried
+//! holds up nothing of any other deployment, of the same app or another.
+//! Different deployments never share a container, so their commands need no
+//! order between them. A stop that arrives while its deployment's deploy is
+//! still running cancels that deploy (the build or start is abandoned and
+//! cleaned up), then runs.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use cloudweb_protocol::{Command, CommandKind, DeployPayload, LogLine, Report, StopPayload};
+use tokio::sync::watch;
 
 use crate::client::ControlPlane;
 use crate::deploy::{DeployOptions, DeployOutcome};
@@ -18,6 +30,12 @@ use crate::runtime::{DockerRuntime, RuntimeError};
 const HANDLED_FILE: &str = "handled-commands.json";
 /// How many handled ids to remember.
 const HANDLED_MEMORY: usize = 1000;
+/// How long a deploy may keep asking to be retried before the agent gives
+/// up on it (reports its deployment failed and acks it), so no deployment
+/// waits forever. Stops keep being retried: a try is cheap, it holds up
+/// only its own deployment's lane, and giving up would leave a container
+/// running that nothing manages.
+const RETRY_LIMIT: Duration = Duration::from_secs(30 * 60);
 
 /// What became of one command.
 #[derive(Debug, PartialEq, Eq)]
@@ -28,11 +46,50 @@ pub enum Outcome {
     Retry(String),
 }
 
-pub struct Executor {
+/// The commands of one deployment, in queue order; the first one runs.
+#[derive(Default)]
+struct Lane {
+    queue: VecDeque<Command>,
+    /// The instance of the deploy running now, and how to cancel it.
+    running_deploy: Option<(u32, watch::Sender<bool>)>,
+}
+
+#[derive(Default)]
+struct Lanes {
+    lanes: HashMap<String, Lane>,
+    /// Ids in some lane (queued or running).
+    queued: HashSet<String>,
+}
+
+struct Inner {
     runtime: DockerRuntime,
     deploy_options: DeployOptions,
     handled_path: PathBuf,
-    handled: VecDeque<String>,
+    handled: Mutex<VecDeque<String>>,
+    lanes: Mutex<Lanes>,
+    /// When each command first asked to be retried.
+    retrying: Mutex<HashMap<String, Instant>>,
+    /// When the lanes' recent acks completed: a queue read that started
+    /// before may still list the command, which is no lost ack.
+    acked: Mutex<HashMap<String, Instant>>,
+}
+
+#[derive(Clone)]
+pub struct Executor {
+    inner: Arc<Inner>,
+}
+
+/// The lane of a command: its deployment, or its own id when the payload
+/// names none (such a command is dropped anyway).
+fn lane_key(command: &Command) -> String {
+    match command.payload.get("deployment_id").and_then(|v| v.as_str()) {
+        Some(deployment) => format!("deployment:{deployment}"),
+        None => format!("command:{}", command.id),
+    }
+}
+
+fn instance_of(command: &Command) -> Option<u32> {
+    command.payload.get("instance").and_then(|v| v.as_u64()).and_then(|i| u32::try_from(i).ok())
 }
 
 impl Executor {
@@ -42,33 +99,176 @@ impl Executor {
             .ok()
             .and_then(|bytes| serde_json::from_slice::<VecDeque<String>>(&bytes).ok())
             .unwrap_or_default();
-        Executor { runtime, deploy_options, handled_path, handled }
+        Executor {
+            inner: Arc::new(Inner {
+                runtime,
+                deploy_options,
+                handled_path,
+                handled: Mutex::new(handled),
+                lanes: Mutex::new(Lanes::default()),
+                retrying: Mutex::new(HashMap::new()),
+                acked: Mutex::new(HashMap::new()),
+            }),
+        }
     }
 
-    /// Handles every pending command in order, acking the ones that are done.
+    /// Reads the queue, acks what was already handled and hands every other
+    /// command to its deployment's lane. Returns without waiting for them.
     pub async fn run_pending(&mut self, client: &Arc<ControlPlane>) -> Result<(), crate::client::ClientError> {
+        let read_at = Instant::now();
         let pending = client.commands().await?;
+        self.inner.acked.lock().expect("acked lock").retain(|_, at| at.elapsed() < Duration::from_secs(300));
         for command in pending.commands {
-            if !self.handled.contains(&command.id) {
-                match self.execute(client, &command).await {
-                    Outcome::Handled => self.remember(&command.id),
-                    Outcome::Retry(reason) => {
-                        tracing::warn!(command = %command.id, kind = %command.kind, %reason, "command will be retried");
-                        // Later commands may depend on this one: keep order.
-                        break;
-                    }
-                }
+            let in_lane = self.inner.lanes.lock().expect("lanes lock").queued.contains(&command.id);
+            let acked_since_read = self.inner.acked.lock().expect("acked lock").get(&command.id).is_some_and(|at| *at >= read_at);
+            if in_lane || acked_since_read {
+                // Running, being acked, or acked after this read started:
+                // acking it again would count a second ack.
+                continue;
             }
-            client.ack(&command.id).await?;
-            tracing::info!(command = %command.id, kind = %command.kind, "command acked");
+            if self.inner.is_handled(&command.id) {
+                // Handled before, but the ack was lost. A failed ack must not
+                // keep the commands after it from their lanes.
+                match client.ack(&command.id).await {
+                    Ok(()) => tracing::info!(command = %command.id, kind = %command.kind, "command acked"),
+                    Err(err) => tracing::warn!(command = %command.id, error = %err, "could not ack a handled command"),
+                }
+                continue;
+            }
+            self.enqueue(client, command);
         }
         Ok(())
     }
 
-    async fn execute(&mut self, client: &Arc<ControlPlane>, command: &Command) -> Outcome {
+    fn enqueue(&self, client: &Arc<ControlPlane>, command: Command) {
+        let key = lane_key(&command);
+        let mut lanes = self.inner.lanes.lock().expect("lanes lock");
+        // Checked again under the lanes lock: a worker may have finished
+        // it since the caller looked.
+        if self.inner.is_handled(&command.id) || !lanes.queued.insert(command.id.clone()) {
+            return;
+        }
+        let is_stop = CommandKind::parse(&command.kind) == Some(CommandKind::Stop);
+        let stop_instance = instance_of(&command);
+        match lanes.lanes.get_mut(&key) {
+            Some(lane) => {
+                if let (true, Some((instance, cancel))) = (is_stop, &lane.running_deploy) {
+                    if stop_instance.is_none_or(|i| i == *instance) {
+                        tracing::info!(command = %command.id, lane = %key, "a stop arrived for a deploy in progress; cancelling the deploy");
+                        let _ = cancel.send(true);
+                    }
+                }
+                lane.queue.push_back(command);
+            }
+            None => {
+                lanes.lanes.insert(key.clone(), Lane { queue: VecDeque::from([command]), running_deploy: None });
+                tokio::spawn(self.clone().work(client.clone(), key));
+            }
+        }
+    }
+
+    /// Runs a lane's commands in order until it is empty, or until one must
+    /// be retried: then the rest of the lane waits for the next read of the
+    /// queue, which brings them all again.
+    async fn work(self, client: Arc<ControlPlane>, key: String) {
+        loop {
+            let (command, cancel) = {
+                let mut lanes = self.inner.lanes.lock().expect("lanes lock");
+                let Some(lane) = lanes.lanes.get_mut(&key) else { return };
+                let Some(command) = lane.queue.front().cloned() else {
+                    lanes.lanes.remove(&key);
+                    return;
+                };
+                let is_deploy = CommandKind::parse(&command.kind) == Some(CommandKind::Deploy);
+                let instance = instance_of(&command).unwrap_or(1);
+                // A deploy with its stop already queued behind it (cancelled
+                // before it started) starts cancelled: it would be undone.
+                let stopped = is_deploy
+                    && lane.queue.iter().skip(1).any(|later| {
+                        CommandKind::parse(&later.kind) == Some(CommandKind::Stop) && instance_of(later).is_none_or(|i| i == instance)
+                    });
+                let (sender, receiver) = watch::channel(stopped);
+                if is_deploy {
+                    lane.running_deploy = Some((instance, sender));
+                }
+                (command, receiver)
+            };
+            let outcome = self.inner.execute(&client, &command, cancel).await;
+            let outcome = match outcome {
+                Outcome::Retry(reason) => self.inner.give_up_after_limit(&client, &command, reason).await,
+                Outcome::Handled => Outcome::Handled,
+            };
+            match outcome {
+                Outcome::Handled => {
+                    {
+                        let mut lanes = self.inner.lanes.lock().expect("lanes lock");
+                        self.inner.retrying.lock().expect("retry lock").remove(&command.id);
+                        self.inner.remember(&command.id);
+                        if let Some(lane) = lanes.lanes.get_mut(&key) {
+                            lane.queue.pop_front();
+                            lane.running_deploy = None;
+                        }
+                    }
+                    match client.ack(&command.id).await {
+                        Ok(()) => {
+                            self.inner.acked.lock().expect("acked lock").insert(command.id.clone(), Instant::now());
+                            tracing::info!(command = %command.id, kind = %command.kind, "command acked")
+                        }
+                        // Remembered as handled: the next read acks it.
+                        Err(err) => tracing::warn!(command = %command.id, error = %err, "could not ack; will ack on the next read"),
+                    }
+                    // Only now may a read of the queue ack it again.
+                    self.inner.lanes.lock().expect("lanes lock").queued.remove(&command.id);
+                }
+                Outcome::Retry(reason) => {
+                    tracing::warn!(command = %command.id, kind = %command.kind, %reason, "command will be retried");
+                    // Later commands of this deployment may depend on this one.
+                    let mut lanes = self.inner.lanes.lock().expect("lanes lock");
+                    if let Some(lane) = lanes.lanes.remove(&key) {
+                        for queued in lane.queue {
+                            lanes.queued.remove(&queued.id);
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn is_handled(&self, id: &str) -> bool {
+        self.handled.lock().expect("handled lock").contains(&id.to_string())
+    }
+
+    /// Keeps a retried command queued, unless it is a deploy retried for
+    /// longer than [`RETRY_LIMIT`]: then its deployment is reported failed
+    /// (with the last reason) and the command is handled.
+    async fn give_up_after_limit(&self, client: &ControlPlane, command: &Command, reason: String) -> Outcome {
+        if CommandKind::parse(&command.kind) != Some(CommandKind::Deploy) {
+            return Outcome::Retry(reason);
+        }
+        let first = *self.retrying.lock().expect("retry lock").entry(command.id.clone()).or_insert_with(Instant::now);
+        if first.elapsed() < RETRY_LIMIT {
+            return Outcome::Retry(reason);
+        }
+        tracing::error!(command = %command.id, kind = %command.kind, %reason, "giving up on a command retried for {} minutes", RETRY_LIMIT.as_secs() / 60);
+        if let Some(id) = command.payload.get("deployment_id").and_then(|v| v.as_str()) {
+            let mut report = Report::new(id);
+            report.state = Some("failed".into());
+            report.instance = instance_of(command);
+            report.message = Some(format!("the agent gave up after {} minutes: {reason}", RETRY_LIMIT.as_secs() / 60));
+            if let Err(err) = client.report(&report).await {
+                tracing::warn!(error = %err, "could not report the command it gave up on");
+            }
+        }
+        Outcome::Handled
+    }
+
+    async fn execute(&self, client: &Arc<ControlPlane>, command: &Command, cancel: watch::Receiver<bool>) -> Outcome {
         match CommandKind::parse(&command.kind) {
             Some(CommandKind::Stop) => self.stop(client, command).await,
-            Some(CommandKind::Deploy) => self.deploy(client, command).await,
+            Some(CommandKind::Deploy) => self.deploy(client, command, cancel).await,
             None => {
                 // Nothing to report to: an unknown type names no deployment.
                 tracing::error!(command = %command.id, kind = %command.kind, "this agent cannot handle this command type; dropping it");
@@ -77,22 +277,17 @@ impl Executor {
         }
     }
 
-    async fn deploy(&mut self, client: &Arc<ControlPlane>, command: &Command) -> Outcome {
+    async fn deploy(&self, client: &Arc<ControlPlane>, command: &Command, cancel: watch::Receiver<bool>) -> Outcome {
         let payload: DeployPayload = match serde_json::from_value(command.payload.clone()) {
             Ok(payload) => payload,
             Err(err) => {
                 tracing::error!(command = %command.id, error = %err, "invalid deploy payload");
                 // Tell the control plane if the payload at least names its deployment.
                 if let Some(id) = command.payload.get("deployment_id").and_then(|v| v.as_str()) {
-                    let report = Report {
-                        deployment_id: id.to_string(),
-                        state: Some("failed".into()),
-                        message: Some(format!("the agent could not read the deploy command: {err}")),
-                        image: None,
-                        instance: command.payload.get("instance").and_then(|v| v.as_u64()).map(|i| i as u32),
-                        address: None,
-                        logs: Vec::new(),
-                    };
+                    let mut report = Report::new(id);
+                    report.state = Some("failed".into());
+                    report.message = Some(format!("the agent could not read the deploy command: {err}"));
+                    report.instance = instance_of(command);
                     if report.validate().is_ok() {
                         let _ = client.report(&report).await;
                     }
@@ -101,13 +296,13 @@ impl Executor {
             }
         };
         tracing::info!(command = %command.id, deployment = %payload.deployment_id, instance = payload.instance, "deploying");
-        match crate::deploy::deploy(&self.runtime, client, &self.deploy_options, payload).await {
+        match crate::deploy::deploy(&self.runtime, client, &self.deploy_options, payload, cancel).await {
             DeployOutcome::Done => Outcome::Handled,
             DeployOutcome::Retry(reason) => Outcome::Retry(reason),
         }
     }
 
-    async fn stop(&mut self, client: &ControlPlane, command: &Command) -> Outcome {
+    async fn stop(&self, client: &ControlPlane, command: &Command) -> Outcome {
         let payload: StopPayload = match serde_json::from_value(command.payload.clone()) {
             Ok(payload) => payload,
             Err(err) => {
@@ -119,20 +314,18 @@ impl Executor {
             tracing::error!(command = %command.id, error = %err, "invalid stop payload; dropping the command");
             return Outcome::Handled;
         }
+        tracing::info!(deployment = %payload.deployment_id, instance = ?payload.instance, command = %command.id, "stopping");
         match self.runtime.stop_deployment(&payload.deployment_id, payload.instance).await {
             Ok(count) => {
                 let line = format!("stopped {count} container(s) of {}", payload.deployment_id);
                 tracing::info!(command = %command.id, "{line}");
-                let report = Report {
-                    deployment_id: payload.deployment_id.clone(),
-                    state: payload.instance.map(|_| "stopped".to_string()),
-                    message: None,
-                    image: None,
-                    instance: payload.instance,
-                    address: None,
-                    logs: vec![LogLine { ts: now_rfc3339(), stream: "agent".into(), line }],
-                };
+                let mut report = Report::new(payload.deployment_id.clone());
+                report.state = payload.instance.map(|_| "stopped".to_string());
+                report.instance = payload.instance;
+                report.logs = vec![LogLine { ts: now_rfc3339(), stream: "agent".into(), line }];
                 if let Err(err) = client.report(&report).await {
+                    // Also when the app was deleted meanwhile (404): the
+                    // containers are gone, which is what counts.
                     tracing::warn!(error = %err, "could not report the stop");
                 }
                 Outcome::Handled
@@ -143,12 +336,13 @@ impl Executor {
         }
     }
 
-    fn remember(&mut self, id: &str) {
-        self.handled.push_back(id.to_string());
-        while self.handled.len() > HANDLED_MEMORY {
-            self.handled.pop_front();
+    fn remember(&self, id: &str) {
+        let mut handled = self.handled.lock().expect("handled lock");
+        handled.push_back(id.to_string());
+        while handled.len() > HANDLED_MEMORY {
+            handled.pop_front();
         }
-        let bytes = serde_json::to_vec(&self.handled).expect("ids serialize");
+        let bytes = serde_json::to_vec(&*handled).expect("ids serialize");
         if let Err(err) = write_private(&self.handled_path, &bytes) {
             tracing::warn!(error = %err, "could not record handled commands");
         }
@@ -157,4 +351,27 @@ impl Executor {
 
 pub fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn command(id: &str, kind: &str, payload: serde_json::Value) -> Command {
+        Command { id: id.into(), kind: kind.into(), payload, created_at: String::new() }
+    }
+
+    #[test]
+    fn lanes_follow_deployments() {
+        let deploy = command("c1", "deploy", json!({"deployment_id": "dep_a", "instance": 2}));
+        let stop = command("c2", "stop", json!({"deployment_id": "dep_a"}));
+        let other = command("c3", "stop", json!({"deployment_id": "dep_b", "instance": 1}));
+        let odd = command("c4", "reboot", json!({}));
+        assert_eq!(lane_key(&deploy), lane_key(&stop), "a deployment's commands keep their order");
+        assert_ne!(lane_key(&deploy), lane_key(&other), "another deployment's stop does not wait");
+        assert_eq!(lane_key(&odd), "command:c4");
+        assert_eq!(instance_of(&deploy), Some(2));
+        assert_eq!(instance_of(&stop), None);
+    }
 }

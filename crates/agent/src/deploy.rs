@@ -5,18 +5,28 @@
 //!
 //! Deploys are idempotent: a command delivered again finds its container by
 //! label and only checks and reports it.
+//!
+//! Bounded in time: cloning and building stop after the deployment's build
+//! timeout (default 30 min), and a stop for the deployment cancels the
+//! deploy at any point; both end it failed with the reason. A container that
+//! exits during the health wait fails it at once, with its exit code and
+//! last output. Every line shipped has the app's variable values redacted.
+//! A report the control plane refuses for good (a 4xx) ends the command
+//! instead of retrying it forever.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cloudweb_protocol::deploy::{healthy_status, is_public_env, repo_url};
+use cloudweb_protocol::deploy::DEFAULT_BUILD_TIMEOUT_SECONDS;
 use cloudweb_protocol::{DeployPayload, LogLine, Report, Strategy};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::build::{self, Plan};
 use crate::client::ControlPlane;
 use crate::commands::now_rfc3339;
+use crate::redact::Redactor;
 use crate::runtime::{AppContainer, DockerRuntime, RegistryAuth, RuntimeError};
 
 /// Node-level settings for deploys.
@@ -43,10 +53,11 @@ pub struct DeployOptions {
 struct LogShipper {
     sender: mpsc::UnboundedSender<LogLine>,
     task: tokio::task::JoinHandle<()>,
+    redactor: Redactor,
 }
 
 impl LogShipper {
-    fn start(client: Arc<ControlPlane>, deployment_id: String, instance: u32) -> LogShipper {
+    fn start(client: Arc<ControlPlane>, deployment_id: String, instance: u32, redactor: Redactor) -> LogShipper {
         let (sender, mut receiver) = mpsc::unbounded_channel::<LogLine>();
         let task = tokio::spawn(async move {
             let mut open = true;
@@ -68,28 +79,20 @@ impl LogShipper {
                         _ = &mut deadline => break,
                     }
                 }
-                let report = Report {
-                    deployment_id: deployment_id.clone(),
-                    state: None,
-                    message: None,
-                    image: None,
-                    instance: Some(instance),
-                    address: None,
-                    logs: batch,
-                };
+                let mut report = Report::new(deployment_id.clone());
+                report.instance = Some(instance);
+                report.logs = batch;
                 if let Err(err) = client.report(&report).await {
                     tracing::warn!(error = %err, "could not ship log lines");
                 }
             }
         });
-        LogShipper { sender, task }
+        LogShipper { sender, task, redactor }
     }
 
     fn line(&self, stream: &str, line: impl Into<String>) {
-        let mut line: String = line.into();
-        if line.len() > 16 * 1024 {
-            line.truncate(16 * 1024);
-        }
+        let mut line = self.redactor.apply(&line.into());
+        cloudweb_protocol::misc::cap_log_line(&mut line);
         let _ = self.sender.send(LogLine { ts: now_rfc3339(), stream: stream.to_string(), line });
     }
 
@@ -105,15 +108,29 @@ pub enum DeployOutcome {
     Retry(String),
 }
 
-pub async fn deploy(runtime: &DockerRuntime, client: &Arc<ControlPlane>, options: &DeployOptions, payload: DeployPayload) -> DeployOutcome {
-    let report = |state: &str, message: Option<String>, image: Option<String>, address: Option<String>| Report {
-        deployment_id: payload.deployment_id.clone(),
-        state: Some(state.to_string()),
-        message,
-        image,
-        instance: Some(payload.instance),
-        address,
-        logs: Vec::new(),
+/// Resolves once `cancel` turns true; never when its sender goes away.
+async fn cancelled(mut cancel: watch::Receiver<bool>) {
+    if cancel.wait_for(|c| *c).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+pub async fn deploy(
+    runtime: &DockerRuntime,
+    client: &Arc<ControlPlane>,
+    options: &DeployOptions,
+    payload: DeployPayload,
+    cancel: watch::Receiver<bool>,
+) -> DeployOutcome {
+    let redactor = Redactor::new(&payload.env);
+    let report = |state: &str, message: Option<String>, image: Option<String>, address: Option<String>| {
+        let mut report = Report::new(payload.deployment_id.clone());
+        report.state = Some(state.to_string());
+        report.message = message.map(|m| redactor.apply(&m));
+        report.image = image;
+        report.instance = Some(payload.instance);
+        report.address = address;
+        report
     };
     // The agent checks what it was sent, whatever the control plane checked.
     let checked = payload.validate().map_err(|e| e.to_string()).and_then(|()| match &payload.source {
@@ -124,12 +141,32 @@ pub async fn deploy(runtime: &DockerRuntime, client: &Arc<ControlPlane>, options
         let _ = client.report(&report("failed", Some(format!("the agent refused the deploy: {reason}")), None, None)).await;
         return DeployOutcome::Done;
     }
-    let logs = LogShipper::start(client.clone(), payload.deployment_id.clone(), payload.instance);
-    let result = run(runtime, client, options, &payload, &logs).await;
-    let outcome = match result {
+    let logs = LogShipper::start(client.clone(), payload.deployment_id.clone(), payload.instance, redactor.clone());
+    // Dropping `run` abandons whatever it was doing: a git or pack child is
+    // killed, a Docker build is cancelled with its connection, a build step
+    // container is removed; a started app container is removed by the stop
+    // that caused the cancellation.
+    let result = tokio::select! {
+        result = run(runtime, client, options, &payload, &logs) => result,
+        () = cancelled(cancel) => Err(Failure::Cancelled),
+    };
+    // Reports of intermediate states went out from `run`.
+    match result {
         Ok(address) => {
             logs.finish().await;
-            send(client, report("running", None, None, Some(address))).await
+            match client.report(&report("running", None, None, Some(address))).await {
+                Ok(()) => DeployOutcome::Done,
+                Err(err) if err.is_permanent() => {
+                    // The control plane will never route to it (the app was
+                    // deleted, the instance moved): do not leave it running.
+                    tracing::error!(deployment = %payload.deployment_id, error = %err, "the control plane refused the running report; removing the instance");
+                    let _ = runtime.stop_deployment(&payload.deployment_id, Some(payload.instance)).await;
+                    DeployOutcome::Done
+                }
+                // Without the report the control plane would wait forever:
+                // keep the command so it is delivered (and checked) again.
+                Err(err) => DeployOutcome::Retry(format!("could not report: {err}")),
+            }
         }
         Err(Failure::Retry(reason)) => {
             logs.finish().await;
@@ -138,16 +175,37 @@ pub async fn deploy(runtime: &DockerRuntime, client: &Arc<ControlPlane>, options
         Err(Failure::Failed(reason)) => {
             logs.line("agent", format!("deploy failed: {reason}"));
             logs.finish().await;
-            send(client, report("failed", Some(reason), None, None)).await
+            send_failed(client, report("failed", Some(reason), None, None)).await
         }
-    };
-    // Reports of intermediate states went out from `run`.
-    outcome
+        Err(Failure::Cancelled) => {
+            logs.line("agent", "deploy cancelled: a stop for this deployment arrived");
+            logs.finish().await;
+            send_failed(client, report("failed", Some("cancelled".into()), None, None)).await
+        }
+        Err(Failure::Refused(reason)) => {
+            logs.finish().await;
+            tracing::error!(deployment = %payload.deployment_id, %reason, "the control plane refused a report of this deploy; dropping the command");
+            send_failed(client, report("failed", Some(reason), None, None)).await
+        }
+    }
 }
 
-async fn send(client: &ControlPlane, report: Report) -> DeployOutcome {
+/// Sends a `failed` report. A 4xx answer is final: sending the same report
+/// again would be refused again and hold the command forever, so the
+/// command ends (one shorter report with the refusal as its reason is tried
+/// first, in case only the message was the problem).
+async fn send_failed(client: &ControlPlane, report: Report) -> DeployOutcome {
     match client.report(&report).await {
         Ok(()) => DeployOutcome::Done,
+        Err(err) if err.is_permanent() => {
+            tracing::error!(deployment = %report.deployment_id, error = %err, "the control plane refused the failure report");
+            let mut short = Report::new(report.deployment_id.clone());
+            short.state = report.state.clone();
+            short.instance = report.instance;
+            short.message = Some(format!("the deploy failed and the control plane refused the agent's report: {err}"));
+            let _ = client.report(&short).await;
+            DeployOutcome::Done
+        }
         // Without the report the control plane would wait forever: keep the
         // command so it is delivered (and checked) again.
         Err(err) => DeployOutcome::Retry(format!("could not report: {err}")),
@@ -158,6 +216,10 @@ enum Failure {
     /// Not the deployment's fault (the Docker Engine is down): try again.
     Retry(String),
     Failed(String),
+    /// A stop for this deployment arrived.
+    Cancelled,
+    /// The control plane refused a report for good (4xx).
+    Refused(String),
 }
 
 impl From<RuntimeError> for Failure {
@@ -170,16 +232,17 @@ impl From<RuntimeError> for Failure {
 }
 
 async fn state(client: &ControlPlane, payload: &DeployPayload, state: &str, image: Option<String>) -> Result<(), Failure> {
-    let report = Report {
-        deployment_id: payload.deployment_id.clone(),
-        state: Some(state.to_string()),
-        message: None,
-        image,
-        instance: Some(payload.instance),
-        address: None,
-        logs: Vec::new(),
-    };
-    client.report(&report).await.map_err(|e| Failure::Retry(format!("could not report {state}: {e}")))
+    let mut report = Report::new(payload.deployment_id.clone());
+    report.state = Some(state.to_string());
+    report.image = image;
+    report.instance = Some(payload.instance);
+    client.report(&report).await.map_err(|e| {
+        if e.is_permanent() {
+            Failure::Refused(format!("the control plane refused the {state} report: {e}"))
+        } else {
+            Failure::Retry(format!("could not report {state}: {e}"))
+        }
+    })
 }
 
 /// Gets the image, starts the container and waits until it is healthy.
@@ -223,7 +286,16 @@ async fn run(
                 Some(auth) => format!("{}/{}:{}", auth.address, payload.app, payload.deployment_id),
                 None => format!("cloudweb/{}:{}", payload.app, payload.deployment_id),
             };
-            build_from_source(runtime, options, payload, &tag, logs).await?;
+            let limit = Duration::from_secs(u64::from(payload.build_timeout_seconds.unwrap_or(DEFAULT_BUILD_TIMEOUT_SECONDS)));
+            match tokio::time::timeout(limit, build_from_source(runtime, client, options, payload, &tag, logs)).await {
+                Ok(result) => result?,
+                Err(_) => {
+                    return Err(Failure::Failed(format!(
+                        "the build did not finish within {} s (build timeout) and was stopped",
+                        limit.as_secs()
+                    )))
+                }
+            }
             if let Some(auth) = &registry {
                 logs.line("build", format!("pushing {tag}"));
                 runtime.push_image(&tag, auth).await?;
@@ -268,11 +340,11 @@ async fn check_or_remove(runtime: &DockerRuntime, options: &DeployOptions, paylo
 }
 
 /// Probes the instance over HTTP until it answers or the health timeout
-/// passes; fails early when the container exits.
+/// passes. The container's state is read before every probe, so one that
+/// exits at start (or exits and is restarted by its restart policy) fails
+/// the deploy within a probe interval, with its exit code and last output.
 async fn healthy_address(runtime: &DockerRuntime, options: &DeployOptions, payload: &DeployPayload, id: &str, logs: &LogShipper) -> Result<String, Failure> {
-    let port = runtime.host_port(id, payload.port).await?;
     let probe_host = if options.publish_ip == "0.0.0.0" { "127.0.0.1" } else { options.publish_ip.as_str() };
-    let url = format!("http://{}:{port}{}", bracket(probe_host), payload.health.path);
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
         .redirect(reqwest::redirect::Policy::none())
@@ -280,19 +352,36 @@ async fn healthy_address(runtime: &DockerRuntime, options: &DeployOptions, paylo
         .map_err(|e| Failure::Failed(e.to_string()))?;
     let started = Instant::now();
     let timeout = Duration::from_secs(u64::from(payload.health.timeout_seconds));
+    let mut port = None;
     // Most apps answer within a few tens of milliseconds of starting: probe
     // fast at first, then every 200 ms.
     let mut pause = Duration::from_millis(20);
     loop {
-        if let Ok(response) = http.get(&url).send().await {
-            let status = response.status().as_u16();
-            if healthy_status(status) {
-                logs.line("agent", format!("healthy after {:.1} s (HTTP {status} on {})", started.elapsed().as_secs_f64(), payload.health.path));
-                return Ok(format!("{}:{port}", bracket(&options.advertise_host)));
-            }
+        let container = runtime.container_state(id).await?;
+        if let Some(code) = container.crashed() {
+            return Err(Failure::Failed(crash_reason(runtime, id, code, container.restart_count).await));
         }
-        if !runtime.is_running(id).await? {
-            return Err(Failure::Failed("the container exited before it answered the health check".into()));
+        if container.running {
+            let port = match port {
+                Some(port) => port,
+                None => match runtime.host_port(id, payload.port).await {
+                    Ok(found) => *port.insert(found),
+                    // It may have exited between the two questions.
+                    Err(err) => match runtime.container_state(id).await?.crashed() {
+                        Some(code) => return Err(Failure::Failed(crash_reason(runtime, id, code, container.restart_count).await)),
+                        None => return Err(err.into()),
+                    },
+                },
+            };
+            let url = format!("http://{}:{port}{}", bracket(probe_host), payload.health.path);
+            if let Ok(response) = http.get(&url).send().await {
+                let status = response.status().as_u16();
+                if healthy_status(status) {
+                    runtime.keep_running(id).await?;
+                    logs.line("agent", format!("healthy after {:.1} s (HTTP {status} on {})", started.elapsed().as_secs_f64(), payload.health.path));
+                    return Ok(format!("{}:{port}", bracket(&options.advertise_host)));
+                }
+            }
         }
         if started.elapsed() > timeout {
             return Err(Failure::Failed(format!(
@@ -303,6 +392,26 @@ async fn healthy_address(runtime: &DockerRuntime, options: &DeployOptions, paylo
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(200));
     }
+}
+
+/// Lines of output quoted in a crash's reason (all of the last 50 are
+/// shipped as log lines).
+const CRASH_LINES: usize = 5;
+
+async fn crash_reason(runtime: &DockerRuntime, id: &str, code: i64, restarts: i64) -> String {
+    // A container started by an older agent restarts on exit; its exit
+    // code is then reset by the restart.
+    let mut reason = if restarts > 0 {
+        format!("the container keeps exiting (restarted {restarts} time(s)) before it answered the health check")
+    } else {
+        format!("the container exited with exit code {code} before it answered the health check")
+    };
+    let lines = runtime.logs(id, CRASH_LINES).await.unwrap_or_default();
+    if !lines.is_empty() {
+        let output: Vec<&str> = lines.iter().map(|(_, line)| line.as_str()).collect();
+        reason.push_str(&format!("; last output: {}", output.join(" | ")));
+    }
+    reason
 }
 
 fn bracket(host: &str) -> String {
@@ -328,18 +437,36 @@ async fn registry(client: &ControlPlane, options: &DeployOptions) -> Result<Opti
     Ok(Some(RegistryAuth { address, username, password }))
 }
 
-async fn build_from_source(runtime: &DockerRuntime, options: &DeployOptions, payload: &DeployPayload, tag: &str, logs: &LogShipper) -> Result<(), Failure> {
+/// A build's work directory, removed when the build ends, also when it is
+/// abandoned (timeout, cancellation).
+struct WorkDir(PathBuf);
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn build_from_source(
+    runtime: &DockerRuntime,
+    client: &ControlPlane,
+    options: &DeployOptions,
+    payload: &DeployPayload,
+    tag: &str,
+    logs: &LogShipper,
+) -> Result<(), Failure> {
     let source = payload.source.as_ref().ok_or_else(|| Failure::Failed("no source to build".into()))?;
     let work = options.data_dir.join("builds").join(format!("{}-{}", payload.deployment_id, payload.instance));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| Failure::Failed(format!("cannot create {}: {e}", work.display())))?;
-    let result = build_in(runtime, options, payload, source, tag, &work, logs).await;
-    let _ = std::fs::remove_dir_all(&work);
-    result
+    let work = WorkDir(work);
+    build_in(runtime, client, options, payload, source, tag, &work.0, logs).await
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn build_in(
     runtime: &DockerRuntime,
+    client: &ControlPlane,
     options: &DeployOptions,
     payload: &DeployPayload,
     source: &cloudweb_protocol::Source,
@@ -353,6 +480,14 @@ async fn build_in(
     logs.line("build", format!("cloning branch {} of {}", source.branch, source.repo_url));
     let commit = build::git::checkout(source, &checkout, &home, options.allow_file_repos).await.map_err(|e| Failure::Failed(e.to_string()))?;
     logs.line("build", format!("checked out {commit}"));
+    // The deployment records the full commit it was built from (a branch
+    // head or an abbreviation otherwise say nothing exact).
+    let mut report = Report::new(payload.deployment_id.clone());
+    report.instance = Some(payload.instance);
+    report.commit = Some(commit.clone());
+    if let Err(err) = client.report(&report).await {
+        tracing::warn!(error = %err, "could not report the commit");
+    }
     let strategy = payload.strategy.unwrap_or(Strategy::Auto);
     let plan = build::plan(&checkout, strategy, payload.build.as_ref()).map_err(|e| Failure::Failed(e.to_string()))?;
     match plan {
@@ -392,6 +527,7 @@ async fn build_in(
                 .arg("--builder")
                 .arg(&options.buildpacks_builder)
                 .stdin(std::process::Stdio::null())
+                .kill_on_drop(true)
                 .output()
                 .await
                 .map_err(|e| Failure::Failed(format!("cannot run pack: {e}")))?;

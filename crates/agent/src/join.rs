@@ -51,7 +51,22 @@ pub async fn join(options: JoinOptions<'_>) -> Result<NodeInfo, JoinError> {
     let key = KeyPair::generate()?;
     let csr = CertificateParams::default().serialize_request(&key)?.pem()?;
     let client = ControlPlane::for_join(options.server, options.ca_sha256, options.protocol)?;
-    let response = client.join(&JoinRequest { csr, ..request_for_checks }).await?;
+    let request = JoinRequest { csr, ..request_for_checks };
+    // A join whose answer is lost (the connection drops after the server
+    // spent the token) is sent again, same key and CSR: the control plane
+    // answers the same request with the same certificate. Only failures
+    // without an HTTP answer are retried, three times at most.
+    let mut attempt = 1;
+    let response = loop {
+        match client.join(&request).await {
+            Err(err) if err.status().is_none() && attempt < 3 => {
+                tracing::warn!(error = %err, attempt, "join got no answer; sending the same request again");
+                tokio::time::sleep(std::time::Duration::from_secs(attempt)).await;
+                attempt += 1;
+            }
+            other => break other?,
+        }
+    };
     let identity = Identity {
         info: NodeInfo {
             node_id: response.node_id,

@@ -38,7 +38,8 @@ enum Commands {
         /// Leave even while apps run here; their deployments become failed.
         #[arg(long)]
         force: bool,
-        /// The Docker Engine whose ingress container (`--caddy-image`) goes too.
+        /// The Docker Engine whose containers of this node (apps, and the
+        /// `--caddy-image` ingress) go too.
         #[arg(long, env = "DOCKER_HOST", default_value = "unix:///var/run/docker.sock")]
         docker_host: String,
     },
@@ -237,29 +238,45 @@ fn real_main() -> anyhow::Result<()> {
                 let client = ControlPlane::for_node(&identity, cli.speak_protocol)?;
                 // A node that leaves stops serving: its Caddy container, if it
                 // has one, goes. Docker being unreachable does not stop the leave.
-                let remove_ingress = || async {
+                // Its app containers go too (they would keep their published
+                // ports): only those labelled with this node's id.
+                let remove_containers = || async {
                     if let Ok(runtime) = cloudweb_agent::runtime::DockerRuntime::new(&docker_host, &identity.info.node_id) {
                         match runtime.remove_ingress().await {
                             Ok(0) => {}
                             Ok(_) => println!("removed the ingress container"),
                             Err(err) => eprintln!("could not remove the ingress container: {err}"),
                         }
+                        match runtime.own_containers(None).await {
+                            Ok(containers) => {
+                                for container in containers {
+                                    match runtime.remove(&container.id).await {
+                                        Ok(()) => println!("removed container {}", container.name),
+                                        Err(err) => eprintln!("could not remove container {}: {err}", container.name),
+                                    }
+                                }
+                            }
+                            Err(err) => eprintln!("could not list this node's containers: {err}"),
+                        }
                     }
                 };
                 match client.leave(force).await {
                     Ok(left) => {
-                        remove_ingress().await;
+                        remove_containers().await;
                         Identity::erase(&cli.data_dir)?;
                         println!("node {} left the cluster", left.node_id);
                         for deployment in left.failed_deployments {
                             println!("deployment {deployment} marked failed");
+                        }
+                        for deployment in left.rescheduled {
+                            println!("deployment {deployment} runs its image again on another node");
                         }
                         Ok(())
                     }
                     // Removed by an administrator already: nothing left to
                     // tell the control plane, so just forget the identity.
                     Err(err) if err.status() == Some(403) => {
-                        remove_ingress().await;
+                        remove_containers().await;
                         Identity::erase(&cli.data_dir)?;
                         println!("node {} was already removed from the cluster", identity.info.node_id);
                         Ok(())

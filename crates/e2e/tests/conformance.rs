@@ -415,3 +415,80 @@ async fn the_stream_sends_a_keep_alive_within_15_seconds() {
     assert_eq!(String::from_utf8_lossy(&chunk), ": keep-alive\n\n");
     assert!(started.elapsed() <= Duration::from_millis(15_500), "{:?}", started.elapsed());
 }
+
+/// Issue 9 item 14 and issue 10 item 1 (control-plane side). A node may
+/// report only about deployments placed on it: another registered node's
+/// lines and states are refused (403) before anything is stored, with or
+/// without a state, and a report about an unknown deployment is a 404. A
+/// multi-line failure message from the right node is stored as one line,
+/// not refused.
+#[tokio::test]
+async fn reports_are_accepted_only_from_the_node_an_instance_is_placed_on() {
+    let (tmp, server) = server().await;
+    let owner = join_agent(&server, tmp.path(), "owner").await;
+    let intruder = join_agent(&server, tmp.path(), "intruder").await;
+    // Only the owner reports capacity, so the deployment lands there.
+    let (status, text) = owner
+        .raw_client()
+        .send(Method::POST, &format!("{}/agent/v1/heartbeat", server.url()), &[], Some(r#"{"cpu_cores": 4, "mem_bytes": 4294967296, "disk_bytes": 10737418240}"#))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{text}");
+    let (status, app) = server
+        .call(Method::POST, "/api/apps", Some(json!({"name": "target", "repo_url": "https://git.example.com/a.git", "port": 8080})))
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "{app}");
+    let (status, deployment) = server.call(Method::POST, "/api/apps/target/deploy", None).await.unwrap();
+    assert_eq!(status, 201, "{deployment}");
+    let id = deployment["id"].as_str().unwrap().to_string();
+    let (_, view) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.unwrap();
+    assert_eq!(view["instances"][0]["node_id"], owner.node_id, "{view}");
+
+    let report = format!("{}/agent/v1/report", server.url());
+    let injected = |state: Option<&str>, instance: Option<u32>| {
+        let mut body = json!({"deployment_id": id, "logs": [{"ts": "2026-11-30T12:00:00Z", "stream": "stdout", "line": "INJECTED by another node"}]});
+        if let Some(state) = state {
+            body["state"] = json!(state);
+            body["message"] = json!("INJECTED");
+        }
+        if let Some(instance) = instance {
+            body["instance"] = json!(instance);
+        }
+        body.to_string()
+    };
+    for (state, instance) in [(None, None), (None, Some(1)), (Some("building"), None), (Some("failed"), Some(1))] {
+        let (status, text) = intruder.raw_client().send(Method::POST, &report, &[], Some(&injected(state, instance))).await.unwrap();
+        assert_eq!(status, 403, "state {state:?}, instance {instance:?}: {text}");
+    }
+    let unknown = json!({"deployment_id": "dep_0000000000000000", "logs": [{"ts": "2026-11-30T12:00:00Z", "stream": "stdout", "line": "x"}]});
+    let (status, text) = owner.raw_client().send(Method::POST, &report, &[], Some(&unknown.to_string())).await.unwrap();
+    assert_eq!(status, 404, "{text}");
+
+    // The owner's failure, with git's line breaks in it, is stored as one line.
+    let failure = json!({"deployment_id": id, "instance": 1, "state": "failed",
+                         "message": "git clone failed: warning: Could not find remote branch mian to clone.\nfatal: Remote branch mian not found\n",
+                         "logs": [{"ts": "2026-11-30T12:00:01Z", "stream": "agent", "line": "from the owner"}]});
+    let (status, text) = owner.raw_client().send(Method::POST, &report, &[], Some(&failure.to_string())).await.unwrap();
+    assert_eq!(status, 202, "{text}");
+    let (_, view) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.unwrap();
+    assert_eq!(view["state"], "failed", "{view}");
+    assert_eq!(
+        view["error"],
+        "git clone failed: warning: Could not find remote branch mian to clone. fatal: Remote branch mian not found",
+        "{view}"
+    );
+    let logs = server
+        .http
+        .get(server.api(&format!("/api/deployments/{id}/logs")))
+        .bearer_auth(&server.admin_token)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(logs.contains("from the owner"), "{logs}");
+    assert!(!logs.contains("INJECTED"), "nothing of the other node's reports was stored: {logs}");
+}

@@ -309,9 +309,9 @@ async fn bad_app_input_is_refused_and_creates_nothing() {
 }
 
 #[tokio::test]
-async fn a_deploy_with_no_node_fails_with_the_reason() {
+async fn a_deploy_with_no_node_waits_then_fails_with_the_reason() {
     let tmp = tempfile::tempdir().unwrap();
-    let server = ServerProcess::start(tmp.path()).await.unwrap();
+    let server = ServerProcess::start_with(tmp.path(), &["--placement-wait-seconds", "1"]).await.unwrap();
     let (status, _) = server
         .call(Method::POST, "/api/apps", Some(json!({"name": "lonely", "repo_url": "https://git.example.com/a.git", "port": 80})))
         .await
@@ -319,6 +319,241 @@ async fn a_deploy_with_no_node_fails_with_the_reason() {
     assert_eq!(status, 201);
     let (status, body) = server.call(Method::POST, "/api/apps/lonely/deploy", None).await.unwrap();
     assert_eq!(status, 201);
-    assert_eq!(body["state"], "failed", "{body}");
-    assert!(body["error"].as_str().unwrap().contains("no node has joined"), "{body}");
+    assert_eq!(body["state"], "queued", "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    let failed = wait_for(Duration::from_secs(10), "the deployment to fail", || async {
+        let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        (d["state"] == "failed").then_some(d)
+    })
+    .await
+    .unwrap();
+    assert!(failed["error"].as_str().unwrap().contains("no node has joined"), "{failed}");
+}
+
+/// Waits for the deployment to settle, at most `limit`.
+async fn settle_within(cluster: &Cluster, id: &str, limit: Duration) -> Value {
+    let result = wait_for(limit, "the deployment to settle", || async {
+        let (_, body) = cluster.server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        matches!(body["state"].as_str(), Some("running" | "failed")).then_some(body)
+    })
+    .await;
+    match result {
+        Ok(body) => body,
+        Err(err) => {
+            let (_, body) = cluster.server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.unwrap();
+            panic!("{err}: {body}\nagent log:\n{}\nserver log:\n{}", cluster.agent.log_text(), cluster.server.process.log_text())
+        }
+    }
+}
+
+/// Rows a table of the control plane's database holds for a deployment,
+/// read with the sqlite3 CLI.
+fn rows_for(server: &ServerProcess, table: &str, deployment: &str) -> usize {
+    let db = server.dir.join("server").join("state.db");
+    let output = std::process::Command::new("sqlite3")
+        .arg(&db)
+        .arg(format!("SELECT COUNT(*) FROM {table} WHERE deployment_id = '{deployment}'"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).trim().parse().unwrap()
+}
+
+/// Issue 10 item 1 and issue 9 item 7. A mistyped branch makes git print
+/// several lines; that failure must reach the control plane (not be refused
+/// for its line breaks and retried forever), and the node must take the
+/// next deploy. Deploys record the full commit they built.
+#[tokio::test]
+async fn a_multi_line_failure_does_not_jam_the_node_and_the_built_commit_is_recorded() {
+    let cluster = cluster().await;
+    let server = &cluster.server;
+    let typo = unique_name("typo");
+    let good = unique_name("good");
+    let head = cluster.git.commit("jam", &[("Dockerfile", DOCKERFILE), ("index.html", "ok\n")], "ok").unwrap();
+    create_app(server, json!({"name": typo, "repo_url": cluster.git.url("jam"), "branch": "mian", "port": 8080})).await;
+    create_app(server, json!({"name": good, "repo_url": cluster.git.url("jam"), "port": 8080, "health_timeout_seconds": 10})).await;
+
+    let (status, body) = server.call(Method::POST, &format!("/api/apps/{typo}/deploy"), None).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let failed = settle_within(&cluster, body["id"].as_str().unwrap(), Duration::from_secs(30)).await;
+    assert_eq!(failed["state"], "failed", "{failed}");
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.contains("mian") && !error.contains('\n'), "a readable one-line reason: {error}");
+
+    // The branch head: the deployment shows the full commit that was built.
+    let (_, body) = server.call(Method::POST, &format!("/api/apps/{good}/deploy"), None).await.unwrap();
+    let running = settle_within(&cluster, body["id"].as_str().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(running["state"], "running", "the node took the next deploy: {running}");
+    assert_eq!(running["commit"], json!(head), "{running}");
+
+    // An abbreviated commit is stored in full.
+    let dep = deploy(server, &good, &head[..7]).await;
+    let running = settle_within(&cluster, &dep, Duration::from_secs(60)).await;
+    assert_eq!(running["state"], "running", "{running}");
+    assert_eq!(running["commit"], json!(head), "{running}");
+    for app in [&typo, &good] {
+        server.call(Method::DELETE, &format!("/api/apps/{app}"), None).await.unwrap();
+    }
+}
+
+/// Issue 9 item 9 and issue 10 item 9. An app that prints its secret and
+/// exits 3 fails quickly with its exit code and last line; the stored lines
+/// and the reason hold no secret, and deleting the app deletes its lines.
+#[tokio::test]
+async fn a_crashing_app_fails_fast_with_its_exit_code_and_leaves_no_secret() {
+    let cluster = cluster().await;
+    let server = &cluster.server;
+    let name = unique_name("crash");
+    let dockerfile = "FROM cloudweb-test/busybox:latest\nCMD [\"sh\", \"-c\", \"echo \\\"connecting with $API_SECRET\\\"; exit 3\"]\n";
+    cluster.git.commit("crash", &[("Dockerfile", dockerfile)], "crash").unwrap();
+    // The default health timeout (60 s): the exit must not wait for it.
+    create_app(server, json!({"name": name, "repo_url": cluster.git.url("crash"), "port": 8080})).await;
+    let secret = "s3cr3t-Value-9f2c";
+    let (status, _) = server.call(Method::PUT, &format!("/api/apps/{name}/env"), Some(json!({"API_SECRET": secret, "DEBUG": "1"}))).await.unwrap();
+    assert_eq!(status, 200);
+    let (_, body) = server.call(Method::POST, &format!("/api/apps/{name}/deploy"), None).await.unwrap();
+    let id = body["id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(60), "the image to be built", || async {
+        let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        (d["state"] != "queued" && d["state"] != "building").then_some(())
+    })
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let failed = settle_within(&cluster, &id, Duration::from_secs(30)).await;
+    let elapsed = started.elapsed();
+    assert_eq!(failed["state"], "failed", "{failed}");
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.contains("exit code 3"), "{error}");
+    assert!(error.contains("connecting with [redacted API_SECRET]"), "the last line, redacted: {error}");
+    assert!(!error.contains(secret), "{error}");
+    assert!(elapsed < Duration::from_secs(15), "failed {elapsed:?} after the build, not after the health timeout");
+    eprintln!("crash: failed {:.1} s after the build ended", elapsed.as_secs_f64());
+    let lines = log_lines(server, &id).await;
+    assert!(lines.iter().any(|(_, l)| l.contains("connecting with [redacted API_SECRET]")), "{lines:?}");
+    assert!(!format!("{lines:?}").contains(secret), "{lines:?}");
+    assert!(rows_for(server, "deployment_logs", &id) > 0);
+
+    let (status, _) = server.call(Method::DELETE, &format!("/api/apps/{name}"), None).await.unwrap();
+    assert_eq!(status, 204);
+    // Late reports (the stop's) are refused for a deleted deployment.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(rows_for(server, "deployment_logs", &id), 0, "log lines go with the app");
+    assert_eq!(rows_for(server, "deployment_reports", &id), 0, "reports go with the app");
+}
+
+/// Issue 9 item 10. Stopping a replaced busybox httpd (PID 1 ignores
+/// SIGTERM, so the stop waits out its 10 s grace) holds up nothing: a
+/// rollback issued meanwhile runs while the old container is still being
+/// stopped.
+#[tokio::test]
+async fn a_slow_stop_does_not_hold_up_a_rollback() {
+    let cluster = cluster().await;
+    let server = &cluster.server;
+    let web = unique_name("slow");
+    let commit_a = cluster.git.commit("slow", &[("Dockerfile", DOCKERFILE), ("index.html", "A\n")], "A").unwrap();
+    create_app(server, json!({"name": web, "repo_url": cluster.git.url("slow"), "port": 8080, "health_timeout_seconds": 10})).await;
+    let dep_a = deploy(server, &web, &commit_a).await;
+    assert_eq!(settle(&cluster, &dep_a).await["state"], "running");
+    let commit_b = cluster.git.commit("slow", &[("index.html", "B\n")], "B").unwrap();
+    let dep_b = deploy(server, &web, &commit_b).await;
+    assert_eq!(settle(&cluster, &dep_b).await["state"], "running");
+    // B superseded A; after the 1 s drain A's stop is queued (the control
+    // plane marks the instance stopped), and it takes the agent ~10 s.
+    wait_for(Duration::from_secs(20), "A's stop to be queued", || async {
+        let (_, a) = server.call(Method::GET, &format!("/api/deployments/{dep_a}"), None).await.ok()?;
+        (a["instances"][0]["state"] == "stopped").then_some(())
+    })
+    .await
+    .unwrap();
+    // The stream delivers the stop at once; give the agent a moment to start it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!containers_of(&dep_a).is_empty(), "A's container is still being stopped");
+    let started = std::time::Instant::now();
+    let (status, rollback) = server.call(Method::POST, &format!("/api/apps/{web}/rollback"), Some(json!({"deployment_id": dep_a}))).await.unwrap();
+    assert_eq!(status, 201, "{rollback}");
+    let r = settle(&cluster, rollback["id"].as_str().unwrap()).await;
+    let elapsed = started.elapsed();
+    assert_eq!(r["state"], "running", "{r}");
+    assert!(!containers_of(&dep_a).is_empty(), "the rollback ran while A's container was still being stopped ({elapsed:?})");
+    assert!(elapsed < Duration::from_secs(6), "the rollback took {elapsed:?}, close to the stop's 10 s");
+    eprintln!("slow stop: the rollback ran after {:.1} s", elapsed.as_secs_f64());
+    server.call(Method::DELETE, &format!("/api/apps/{web}"), None).await.unwrap();
+    // Commands run concurrently, and each is still acked exactly once.
+    let path = format!("/api/nodes/{}/commands", cluster.agent.node_id);
+    let commands = wait_for(Duration::from_secs(30), "every command to be acked", || async {
+        let (_, body) = server.call(Method::GET, &path, None).await.ok()?;
+        let commands = body["commands"].as_array()?.clone();
+        commands.iter().all(|c| !c["acked_at"].is_null()).then_some(commands)
+    })
+    .await
+    .unwrap();
+    assert!(commands.len() >= 5, "{commands:?}");
+    assert!(commands.iter().all(|c| c["ack_count"] == 1), "{commands:?}");
+}
+
+fn containers_running(marker: &str) -> bool {
+    let output = std::process::Command::new("docker").args(["ps", "--no-trunc", "--format", "{{.Command}}"]).output().unwrap();
+    String::from_utf8_lossy(&output.stdout).contains(marker)
+}
+
+/// Issue 10 item 2. A build that never ends stops at the app's build
+/// timeout; another is cancelled through the API, ends failed within
+/// seconds, and its build container is gone.
+#[tokio::test]
+async fn a_hung_build_times_out_and_a_build_can_be_cancelled() {
+    let cluster = cluster().await;
+    let server = &cluster.server;
+    let slow = unique_name("hung");
+    // A marker unique to this run, to find the build's container.
+    let seconds = 100_000 + std::process::id() % 50_000;
+    let dockerfile = format!("FROM cloudweb-test/busybox:latest\nRUN sleep {seconds}\n");
+    cluster.git.commit("hung", &[("Dockerfile", dockerfile.as_str())], "hung").unwrap();
+    let (status, answer) = server
+        .call(Method::POST, "/api/apps", Some(json!({"name": slow, "repo_url": cluster.git.url("hung"), "port": 8080, "build_timeout_seconds": 7201})))
+        .await
+        .unwrap();
+    assert_eq!(status, 400, "the timeout is capped: {answer}");
+    create_app(server, json!({"name": slow, "repo_url": cluster.git.url("hung"), "port": 8080, "build_timeout_seconds": 4})).await;
+    let (_, body) = server.call(Method::POST, &format!("/api/apps/{slow}/deploy"), None).await.unwrap();
+    let timed_out = settle_within(&cluster, body["id"].as_str().unwrap(), Duration::from_secs(40)).await;
+    assert_eq!(timed_out["state"], "failed", "{timed_out}");
+    assert!(timed_out["error"].as_str().unwrap().contains("build timeout"), "{timed_out}");
+    let marker = format!("sleep {seconds}");
+    wait_for(Duration::from_secs(15), "the timed-out build's container to go", || async { (!containers_running(&marker)).then_some(()) })
+        .await
+        .unwrap();
+
+    // The same app with the default timeout, cancelled while it builds.
+    let patient = unique_name("cancel");
+    create_app(server, json!({"name": patient, "repo_url": cluster.git.url("hung"), "port": 8080})).await;
+    let (_, body) = server.call(Method::POST, &format!("/api/apps/{patient}/deploy"), None).await.unwrap();
+    let id = body["id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(30), "the build step to run", || async { containers_running(&marker).then_some(()) }).await.unwrap();
+    // The hung build holds up no other app's deploy on the node.
+    let other = unique_name("beside");
+    cluster.git.commit("beside", &[("Dockerfile", DOCKERFILE), ("index.html", "beside\n")], "beside").unwrap();
+    create_app(server, json!({"name": other, "repo_url": cluster.git.url("beside"), "port": 8080, "health_timeout_seconds": 10})).await;
+    let (_, body) = server.call(Method::POST, &format!("/api/apps/{other}/deploy"), None).await.unwrap();
+    let beside = settle_within(&cluster, body["id"].as_str().unwrap(), Duration::from_secs(60)).await;
+    assert_eq!(beside["state"], "running", "{beside}");
+    let (_, still) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.unwrap();
+    assert_eq!(still["state"], "building", "{still}");
+    let started = std::time::Instant::now();
+    let (status, cancelled) = server.call(Method::POST, &format!("/api/deployments/{id}/cancel"), None).await.unwrap();
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(cancelled["state"], "failed", "{cancelled}");
+    assert!(cancelled["error"].as_str().unwrap().contains("cancelled"), "{cancelled}");
+    wait_for(Duration::from_secs(10), "the cancelled build's container to go", || async { (!containers_running(&marker)).then_some(()) })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", cluster.agent.log_text()));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    eprintln!("cancel: the build container was gone {:.1} s after the cancel", started.elapsed().as_secs_f64());
+    let (status, again) = server.call(Method::POST, &format!("/api/deployments/{id}/cancel"), None).await.unwrap();
+    assert_eq!(status, 409, "a finished deployment is not cancelled again: {again}");
+    let (status, _) = server.call(Method::POST, "/api/deployments/dep_nope/cancel", None).await.unwrap();
+    assert_eq!(status, 404);
+    for app in [&slow, &patient, &other] {
+        server.call(Method::DELETE, &format!("/api/apps/{app}"), None).await.unwrap();
+    }
 }

@@ -21,7 +21,7 @@ struct Cluster {
 }
 
 async fn cluster(nodes: usize) -> Cluster {
-    let Platform { tmp, git, server } = start_platform(&["--unreachable-after-seconds", "5"]).await.unwrap();
+    let Platform { tmp, git, server } = start_platform(&["--unreachable-after-seconds", "5", "--placement-wait-seconds", "2"]).await.unwrap();
     let mut agents = Vec::new();
     for i in 0..nodes {
         let (token, ca) = server.join_token().await.unwrap();
@@ -201,11 +201,26 @@ async fn leave_with_force_fails_the_nodes_deployments() {
     let deployment = cluster.deploy_app(&app).await;
     let id = deployment["id"].as_str().unwrap().to_string();
     let dir = cluster.agents[0].dir.display().to_string();
+    let node = cluster.agents[0].node_id.clone();
+    assert_eq!(running(&id, &node), 1);
     let forced = run_agent_command(&["--data-dir".into(), dir, "leave".into(), "--force".into()]).unwrap();
     assert!(forced.success, "{}", forced.output);
     assert!(forced.output.contains(&format!("deployment {id} marked failed")), "{}", forced.output);
+    // What the CLI says is what the API shows: the deployment is failed, not
+    // running with nothing behind it.
     let (_, d) = cluster.server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.unwrap();
     assert_eq!(d["instances"][0]["state"], "failed");
+    assert_eq!(d["state"], "failed", "{d}");
+    // Its image is started again as a new deployment (which waits for a
+    // node: there is none left here).
+    assert!(forced.output.contains("runs its image again on another node"), "{}", forced.output);
+    let (_, all) = cluster.server.call(Method::GET, &format!("/api/apps/{app}/deployments"), None).await.unwrap();
+    let again = &all["deployments"][0];
+    assert_eq!(again["kind"], "reschedule", "{all}");
+    assert_eq!(again["rollback_of"], id.as_str(), "{all}");
+    // The node's app container is gone with it (only this node's).
+    assert!(forced.output.contains("removed container"), "{}", forced.output);
+    assert_eq!(running(&id, &node), 0, "the node's container was removed");
     let (_, nodes) = cluster.server.call(Method::GET, "/api/nodes", None).await.unwrap();
     assert_eq!(nodes["nodes"], json!([]));
 }
@@ -233,7 +248,10 @@ async fn a_node_that_cannot_reach_the_registry_is_degraded_until_it_can() {
     cluster.git.commit(&app, &[("Dockerfile", DOCKERFILE), ("index.html", "x\n")], "first").unwrap();
     server.call(Method::POST, "/api/apps", Some(json!({"name": app, "repo_url": cluster.git.url(&app), "port": 8080}))).await.unwrap();
     let (_, body) = server.call(Method::POST, &format!("/api/apps/{app}/deploy"), None).await.unwrap();
-    assert_eq!(body["state"], "failed", "{body}");
+    // It waits (queued) for the placement wait, then fails with the reasons.
+    assert_eq!(body["state"], "queued", "{body}");
+    let blocked = body["id"].as_str().unwrap().to_string();
+    let body = cluster.deployment_where(&blocked, "failed", |d| d["state"] == "failed").await;
     let error = body["error"].as_str().unwrap();
     assert!(error.contains("node-0") && error.contains("degraded"), "{error}");
 

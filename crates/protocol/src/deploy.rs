@@ -179,6 +179,11 @@ pub struct DeployPayload {
     pub limits: Limits,
     #[serde(default)]
     pub health: HealthCheck,
+    /// How long cloning and building may take before the agent stops the
+    /// build and fails the deployment; [`DEFAULT_BUILD_TIMEOUT_SECONDS`]
+    /// when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_timeout_seconds: Option<u32>,
 }
 
 /// Most variables an app may have, and the largest value.
@@ -254,6 +259,27 @@ pub fn branch(name: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// A full commit id as git prints it: 40 (SHA-1) or 64 (SHA-256)
+/// lowercase hex digits.
+pub fn full_commit(id: &str) -> Result<(), ValidationError> {
+    if !(id.len() == 40 || id.len() == 64) || !id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return Err(ValidationError::new("commit", "must be a full commit id (40 or 64 lowercase hexadecimal digits)"));
+    }
+    Ok(())
+}
+
+/// Build time limit when the app sets none, and the largest an app may set.
+pub const DEFAULT_BUILD_TIMEOUT_SECONDS: u32 = 30 * 60;
+pub const MAX_BUILD_TIMEOUT_SECONDS: u32 = 2 * 60 * 60;
+
+/// A build time limit: 1 s to [`MAX_BUILD_TIMEOUT_SECONDS`].
+pub fn build_timeout(seconds: u32) -> Result<(), ValidationError> {
+    if seconds == 0 || seconds > MAX_BUILD_TIMEOUT_SECONDS {
+        return Err(ValidationError::new("build_timeout_seconds", format!("must be 1 to {MAX_BUILD_TIMEOUT_SECONDS}")));
+    }
+    Ok(())
+}
+
 /// A full or abbreviated commit id: 7 to 64 hex digits.
 pub fn commit(id: &str) -> Result<(), ValidationError> {
     if !(7..=64).contains(&id.len()) || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -313,6 +339,9 @@ impl DeployPayload {
         validate::bounded_text("health.path", &self.health.path, 256)?;
         if self.health.timeout_seconds == 0 || self.health.timeout_seconds > 3600 {
             return Err(ValidationError::new("health.timeout_seconds", "must be 1 to 3600"));
+        }
+        if let Some(seconds) = self.build_timeout_seconds {
+            build_timeout(seconds)?;
         }
         if let Some(cpu) = self.limits.cpu {
             if !cpu.is_finite() || cpu <= 0.0 || cpu > 1024.0 {

@@ -16,6 +16,11 @@ pub struct LeaveResponse {
     pub node_id: String,
     /// Deployments marked failed because the node left with `force=1`.
     pub failed_deployments: Vec<String>,
+    /// Deployments whose image starts again on other nodes: a new
+    /// deployment for a failed one that ran only here, or one that still
+    /// runs elsewhere and replaces its instance. Absent from older servers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rescheduled: Vec<String>,
 }
 
 /// Body of a 409 from `POST /agent/v1/leave` without `force=1`.
@@ -27,6 +32,55 @@ pub struct LeaveConflict {
 
 /// Most log lines in one report.
 pub const MAX_REPORT_LINES: usize = 1000;
+
+/// Longest report message, in bytes.
+pub const MAX_REPORT_MESSAGE: usize = 4096;
+
+/// Longest log line, in bytes.
+pub const MAX_LOG_LINE: usize = 16 * 1024;
+
+/// Turns any text into a valid one-line report message: each run of
+/// control characters (line breaks, tabs, escapes) becomes one space, the
+/// ends are trimmed, and the result is cut to `max` bytes on a character
+/// boundary with a trailing "…". Failure messages often quote a program's
+/// stderr (git prints several lines), and a message that cannot be stored
+/// would leave a deployment without its final state.
+pub fn one_line(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max));
+    let mut pending_space = false;
+    for c in text.chars() {
+        if c.is_control() || c.is_whitespace() {
+            pending_space = !out.is_empty();
+            continue;
+        }
+        if pending_space {
+            out.push(' ');
+            pending_space = false;
+        }
+        out.push(c);
+    }
+    if out.len() > max {
+        let ellipsis = "…";
+        let mut cut = max.saturating_sub(ellipsis.len());
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        out.push_str(ellipsis);
+    }
+    out
+}
+
+/// Cuts a log line to [`MAX_LOG_LINE`] bytes on a character boundary.
+pub fn cap_log_line(line: &mut String) {
+    if line.len() > MAX_LOG_LINE {
+        let mut cut = MAX_LOG_LINE;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+    }
+}
 
 /// `POST /agent/v1/report`: a deployment's progress and log lines.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +99,9 @@ pub struct Report {
     /// `host:port` where the instance answers, once it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// The full commit id the agent checked out (40 or 64 hex digits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
     #[serde(default)]
     pub logs: Vec<LogLine>,
 }
@@ -59,13 +116,40 @@ pub struct LogLine {
 }
 
 impl Report {
+    /// A report about `deployment_id` with nothing in it yet.
+    pub fn new(deployment_id: impl Into<String>) -> Report {
+        Report {
+            deployment_id: deployment_id.into(),
+            state: None,
+            message: None,
+            image: None,
+            instance: None,
+            address: None,
+            commit: None,
+            logs: Vec::new(),
+        }
+    }
+
+    /// Makes the free-text parts valid: the message one line of at most
+    /// [`MAX_REPORT_MESSAGE`] bytes, each log line at most [`MAX_LOG_LINE`]
+    /// bytes. Both sides run it, so a state change is never refused for
+    /// the wording of its message.
+    pub fn sanitize(&mut self) {
+        if let Some(message) = &mut self.message {
+            *message = one_line(message, MAX_REPORT_MESSAGE);
+        }
+        for line in &mut self.logs {
+            cap_log_line(&mut line.line);
+        }
+    }
+
     pub fn validate(&self) -> Result<(), ValidationError> {
         validate::token("deployment_id", &self.deployment_id, 64)?;
         if let Some(state) = &self.state {
             validate::token("state", state, 32)?;
         }
         if let Some(message) = &self.message {
-            validate::bounded_text("message", message, 4096)?;
+            validate::bounded_text("message", message, MAX_REPORT_MESSAGE)?;
         }
         if let Some(image) = &self.image {
             validate::bounded_text("image", image, 512)?;
@@ -78,13 +162,16 @@ impl Report {
         if let Some(address) = &self.address {
             validate::endpoint("address", address)?;
         }
+        if let Some(commit) = &self.commit {
+            crate::deploy::full_commit(commit)?;
+        }
         if self.logs.len() > MAX_REPORT_LINES {
             return Err(ValidationError::new("logs", "more than 1000 lines"));
         }
         for line in &self.logs {
             validate::bounded_text("logs.ts", &line.ts, 64)?;
             validate::token("logs.stream", &line.stream, 16)?;
-            if line.line.len() > 16 * 1024 {
+            if line.line.len() > MAX_LOG_LINE {
                 return Err(ValidationError::new("logs.line", "longer than 16 KiB"));
             }
         }
@@ -121,4 +208,44 @@ pub struct RegistryConfig {
     pub username: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multi_line_messages_become_one_valid_line() {
+        let git = "git clone failed: warning: Could not find remote branch mian to clone.\nfatal: Remote branch mian not found in upstream origin\n";
+        let mut report = Report::new("dep_1");
+        report.state = Some("failed".into());
+        report.message = Some(git.into());
+        assert!(report.validate().is_err(), "a raw multi-line message is invalid");
+        report.sanitize();
+        report.validate().unwrap();
+        assert_eq!(
+            report.message.as_deref(),
+            Some("git clone failed: warning: Could not find remote branch mian to clone. fatal: Remote branch mian not found in upstream origin")
+        );
+        assert_eq!(one_line("a\r\n\t\u{1b}[31mb", 100), "a [31mb");
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_character_boundary() {
+        let long = "é".repeat(5000);
+        let cut = one_line(&long, MAX_REPORT_MESSAGE);
+        assert!(cut.len() <= MAX_REPORT_MESSAGE && cut.ends_with('…'));
+        let mut line = "ü".repeat(MAX_LOG_LINE);
+        cap_log_line(&mut line);
+        assert!(line.len() <= MAX_LOG_LINE);
+    }
+
+    #[test]
+    fn commits_are_full_ids() {
+        let mut report = Report::new("dep_1");
+        report.commit = Some("9fceb02".into());
+        assert!(report.validate().is_err(), "an abbreviation is not what was built");
+        report.commit = Some("9fceb02d0ae598e95dc970b74767f19372d61af8".into());
+        report.validate().unwrap();
+    }
 }

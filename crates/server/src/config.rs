@@ -32,6 +32,9 @@ pub struct Config {
     pub registry: Option<crate::registry::RegistrySettings>,
     /// Bounds on the agent listener's connections.
     pub agent_connections: crate::agent_api::listener::ConnectionLimits,
+    /// How long a deployment that finds no node for an instance stays
+    /// queued (retried every second) before it fails with the reasons.
+    pub placement_wait: Duration,
 }
 
 impl Config {
@@ -52,6 +55,7 @@ impl Config {
             registry: None,
             base_domain: "localhost".to_string(),
             agent_connections: Default::default(),
+            placement_wait: Duration::from_secs(60),
         }
     }
 }

@@ -23,6 +23,12 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     TooLarge(String),
+    #[error("{0}")]
+    Unprocessable(String),
+    /// The control plane cannot take writes now (its disk is full): retry
+    /// later; nothing about the request was wrong.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("internal error")]
     Internal(String),
 }
@@ -36,6 +42,8 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -58,6 +66,10 @@ impl From<ValidationError> for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
+        if err.is_disk_full() {
+            tracing::error!(error = %err, "a write failed: the control plane's disk is full");
+            return ApiError::Unavailable("the control plane's disk is full; nothing was changed, try again once space is freed".to_string());
+        }
         ApiError::Internal(err.to_string())
     }
 }
@@ -91,4 +103,24 @@ pub fn body_bytes(body: Result<axum::body::Bytes, axum::extract::rejection::Byte
             ApiError::BadRequest(format!("cannot read the request body: {}", rejection.body_text()))
         }
     })
+}
+
+/// The largest request body either listener reads.
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Answers 413 for a body whose declared length is over [`MAX_BODY_BYTES`]
+/// before anything reads it. Reading it first would make hyper send
+/// `100 Continue` to a client that asked for it, and then close the
+/// connection mid-upload, so such a client would see a broken pipe instead
+/// of the answer.
+pub async fn refuse_declared_oversize(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
+        return ApiError::TooLarge("request body is larger than 1 MiB".to_string()).into_response();
+    }
+    next.run(request).await
 }

@@ -90,6 +90,65 @@ pub enum StartError {
     AgentBinary { path: PathBuf, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
+    /// The database could not be opened; the text says why and what to do.
+    #[error("{0}")]
+    Database(String),
+}
+
+/// Opens the state database, refusing to start a new cluster over an old
+/// one: a data dir that holds the cluster CA but an empty or missing
+/// `state.db` lost its database (a full disk, a bad copy), and starting
+/// fresh would forget every app and replace the admin token. Open errors
+/// are explained in words an operator can act on.
+async fn open_store(data_dir: &std::path::Path, stamp: &str) -> Result<Store, StartError> {
+    let db = data_dir.join(store::DATABASE_FILE);
+    let backups = data_dir.join("backups");
+    let restore = format!(
+        "restore the newest copy from {} (state-<time>.db) as {}, or move the data dir away to start a new cluster",
+        backups.display(),
+        db.display()
+    );
+    let has_cluster = data_dir.join(ca::CA_KEY_FILE).exists();
+    let size = std::fs::metadata(&db).ok().map(|m| m.len());
+    if has_cluster && size.unwrap_or(0) == 0 {
+        let what = if size.is_some() { "is empty" } else { "is missing" };
+        return Err(StartError::Database(format!(
+            "{} {what}, but {} holds this cluster's CA and keys: refusing to start a new cluster over it; {restore}",
+            db.display(),
+            data_dir.display()
+        )));
+    }
+    match Store::open(data_dir, stamp).await {
+        Ok(store) => Ok(store),
+        Err(err) if err.is_disk_full() || disk_full(data_dir) => Err(StartError::Database(format!(
+            "the disk holding {} is full, so the database cannot be opened ({err}); free some space and start again",
+            data_dir.display()
+        ))),
+        Err(err) if err.is_corrupt() => Err(StartError::Database(format!(
+            "{} is damaged or is not a cloud-web database ({err}); {restore}",
+            db.display()
+        ))),
+        Err(err) => Err(StartError::Database(format!("cannot open {}: {err}", db.display()))),
+    }
+}
+
+/// A start-up write that failed on a full disk, said in those words.
+fn full_disk(err: StartError, data_dir: &std::path::Path) -> StartError {
+    match err {
+        StartError::Store(store) if store.is_disk_full() => StartError::Database(format!(
+            "the disk holding {} is full, so the control plane cannot write its state ({store}); free some space and start again",
+            data_dir.display()
+        )),
+        other => other,
+    }
+}
+
+/// Whether the file system of `dir` has (next to) no space left for an
+/// unprivileged writer.
+// The casts matter where `statvfs` counts in 32 bits.
+#[allow(clippy::unnecessary_cast)]
+fn disk_full(dir: &std::path::Path) -> bool {
+    nix::sys::statvfs::statvfs(dir).is_ok_and(|fs| (fs.blocks_available() as u64).saturating_mul(fs.fragment_size() as u64) < 64 * 1024)
 }
 
 /// A running control plane. Dropping it stops its tasks (tests rely on
@@ -107,6 +166,7 @@ impl RunningServer {
             task.abort();
         }
         flush_heartbeats(&self.state).await;
+        self.state.store.close().await;
     }
 }
 
@@ -125,9 +185,13 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         .now()
         .format(time::macros::format_description!("[year][month][day]T[hour][minute][second]Z"))
         .unwrap_or_else(|_| "unknown".to_string());
-    let store = Store::open(&config.data_dir, &stamp).await?;
+    let store = open_store(&config.data_dir, &stamp).await?;
     let ca = ClusterCa::load_or_create(&config.data_dir, clock.now())?;
-    let admin_tokens = ensure_admin_token(&config, &store, clock.as_ref()).await?;
+    let admin_tokens = ensure_admin_token(&config, &store, clock.as_ref()).await.map_err(|e| full_disk(e, &config.data_dir))?;
+    let lost_hosts = store.sync_default_hosts(&config.base_domain).await.map_err(|e| full_disk(e.into(), &config.data_dir))?;
+    for app in lost_hosts {
+        tracing::warn!(app = %app, base_domain = %config.base_domain, "the app's default host is another app's custom domain; it answers only on its own domains");
+    }
     let sealer = secrets::Sealer::load_or_create(&config.data_dir)?;
 
     let mut hosts = vec![config.public_url.host.clone()];
@@ -175,6 +239,9 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());
+    // The first table exists before any node can connect, so a new
+    // stream never sees a `routes` event for a table that did not change.
+    routes::recompute(&state).await.map_err(|e| StartError::Database(format!("cannot compute the route table: {e:?}")))?;
 
     let agent_listener = bind(state.config.agent_listen).await?;
     let api_listener = bind(state.config.api_listen).await?;
@@ -241,6 +308,10 @@ async fn heartbeat_writer(state: Arc<AppState>) {
             last_downsample = tokio::time::Instant::now();
             if let Err(err) = state.store.downsample_usage(state.clock.now_ms()).await {
                 tracing::error!(error = %err, "could not downsample the usage history");
+            }
+            match state.store.prune(state.clock.now_ms()).await {
+                Ok(pruned) => tracing::debug!(?pruned, "pruned old rows"),
+                Err(err) => tracing::error!(error = %err, "could not prune old rows"),
             }
         }
     }

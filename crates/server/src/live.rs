@@ -112,11 +112,15 @@ impl LiveNode {
         }
     }
 
-    /// Whether the scheduler may place new instances here: ready and not
-    /// degraded. Unknown health (an older agent, or stale health) does not
-    /// count against a node.
+    /// Whether the scheduler may place new instances here: ready, not
+    /// degraded, and with a capacity from a heartbeat (a node that just
+    /// joined has not sent one yet, so nothing could be checked against
+    /// it). Unknown health (an older agent, or stale health) does not count
+    /// against a node.
     pub fn eligible(&self, now: Instant, unreachable_after: Duration) -> bool {
-        self.state(now, unreachable_after) == NodeState::Ready && !matches!(self.health_state(now), HealthState::Degraded(_))
+        self.state(now, unreachable_after) == NodeState::Ready
+            && !matches!(self.health_state(now), HealthState::Degraded(_))
+            && self.capacity.is_some()
     }
 
     /// Features are only believed while the health that carried them is.
@@ -294,7 +298,16 @@ impl NodeRegistry {
                     apps,
                 });
             }
-            node.metrics = Some(Stamped { value: metrics, received: now, at_ms: now_ms });
+            // The agent sends the usage sample and the traffic counts on
+            // their own timers, each as a partial `metrics` block: merge a
+            // part into the latest sample instead of replacing the whole,
+            // so the gauges of one part never vanish while the other
+            // arrives.
+            let merged = match node.metrics.take() {
+                Some(previous) => merge_metrics(previous.value, metrics),
+                None => metrics,
+            };
+            node.metrics = Some(Stamped { value: merged, received: now, at_ms: now_ms });
         }
         if heartbeat.ingress.is_some() {
             node.ingress_status = heartbeat.ingress;
@@ -354,6 +367,22 @@ impl NodeRegistry {
                 metrics_at: metrics.as_ref().map(|m| m.at_ms),
             })
             .collect()
+    }
+}
+
+/// The latest sample with the parts `update` carries replaced: the node
+/// usage, the container list (with its `omitted` count) and the traffic
+/// (with `traffic_omitted`) each move as a whole, and a part `update`
+/// leaves out keeps its previous value.
+pub fn merge_metrics(previous: Metrics, update: Metrics) -> Metrics {
+    let containers_sent = update.containers.is_some();
+    let traffic_sent = update.traffic.is_some();
+    Metrics {
+        node: update.node.or(previous.node),
+        omitted: if containers_sent { update.omitted } else { update.omitted.or(previous.omitted) },
+        containers: update.containers.or(previous.containers),
+        traffic_omitted: if traffic_sent { update.traffic_omitted } else { update.traffic_omitted.or(previous.traffic_omitted) },
+        traffic: update.traffic.or(previous.traffic),
     }
 }
 

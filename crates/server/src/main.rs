@@ -85,6 +85,10 @@ struct ServeArgs {
     /// The same, per source address.
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_unauthenticated_per_address: u64,
+    /// Seconds a deployment waits, queued, for a node that can take it
+    /// before it fails with the scheduler's reasons (0: fail at once).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    placement_wait_seconds: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -149,6 +153,7 @@ fn real_main() -> anyhow::Result<()> {
             max_unauthenticated_per_address: args.max_unauthenticated_per_address as usize,
             ..ConnectionLimits::default()
         },
+        placement_wait: Duration::from_secs(args.placement_wait_seconds),
         registry: match args.registry_bin {
             Some(binary) => {
                 let advertise = args.registry_advertise.unwrap_or_else(|| args.registry_listen.to_string());

@@ -25,6 +25,27 @@ pub struct AppContainer {
     pub memory_bytes: Option<i64>,
 }
 
+/// A container's state as the health wait needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerState {
+    /// Running now (and not between restarts).
+    pub running: bool,
+    /// The last exit code (0 while it never exited).
+    pub exit_code: Option<i64>,
+    /// How often Docker restarted it (its restart policy).
+    pub restart_count: i64,
+    /// Whether it ever exited.
+    pub finished: bool,
+}
+
+impl ContainerState {
+    /// The exit code when the container has exited at least once: it is
+    /// stopped now, or its restart policy brought it back.
+    pub fn crashed(&self) -> Option<i64> {
+        (self.finished && (!self.running || self.restart_count > 0)).then(|| self.exit_code.unwrap_or(0))
+    }
+}
+
 /// A build step: run to completion in `image` with `dir` mounted at /src.
 #[derive(Debug, Clone)]
 pub struct OneShot {
@@ -55,7 +76,10 @@ impl DockerRuntime {
                     port_key,
                     Some(vec![PortBinding { host_ip: Some(spec.publish_ip.clone()), host_port: Some(String::new()) }]),
                 )])),
-                restart_policy: Some(RestartPolicy { name: Some(RestartPolicyNameEnum::UNLESS_STOPPED), maximum_retry_count: None }),
+                // No restarts until it passed its health check (see
+                // `keep_running`): an app that exits at start stays exited,
+                // with its exit code, instead of looping.
+                restart_policy: Some(RestartPolicy { name: Some(RestartPolicyNameEnum::NO), maximum_retry_count: None }),
                 nano_cpus: spec.nano_cpus,
                 memory: spec.memory_bytes,
                 ..Default::default()
@@ -68,6 +92,17 @@ impl DockerRuntime {
         let created = docker.create_container(Some(CreateContainerOptionsBuilder::new().name(&spec.name).build()), body).await?;
         docker.start_container(&created.id, None::<bollard::query_parameters::StartContainerOptions>).await?;
         Ok(created.id)
+    }
+
+    /// Gives a healthy instance its restart policy, `unless-stopped`: from
+    /// now on Docker restarts it when it exits or the host reboots.
+    pub async fn keep_running(&self, id: &str) -> Result<(), RuntimeError> {
+        let update = bollard::models::ContainerUpdateBody {
+            restart_policy: Some(RestartPolicy { name: Some(RestartPolicyNameEnum::UNLESS_STOPPED), maximum_retry_count: None }),
+            ..Default::default()
+        };
+        self.docker()?.update_container(id, update).await?;
+        Ok(())
     }
 
     /// The host port Docker chose for the container's `port`.
@@ -83,8 +118,21 @@ impl DockerRuntime {
 
     /// Whether the container is still running (false once it exited).
     pub async fn is_running(&self, id: &str) -> Result<bool, RuntimeError> {
+        Ok(self.container_state(id).await?.running)
+    }
+
+    /// What became of a container: running, or exited (with its code), and
+    /// how often Docker restarted it.
+    pub async fn container_state(&self, id: &str) -> Result<ContainerState, RuntimeError> {
         let inspect = self.docker()?.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>).await?;
-        Ok(inspect.state.and_then(|s| s.running).unwrap_or(false))
+        let state = inspect.state.unwrap_or_default();
+        Ok(ContainerState {
+            // Docker reports a container between restarts as running too.
+            running: state.running.unwrap_or(false) && !state.restarting.unwrap_or(false),
+            exit_code: state.exit_code,
+            restart_count: inspect.restart_count.unwrap_or(0),
+            finished: state.finished_at.is_some_and(|at| !at.starts_with("0001-")),
+        })
     }
 
     /// The last `tail` lines of a container's output, as (stream, line).
@@ -119,6 +167,9 @@ impl DockerRuntime {
             ..Default::default()
         };
         let created = docker.create_container(None::<bollard::query_parameters::CreateContainerOptions>, body).await?;
+        // Removed however this ends, also when the caller gives up on the
+        // step (build timeout, cancellation) and drops this future.
+        let _guard = RemoveOnDrop { runtime: self.clone(), id: Some(created.id.clone()) };
         let result = async {
             docker.start_container(&created.id, None::<bollard::query_parameters::StartContainerOptions>).await?;
             let mut wait = docker.wait_container(&created.id, Some(WaitContainerOptionsBuilder::new().build()));
@@ -135,8 +186,26 @@ impl DockerRuntime {
             Ok((code, output))
         }
         .await;
-        let _ = self.remove(&created.id).await;
         result
+    }
+}
+
+/// Removes a container in the background when dropped.
+struct RemoveOnDrop {
+    runtime: DockerRuntime,
+    id: Option<String>,
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let (Some(id), Ok(handle)) = (self.id.take(), tokio::runtime::Handle::try_current()) {
+            let runtime = self.runtime.clone();
+            handle.spawn(async move {
+                if let Err(err) = runtime.remove(&id).await {
+                    tracing::warn!(container = %id, error = %err, "could not remove a build step container");
+                }
+            });
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder};
 use bollard::Docker;
 
-pub use containers::{AppContainer, CaddyContainer, OneShot};
+pub use containers::{AppContainer, CaddyContainer, ContainerState, OneShot};
 pub use images::RegistryAuth;
 
 pub const LABEL_NODE: &str = "cloudweb.node";

@@ -13,7 +13,7 @@ use rand::Rng;
 use super::AgentInfo;
 use crate::ca::{first_cert_der, sha256_hex};
 use crate::error::{body_bytes, parse_json, ApiError};
-use crate::store::{JoinRefusal, NewNode, TokenRejection};
+use crate::store::{JoinAnswer, JoinRefusal, NewNode, TokenRejection};
 use crate::AppState;
 
 pub async fn join(
@@ -30,10 +30,11 @@ pub async fn join(
     let now = state.clock.now();
     let now_ms = state.clock.now_ms();
     let token_digest = sha256_hex(request.token.as_bytes());
+    let csr_sha256 = sha256_hex(request.csr.trim().as_bytes());
     // Check the token before the (comparatively costly) signature, and sign
     // before spending it, so a bad CSR leaves the token usable.
     if let Err(rejection) = state.store.check_join_token(&token_digest, now_ms).await? {
-        return Err(token_error(rejection));
+        return retry_or(&state, &token_digest, &csr_sha256, now_ms, rejection).await;
     }
     let node_id = new_node_id();
     let certificate = state.ca.sign_node_csr(&request.csr, &node_id, now)?;
@@ -49,9 +50,10 @@ pub async fn join(
         agent_version: agent.version.clone(),
         protocol: i64::from(agent.protocol),
     };
-    let row = match state.store.register_node(&token_digest, &node, now_ms).await? {
+    let answer = JoinAnswer { csr_sha256: &csr_sha256, certificate: &certificate };
+    let row = match state.store.register_node(&token_digest, &node, &answer, now_ms).await? {
         Ok(row) => row,
-        Err(JoinRefusal::Token(rejection)) => return Err(token_error(rejection)),
+        Err(JoinRefusal::Token(rejection)) => return retry_or(&state, &token_digest, &csr_sha256, now_ms, rejection).await,
         Err(JoinRefusal::MeshFull) => {
             return Err(ApiError::Conflict("the mesh has no free address left; remove unused nodes first".to_string()))
         }
@@ -66,15 +68,40 @@ pub async fn join(
         state.hub.notify_all(events::PEERS);
     }
     tracing::info!(node_id = %row.id, name = %row.name, ingress = row.ingress, "node joined");
+    Ok(Json(answer_for(&state, row, certificate)))
+}
+
+fn answer_for(state: &AppState, row: crate::store::NodeRow, certificate: String) -> JoinResponse {
     let peers = state.nodes.mesh_peers(&row.id);
-    Ok(Json(JoinResponse {
+    JoinResponse {
         node_id: row.id,
         name: row.name,
         certificate,
         ca: state.ca.cert_pem().to_string(),
         peers,
         mesh_address: crate::mesh_address(row.mesh_index),
-    }))
+    }
+}
+
+/// A used token is still good for the request that used it: the same CSR
+/// within the token's life gets the same answer again (its first answer
+/// may have been lost with the connection, and the node that holds the
+/// key is the only one that can use the certificate). Anything else gets
+/// the token's refusal.
+async fn retry_or(
+    state: &AppState,
+    token_digest: &str,
+    csr_sha256: &str,
+    now_ms: i64,
+    rejection: TokenRejection,
+) -> Result<Json<JoinResponse>, ApiError> {
+    if rejection == TokenRejection::AlreadyUsed {
+        if let Some((row, certificate)) = state.store.join_retry(token_digest, csr_sha256, now_ms).await? {
+            tracing::info!(node_id = %row.id, name = %row.name, "join repeated with the same token and CSR; answered again");
+            return Ok(Json(answer_for(state, row, certificate)));
+        }
+    }
+    Err(token_error(rejection))
 }
 
 fn token_error(rejection: TokenRejection) -> ApiError {

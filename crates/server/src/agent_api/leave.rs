@@ -39,12 +39,14 @@ pub async fn leave(
         let error = format!("node {node_id} still runs {}; drain it first, or leave with force=1", apps.join(", "));
         return Ok((StatusCode::CONFLICT, Json(json!(LeaveConflict { error, apps }))));
     }
-    let failed_deployments = if apps.is_empty() {
-        Vec::new()
+    // The node goes first, so nothing is placed on it again while its
+    // instances are replaced.
+    crate::remove_node(&state, &node_id).await?;
+    let loss = if apps.is_empty() {
+        crate::deploy::NodeLoss::default()
     } else {
         crate::deploy::fail_node_instances(&state, &node_id, &format!("node {node_id} left the cluster")).await?
     };
-    crate::remove_node(&state, &node_id).await?;
-    tracing::info!(node_id = %node_id, force, "node left the cluster");
-    Ok((StatusCode::OK, Json(json!(LeaveResponse { node_id, failed_deployments }))))
+    tracing::info!(node_id = %node_id, force, failed = ?loss.failed, rescheduled = ?loss.rescheduled, "node left the cluster");
+    Ok((StatusCode::OK, Json(json!(LeaveResponse { node_id, failed_deployments: loss.failed, rescheduled: loss.rescheduled }))))
 }

@@ -29,7 +29,7 @@ use crate::error::ApiError;
 use crate::AppState;
 
 /// Largest request body the agent listener reads.
-pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+pub use crate::error::MAX_BODY_BYTES;
 
 /// The client certificate a connection presented, if any. Set per
 /// connection by the listener.
@@ -71,7 +71,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/downloads/cloudweb-agent", get(installer::agent_binary))
         .merge(authenticated)
         .fallback(|| async { ApiError::NotFound("no such agent endpoint".to_string()) })
+        // A dropped connection must not cancel a join or a report halfway.
+        .layer(middleware::from_fn(crate::api::run_to_completion))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(crate::error::refuse_declared_oversize))
         .layer(middleware::from_fn_with_state(state.clone(), check_version))
         .with_state(state)
 }

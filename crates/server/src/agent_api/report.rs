@@ -1,4 +1,11 @@
 //! `POST /agent/v1/report`: deployment progress and log lines.
+//!
+//! A report is checked before anything of it is stored: its deployment
+//! must exist (404) and the instance it names, or for a report without an
+//! instance any instance of it, must be placed on the sending node (403), so
+//! one node cannot write lines into another node's deployments. Free text is
+//! made valid rather than refused: a state change must never be lost over
+//! the wording of its message.
 
 use std::sync::Arc;
 
@@ -18,8 +25,11 @@ pub async fn report(
     Extension(AuthedNode(node_id)): Extension<AuthedNode>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
-    let report: Report = parse_json(&body_bytes(body)?)?;
+    let mut report: Report = parse_json(&body_bytes(body)?)?;
+    // Agents sanitise what they send; older ones may not.
+    report.sanitize();
     report.validate()?;
+    crate::deploy::check_report(&state, &node_id, &report).await?;
     state.store.save_report(&node_id, &report, state.clock.now_ms()).await?;
     crate::deploy::on_report(&state, &node_id, &report).await?;
     state.log_hub.notify(&report.deployment_id, "logs");

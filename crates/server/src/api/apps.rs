@@ -7,8 +7,11 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
+use sha2::Digest;
 use cloudweb_protocol::deploy::{self, BuildSettings, Spa, Strategy};
 use cloudweb_protocol::{validate, GitCredentials};
 use serde::Deserialize;
@@ -17,7 +20,7 @@ use serde_json::{json, Value};
 use crate::clock::rfc3339_ms;
 use crate::deploy::{app_env, env_context, git_context, Origin};
 use crate::error::{body_bytes, parse_json, ApiError};
-use crate::store::AppRow;
+use crate::store::{AppRefusal, AppRow, IdempotencyClaim};
 use crate::AppState;
 
 /// Most instances and domains per app.
@@ -54,6 +57,8 @@ struct CreateApp {
     memory: Option<u64>,
     health_path: Option<String>,
     health_timeout_seconds: Option<u32>,
+    /// How long a build may take (default 30 min, at most 2 h).
+    build_timeout_seconds: Option<u32>,
     git_username: Option<String>,
     git_password: Option<String>,
 }
@@ -96,6 +101,9 @@ fn validate_create(request: &CreateApp, allow_file_repos: bool) -> Result<(), Ap
             return Err(ApiError::BadRequest("invalid health_timeout_seconds: must be 1 to 3600".into()));
         }
     }
+    if let Some(seconds) = request.build_timeout_seconds {
+        deploy::build_timeout(seconds)?;
+    }
     match (&request.git_username, &request.git_password) {
         (Some(user), Some(password)) => {
             validate::bounded_text("git_username", user, 256)?;
@@ -125,6 +133,7 @@ pub fn view(state: &AppState, app: &AppRow) -> Value {
         "memory": app.memory_bytes,
         "health_path": app.health_path,
         "health_timeout_seconds": app.health_timeout_s,
+        "build_timeout_seconds": app.build_timeout_s.unwrap_or(i64::from(deploy::DEFAULT_BUILD_TIMEOUT_SECONDS)),
         // Names only: values never leave the control plane through the API.
         "env": env_names,
         "git_credentials": app.git_credentials_sealed.is_some(),
@@ -166,12 +175,16 @@ pub async fn create(
         memory_bytes: request.memory.map(|m| m as i64),
         health_path: request.health_path.unwrap_or_else(|| "/".to_string()),
         health_timeout_s: i64::from(request.health_timeout_seconds.unwrap_or(60)),
+        build_timeout_s: request.build_timeout_seconds.map(i64::from),
         env_sealed: None,
         git_credentials_sealed,
         created_at: state.clock.now_ms(),
     };
-    if !state.store.insert_app(&app).await? {
-        return Err(ApiError::Conflict(format!("an app named {} already exists", app.name)));
+    let default_host = format!("{}.{}", app.name, state.config.base_domain);
+    match state.store.insert_app(&app, &default_host).await? {
+        Ok(()) => {}
+        Err(AppRefusal::NameTaken) => return Err(ApiError::Conflict(format!("an app named {} already exists", app.name))),
+        Err(refusal) => return Err(refusal_error(&app.name, refusal)),
     }
     tracing::info!(app = %app.name, "app created");
     crate::routes::recompute(&state).await?;
@@ -231,6 +244,18 @@ fn validate_domains(domains: &[String]) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The answer to a refused create or domain change. A host serves one app
+/// only: taking over another app's host would silently move its traffic.
+fn refusal_error(app: &str, refusal: AppRefusal) -> ApiError {
+    match refusal {
+        AppRefusal::NameTaken => ApiError::Conflict(format!("an app named {app} already exists")),
+        AppRefusal::NotFound => ApiError::NotFound(format!("no app {app:?}")),
+        AppRefusal::HostTaken { host, owner } => {
+            ApiError::Conflict(format!("host {host} already belongs to app {owner}; remove it there first"))
+        }
+    }
+}
+
 /// Replaces the app's custom domains; the ingress picks them up at once.
 pub async fn set_domains(
     State(state): State<Arc<AppState>>,
@@ -241,8 +266,9 @@ pub async fn set_domains(
         .map_err(|_| ApiError::BadRequest("the body must be a JSON array of host names".into()))?;
     validate_domains(&domains)?;
     let domains: Vec<String> = domains.into_iter().map(|d| d.to_ascii_lowercase()).collect();
-    load(&state, &name).await?;
-    state.store.set_app_domains(&name, &serde_json::to_string(&domains).expect("strings serialize")).await?;
+    if let Err(refusal) = state.store.set_app_domains(&name, &domains).await? {
+        return Err(refusal_error(&name, refusal));
+    }
     crate::routes::recompute(&state).await?;
     Ok(Json(json!({"app": name, "domains": domains})))
 }
@@ -256,16 +282,81 @@ struct DeployRequest {
 pub async fn deploy(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<Response, ApiError> {
     let bytes = body_bytes(body)?;
-    let request: DeployRequest = if bytes.is_empty() { DeployRequest { commit: None } } else { parse_json(&bytes)? };
-    if let Some(commit) = &request.commit {
-        deploy::commit(commit)?;
+    let route = format!("POST /api/apps/{name}/deploy");
+    idempotent(&state, &headers, &route, &bytes, async {
+        let request: DeployRequest = if bytes.is_empty() { DeployRequest { commit: None } } else { parse_json(&bytes)? };
+        if let Some(commit) = &request.commit {
+            deploy::commit(commit)?;
+        }
+        let app = load(&state, &name).await?;
+        let deployment = crate::deploy::create(&state, &app, Origin::Source { commit: request.commit }).await?;
+        Ok((StatusCode::CREATED, json!({ "id": deployment.id, "state": deployment.state, "error": deployment.error })))
+    })
+    .await
+}
+
+/// The request header that makes a deploy or rollback safe to retry.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Runs `work` at most once per `Idempotency-Key`: the same key with the
+/// same route and body answers what the first request answered (without
+/// creating a second deployment), the same key with another request is a
+/// 422, and a key whose first request is still running is a 409. Only
+/// successful answers are kept (24 hours); after an error the key is free
+/// again, so a retry runs. Without the header, `work` just runs.
+async fn idempotent(
+    state: &AppState,
+    headers: &HeaderMap,
+    route: &str,
+    body: &[u8],
+    work: impl std::future::Future<Output = Result<(StatusCode, Value), ApiError>>,
+) -> Result<Response, ApiError> {
+    let Some(key) = headers.get(IDEMPOTENCY_KEY) else {
+        let (status, value) = work.await?;
+        return Ok((status, Json(value)).into_response());
+    };
+    let key = key
+        .to_str()
+        .ok()
+        .filter(|k| !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| b.is_ascii_graphic()))
+        .ok_or_else(|| ApiError::BadRequest("invalid Idempotency-Key: 1 to 255 visible ASCII characters".into()))?
+        .to_string();
+    let mut digest = sha2::Sha256::new();
+    digest.update(route.as_bytes());
+    digest.update(b"\n");
+    digest.update(body);
+    let request_sha256 = hex::encode(digest.finalize());
+    match state.store.claim_idempotency_key(&key, &request_sha256, state.clock.now_ms()).await? {
+        IdempotencyClaim::New => {}
+        IdempotencyClaim::Replay { status, response } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+            let mut answer = (status, [(CONTENT_TYPE, "application/json")], response).into_response();
+            answer.headers_mut().insert("idempotent-replayed", axum::http::HeaderValue::from_static("true"));
+            return Ok(answer);
+        }
+        IdempotencyClaim::Mismatch => {
+            return Err(ApiError::Unprocessable("this Idempotency-Key was used with a different request; use a new key".into()))
+        }
+        IdempotencyClaim::InProgress => {
+            return Err(ApiError::Conflict("a request with this Idempotency-Key is still running; retry shortly".into()))
+        }
     }
-    let app = load(&state, &name).await?;
-    let deployment = crate::deploy::create(&state, &app, Origin::Source { commit: request.commit }).await?;
-    Ok((StatusCode::CREATED, Json(json!({ "id": deployment.id, "state": deployment.state, "error": deployment.error }))))
+    match work.await {
+        Ok((status, value)) => {
+            state.store.finish_idempotency_key(&key, status.as_u16(), &value.to_string()).await?;
+            Ok((status, Json(value)).into_response())
+        }
+        Err(err) => {
+            if let Err(release) = state.store.release_idempotency_key(&key).await {
+                tracing::error!(error = %release, "could not release an idempotency key");
+            }
+            Err(err)
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -278,26 +369,32 @@ struct RollbackRequest {
 pub async fn rollback(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let request: RollbackRequest = parse_json(&body_bytes(body)?)?;
-    validate::token("deployment_id", &request.deployment_id, 64)?;
-    let app = load(&state, &name).await?;
-    let target = state
-        .store
-        .deployment(&request.deployment_id)
-        .await?
-        .filter(|d| d.app == app.name)
-        .ok_or_else(|| ApiError::NotFound(format!("app {name} has no deployment {:?}", request.deployment_id)))?;
-    let image = match (&target.image, target.state.as_str()) {
-        (Some(image), "running" | "superseded") => image.clone(),
-        _ => {
-            return Err(ApiError::Conflict(format!(
-                "deployment {} never ran (state {}); only a deployment that ran can be rolled back to",
-                target.id, target.state
-            )))
-        }
-    };
-    let deployment = crate::deploy::create(&state, &app, Origin::Rollback { of: target.id.clone(), image }).await?;
-    Ok((StatusCode::CREATED, Json(json!({ "id": deployment.id, "state": deployment.state, "error": deployment.error }))))
+) -> Result<Response, ApiError> {
+    let bytes = body_bytes(body)?;
+    let route = format!("POST /api/apps/{name}/rollback");
+    idempotent(&state, &headers, &route, &bytes, async {
+        let request: RollbackRequest = parse_json(&bytes)?;
+        validate::token("deployment_id", &request.deployment_id, 64)?;
+        let app = load(&state, &name).await?;
+        let target = state
+            .store
+            .deployment(&request.deployment_id)
+            .await?
+            .filter(|d| d.app == app.name)
+            .ok_or_else(|| ApiError::NotFound(format!("app {name} has no deployment {:?}", request.deployment_id)))?;
+        let image = match (&target.image, target.state.as_str()) {
+            (Some(image), "running" | "superseded") => image.clone(),
+            _ => {
+                return Err(ApiError::Conflict(format!(
+                    "deployment {} never ran (state {}); only a deployment that ran can be rolled back to",
+                    target.id, target.state
+                )))
+            }
+        };
+        let deployment = crate::deploy::create(&state, &app, Origin::Rollback { of: target.id.clone(), image }).await?;
+        Ok((StatusCode::CREATED, json!({ "id": deployment.id, "state": deployment.state, "error": deployment.error })))
+    })
+    .await
 }

@@ -56,6 +56,28 @@ pub async fn of_app(State(state): State<Arc<AppState>>, Path(name): Path<String>
     Ok(Json(json!({ "deployments": deployments })))
 }
 
+/// `POST /api/deployments/{id}/cancel`: ends a queued, building or
+/// deploying deployment as `failed` ("cancelled by the user"); the node
+/// stops its build or container. 409 once it has finished or runs (a
+/// running deployment is replaced by deploying or rolling back).
+pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let deployment = state.store.deployment(&id).await?.ok_or_else(|| ApiError::NotFound(format!("no deployment {id:?}")))?;
+    let unfinished = matches!(
+        DeploymentState::parse(&deployment.state),
+        Some(DeploymentState::Queued | DeploymentState::Building | DeploymentState::Deploying)
+    );
+    if !unfinished || !crate::deploy::cancel(&state, &deployment).await? {
+        let now = state.store.deployment(&id).await?.map(|d| d.state).unwrap_or(deployment.state);
+        return Err(ApiError::Conflict(format!(
+            "deployment {id} is {now}; only a queued, building or deploying deployment can be cancelled"
+        )));
+    }
+    crate::routes::recompute(&state).await?;
+    state.log_hub.notify(&id, "logs");
+    let deployment = state.store.deployment(&id).await?.ok_or_else(|| ApiError::NotFound(format!("no deployment {id:?}")))?;
+    Ok(Json(view(&state, &deployment).await?))
+}
+
 /// How long a finished deployment's stream stays open for late lines.
 const LINGER: Duration = Duration::from_secs(3);
 

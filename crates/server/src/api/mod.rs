@@ -38,6 +38,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/apps/{name}/deployments", get(deployments::of_app))
         .route("/api/deployments/{id}", get(deployments::show))
         .route("/api/deployments/{id}/logs", get(deployments::logs))
+        .route("/api/deployments/{id}/cancel", post(deployments::cancel))
         .route("/api/routes", get(traffic::routes))
         .route("/api/traffic/{host}", get(traffic::traffic))
         .route("/api/nodes/{id}/last-heartbeat", get(traffic::last_heartbeat))
@@ -48,7 +49,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .merge(authenticated)
         .fallback(|| async { ApiError::NotFound("no such endpoint".to_string()) })
-        .layer(DefaultBodyLimit::max(1024 * 1024))
+        .layer(middleware::from_fn(run_to_completion))
+        .layer(DefaultBodyLimit::max(crate::error::MAX_BODY_BYTES))
+        .layer(middleware::from_fn(crate::error::refuse_declared_oversize))
         .with_state(state)
 }
 
@@ -66,4 +69,15 @@ async fn require_admin(State(state): State<Arc<AppState>>, request: Request, nex
         return ApiError::Unauthorized("invalid API token".to_string()).into_response();
     }
     next.run(request).await
+}
+
+/// Runs the handler in its own task, so a client that hangs up does not
+/// cancel it halfway through a change (the user API's handlers write in
+/// several steps: an app row and its route table, a deployment and its
+/// placement). The answer is simply not delivered.
+pub async fn run_to_completion(request: Request, next: Next) -> Response {
+    match tokio::spawn(next.run(request)).await {
+        Ok(response) => response,
+        Err(err) => ApiError::Internal(format!("request handler failed: {err}")).into_response(),
+    }
 }

@@ -165,7 +165,10 @@ pub async fn remove(
                 apps.join(", ")
             )));
         }
-        crate::deploy::fail_node_instances(&state, &id, &format!("node {id} was removed")).await?;
+        crate::remove_node(&state, &id).await?;
+        let loss = crate::deploy::fail_node_instances(&state, &id, &format!("node {id} was removed")).await?;
+        tracing::info!(node_id = %id, failed = ?loss.failed, rescheduled = ?loss.rescheduled, "node removed by the API");
+        return Ok(StatusCode::NO_CONTENT);
     }
     crate::remove_node(&state, &id).await?;
     tracing::info!(node_id = %id, "node removed by the API");
@@ -207,6 +210,9 @@ pub async fn enqueue(
 }
 
 pub async fn commands(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    if state.store.node(&id).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no node {id:?}")));
+    }
     let rows = state.store.node_commands(&id, 100).await?;
     let commands: Vec<Value> = rows
         .iter()

@@ -80,6 +80,11 @@ pub async fn node_usage(
     Query(query): Query<TrafficQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let since = since_ms(&state, &query)?;
+    // An unknown node is a 404, as on every other node route, not an empty
+    // history that looks like a node that never reported.
+    if state.store.node(&id).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no node {id:?}")));
+    }
     let samples: Vec<Value> = state
         .store
         .node_usage(&id, since)

@@ -40,6 +40,9 @@ pub enum Origin {
     Source { commit: Option<String> },
     /// Run the image of an earlier deployment.
     Rollback { of: String, image: String },
+    /// Run a failed deployment's image again elsewhere: its node left or
+    /// lost every instance.
+    Reschedule { of: String, image: String },
 }
 
 pub fn new_deployment_id() -> String {
@@ -77,6 +80,7 @@ pub async fn create(state: &AppState, app: &AppRow, origin: Origin) -> Result<De
     let (kind, commit, rollback_of, image) = match &origin {
         Origin::Source { commit } => ("source", commit.clone(), None, None),
         Origin::Rollback { of, image } => ("rollback", None, Some(of.clone()), Some(image.clone())),
+        Origin::Reschedule { of, image } => ("reschedule", None, Some(of.clone()), Some(image.clone())),
     };
     let row = DeploymentRow {
         id: new_deployment_id(),
@@ -97,7 +101,7 @@ pub async fn create(state: &AppState, app: &AppRow, origin: Origin) -> Result<De
     // every instance at once.
     let first_wave: Vec<i64> = match origin {
         Origin::Source { .. } => vec![1],
-        Origin::Rollback { .. } => (1..=app.instances).collect(),
+        Origin::Rollback { .. } | Origin::Reschedule { .. } => (1..=app.instances).collect(),
     };
     place_instances(state, app, &deployment, &first_wave).await?;
     Ok(state.store.deployment(&deployment.id).await?.unwrap_or(deployment))
@@ -175,6 +179,20 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
                 } else {
                     reason
                 };
+                // A node that just joined, or one about to be undrained,
+                // may take it in a moment: wait a bounded time (from when
+                // the deployment entered its current state) before failing.
+                // The reconciler tries again every second.
+                let waited = state.clock.now_ms() - deployment.updated_at;
+                if waited < state.config.placement_wait.as_millis() as i64 {
+                    // Said once; the retries every second stay quiet.
+                    if waited < 1_000 {
+                        tracing::info!(deployment = %deployment.id, instance, reason = %message, "no node can take the instance yet; it waits");
+                    } else {
+                        tracing::debug!(deployment = %deployment.id, instance, reason = %message, "still no node for the instance");
+                    }
+                    return Ok(());
+                }
                 fail(state, deployment, &message).await?;
                 return Ok(());
             }
@@ -222,6 +240,10 @@ pub(crate) fn deploy_payload(
         image: deployment.image.clone(),
         limits: Limits { cpu: app.cpu, memory_bytes: app.memory_bytes.map(|m| m.max(0) as u64) },
         health: HealthCheck { path: app.health_path.clone(), timeout_seconds: app.health_timeout_s as u32 },
+        build_timeout_seconds: match &deployment.image {
+            Some(_) => None,
+            None => app.build_timeout_s.map(|s| s.clamp(1, i64::from(cloudweb_protocol::deploy::MAX_BUILD_TIMEOUT_SECONDS)) as u32),
+        },
     })
 }
 
@@ -246,13 +268,33 @@ async fn transition(state: &AppState, deployment: &DeploymentRow, to: Deployment
 
 /// Fails a deployment and stops whatever of it already started.
 pub async fn fail(state: &AppState, deployment: &DeploymentRow, reason: &str) -> Result<(), ApiError> {
+    fail_and_stop(state, deployment, reason, false).await.map(|_| ())
+}
+
+/// The error of a deployment the user cancelled.
+pub const CANCELLED: &str = "cancelled by the user";
+
+/// Cancels an unfinished deployment: it fails with [`CANCELLED`] and its
+/// nodes get a stop at once, which makes an agent abandon the build or
+/// start in progress. Returns false when the deployment had already
+/// finished (another path moved it first).
+pub async fn cancel(state: &AppState, deployment: &DeploymentRow) -> Result<bool, ApiError> {
+    fail_and_stop(state, deployment, CANCELLED, true).await
+}
+
+/// Moves the deployment to failed; its placed instances stop after no
+/// drain (queued now when `stop_now`, else by the next reconcile pass).
+async fn fail_and_stop(state: &AppState, deployment: &DeploymentRow, reason: &str, stop_now: bool) -> Result<bool, ApiError> {
     if !transition(state, deployment, DeploymentState::Failed, Some(reason), None).await? {
-        return Ok(());
+        return Ok(false);
     }
     tracing::warn!(deployment = %deployment.id, app = %deployment.app, %reason, "deployment failed");
     let now = state.clock.now_ms();
     for instance in state.store.instances(&deployment.id).await? {
         match (instance.state.as_str(), &instance.node_id) {
+            ("pending" | "running", Some(_)) if stop_now => {
+                stop_instance(state, &instance, reason).await?;
+            }
             ("pending" | "running", Some(node)) => {
                 state.store.update_instance(&deployment.id, instance.instance, Some(node), "stopping", None, Some(now), now).await?;
             }
@@ -262,16 +304,65 @@ pub async fn fail(state: &AppState, deployment: &DeploymentRow, reason: &str) ->
             _ => {}
         }
     }
+    Ok(true)
+}
+
+/// Refuses a report that the sending node has no business making: an
+/// unknown deployment (404; also one deleted with its app), an unknown
+/// instance (400), or an instance that is not placed on this node (403).
+/// A report that names no instance and carries no state (log lines of a
+/// whole-deployment stop) needs some instance of the deployment on the node.
+pub async fn check_report(state: &AppState, node_id: &str, report: &Report) -> Result<(), ApiError> {
+    if state.store.deployment(&report.deployment_id).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no deployment {}", report.deployment_id)));
+    }
+    let instances = state.store.instances(&report.deployment_id).await?;
+    let placed = |i: &InstanceRow| i.node_id.as_deref() == Some(node_id);
+    match (report.instance, &report.state) {
+        (None, None) => {
+            if !instances.iter().any(placed) {
+                return Err(ApiError::Forbidden(format!("no instance of {} is placed on this node", report.deployment_id)));
+            }
+        }
+        (instance, _) => {
+            let number = i64::from(instance.unwrap_or(1));
+            let Some(instance) = instances.iter().find(|i| i.instance == number) else {
+                return Err(ApiError::BadRequest(format!("deployment {} has no instance {number}", report.deployment_id)));
+            };
+            if !placed(instance) {
+                return Err(ApiError::Forbidden(format!("instance {number} of {} is not placed on this node", report.deployment_id)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Records the full commit an agent checked out for a deploy from code.
+/// The typed commit (possibly abbreviated) must be a prefix of it; the
+/// branch head (no commit typed) is recorded as reported.
+async fn record_commit(state: &AppState, deployment: &DeploymentRow, commit: &str) -> Result<(), ApiError> {
+    if deployment.kind != "source" || deployment.commit_sha.as_deref() == Some(commit) {
+        return Ok(());
+    }
+    if let Some(typed) = &deployment.commit_sha {
+        if !commit.starts_with(&typed.to_ascii_lowercase()) {
+            tracing::warn!(deployment = %deployment.id, typed = %typed, reported = %commit, "an agent reported a commit other than the one asked for; keeping the typed one");
+            return Ok(());
+        }
+    }
+    state.store.set_deployment_commit(&deployment.id, commit, state.clock.now_ms()).await?;
     Ok(())
 }
 
 /// Applies an agent's report about one of its instances.
 pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Result<(), ApiError> {
-    let Some(reported) = report.state.as_deref() else { return Ok(()) };
     let Some(deployment) = state.store.deployment(&report.deployment_id).await? else {
-        tracing::debug!(deployment = %report.deployment_id, "report for an unknown deployment");
-        return Ok(());
+        return Err(ApiError::NotFound(format!("no deployment {}", report.deployment_id)));
     };
+    if let Some(commit) = &report.commit {
+        record_commit(state, &deployment, commit).await?;
+    }
+    let Some(reported) = report.state.as_deref() else { return Ok(()) };
     let instance_no = i64::from(report.instance.unwrap_or(1));
     let instances = state.store.instances(&deployment.id).await?;
     let Some(instance) = instances.iter().find(|i| i.instance == instance_no) else {
@@ -410,8 +501,116 @@ pub async fn reconcile(state: &AppState) -> Result<(), ApiError> {
     }
     let waiting = moves::move_instances(state).await?;
     *state.waiting.lock().expect("waiting lock") = waiting;
+    place_waiting(state).await?;
+    fail_stuck_on_lost_nodes(state).await?;
+    recover_running_without_instances(state).await?;
     crate::routes::recompute(state).await?;
     Ok(())
+}
+
+/// Tries again to place the instances that found no node, and fails their
+/// deployment once the placement wait is over.
+async fn place_waiting(state: &AppState) -> Result<(), ApiError> {
+    let mut by_deployment: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for instance in state.store.unplaced_instances().await? {
+        by_deployment.entry(instance.deployment_id).or_default().push(instance.instance);
+    }
+    for (id, instances) in by_deployment {
+        let Some(deployment) = state.store.deployment(&id).await? else { continue };
+        let Some(app) = state.store.app(&deployment.app).await? else { continue };
+        // From code, only instance 1 goes out before the image exists (it
+        // builds it); the others follow once it does.
+        let due: Vec<i64> = match deployment.image {
+            Some(_) => instances,
+            None => instances.into_iter().filter(|&i| i == 1).collect(),
+        };
+        if !due.is_empty() {
+            place_instances(state, &app, &deployment, &due).await?;
+        }
+    }
+    Ok(())
+}
+
+/// An unfinished deployment whose instance sits on a node that is
+/// unreachable (or gone) would wait forever for a report. When its image
+/// exists already (a rollback, a reschedule, a build that was pushed) the
+/// instance starts again on another node; otherwise, or when no node has
+/// room, the deployment fails. Either way it settles within the unreachable
+/// period plus a tick. The node is told to stop its copy, in case it comes
+/// back.
+async fn fail_stuck_on_lost_nodes(state: &AppState) -> Result<(), ApiError> {
+    let now = tokio::time::Instant::now();
+    for (instance, deployment) in state.store.placed_unfinished_instances().await? {
+        let Some(node_id) = instance.node_id.as_deref() else { continue };
+        let lost = match state.nodes.get(node_id) {
+            None => Some(format!("node {node_id} is no longer registered")),
+            Some(node) if node.state(now, state.config.unreachable_after) == crate::live::NodeState::Unreachable => {
+                Some(format!("node {} ({node_id}) became unreachable", node.name))
+            }
+            Some(_) => None,
+        };
+        let Some(lost) = lost else { continue };
+        let mut reason = format!("{lost} while the deployment was {}", deployment.state);
+        if deployment.image.is_some() {
+            if let Some(app) = state.store.app(&deployment.app).await? {
+                match moves::start_replacement(state, &app, &deployment, instance.instance, node_id).await? {
+                    Ok((target, number)) => {
+                        let now_ms = state.clock.now_ms();
+                        state.store.update_instance(&deployment.id, instance.instance, None, "lost", None, None, now_ms).await?;
+                        if state.nodes.get(node_id).is_some() {
+                            let stop = StopPayload {
+                                deployment_id: deployment.id.clone(),
+                                instance: Some(instance.instance as u32),
+                                reason: Some("replaced while the node was unreachable".into()),
+                            };
+                            crate::queue_command(state, node_id, cloudweb_protocol::CommandKind::Stop, &json!(stop)).await?;
+                        }
+                        tracing::info!(deployment = %deployment.id, from = %node_id, to = %target, instance = number, %reason, "re-placed an unfinished instance");
+                        continue;
+                    }
+                    Err(nowhere) => reason = format!("{reason}, and {nowhere}"),
+                }
+            }
+        }
+        fail(state, &deployment, &format!("{reason}; deploy again")).await?;
+    }
+    Ok(())
+}
+
+/// How long a running deployment may have no running (or starting)
+/// instance before it is failed and its image started again elsewhere.
+pub const NO_INSTANCE_LIMIT_MS: i64 = 60_000;
+
+/// A running deployment that lost all its instances (they failed, or their
+/// node left) is not left "running": after [`NO_INSTANCE_LIMIT_MS`] it
+/// becomes failed, and its image is started again wherever there is room.
+async fn recover_running_without_instances(state: &AppState) -> Result<(), ApiError> {
+    let cutoff = state.clock.now_ms() - NO_INSTANCE_LIMIT_MS;
+    for deployment in state.store.running_without_instances(cutoff).await? {
+        fail_and_reschedule(state, &deployment, "no instance of this deployment runs any more").await?;
+    }
+    Ok(())
+}
+
+/// Fails a running deployment that has nothing left running and, when it
+/// is still the app's newest deployment, starts its image again as a new
+/// `reschedule` deployment (placed where there is room, after the same
+/// bounded wait as any deployment). Returns the new deployment's id.
+async fn fail_and_reschedule(state: &AppState, deployment: &DeploymentRow, reason: &str) -> Result<Option<String>, ApiError> {
+    if !transition(state, deployment, DeploymentState::Failed, Some(reason), None).await? {
+        return Ok(None);
+    }
+    tracing::warn!(deployment = %deployment.id, app = %deployment.app, %reason, "running deployment failed");
+    let Some(image) = deployment.image.clone() else { return Ok(None) };
+    let Some(app) = state.store.app(&deployment.app).await? else { return Ok(None) };
+    // A newer deployment of the app takes over by itself.
+    let newer = state.store.app_deployments(&app.name).await?.into_iter().any(|d| d.seq > deployment.seq && !matches!(d.state.as_str(), "failed" | "superseded"));
+    if newer {
+        return Ok(None);
+    }
+    let again = create(state, &app, Origin::Reschedule { of: deployment.id.clone(), image }).await?;
+    tracing::info!(deployment = %again.id, of = %deployment.id, app = %app.name, state = %again.state, "started the failed deployment's image again");
+    Ok(Some(again.id))
 }
 
 async fn stop_instance(state: &AppState, instance: &InstanceRow, reason: &str) -> Result<(), ApiError> {
@@ -454,25 +653,64 @@ pub async fn stop_app(state: &AppState, app: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Marks every active instance on a node failed (the node is leaving or
-/// being removed by force) and fails the deployments that had not finished.
-/// Returns the affected deployments.
-pub async fn fail_node_instances(state: &AppState, node_id: &str, reason: &str) -> Result<Vec<String>, ApiError> {
+/// What a forced leave or removal did to the node's deployments.
+#[derive(Debug, Default)]
+pub struct NodeLoss {
+    /// Deployments now `failed`.
+    pub failed: Vec<String>,
+    /// Deployments whose image starts again elsewhere: a new `reschedule`
+    /// deployment for a failed one, or the same deployment when it still
+    /// runs on other nodes and only the lost instance is replaced.
+    pub rescheduled: Vec<String>,
+}
+
+/// A node leaves or is removed by force while instances are placed there.
+/// Its instances become failed; an unfinished deployment fails; a running
+/// deployment that still runs elsewhere gets a replacement instance (where
+/// there is room), and one that ran only there fails and its image starts
+/// again as a new deployment (spec: the node's deployments become failed,
+/// and the app is not left without an instance).
+pub async fn fail_node_instances(state: &AppState, node_id: &str, reason: &str) -> Result<NodeLoss, ApiError> {
     let now = state.clock.now_ms();
-    let mut affected = Vec::new();
+    let mut affected: Vec<(String, Vec<i64>)> = Vec::new();
     for instance in state.store.active_instances().await? {
         if instance.node_id.as_deref() != Some(node_id) {
             continue;
         }
         state.store.update_instance(&instance.deployment_id, instance.instance, None, "failed", None, None, now).await?;
-        if !affected.contains(&instance.deployment_id) {
-            affected.push(instance.deployment_id.clone());
+        match affected.iter_mut().find(|(id, _)| *id == instance.deployment_id) {
+            Some((_, numbers)) => numbers.push(instance.instance),
+            None => affected.push((instance.deployment_id.clone(), vec![instance.instance])),
         }
     }
-    for id in &affected {
-        if let Some(deployment) = state.store.deployment(id).await? {
-            fail(state, &deployment, reason).await?;
+    let mut loss = NodeLoss::default();
+    for (id, lost) in &affected {
+        let Some(deployment) = state.store.deployment(id).await? else { continue };
+        match DeploymentState::parse(&deployment.state) {
+            Some(DeploymentState::Running) => {
+                // Instances elsewhere that run or are starting (a drain's
+                // replacement) keep the deployment going.
+                let others_run = state.store.instances(id).await?.iter().any(|i| matches!(i.state.as_str(), "running" | "pending"));
+                if others_run {
+                    if moves::replace_lost(state, &deployment, lost, node_id).await? {
+                        loss.rescheduled.push(id.clone());
+                    }
+                } else {
+                    if let Some(again) = fail_and_reschedule(state, &deployment, reason).await? {
+                        loss.rescheduled.push(again);
+                    }
+                    loss.failed.push(id.clone());
+                }
+            }
+            Some(DeploymentState::Queued | DeploymentState::Building | DeploymentState::Deploying) => {
+                fail(state, &deployment, reason).await?;
+                loss.failed.push(id.clone());
+            }
+            // Superseded or failed already: its instance there was on its
+            // way out anyway.
+            _ => {}
         }
     }
-    Ok(affected)
+    crate::routes::recompute(state).await?;
+    Ok(loss)
 }

@@ -13,6 +13,7 @@ use super::scheduler::{self, Placement, Request};
 use super::state::DeploymentState;
 use super::{deploy_payload, snapshot, DEFAULT_CPU, DEFAULT_MEMORY};
 use crate::error::ApiError;
+use crate::store::{AppRow, DeploymentRow};
 use crate::AppState;
 
 /// A failed replacement is not tried again for this long.
@@ -37,24 +38,13 @@ pub async fn move_instances(state: &AppState) -> Result<HashMap<String, Vec<(Str
             let Some(deployment) = state.store.deployment(&instance.deployment_id).await? else { continue };
             let (Some(DeploymentState::Running), Some(_)) = (DeploymentState::parse(&deployment.state), &deployment.image) else { continue };
             let Some(app) = state.store.app(&deployment.app).await? else { continue };
-            let request = Request {
-                cpu: app.cpu.unwrap_or(DEFAULT_CPU),
-                mem_bytes: app.memory_bytes.map(|m| m.max(0) as u64).unwrap_or(DEFAULT_MEMORY),
-                features: Vec::new(),
-                avoid: vec![node_id.clone()],
-            };
-            let target = match scheduler::place(&snapshot(state).await?, &request) {
-                Placement::Node(target) => target,
-                Placement::Nowhere(reason) => {
+            let (target, number) = match start_replacement(state, &app, &deployment, instance.instance, &node_id).await? {
+                Ok(placed) => placed,
+                Err(reason) => {
                     waiting.entry(node_id.clone()).or_default().push((app.name.clone(), reason));
                     continue;
                 }
             };
-            let number = state.store.insert_replacement(&deployment.id, instance.instance, now_ms).await?;
-            let container = state.store.assign_instance(&deployment.id, &app.name, number, &target, now_ms).await?;
-            let mut payload = deploy_payload(state, &app, &deployment, number, None)?;
-            payload.container = Some(container);
-            crate::queue_command(state, &target, CommandKind::Deploy, &serde_json::to_value(&payload).expect("payload serializes")).await?;
             tracing::info!(deployment = %deployment.id, from = %node_id, to = %target, instance = number, lost, "replacing an instance");
             if lost {
                 // Out of the routes now; stopped on the node whenever it
@@ -71,4 +61,61 @@ pub async fn move_instances(state: &AppState) -> Result<HashMap<String, Vec<(Str
         }
     }
     Ok(waiting)
+}
+
+/// Places a replacement for instance `replaced` of a deployment that has
+/// its image, anywhere but `avoid`, and queues its deploy. Returns the
+/// target node and the new instance number, or the scheduler's reason.
+pub(super) async fn start_replacement(
+    state: &AppState,
+    app: &AppRow,
+    deployment: &DeploymentRow,
+    replaced: i64,
+    avoid: &str,
+) -> Result<Result<(String, i64), String>, ApiError> {
+    let request = Request {
+        cpu: app.cpu.unwrap_or(DEFAULT_CPU),
+        mem_bytes: app.memory_bytes.map(|m| m.max(0) as u64).unwrap_or(DEFAULT_MEMORY),
+        features: Vec::new(),
+        avoid: vec![avoid.to_string()],
+    };
+    let target = match scheduler::place(&snapshot(state).await?, &request) {
+        Placement::Node(target) => target,
+        Placement::Nowhere(reason) => return Ok(Err(reason)),
+    };
+    let now_ms = state.clock.now_ms();
+    let number = state.store.insert_replacement(&deployment.id, replaced, now_ms).await?;
+    let container = state.store.assign_instance(&deployment.id, &app.name, number, &target, now_ms).await?;
+    let mut payload = deploy_payload(state, app, deployment, number, None)?;
+    payload.container = Some(container);
+    crate::queue_command(state, &target, CommandKind::Deploy, &serde_json::to_value(&payload).expect("payload serializes")).await?;
+    Ok(Ok((target, number)))
+}
+
+/// Replaces the instances a running deployment lost with its node (the
+/// node left or was removed), where there is room. Returns whether every
+/// one got a replacement; where none fits, the deployment goes on with its
+/// other running instances (the warning says why).
+pub async fn replace_lost(state: &AppState, deployment: &DeploymentRow, lost: &[i64], node_id: &str) -> Result<bool, ApiError> {
+    let Some(app) = state.store.app(&deployment.app).await? else { return Ok(false) };
+    if deployment.image.is_none() {
+        return Ok(false);
+    }
+    let mut all = true;
+    for &instance in lost {
+        // A drain may have started its replacement already.
+        if state.store.replacement_in_progress(&deployment.id, instance, i64::MAX).await? {
+            continue;
+        }
+        match start_replacement(state, &app, deployment, instance, node_id).await? {
+            Ok((target, number)) => {
+                tracing::info!(deployment = %deployment.id, from = %node_id, to = %target, instance = number, "replacing an instance of a node that left");
+            }
+            Err(reason) => {
+                tracing::warn!(deployment = %deployment.id, instance, %reason, "no room to replace an instance of a node that left");
+                all = false;
+            }
+        }
+    }
+    Ok(all)
 }

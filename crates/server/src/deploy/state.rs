@@ -53,7 +53,8 @@ impl DeploymentState {
 
     /// `queued → building → deploying → running`, with `queued → deploying`
     /// for deployments that reuse a built image (rollback, reschedule); any
-    /// unfinished state may fail; only a running deployment is superseded.
+    /// unfinished state may fail; a running deployment is superseded, or
+    /// fails when it has lost every instance (its node left the cluster).
     pub fn can_transition(self, to: DeploymentState) -> bool {
         use DeploymentState::*;
         matches!(
@@ -62,7 +63,7 @@ impl DeploymentState {
                 | (Queued, Deploying)
                 | (Building, Deploying)
                 | (Deploying, Running)
-                | (Queued | Building | Deploying, Failed)
+                | (Queued | Building | Deploying | Running, Failed)
                 | (Running, Superseded)
         )
     }
@@ -106,6 +107,7 @@ mod tests {
             (Queued, Failed),
             (Building, Failed),
             (Deploying, Failed),
+            (Running, Failed),
             (Running, Superseded),
         ];
         for from in DeploymentState::ALL {
@@ -114,7 +116,7 @@ mod tests {
             }
         }
         assert_eq!(Failed.transition(Running), Err(IllegalTransition { from: Failed, to: Running }));
-        assert!(Running.transition(Failed).is_err(), "a running deployment is superseded, not failed");
+        assert!(Failed.transition(Superseded).is_err(), "a failed deployment stays failed");
         assert!(Superseded.is_terminal() && Failed.is_terminal() && !Running.is_terminal());
     }
 

@@ -23,13 +23,15 @@ pub struct AppRow {
     pub memory_bytes: Option<i64>,
     pub health_path: String,
     pub health_timeout_s: i64,
+    /// Build time limit; the agent's default when `None`.
+    pub build_timeout_s: Option<i64>,
     pub env_sealed: Option<String>,
     pub git_credentials_sealed: Option<String>,
     pub created_at: i64,
 }
 
 const APP_COLUMNS: &str = "name, repo_url, branch, port, domains, build, strategy, instances, cpu, memory_bytes, health_path, \
-     health_timeout_s, env_sealed, git_credentials_sealed, created_at";
+     health_timeout_s, env_sealed, git_credentials_sealed, created_at, build_timeout_s";
 
 fn app_from_row(row: &SqliteRow) -> AppRow {
     AppRow {
@@ -48,14 +50,57 @@ fn app_from_row(row: &SqliteRow) -> AppRow {
         env_sealed: row.get("env_sealed"),
         git_credentials_sealed: row.get("git_credentials_sealed"),
         created_at: row.get("created_at"),
+        build_timeout_s: row.get("build_timeout_s"),
+    }
+}
+
+/// Why an app could not be created or changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppRefusal {
+    NameTaken,
+    NotFound,
+    /// `host` already belongs to app `owner`.
+    HostTaken { host: String, owner: String },
+}
+
+fn domains_of(app: &AppRow) -> Vec<String> {
+    serde_json::from_str(&app.domains).unwrap_or_default()
+}
+
+/// Claims `host` for `app` unless another app holds it. A host the same app
+/// already holds (its default host listed again as a domain) is no conflict.
+async fn claim_host(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    app: &str,
+    host: &str,
+    is_default: bool,
+) -> Result<Result<(), AppRefusal>, StoreError> {
+    let host = host.to_ascii_lowercase();
+    let inserted = sqlx::query("INSERT INTO app_hosts (host, app, is_default) VALUES ($1, $2, $3) ON CONFLICT (host) DO NOTHING")
+        .bind(&host)
+        .bind(app)
+        .bind(is_default)
+        .execute(&mut **tx)
+        .await?;
+    if inserted.rows_affected() == 1 {
+        return Ok(Ok(()));
+    }
+    let owner: String = sqlx::query("SELECT app FROM app_hosts WHERE host = $1").bind(&host).fetch_one(&mut **tx).await?.get("app");
+    if owner == app {
+        Ok(Ok(()))
+    } else {
+        Ok(Err(AppRefusal::HostTaken { host, owner }))
     }
 }
 
 impl Store {
-    /// Inserts an app; returns false when the name is taken.
-    pub async fn insert_app(&self, app: &AppRow) -> Result<bool, StoreError> {
+    /// Inserts an app and claims its hosts (`default_host` and its custom
+    /// domains) in one transaction; nothing is written when the name or a
+    /// host is taken.
+    pub async fn insert_app(&self, app: &AppRow, default_host: &str) -> Result<Result<(), AppRefusal>, StoreError> {
+        let mut tx = self.write_transaction().await?;
         let result = sqlx::query(&format!(
-            "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+            "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
              ON CONFLICT (name) DO NOTHING"
         ))
         .bind(&app.name)
@@ -73,10 +118,26 @@ impl Store {
         .bind(&app.env_sealed)
         .bind(&app.git_credentials_sealed)
         .bind(app.created_at)
-        .execute(&self.pool)
+        .bind(app.build_timeout_s)
+        .execute(&mut *tx)
         .await?;
+        if result.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Ok(Err(AppRefusal::NameTaken));
+        }
+        if let Err(taken) = claim_host(&mut tx, &app.name, default_host, true).await? {
+            tx.rollback().await?;
+            return Ok(Err(taken));
+        }
+        for domain in domains_of(app) {
+            if let Err(taken) = claim_host(&mut tx, &app.name, &domain, false).await? {
+                tx.rollback().await?;
+                return Ok(Err(taken));
+            }
+        }
+        tx.commit().await?;
         self.count_commit();
-        Ok(result.rows_affected() == 1)
+        Ok(Ok(()))
     }
 
     pub async fn app(&self, name: &str) -> Result<Option<AppRow>, StoreError> {
@@ -95,20 +156,76 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
-    pub async fn set_app_domains(&self, name: &str, domains_json: &str) -> Result<bool, StoreError> {
-        let result = sqlx::query("UPDATE apps SET domains = $1 WHERE name = $2").bind(domains_json).bind(name).execute(&self.pool).await?;
+    /// Replaces an app's custom domains and their claims in one
+    /// transaction. Returns `Ok(Err(HostTaken))` (and changes nothing) when
+    /// another app holds one of them, and `Ok(Err(NotFound))` for no app.
+    pub async fn set_app_domains(&self, name: &str, domains: &[String]) -> Result<Result<(), AppRefusal>, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        let json = serde_json::to_string(domains).expect("strings serialize");
+        let result = sqlx::query("UPDATE apps SET domains = $1 WHERE name = $2").bind(&json).bind(name).execute(&mut *tx).await?;
+        if result.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Ok(Err(AppRefusal::NotFound));
+        }
+        sqlx::query("DELETE FROM app_hosts WHERE app = $1 AND is_default = FALSE").bind(name).execute(&mut *tx).await?;
+        for domain in domains {
+            if let Err(taken) = claim_host(&mut tx, name, domain, false).await? {
+                tx.rollback().await?;
+                return Ok(Err(taken));
+            }
+        }
+        tx.commit().await?;
         self.count_commit();
-        Ok(result.rows_affected() == 1)
+        Ok(Ok(()))
     }
 
-    /// Deletes an app with its deployments and instance records.
+    /// Makes the default-host claims match `<app>.<base_domain>` (the base
+    /// domain may have changed since the last start). A default host that
+    /// another app already holds as a custom domain stays with that app;
+    /// the names of the apps that lost their default host are returned.
+    pub async fn sync_default_hosts(&self, base_domain: &str) -> Result<Vec<String>, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        sqlx::query("DELETE FROM app_hosts WHERE is_default = TRUE").execute(&mut *tx).await?;
+        let names: Vec<String> = sqlx::query("SELECT name FROM apps ORDER BY created_at, name")
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| r.get("name"))
+            .collect();
+        let mut lost = Vec::new();
+        for name in names {
+            let host = format!("{name}.{base_domain}");
+            if claim_host(&mut tx, &name, &host, true).await?.is_err() {
+                lost.push(name);
+            }
+        }
+        tx.commit().await?;
+        self.count_commit();
+        Ok(lost)
+    }
+
+    /// The app that holds a host, if any.
+    pub async fn host_owner(&self, host: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT app FROM app_hosts WHERE host = $1").bind(host).fetch_optional(&self.pool).await?;
+        Ok(row.map(|r| r.get("app")))
+    }
+
+    /// Deletes an app with its deployments, instance records, reports and
+    /// log lines (an app's output may hold its secrets: nothing of it stays).
     pub async fn delete_app(&self, name: &str) -> Result<bool, StoreError> {
         let mut tx = self.write_transaction().await?;
+        for table in ["deployment_logs", "deployment_reports"] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE deployment_id IN (SELECT id FROM deployments WHERE app = $1)"))
+                .bind(name)
+                .execute(&mut *tx)
+                .await?;
+        }
         sqlx::query("DELETE FROM instances WHERE deployment_id IN (SELECT id FROM deployments WHERE app = $1)")
             .bind(name)
             .execute(&mut *tx)
             .await?;
         sqlx::query("DELETE FROM deployments WHERE app = $1").bind(name).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM app_hosts WHERE app = $1").bind(name).execute(&mut *tx).await?;
         let deleted = sqlx::query("DELETE FROM apps WHERE name = $1").bind(name).execute(&mut *tx).await?;
         tx.commit().await?;
         self.count_commit();

@@ -152,6 +152,12 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
+    pub async fn set_deployment_commit(&self, id: &str, commit: &str, now_ms: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE deployments SET commit_sha = $1, updated_at = $2 WHERE id = $3").bind(commit).bind(now_ms).bind(id).execute(&self.pool).await?;
+        self.count_commit();
+        Ok(())
+    }
+
     pub async fn set_deployment_image(&self, id: &str, image: &str, now_ms: i64) -> Result<(), StoreError> {
         sqlx::query("UPDATE deployments SET image = $1, updated_at = $2 WHERE id = $3").bind(image).bind(now_ms).bind(id).execute(&self.pool).await?;
         self.count_commit();
@@ -350,4 +356,74 @@ impl Store {
         .get("n");
         Ok(n > 0)
     }
+}
+
+impl Store {
+    /// Pending instances that have no node yet, of deployments that are
+    /// not finished (they wait for a node).
+    pub async fn unplaced_instances(&self) -> Result<Vec<InstanceRow>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {} FROM instances i JOIN deployments d ON d.id = i.deployment_id \
+             WHERE i.node_id IS NULL AND i.state = 'pending' AND d.state IN ('queued', 'building', 'deploying') \
+             ORDER BY i.deployment_id, i.instance",
+            instance_columns("i")
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(instance_from_row).collect())
+    }
+
+    /// Pending instances placed on a node, with their unfinished
+    /// deployment: the node has yet to report them running.
+    pub async fn placed_unfinished_instances(&self) -> Result<Vec<(InstanceRow, DeploymentRow)>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {}, d.id AS id, d.seq AS seq, d.app AS app, d.kind AS kind, d.commit_sha AS commit_sha, \
+             d.rollback_of AS rollback_of, d.state AS d_state, d.image AS image, d.error AS error, \
+             d.created_at AS created_at, d.updated_at AS d_updated_at \
+             FROM instances i JOIN deployments d ON d.id = i.deployment_id \
+             WHERE i.node_id IS NOT NULL AND i.state = 'pending' AND d.state IN ('queued', 'building', 'deploying')",
+            instance_columns("i")
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|row| {
+                let deployment = DeploymentRow {
+                    id: row.get("id"),
+                    seq: row.get("seq"),
+                    app: row.get("app"),
+                    kind: row.get("kind"),
+                    commit_sha: row.get("commit_sha"),
+                    rollback_of: row.get("rollback_of"),
+                    state: row.get("d_state"),
+                    image: row.get("image"),
+                    error: row.get("error"),
+                    created_at: row.get("created_at"),
+                    updated_at: row.get("d_updated_at"),
+                };
+                (instance_from_row(row), deployment)
+            })
+            .collect())
+    }
+
+    /// Running deployments with no instance running or starting, whose
+    /// instances last changed at or before `cutoff_ms`.
+    pub async fn running_without_instances(&self, cutoff_ms: i64) -> Result<Vec<DeploymentRow>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {DEPLOYMENT_COLUMNS} FROM deployments d WHERE d.state = 'running' \
+             AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.deployment_id = d.id AND i.state IN ('pending', 'running')) \
+             AND (SELECT COALESCE(MAX(i.updated_at), 0) FROM instances i WHERE i.deployment_id = d.id) <= $1"
+        ))
+        .bind(cutoff_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(deployment_from_row).collect())
+    }
+}
+
+/// The instance columns under a table alias, named as [`instance_from_row`]
+/// reads them.
+fn instance_columns(alias: &str) -> String {
+    INSTANCE_COLUMNS.split(", ").map(|c| format!("{alias}.{c} AS {c}")).collect::<Vec<_>>().join(", ")
 }

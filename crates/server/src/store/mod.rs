@@ -8,9 +8,11 @@
 mod apps;
 mod commands;
 mod deployments;
+mod idempotency;
 mod nodes;
 mod open;
 mod reports;
+pub mod retention;
 mod tokens;
 mod usage;
 
@@ -19,10 +21,12 @@ use std::sync::Arc;
 
 use sqlx::SqlitePool;
 
-pub use apps::AppRow;
+pub use apps::{AppRefusal, AppRow};
 pub use commands::{CommandRow, NewCommand};
 pub use deployments::{DeploymentRow, InstanceRow};
-pub use nodes::{HeartbeatRow, JoinRefusal, NewNode, NodeRow};
+pub use idempotency::IdempotencyClaim;
+pub use nodes::{HeartbeatRow, JoinAnswer, JoinRefusal, NewNode, NodeRow};
+pub use open::DATABASE_FILE;
 pub use tokens::TokenRejection;
 pub use usage::NodeUsageRow;
 
@@ -36,6 +40,49 @@ pub enum StoreError {
     Backup { path: String, source: sqlx::Error },
     #[error("i/o error on {path}: {source}")]
     Io { path: String, source: std::io::Error },
+}
+
+/// SQLite's primary result codes that say the disk is full, or that the
+/// database file is not a database.
+const SQLITE_FULL: &str = "13";
+const SQLITE_CORRUPT: &str = "11";
+const SQLITE_NOTADB: &str = "26";
+/// errno ENOSPC.
+const ENOSPC: i32 = 28;
+
+impl StoreError {
+    fn sqlx(&self) -> Option<&sqlx::Error> {
+        match self {
+            StoreError::Database(err) | StoreError::Backup { source: err, .. } => Some(err),
+            StoreError::Migrate(sqlx::migrate::MigrateError::Execute(err))
+            | StoreError::Migrate(sqlx::migrate::MigrateError::ExecuteMigration(err, _)) => Some(err),
+            _ => None,
+        }
+    }
+
+    /// SQLite's primary result code (the extended code's low byte).
+    fn sqlite_code(&self) -> Option<String> {
+        let sqlx::Error::Database(db) = self.sqlx()? else { return None };
+        let code: i64 = db.code()?.parse().ok()?;
+        Some((code & 0xff).to_string())
+    }
+
+    /// The write failed because the disk (or the file system's quota) is
+    /// full: SQLITE_FULL, or ENOSPC from the file system.
+    pub fn is_disk_full(&self) -> bool {
+        if self.sqlite_code().as_deref() == Some(SQLITE_FULL) {
+            return true;
+        }
+        match self {
+            StoreError::Io { source, .. } => source.raw_os_error() == Some(ENOSPC),
+            _ => matches!(self.sqlx(), Some(sqlx::Error::Io(io)) if io.raw_os_error() == Some(ENOSPC)),
+        }
+    }
+
+    /// The database file is damaged or not a SQLite database at all.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self.sqlite_code().as_deref(), Some(SQLITE_CORRUPT | SQLITE_NOTADB))
+    }
 }
 
 /// Handle to the control plane's state. Cheap to clone.
@@ -55,8 +102,29 @@ impl Store {
     /// SQLite transaction that reads and then writes can fail with "database
     /// is locked" when another writer got in between; taking the lock at
     /// BEGIN makes concurrent writers queue (up to the busy timeout) instead.
+    ///
+    /// The BEGIN runs in its own task: sqlx acknowledges a custom BEGIN
+    /// before it builds the `Transaction` that would roll it back on drop,
+    /// so a caller cancelled in between (an HTTP handler whose client hung
+    /// up) left the pooled connection inside a transaction that nobody
+    /// would end. That connection then refused every later BEGIN ("non-zero
+    /// transaction depth"), held the write lock ("database is locked" for
+    /// every other writer) and silently dropped what it wrote afterwards.
+    /// A spawned task always finishes; if its caller is gone, the
+    /// `Transaction` it returns is dropped, which rolls it back.
     async fn write_transaction(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+        let pool = self.pool.clone();
+        let begin = tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await });
+        match begin.await {
+            Ok(result) => Ok(result?),
+            Err(join) => Err(StoreError::Database(sqlx::Error::Protocol(format!("BEGIN task failed: {join}")))),
+        }
+    }
+
+    /// Closes every connection (waiting for those in use), which also
+    /// folds the write-ahead log into the database file.
+    pub async fn close(&self) {
+        self.pool.close().await;
     }
 
     fn count_commit(&self) {

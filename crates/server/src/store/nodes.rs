@@ -90,6 +90,16 @@ fn node_from_row(row: &SqliteRow) -> NodeRow {
     }
 }
 
+/// What a join answered, kept with the spent token so that the same
+/// request can be answered again.
+#[derive(Debug, Clone, Copy)]
+pub struct JoinAnswer<'a> {
+    /// SHA-256 (hex) of the CSR the node sent.
+    pub csr_sha256: &'a str,
+    /// The certificate issued to it (public).
+    pub certificate: &'a str,
+}
+
 /// Why a join could not be recorded.
 #[derive(Debug)]
 pub enum JoinRefusal {
@@ -109,6 +119,7 @@ impl Store {
         &self,
         token_digest: &str,
         node: &NewNode,
+        answer: &JoinAnswer<'_>,
         now_ms: i64,
     ) -> Result<Result<NodeRow, JoinRefusal>, StoreError> {
         let mut tx = self.write_transaction().await?;
@@ -133,9 +144,14 @@ impl Store {
         if taken > 0 {
             return Ok(Err(JoinRefusal::NameTaken));
         }
-        let used = sqlx::query("UPDATE join_tokens SET used_at = $1, used_by_node = $2 WHERE token_sha256 = $3 AND used_at IS NULL")
+        let used = sqlx::query(
+            "UPDATE join_tokens SET used_at = $1, used_by_node = $2, csr_sha256 = $3, certificate = $4 \
+             WHERE token_sha256 = $5 AND used_at IS NULL",
+        )
             .bind(now_ms)
             .bind(&node.id)
+            .bind(answer.csr_sha256)
+            .bind(answer.certificate)
             .bind(token_digest)
             .execute(&mut *tx)
             .await?;
@@ -186,6 +202,27 @@ impl Store {
         self.count_commit();
         let row = self.node(&node.id).await?.expect("node inserted in this transaction");
         Ok(Ok(row))
+    }
+
+    /// The answer of an earlier join with this token and this CSR, while
+    /// the token is within its life and its node is still registered: the
+    /// node and the certificate it was issued. A join whose answer was
+    /// lost on the way gets it again.
+    pub async fn join_retry(&self, token_digest: &str, csr_sha256: &str, now_ms: i64) -> Result<Option<(NodeRow, String)>, StoreError> {
+        let row = sqlx::query(
+            "SELECT used_by_node, certificate FROM join_tokens WHERE token_sha256 = $1 AND used_at IS NOT NULL \
+             AND expires_at > $2 AND csr_sha256 = $3 AND certificate IS NOT NULL",
+        )
+        .bind(token_digest)
+        .bind(now_ms)
+        .bind(csr_sha256)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let node_id: Option<String> = row.get("used_by_node");
+        let certificate: String = row.get("certificate");
+        let Some(node_id) = node_id else { return Ok(None) };
+        Ok(self.node(&node_id).await?.map(|node| (node, certificate)))
     }
 
     async fn mesh_index_free(&self, tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, index: i64) -> Result<bool, StoreError> {

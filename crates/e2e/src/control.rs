@@ -1,0 +1,144 @@
+//! The control plane started in-process with a clock the test moves and
+//! settings it picks, plus helpers that speak for nodes by hand: join,
+//! heartbeat, report. For tests of server behaviour that needs no real
+//! agent (placement, node loss, retention, the store's failure paths).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cloudweb_server::clock::ShiftedClock;
+use cloudweb_server::config::Config;
+use cloudweb_server::RunningServer;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::{key_and_csr, RawClient};
+
+pub struct Control {
+    pub server: RunningServer,
+    pub clock: ShiftedClock,
+    pub admin: String,
+    pub http: reqwest::Client,
+}
+
+/// A node spoken for by the test.
+pub struct HandNode {
+    pub id: String,
+    pub client: RawClient,
+}
+
+impl Control {
+    /// Starts on `dir` with `Config::local` changed by `tweak`.
+    pub async fn start(dir: &Path, tweak: impl FnOnce(&mut Config)) -> Control {
+        let clock = ShiftedClock::default();
+        let mut config = Config::local(dir.to_path_buf());
+        tweak(&mut config);
+        let server = cloudweb_server::start(config, Arc::new(clock.clone())).await.unwrap();
+        let admin = std::fs::read_to_string(dir.join("admin-token")).unwrap().trim().to_string();
+        Control { server, clock, admin, http: reqwest::Client::new() }
+    }
+
+    pub fn agent_url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.server.agent_addr.port())
+    }
+
+    pub fn anonymous(&self) -> RawClient {
+        RawClient::new(self.server.state.ca.cert_pem(), None)
+    }
+
+    /// A user API call with the admin token: status and JSON (Null when
+    /// the body is not JSON).
+    pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.call_with(method, path, &[], body).await
+    }
+
+    pub async fn call_with(&self, method: Method, path: &str, headers: &[(&str, &str)], body: Option<Value>) -> (u16, Value) {
+        let mut request = self.http.request(method, format!("http://{}{path}", self.server.api_addr)).bearer_auth(&self.admin);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    pub async fn token(&self) -> String {
+        let (status, body) = self.call(Method::POST, "/api/join-tokens", None).await;
+        assert_eq!(status, 201, "{body}");
+        body["token"].as_str().unwrap().to_string()
+    }
+
+    /// Joins a node by hand (no heartbeat yet).
+    pub async fn join(&self, name: &str) -> HandNode {
+        let (key, csr) = key_and_csr(|_| {});
+        let body = json!({"token": self.token().await, "csr": csr, "hostname": "h", "name": name}).to_string();
+        let (status, text) = self.anonymous().send(Method::POST, &self.agent_url("/agent/v1/join"), &[], Some(&body)).await.unwrap();
+        assert_eq!(status, 200, "{text}");
+        let joined: Value = serde_json::from_str(&text).unwrap();
+        HandNode {
+            id: joined["node_id"].as_str().unwrap().to_string(),
+            client: RawClient::new(self.server.state.ca.cert_pem(), Some((joined["certificate"].as_str().unwrap(), &key))),
+        }
+    }
+
+    /// Sends `body` as the node's heartbeat; asserts a 200.
+    pub async fn heartbeat(&self, node: &HandNode, body: Value) {
+        let (status, text) = node.client.send(Method::POST, &self.agent_url("/agent/v1/heartbeat"), &[], Some(&body.to_string())).await.unwrap();
+        assert_eq!(status, 200, "{text}");
+    }
+
+    /// A heartbeat with room for a few instances.
+    pub async fn alive(&self, node: &HandNode) {
+        self.heartbeat(node, json!({"cpu_cores": 4, "mem_bytes": 8u64 << 30, "disk_bytes": 100u64 << 30})).await;
+    }
+
+    /// Sends a report for the node; returns the status.
+    pub async fn report(&self, node: &HandNode, body: Value) -> u16 {
+        node.client.send(Method::POST, &self.agent_url("/agent/v1/report"), &[], Some(&body.to_string())).await.unwrap().0
+    }
+
+    pub async fn create_app(&self, name: &str, extra: Value) -> (u16, Value) {
+        let mut body = json!({"name": name, "repo_url": "https://git.example.com/app.git", "port": 8080});
+        for (key, value) in extra.as_object().into_iter().flatten() {
+            body[key] = value.clone();
+        }
+        self.call(Method::POST, "/api/apps", Some(body)).await
+    }
+
+    pub async fn deployment(&self, id: &str) -> Value {
+        let (status, body) = self.call(Method::GET, &format!("/api/deployments/{id}"), None).await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// Polls the deployment every 50 ms until `check` holds (or panics
+    /// after `seconds`).
+    pub async fn deployment_until(&self, id: &str, seconds: u64, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        let start = std::time::Instant::now();
+        loop {
+            let d = self.deployment(id).await;
+            if check(&d) {
+                return d;
+            }
+            assert!(start.elapsed().as_secs() < seconds, "timed out waiting for {what}: {d}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Reports the deployment's instance `instance` built and running on
+    /// `node`.
+    pub async fn run_on(&self, node: &HandNode, deployment: &str, instance: u32) {
+        let image = format!("10.77.0.1:5000/app:{deployment}");
+        for body in [
+            json!({"deployment_id": deployment, "instance": instance, "state": "building"}),
+            json!({"deployment_id": deployment, "instance": instance, "state": "deploying", "image": image}),
+            json!({"deployment_id": deployment, "instance": instance, "state": "running", "address": "10.77.0.2:32768"}),
+        ] {
+            assert_eq!(self.report(node, body.clone()).await, 202, "{body}");
+        }
+    }
+}
