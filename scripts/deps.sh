@@ -7,8 +7,10 @@ need=()
 # docker-registry and busybox-static stand in for images that cannot be
 # pulled: a local registry, and the static busybox that scripts/images.sh
 # turns into the test image. sqlite3 lets tests look into the control
-# plane's database (that deleted data is really gone).
-for pkg in git ca-certificates curl docker-registry busybox-static sqlite3; do
+# plane's database (that deleted data is really gone). The rest is what
+# scripts/install.sh needs, so its smoke test (scripts/smoke-install.sh)
+# finds everything in place.
+for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

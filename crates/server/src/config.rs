@@ -33,6 +33,8 @@ pub struct Config {
     pub base_domain: String,
     /// Run the cluster image registry, when set.
     pub registry: Option<crate::registry::RegistrySettings>,
+    /// Bounds on the agent listener's connections.
+    pub agent_connections: crate::agent_api::listener::ConnectionLimits,
     /// How long a deployment that finds no node for an instance stays
     /// queued (retried every second) before it fails with the reasons.
     pub placement_wait: Duration,
@@ -56,6 +58,7 @@ impl Config {
             allow_private_git_hosts: false,
             registry: None,
             base_domain: "localhost".to_string(),
+            agent_connections: Default::default(),
             placement_wait: Duration::from_secs(60),
         }
     }

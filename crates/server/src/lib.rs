@@ -13,6 +13,7 @@ pub mod error;
 pub mod hub;
 pub mod live;
 pub mod registry;
+pub mod registry_credentials;
 pub mod routes;
 pub mod secrets;
 pub mod store;
@@ -62,6 +63,8 @@ pub struct AppState {
     /// The last heartbeat body of each node, as sent.
     pub last_bodies: std::sync::Mutex<std::collections::HashMap<String, String>>,
     pub registry: RwLock<RegistryConfig>,
+    /// Each node's registry credential, when the registry runs.
+    pub registry_credentials: Option<Arc<registry_credentials::Credentials>>,
     pub heartbeats_total: AtomicU64,
     pub sealer: secrets::Sealer,
     pub agent_binary: Option<agent_api::installer::AgentBinary>,
@@ -212,6 +215,13 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         None => None,
     };
 
+    let registry_credentials = match &config.registry {
+        Some(_) => Some(Arc::new(registry_credentials::Credentials::new(
+            &config.data_dir.join("registry"),
+            secrets::Sealer::load_or_create(&config.data_dir)?,
+        ))),
+        None => None,
+    };
     let state = Arc::new(AppState {
         store: store.clone(),
         ca,
@@ -226,6 +236,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         last_bodies: std::sync::Mutex::new(std::collections::HashMap::new()),
         waiting: std::sync::Mutex::new(std::collections::HashMap::new()),
         registry: RwLock::new(RegistryConfig::default()),
+        registry_credentials,
         heartbeats_total: AtomicU64::new(0),
         sealer,
         agent_binary,
@@ -243,16 +254,17 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
     let api_addr = api_listener.local_addr().map_err(|source| StartError::Listen { addr: state.config.api_listen, source })?;
 
     let mut tasks = Vec::new();
-    if let Some(settings) = state.config.registry.clone() {
-        let running = registry::start(&settings, &state.config.data_dir, &state.ca, state.clock.now()).await?;
+    if let (Some(settings), Some(credentials)) = (state.config.registry.clone(), state.registry_credentials.clone()) {
+        let registered: HashSet<String> = state.nodes.all().into_iter().map(|n| n.id).collect();
+        let running = registry::start(&settings, &state.config.data_dir, &state.ca, &credentials, &registered, state.clock.now()).await?;
         *state.registry.write().expect("registry lock") = running.agent_config.clone();
-        tasks.push(tokio::spawn(registry::supervise(running)));
+        tasks.push(tokio::spawn(registry::supervise(running, credentials)));
     }
 
     let agent_router = agent_api::router(state.clone());
     let api_router = api::router(state.clone());
     tasks.extend([
-        tokio::spawn(agent_api::listener::serve(agent_listener, tls, agent_router)),
+        tokio::spawn(agent_api::listener::serve(agent_listener, tls, agent_router, state.config.agent_connections.clone())),
         tokio::spawn(async move {
             if let Err(err) = axum::serve(api_listener, api_router).await {
                 tracing::error!(error = %err, "user API server stopped");
@@ -327,6 +339,13 @@ pub async fn remove_node(state: &AppState, node_id: &str) -> Result<(), ApiError
     state.hub.remove(node_id);
     state.hub.notify_all(events::PEERS);
     state.last_bodies.lock().expect("last bodies lock").remove(node_id);
+    if let Some(credentials) = &state.registry_credentials {
+        // The node is gone either way; a credential that could not be
+        // deleted now is dropped at the next start.
+        if let Err(err) = credentials.revoke(node_id).await {
+            tracing::error!(node_id, error = %err, "could not revoke the node's registry credential");
+        }
+    }
     routes::recompute(state).await?;
     Ok(())
 }

@@ -1,5 +1,7 @@
 //! `cloudweb-server`: flag parsing and process wiring around
-//! [`cloudweb_server::start`].
+//! [`cloudweb_server::start`], and `join-token` for scripts.
+
+mod join_token_cli;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,6 +12,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use cloudweb_server::clock::SystemClock;
 use cloudweb_server::config::{url_lite::HttpsUrl, Config};
+use cloudweb_server::agent_api::listener::ConnectionLimits;
 use cloudweb_server::registry::RegistrySettings;
 use cloudweb_protocol::SupportedRange;
 
@@ -24,6 +27,9 @@ struct Cli {
 enum Commands {
     /// Run the control plane.
     Serve(ServeArgs),
+    /// Create a join token through a running control plane's user API and
+    /// print the fields asked for, one per line.
+    JoinToken(join_token_cli::JoinTokenArgs),
 }
 
 #[derive(Parser)]
@@ -73,6 +79,17 @@ struct ServeArgs {
     /// Seconds without a heartbeat after which a node is unreachable.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(5..=3600))]
     unreachable_after_seconds: u64,
+    /// Seconds an agent-listener connection without a client certificate may
+    /// stay open without a request (counted from accept).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    unauthenticated_idle_seconds: u64,
+    /// Agent-listener connections without a client certificate held at
+    /// once; past it the oldest are closed.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_unauthenticated_connections: u64,
+    /// The same, per source address.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_unauthenticated_per_address: u64,
     /// Seconds a deployment waits, queued, for a node that can take it
     /// before it fails with the scheduler's reasons (0: fail at once).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=3600))]
@@ -97,11 +114,17 @@ fn real_main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    let args = match cli.command {
+        Commands::Serve(args) => args,
+        Commands::JoinToken(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            return runtime.block_on(join_token_cli::run(args));
+        }
+    };
     raise_open_file_limit();
     // The data dir holds keys, token digests and logs: nothing the control
     // plane writes is for other users.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
-    let Commands::Serve(args) = cli.command;
     let public_url = HttpsUrl::parse(&args.public_url).map_err(anyhow::Error::msg)?;
     let agent_binary = args.agent_binary.or_else(|| {
         let sibling = std::env::current_exe().ok()?.parent()?.join("cloudweb-agent");
@@ -129,6 +152,12 @@ fn real_main() -> anyhow::Result<()> {
             args.base_domain.to_ascii_lowercase()
         },
         allow_file_repos: args.allow_file_repos,
+        agent_connections: ConnectionLimits {
+            unauthenticated_idle: Duration::from_secs(args.unauthenticated_idle_seconds),
+            max_unauthenticated: args.max_unauthenticated_connections as usize,
+            max_unauthenticated_per_address: args.max_unauthenticated_per_address as usize,
+            ..ConnectionLimits::default()
+        },
         placement_wait: Duration::from_secs(args.placement_wait_seconds),
         allow_private_git_hosts: args.allow_private_git_hosts,
         registry: match args.registry_bin {

@@ -1,21 +1,21 @@
 //! The cluster's image registry: the Docker distribution registry, run and
 //! supervised by the control plane as a child process (`docker-registry
-//! serve`), with TLS from the cluster CA and one htpasswd user whose
-//! password is generated here and sealed at rest. Agents learn the address,
-//! the CA and the credentials from `GET /agent/v1/registry`.
+//! serve`), with TLS from the cluster CA and one htpasswd user per node
+//! (see `registry_credentials`). Agents learn the address, the CA and their
+//! own credentials from `GET /agent/v1/registry`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cloudweb_protocol::RegistryConfig;
-use rand::Rng;
+use std::collections::HashSet;
+use std::sync::Arc;
+
 use tokio::process::{Child, Command};
 
 use crate::ca::{write_private, ClusterCa};
-use crate::secrets::Sealer;
-
-const USERNAME: &str = "cloudweb";
+use crate::registry_credentials::Credentials;
 
 #[derive(Debug, Clone)]
 pub struct RegistrySettings {
@@ -53,8 +53,16 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RegistryError + '_ {
     move |source| RegistryError::Io { path: path.to_path_buf(), source }
 }
 
-/// Writes the registry's files (once) and starts it.
-pub async fn start(settings: &RegistrySettings, data_dir: &Path, ca: &ClusterCa, now: time::OffsetDateTime) -> Result<RunningRegistry, RegistryError> {
+/// Writes the registry's files (htpasswd for the `registered` nodes) and
+/// starts it.
+pub async fn start(
+    settings: &RegistrySettings,
+    data_dir: &Path,
+    ca: &ClusterCa,
+    credentials: &Credentials,
+    registered: &HashSet<String>,
+    now: time::OffsetDateTime,
+) -> Result<RunningRegistry, RegistryError> {
     let dir = data_dir.join("registry");
     std::fs::create_dir_all(dir.join("storage")).map_err(io(&dir))?;
     let host = settings.advertise.rsplit_once(':').map(|(h, _)| h.trim_matches(['[', ']'])).unwrap_or(&settings.advertise);
@@ -64,13 +72,10 @@ pub async fn start(settings: &RegistrySettings, data_dir: &Path, ca: &ClusterCa,
     replace_private(&cert_path, issued.cert_pem.as_bytes())?;
     replace_private(&key_path, issued.key_pem.as_bytes())?;
 
-    let password = credentials(&dir, data_dir)?;
-    let htpasswd = dir.join("htpasswd");
-    // The registry checks this hash on every request of a push or pull.
-    // The password is 192 random bits, so a slow hash adds nothing but
-    // latency (about 50 ms a request at cost 10): use the lowest cost.
-    let hash = bcrypt::hash(&password, 4).map_err(|e| RegistryError::Credentials(e.to_string()))?;
-    replace_private(&htpasswd, format!("{USERNAME}:{hash}\n").as_bytes())?;
+    // The one password all nodes shared before each got its own.
+    let _ = std::fs::remove_file(dir.join("password.sealed"));
+    credentials.prepare(registered).await.map_err(|e| RegistryError::Credentials(e.to_string()))?;
+    let htpasswd = credentials.htpasswd_path().to_path_buf();
 
     let quote = |p: &Path| serde_json::to_string(&p.display().to_string()).expect("string serializes");
     let config = format!(
@@ -101,37 +106,25 @@ pub async fn start(settings: &RegistrySettings, data_dir: &Path, ca: &ClusterCa,
         Ok(Err(err)) => tracing::warn!(error = %err, "could not stop a leftover image registry"),
         Err(err) => tracing::warn!(error = %err, "could not look for a leftover image registry"),
     }
+    let version = credentials.written_version();
     let child = spawn(&command, &pid_file)?;
     wait_listening(settings.listen).await?;
+    credentials.loaded(version);
     tracing::info!(listen = %settings.listen, advertise = %settings.advertise, "image registry running");
     Ok(RunningRegistry {
         agent_config: RegistryConfig {
             configured: true,
             address: Some(settings.advertise.clone()),
             ca: Some(ca.cert_pem().to_string()),
-            username: Some(USERNAME.to_string()),
-            password: Some(password),
+            // Filled in per node by the handler.
+            username: None,
+            password: None,
         },
         command,
         child,
         listen: settings.listen,
         pid_file,
     })
-}
-
-/// The registry password: generated once, kept sealed in the data dir.
-fn credentials(dir: &Path, data_dir: &Path) -> Result<String, RegistryError> {
-    let sealer = Sealer::load_or_create(data_dir).map_err(|e| RegistryError::Credentials(e.to_string()))?;
-    let path = dir.join("password.sealed");
-    if let Ok(sealed) = std::fs::read_to_string(&path) {
-        if let Ok(password) = sealer.open_json::<String>("registry-password", sealed.trim()) {
-            return Ok(password);
-        }
-    }
-    let bytes: [u8; 24] = rand::rng().random();
-    let password = hex::encode(bytes);
-    replace_private(&path, sealer.seal_json("registry-password", &password).as_bytes())?;
-    Ok(password)
 }
 
 fn replace_private(path: &Path, contents: &[u8]) -> Result<(), RegistryError> {
@@ -166,28 +159,40 @@ async fn wait_listening(addr: SocketAddr) -> Result<(), RegistryError> {
     Err(RegistryError::NotListening(addr))
 }
 
-/// Restarts the registry whenever it exits, until the task is aborted
-/// (which kills the child).
-pub async fn supervise(mut running: RunningRegistry) {
+/// Restarts the registry whenever it exits, and when `credentials` changed
+/// htpasswd (the registry reads it only at start), until the task is
+/// aborted (which kills the child).
+pub async fn supervise(mut running: RunningRegistry, credentials: Arc<Credentials>) {
+    let changed = credentials.restart_signal();
     // A registry that keeps exiting at once (its port taken, a broken
     // config) is restarted ever more slowly, up to once a minute, and the
     // pace resets once one has run for a minute.
     let mut delay = Duration::from_secs(1);
     loop {
         let started = tokio::time::Instant::now();
-        let status = running.child.wait().await;
-        running.pid_file.clear();
-        if started.elapsed() >= Duration::from_secs(60) {
-            delay = Duration::from_secs(1);
+        tokio::select! {
+            status = running.child.wait() => {
+                running.pid_file.clear();
+                if started.elapsed() >= Duration::from_secs(60) {
+                    delay = Duration::from_secs(1);
+                }
+                tracing::error!(?status, retry_in_seconds = delay.as_secs(), "the image registry exited; restarting it");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(60));
+            }
+            () = changed.notified() => {
+                tracing::info!("restarting the image registry with the changed node credentials");
+                let _ = running.child.kill().await;
+                running.pid_file.clear();
+            }
         }
-        tracing::error!(?status, retry_in_seconds = delay.as_secs(), "the image registry exited; restarting it");
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(60));
+        let version = credentials.written_version();
         match spawn(&running.command, &running.pid_file) {
             Ok(child) => {
                 running.child = child;
-                if let Err(err) = wait_listening(running.listen).await {
-                    tracing::error!(error = %err, "the image registry did not come back");
+                match wait_listening(running.listen).await {
+                    Ok(()) => credentials.loaded(version),
+                    Err(err) => tracing::error!(error = %err, "the image registry did not come back"),
                 }
             }
             Err(err) => {

@@ -22,6 +22,16 @@ pub async fn routes(State(state): State<Arc<AppState>>) -> Json<RouteTable> {
     Json(state.routes.read().expect("routes lock").clone())
 }
 
-pub async fn registry(State(state): State<Arc<AppState>>) -> Json<RegistryConfig> {
-    Json(state.registry.read().expect("registry lock").clone())
+/// The registry settings with the asking node's own credential.
+pub async fn registry(
+    State(state): State<Arc<AppState>>,
+    Extension(AuthedNode(node_id)): Extension<AuthedNode>,
+) -> Result<Json<RegistryConfig>, ApiError> {
+    let mut config = state.registry.read().expect("registry lock").clone();
+    if let (true, Some(credentials)) = (config.configured, &state.registry_credentials) {
+        let password = credentials.for_node(&node_id).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+        config.username = Some(node_id);
+        config.password = Some(password);
+    }
+    Ok(Json(config))
 }

@@ -95,4 +95,4 @@ UNIT
 systemctl daemon-reload
 systemctl enable cloudweb-agent >/dev/null
 systemctl restart cloudweb-agent
-echo "node.sh: the cloud-web agent is running ($(cat "$DATA/node.json" | tr -d '\n' | sed 's/.*"node_id": *"\([^"]*\)".*/\1/'))"
+echo "node.sh: the cloud-web agent is running (node $("$BIN" --data-dir "$DATA" node-id))"

@@ -1,0 +1,126 @@
+//! `cloudweb-bench flood`: N connections that finish the TLS handshake on
+//! the agent listener without a client certificate and then send nothing,
+//! against a real control plane on loopback (started with its default
+//! connection limits). Prints how many the server still holds, the user
+//! API's latency and a fresh handshake's time under the flood, and how
+//! many are still open after the unauthenticated idle timeout.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+use crate::server::{sibling_binary, Server};
+use crate::stats::{ms, summarize};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Idle connections to open.
+    #[arg(long, default_value_t = 2000)]
+    connections: usize,
+    /// Seconds to wait before counting the connections still open (past
+    /// the server's default unauthenticated idle timeout of 10 s).
+    #[arg(long, default_value_t = 13)]
+    settle_seconds: u64,
+    /// The cloudweb-server binary (default: next to this one).
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+}
+
+fn raise_open_file_limit(needed: u64) -> Result<()> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    anyhow::ensure!(hard >= needed, "the open file limit ({hard}) is below the {needed} this run needs");
+    Ok(())
+}
+
+/// Whether the peer closed the stream (end of file or an error) within `wait`.
+async fn closed<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, wait: Duration) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(tokio::time::timeout(wait, stream.read(&mut byte)).await, Ok(Ok(0)) | Ok(Err(_)))
+}
+
+pub async fn run(args: Args) -> Result<()> {
+    raise_open_file_limit(args.connections as u64 + 500)?;
+    let binary = sibling_binary("cloudweb-server", args.server_bin)?;
+    let dir = tempfile::tempdir()?;
+    let server = Server::start(&binary, dir.path(), &[]).await?;
+    let address = server.agent_url.trim_start_matches("https://").to_string();
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(server.ca_pem.as_bytes()).context("CA")?)?;
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let name = ServerName::try_from("127.0.0.1")?;
+
+    let started = Instant::now();
+    let mut flood = Vec::with_capacity(args.connections);
+    let mut failed = 0usize;
+    while flood.len() + failed < args.connections {
+        let mut batch = tokio::task::JoinSet::new();
+        for _ in 0..100.min(args.connections - flood.len() - failed) {
+            let (connector, address, name) = (connector.clone(), address.clone(), name.clone());
+            batch.spawn(async move {
+                let tcp = TcpStream::connect(&address).await.ok()?;
+                connector.connect(name, tcp).await.ok()
+            });
+        }
+        while let Some(done) = batch.join_next().await {
+            match done? {
+                Some(stream) => flood.push(stream),
+                None => failed += 1,
+            }
+        }
+    }
+    let opened_in = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut held = 0;
+    for stream in flood.iter_mut() {
+        if !closed(stream, Duration::from_millis(1)).await {
+            held += 1;
+        }
+    }
+
+    let mut api = Vec::new();
+    let mut handshakes = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let (status, _) = server.call(reqwest::Method::GET, "/api/nodes", None).await?;
+        anyhow::ensure!(status == 200, "GET /api/nodes answered {status}");
+        api.push(t.elapsed().as_micros() as u32);
+        let t = Instant::now();
+        let tcp = TcpStream::connect(&address).await?;
+        let _fresh = connector.connect(name.clone(), tcp).await?;
+        handshakes.push(t.elapsed().as_micros() as u32);
+    }
+    let api = summarize(api);
+    let handshakes = summarize(handshakes);
+
+    let waited = Duration::from_secs(args.settle_seconds).saturating_sub(started.elapsed());
+    tokio::time::sleep(waited).await;
+    let mut open_after = 0;
+    for stream in flood.iter_mut() {
+        if !closed(stream, Duration::from_millis(1)).await {
+            open_after += 1;
+        }
+    }
+
+    println!("flood: {} connections opened in {} ({failed} refused)", flood.len(), ms(opened_in));
+    println!("  held by the server 0.5 s later:   {held}");
+    println!("  GET /api/nodes under the flood:   p50 {}  p99 {}  max {}", ms(api.p50), ms(api.p99), ms(api.max));
+    println!("  a fresh TLS handshake:            p50 {}  p99 {}", ms(handshakes.p50), ms(handshakes.p99));
+    println!("  still open {} s after the start: {open_after}", args.settle_seconds);
+    Ok(())
+}

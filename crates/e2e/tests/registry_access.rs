@@ -1,0 +1,109 @@
+//! Each node pulls and pushes with its own registry credential, and a
+//! removed node's credential stops working while the others keep theirs.
+
+use std::time::Duration;
+
+use cloudweb_e2e::{start_platform, wait_for, AgentNode, Platform, ServerProcess};
+use reqwest::Method;
+use serde_json::Value;
+
+const HEADERS: [(&str, &str); 2] = [("x-cloudweb-protocol", "1"), ("x-cloudweb-agent-version", "0.1.0")];
+
+async fn join(server: &ServerProcess, dir: &std::path::Path, name: &str) -> AgentNode {
+    let (token, ca) = server.join_token().await.unwrap();
+    AgentNode::join(server, &dir.join(name), name, &token, &ca, &[]).unwrap().expect("join succeeds")
+}
+
+/// `GET /agent/v1/registry` as the node: status and settings.
+async fn settings(server: &ServerProcess, node: &AgentNode) -> (u16, Value) {
+    let (status, body) = node
+        .raw_client()
+        .send(Method::GET, &format!("{}/agent/v1/registry", server.url()), &HEADERS, None)
+        .await
+        .unwrap();
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// The registry's answer to `GET /v2/` with these credentials, or None
+/// while it does not answer (restarting).
+async fn registry_status(settings: &Value, username: &str, password: &str) -> Option<u16> {
+    let ca = reqwest::Certificate::from_pem(settings["ca"].as_str().unwrap().as_bytes()).unwrap();
+    let http = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let url = format!("https://{}/v2/", settings["address"].as_str().unwrap());
+    let response = http.get(url).basic_auth(username, Some(password)).send().await.ok()?;
+    Some(response.status().as_u16())
+}
+
+#[tokio::test]
+async fn a_removed_node_loses_registry_access_and_others_keep_theirs() {
+    let Platform { tmp, git: _git, server } = start_platform(&[]).await.unwrap();
+    let a = join(&server, tmp.path(), "reg-a").await;
+    let b = join(&server, tmp.path(), "reg-b").await;
+
+    let (status, settings_a) = settings(&server, &a).await;
+    assert_eq!(status, 200, "{settings_a}");
+    let (status, settings_b) = settings(&server, &b).await;
+    assert_eq!(status, 200, "{settings_b}");
+    let (user_a, pass_a) = (settings_a["username"].as_str().unwrap().to_string(), settings_a["password"].as_str().unwrap().to_string());
+    let (user_b, pass_b) = (settings_b["username"].as_str().unwrap().to_string(), settings_b["password"].as_str().unwrap().to_string());
+    assert_eq!(user_a, a.node_id, "each node has its own user");
+    assert_eq!(user_b, b.node_id);
+    assert_ne!(pass_a, pass_b, "and its own password");
+    assert_eq!(settings(&server, &a).await.1["password"], settings_a["password"], "the credential is stable");
+
+    // Both work (once the registry restarted with both entries).
+    for (user, pass) in [(&user_a, &pass_a), (&user_b, &pass_b)] {
+        wait_for(Duration::from_secs(20), "the registry to accept a node's credential", || async {
+            (registry_status(&settings_a, user, pass).await == Some(200)).then_some(())
+        })
+        .await
+        .unwrap();
+    }
+    // Another node's password under this node's name is refused.
+    assert_eq!(registry_status(&settings_a, &user_a, &pass_b).await, Some(401));
+
+    let (status, body) = server.call(Method::DELETE, &format!("/api/nodes/{}", a.node_id), None).await.unwrap();
+    assert_eq!(status, 204, "{body}");
+    let refused = wait_for(Duration::from_secs(20), "the removed node's credential to be refused", || async {
+        (registry_status(&settings_a, &user_a, &pass_a).await == Some(401)).then_some(())
+    })
+    .await;
+    if let Err(err) = refused {
+        panic!("{err}\nserver log:\n{}", server.process.log_text());
+    }
+    wait_for(Duration::from_secs(20), "the remaining node's credential to work", || async {
+        (registry_status(&settings_b, &user_b, &pass_b).await == Some(200)).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(settings(&server, &a).await.0, 403, "the removed node gets no settings either");
+
+    // A restart keeps b's credential and does not bring a's back.
+    let (agent_port, api_port) = (server.agent_port, server.api_port);
+    let registry_flags: Vec<String> = server_flags(&server);
+    let mut server = server;
+    server.process.kill();
+    let flags: Vec<&str> = registry_flags.iter().map(String::as_str).collect();
+    let server = ServerProcess::start_on(tmp.path(), agent_port, api_port, &flags).await.unwrap();
+    assert_eq!(settings(&server, &b).await.1["password"], settings_b["password"]);
+    wait_for(Duration::from_secs(20), "b's credential after a restart", || async {
+        (registry_status(&settings_b, &user_b, &pass_b).await == Some(200)).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(registry_status(&settings_a, &user_a, &pass_a).await, Some(401));
+}
+
+/// The registry flags the platform started the server with.
+fn server_flags(server: &ServerProcess) -> Vec<String> {
+    let address = std::fs::read_to_string(server.dir.join("server/registry/config.yml"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("addr: ").map(|a| a.trim_matches('"').to_string()))
+        .unwrap();
+    vec!["--registry-bin".into(), "/usr/bin/docker-registry".into(), "--registry-listen".into(), address]
+}

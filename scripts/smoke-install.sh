@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Smoke test of scripts/install.sh, as CI runs it: installs cloud-web under a
+# temporary root with its own ports (so it cannot clash with other tests or
+# an installation on this host), twice (a second run must work too), checks
+# that the example app answers over HTTPS through Caddy with a certificate
+# of Caddy's internal CA, uninstalls, and checks that nothing is left: no
+# process naming the install's directories, no container of its node, no
+# listener on its ports, no directory.
+#
+#   sudo scripts/smoke-install.sh [BIN_DIR]
+#
+# BIN_DIR holds prebuilt cloudweb-server and cloudweb-agent (default
+# target/debug, which scripts/test.sh builds). Needs root and Docker.
+# The whole run is bounded (CLOUDWEB_SMOKE_TIMEOUT seconds, default 600).
+set -euo pipefail
+shopt -s inherit_errexit
+script=$(realpath "$0")
+cd "$(dirname "$script")/.."
+
+say() { echo "smoke-install: $*"; }
+fail() { echo "smoke-install: FAILED: $*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || fail "needs root (the installer does)"
+bin_dir=$(realpath "${1:-target/debug}")
+[ -x "$bin_dir/cloudweb-server" ] && [ -x "$bin_dir/cloudweb-agent" ] || fail "no binaries in $bin_dir (cargo build --bins)"
+
+# Re-run under a time limit; the inner run does the work.
+if [ -z "${CLOUDWEB_SMOKE_INNER:-}" ]; then
+    CLOUDWEB_SMOKE_INNER=1 exec timeout --kill-after=30 "${CLOUDWEB_SMOKE_TIMEOUT:-600}" bash "$script" "$@"
+fi
+
+root=$(mktemp -d /tmp/cloudweb-smoke.XXXXXX)
+# Ports the kernel hands out now; the window until the services bind them
+# is short.
+read -r api_port agent_port registry_port http_port https_port git_port < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(6)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))')
+app="hello-$(printf '%04x' $((RANDOM % 65536)))"
+export CLOUDWEB_ROOT=$root CLOUDWEB_PREBUILT=$bin_dir CLOUDWEB_NO_SYSTEMD=1 \
+    CLOUDWEB_API_PORT=$api_port CLOUDWEB_AGENT_PORT=$agent_port CLOUDWEB_REGISTRY_PORT=$registry_port \
+    CLOUDWEB_HTTP_PORT=$http_port CLOUDWEB_HTTPS_PORT=$https_port CLOUDWEB_GIT_PORT=$git_port \
+    CLOUDWEB_LISTEN_ADDRESS=127.0.0.1 CLOUDWEB_HOST_ADDRESS=127.0.0.1 CLOUDWEB_EXAMPLE_APP=$app
+ports=("$api_port" "$agent_port" "$registry_port" "$http_port" "$https_port" "$git_port")
+agent_dir=$root/var/lib/cloudweb-agent
+node_id=''
+uninstalled=false
+
+dump_logs() {
+    local log
+    for log in "$root"/var/log/cloudweb/*.log; do
+        [ -f "$log" ] || continue
+        echo "--- $log (last 40 lines)" >&2
+        tail -n 40 "$log" >&2
+    done
+}
+
+# Whatever happens, nothing of this run may stay behind.
+on_exit() {
+    local status=$?
+    if [ "$status" != 0 ]; then
+        dump_logs
+    fi
+    if ! $uninstalled; then
+        bash scripts/install.sh --uninstall >/dev/null 2>&1 || true
+    fi
+    rm -rf "$root"
+    exit "$status"
+}
+trap on_exit EXIT
+# A timeout's SIGTERM must still clean up.
+trap 'exit 143' TERM INT
+
+say "the installer refuses an unknown option"
+if bash scripts/install.sh --bogus >/dev/null 2>&1; then fail "install.sh --bogus succeeded"; fi
+
+say "installing under $root (API $api_port, agents $agent_port, HTTPS $https_port)"
+bash scripts/install.sh > "$root.install-1.log" 2>&1 || { cat "$root.install-1.log" >&2; rm -f "$root.install-1.log"; fail "the first install"; }
+rm -f "$root.install-1.log"
+node_id=$("$bin_dir/cloudweb-agent" --data-dir "$agent_dir" node-id)
+say "installed; node $node_id"
+
+say "installing again over it"
+output=$(bash scripts/install.sh 2>&1) || { echo "$output" >&2; fail "the second install"; }
+grep -q "example app:  https://$app.localhost:$https_port/" <<<"$output" || { echo "$output" >&2; fail "the installer did not print the example's URL"; }
+grep -q "Deploy your own" <<<"$output" || fail "the installer did not say how to deploy an app"
+[ "$("$bin_dir/cloudweb-agent" --data-dir "$agent_dir" node-id)" = "$node_id" ] || fail "the second run changed the node's identity"
+
+say "fetching https://$app.localhost:$https_port/ through Caddy"
+caddy_root=$agent_dir/caddy/data/caddy/pki/authorities/local/root.crt
+[ -f "$caddy_root" ] || fail "no Caddy internal CA at $caddy_root"
+page=$(curl -fsS --max-time 10 --cacert "$caddy_root" --resolve "$app.localhost:$https_port:127.0.0.1" \
+    "https://$app.localhost:$https_port/") || fail "HTTPS request to the example app"
+grep -q 'Hello from cloud-web' <<<"$page" || fail "unexpected page: $page"
+redirect=$(curl -sS --max-time 10 -o /dev/null -w '%{http_code}' --resolve "$app.localhost:$http_port:127.0.0.1" \
+    "http://$app.localhost:$http_port/")
+[ "$redirect" = 308 ] || [ "$redirect" = 301 ] || [ "$redirect" = 302 ] || fail "plain HTTP answered $redirect, not a redirect"
+
+say "uninstalling"
+bash scripts/install.sh --uninstall || fail "the uninstall"
+uninstalled=true
+
+leftovers=''
+for proc in /proc/[0-9]*; do
+    cmdline=$(tr '\0' ' ' 2>/dev/null < "$proc/cmdline") || continue
+    case "$cmdline" in *"$root/"*) leftovers="$leftovers ${proc#/proc/}:$cmdline" ;; esac
+done
+[ -z "$leftovers" ] || fail "processes left running:$leftovers"
+containers=$(docker ps -a --filter "label=cloudweb.node=$node_id" --format '{{.Names}}')
+[ -z "$containers" ] || fail "containers left: $containers"
+for port in "${ports[@]}"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        fail "something still listens on port $port"
+    fi
+done
+remaining=$(find "$root" -mindepth 1 -not -type d 2>/dev/null | head -5)
+[ -z "$remaining" ] || fail "files left: $remaining"
+[ ! -e "/etc/docker/certs.d/127.0.0.1:$registry_port" ] || fail "the registry CA was left in /etc/docker/certs.d"
+say "ok: installed twice, served $app over HTTPS, uninstalled without leftovers"
