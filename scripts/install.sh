@@ -296,7 +296,8 @@ start_service cloudweb-server "$server_bin" serve \
     --data-dir "$data_dir" --public-url "$public_url" --api-listen "127.0.0.1:$api_port" \
     --agent-listen "$listen_address:$agent_port" --agent-binary "$agent_bin" --base-domain "$base_domain" \
     --registry-bin /usr/bin/docker-registry --registry-listen "$listen_address:$registry_port" \
-    --registry-advertise "$registry_address"
+    --registry-advertise "$registry_address" \
+    --allow-git-host "127.0.0.1:$git_port"
 for _ in $(seq 1 150); do
     curl -fsS "$api/healthz" >/dev/null 2>&1 && break
     sleep 0.2

@@ -352,6 +352,17 @@ pub enum RepoScheme {
     Git,
 }
 
+impl RepoScheme {
+    /// The port git dials when the URL names none.
+    pub fn default_port(self) -> u16 {
+        match self {
+            RepoScheme::Https => 443,
+            RepoScheme::Ssh => 22,
+            RepoScheme::Git => 9418,
+        }
+    }
+}
+
 /// The host a repository URL makes git contact, and the ssh user.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RepoHost {

@@ -29,6 +29,10 @@ pub struct Config {
     /// Accept git hosts on loopback and private networks (`repo_url` and,
     /// through the deploy payload, the agent's check of resolved names).
     pub allow_private_git_hosts: bool,
+    /// Exact `host:port` git servers allowed although they are on loopback
+    /// or a private network (the installer's example repository), without
+    /// opening every private address the way `allow_private_git_hosts` does.
+    pub allowed_git_hosts: Vec<String>,
     /// Every app answers on `<app>.<base_domain>`.
     pub base_domain: String,
     /// Run the cluster image registry, when set.
@@ -56,6 +60,7 @@ impl Config {
             drain_period: Duration::from_secs(10),
             allow_file_repos: false,
             allow_private_git_hosts: false,
+            allowed_git_hosts: Vec::new(),
             registry: None,
             base_domain: "localhost".to_string(),
             agent_connections: Default::default(),
@@ -126,5 +131,42 @@ pub mod url_lite {
                 assert!(HttpsUrl::parse(bad).is_err(), "{bad}");
             }
         }
+    }
+}
+
+impl Config {
+    /// Whether a repository on a loopback or private address is allowed:
+    /// by the general flag, or because its exact `host:port` is listed.
+    /// The answer also goes to the agent, which checks resolved addresses.
+    pub fn allows_private_git(&self, repo_url: &str) -> bool {
+        if self.allow_private_git_hosts {
+            return true;
+        }
+        let Ok(Some(target)) = cloudweb_protocol::deploy::repo_host(repo_url) else {
+            return false;
+        };
+        let port = target.port.unwrap_or_else(|| target.scheme.default_port());
+        let wanted = format!("{}:{port}", target.host.to_ascii_lowercase());
+        self.allowed_git_hosts.iter().any(|allowed| allowed.eq_ignore_ascii_case(&wanted))
+    }
+}
+
+#[cfg(test)]
+mod git_host_tests {
+    use super::Config;
+
+    #[test]
+    fn only_the_listed_host_and_port_pass_a_private_address() {
+        let mut config = Config::local(std::path::PathBuf::from("/nonexistent"));
+        config.allowed_git_hosts = vec!["127.0.0.1:9418".to_string()];
+        assert!(config.allows_private_git("git://127.0.0.1/hello.git"), "9418 is git's own port");
+        assert!(config.allows_private_git("git://127.0.0.1:9418/hello.git"));
+        assert!(!config.allows_private_git("git://127.0.0.1:9419/hello.git"));
+        assert!(!config.allows_private_git("https://127.0.0.1/hello.git"), "https dials 443");
+        assert!(!config.allows_private_git("git://10.0.0.1:9418/hello.git"));
+        config.allowed_git_hosts.clear();
+        assert!(!config.allows_private_git("git://127.0.0.1:9418/hello.git"));
+        config.allow_private_git_hosts = true;
+        assert!(config.allows_private_git("git://10.0.0.1/x.git"));
     }
 }

@@ -63,6 +63,10 @@ struct ServeArgs {
     /// stay refused.
     #[arg(long)]
     allow_private_git_hosts: bool,
+    /// Allow one git server on loopback or a private network by its exact
+    /// `host:port` (repeatable), e.g. the installer's example repository.
+    #[arg(long = "allow-git-host", value_name = "HOST:PORT", value_parser = parse_git_host)]
+    allow_git_host: Vec<String>,
     /// The Docker distribution registry binary to run as the cluster registry
     /// (Debian: /usr/bin/docker-registry). No registry runs without it.
     #[arg(long)]
@@ -160,6 +164,7 @@ fn real_main() -> anyhow::Result<()> {
         },
         placement_wait: Duration::from_secs(args.placement_wait_seconds),
         allow_private_git_hosts: args.allow_private_git_hosts,
+        allowed_git_hosts: args.allow_git_host,
         registry: match args.registry_bin {
             Some(binary) => {
                 let advertise = args.registry_advertise.unwrap_or_else(|| args.registry_listen.to_string());
@@ -196,4 +201,16 @@ async fn wait_for_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// `host:port` with a host name or IP address (IPv6 in brackets) and a port.
+fn parse_git_host(value: &str) -> Result<String, String> {
+    let (host, port) = value.rsplit_once(':').ok_or("expected HOST:PORT")?;
+    port.parse::<u16>().ok().filter(|p| *p != 0).ok_or("the port must be 1 to 65535")?;
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let plain = !host.is_empty() && !host.starts_with('-') && host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':'));
+    if !plain {
+        return Err("the host must be a name or an IP address".into());
+    }
+    Ok(format!("{}:{port}", host.to_ascii_lowercase()))
 }

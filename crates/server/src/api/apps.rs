@@ -166,7 +166,7 @@ pub async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let request: CreateApp = parse_json(&body_bytes(body)?)?;
-    validate_create(&request, state.config.allow_file_repos, state.config.allow_private_git_hosts)?;
+    validate_create(&request, state.config.allow_file_repos, state.config.allows_private_git(&request.repo_url))?;
     let build = request.build.map(|b| BuildSettings { install_cmd: b.install_cmd, build_cmd: b.build_cmd, output_dir: b.output_dir, spa: b.spa });
     if let Some(build) = &build {
         build.validate()?;

@@ -259,7 +259,7 @@ pub(crate) fn deploy_payload(
                 commit: deployment.commit_sha.clone(),
                 credentials,
                 ssh,
-                allow_private_hosts: state.config.allow_private_git_hosts,
+                allow_private_hosts: state.config.allows_private_git(&app.repo_url),
             })
         }
     };
