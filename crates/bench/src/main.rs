@@ -5,6 +5,7 @@
 //! route changes, blue/green switches and the latency Caddy adds.
 
 mod agent_rss;
+mod apps;
 mod deploy;
 mod docker;
 mod git_daemon;
@@ -46,6 +47,9 @@ enum Commands {
     /// The agent's memory idle and with 50 containers, and the time one
     /// usage sample takes with 1, 20 and 100 containers.
     Agent(agent_rss::Args),
+    /// `POST /api/apps` answer times at growing route table sizes, against
+    /// a real control plane on loopback.
+    Apps(apps::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -58,6 +62,7 @@ fn main() -> std::process::ExitCode {
             Commands::Ingress(args) => ingress::run(args).await,
             Commands::Scheduler(args) => scheduler::run(args),
             Commands::Agent(args) => agent_rss::run(args).await,
+            Commands::Apps(args) => apps::run(args).await,
         }
     });
     match result {

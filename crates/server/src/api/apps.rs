@@ -174,7 +174,7 @@ pub async fn create(
         return Err(ApiError::Conflict(format!("an app named {} already exists", app.name)));
     }
     tracing::info!(app = %app.name, "app created");
-    crate::routes::recompute(&state).await?;
+    crate::routes::app_changed(&state, &app.name).await?;
     Ok((StatusCode::CREATED, Json(view(&state, &app))))
 }
 
@@ -196,7 +196,7 @@ pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>
     load(&state, &name).await?;
     crate::deploy::stop_app(&state, &name).await?;
     state.store.delete_app(&name).await?;
-    crate::routes::recompute(&state).await?;
+    crate::routes::app_changed(&state, &name).await?;
     tracing::info!(app = %name, "app deleted");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -243,7 +243,7 @@ pub async fn set_domains(
     let domains: Vec<String> = domains.into_iter().map(|d| d.to_ascii_lowercase()).collect();
     load(&state, &name).await?;
     state.store.set_app_domains(&name, &serde_json::to_string(&domains).expect("strings serialize")).await?;
-    crate::routes::recompute(&state).await?;
+    crate::routes::app_changed(&state, &name).await?;
     Ok(Json(json!({"app": name, "domains": domains})))
 }
 

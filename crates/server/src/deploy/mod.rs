@@ -272,6 +272,7 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
         tracing::debug!(deployment = %report.deployment_id, "report for an unknown deployment");
         return Ok(());
     };
+    let app = deployment.app.clone();
     let instance_no = i64::from(report.instance.unwrap_or(1));
     let instances = state.store.instances(&deployment.id).await?;
     let Some(instance) = instances.iter().find(|i| i.instance == instance_no) else {
@@ -335,7 +336,7 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
         }
         other => return Err(ApiError::BadRequest(format!("unknown instance state {other:?}"))),
     }
-    crate::routes::recompute(state).await?;
+    crate::routes::app_changed(state, &app).await?;
     Ok(())
 }
 
@@ -356,7 +357,7 @@ async fn supersede_others(state: &AppState, current: &DeploymentRow) -> Result<(
             }
             // The table without the old instances; they stop only once
             // every ingress serves it.
-            let version = crate::routes::recompute(state).await?;
+            let version = crate::routes::app_changed(state, &current.app).await?;
             state.store.set_stop_after_routes(&old.id, version as i64).await?;
         }
     }

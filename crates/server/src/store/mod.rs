@@ -11,6 +11,7 @@ mod deployments;
 mod nodes;
 mod open;
 mod reports;
+mod routes;
 mod tokens;
 mod usage;
 
