@@ -351,7 +351,8 @@ async fn build_in(
     let home = work.join("home");
     std::fs::create_dir_all(&home).map_err(|e| Failure::Failed(e.to_string()))?;
     logs.line("build", format!("cloning branch {} of {}", source.branch, source.repo_url));
-    let commit = build::git::checkout(source, &checkout, &home, options.allow_file_repos).await.map_err(|e| Failure::Failed(e.to_string()))?;
+    let mirrors = options.data_dir.join("git-mirrors");
+    let commit = build::mirror::checkout(&mirrors, &payload.app, source, &checkout, &home, options.allow_file_repos).await.map_err(|e| Failure::Failed(e.to_string()))?;
     logs.line("build", format!("checked out {commit}"));
     let strategy = payload.strategy.unwrap_or(Strategy::Auto);
     let plan = build::plan(&checkout, strategy, payload.build.as_ref()).map_err(|e| Failure::Failed(e.to_string()))?;

@@ -28,7 +28,7 @@ fn allowed_protocols(allow_file: bool) -> &'static str {
     }
 }
 
-fn git(home: &Path, allow_file: bool, credentials: Option<&GitCredentials>) -> Command {
+pub(super) fn git(home: &Path, allow_file: bool, credentials: Option<&GitCredentials>) -> Command {
     let mut command = Command::new("git");
     command
         .env_clear()
@@ -52,7 +52,7 @@ fn git(home: &Path, allow_file: bool, credentials: Option<&GitCredentials>) -> C
     command
 }
 
-async fn run(mut command: Command, step: &'static str, secret: Option<&str>) -> Result<String, GitError> {
+pub(super) async fn run(mut command: Command, step: &'static str, secret: Option<&str>) -> Result<String, GitError> {
     let output = command.output().await.map_err(GitError::Spawn)?;
     if output.status.success() {
         return Ok(String::from_utf8_lossy(&output.stdout).trim().to_string());

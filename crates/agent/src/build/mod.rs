@@ -3,6 +3,7 @@
 //! again before using it.
 
 pub mod git;
+pub mod mirror;
 pub mod static_site;
 
 use std::path::{Path, PathBuf};
