@@ -378,7 +378,7 @@ async fn build_in(
             build::build_static_site(build, |stream, line| logs.line(&stream, line)).await.map_err(|e| Failure::Failed(e.to_string()))?;
         }
         Plan::Buildpacks => {
-            let Some(pack) = which("pack") else {
+            let Some(pack) = crate::find_on_path(Path::new("pack")) else {
                 return Err(Failure::Failed(format!(
                     "no Dockerfile and no static site in the repository, and the pack CLI (buildpacks) is not installed on node {}",
                     runtime.node_id()
@@ -407,6 +407,3 @@ async fn build_in(
     Ok(())
 }
 
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|dir| Path::new(dir).join(program)).find(|p| p.is_file())
-}
