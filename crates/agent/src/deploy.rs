@@ -478,7 +478,8 @@ async fn build_in(
     let home = work.join("home");
     std::fs::create_dir_all(&home).map_err(|e| Failure::Failed(e.to_string()))?;
     logs.line("build", format!("cloning branch {} of {}", source.branch, source.repo_url));
-    let commit = build::git::checkout(source, &checkout, &home, options.allow_file_repos).await.map_err(|e| Failure::Failed(e.to_string()))?;
+    let mirrors = options.data_dir.join("git-mirrors");
+    let commit = build::mirror::checkout(&mirrors, &payload.app, source, &checkout, &home, options.allow_file_repos).await.map_err(|e| Failure::Failed(e.to_string()))?;
     logs.line("build", format!("checked out {commit}"));
     // The deployment records the full commit it was built from (a branch
     // head or an abbreviation otherwise say nothing exact).
@@ -512,7 +513,7 @@ async fn build_in(
             build::build_static_site(build, |stream, line| logs.line(&stream, line)).await.map_err(|e| Failure::Failed(e.to_string()))?;
         }
         Plan::Buildpacks => {
-            let Some(pack) = which("pack") else {
+            let Some(pack) = crate::find_on_path(Path::new("pack")) else {
                 return Err(Failure::Failed(format!(
                     "no Dockerfile and no static site in the repository, and the pack CLI (buildpacks) is not installed on node {}",
                     runtime.node_id()
@@ -542,6 +543,3 @@ async fn build_in(
     Ok(())
 }
 
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|dir| Path::new(dir).join(program)).find(|p| p.is_file())
-}

@@ -18,3 +18,37 @@ pub mod usage;
 
 /// This agent's version, sent in `X-Cloudweb-Agent-Version`.
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Where `PATH` finds an executable named `program`, the way a shell would
+/// (the first directory holding an executable file of that name). Used for
+/// every external program the agent looks up (Caddy, `pack`).
+pub fn find_on_path(program: &std::path::Path) -> Option<std::path::PathBuf> {
+    find_in(&std::env::var_os("PATH")?, program)
+}
+
+fn find_in(path: &std::ffi::OsStr, program: &std::path::Path) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| std::fs::metadata(candidate).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn finds_executables_on_path_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let tool = dir.path().join("cw-tool");
+        std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(dir.path().join("cw-plain"), "not executable").unwrap();
+        std::fs::create_dir(dir.path().join("cw-dir")).unwrap();
+        let path = std::env::join_paths([std::path::Path::new("/nonexistent"), dir.path()]).unwrap();
+        assert_eq!(super::find_in(&path, "cw-tool".as_ref()), Some(tool));
+        for absent in ["cw-plain", "cw-dir", "cw-none"] {
+            assert_eq!(super::find_in(&path, absent.as_ref()), None, "{absent}");
+        }
+    }
+}

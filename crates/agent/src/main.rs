@@ -298,7 +298,5 @@ fn resolve_binary(name: &std::path::Path) -> PathBuf {
     if name.components().count() > 1 {
         return name.to_path_buf();
     }
-    std::env::var_os("PATH")
-        .and_then(|path| std::env::split_paths(&path).map(|dir| dir.join(name)).find(|p| p.is_file()))
-        .unwrap_or_else(|| name.to_path_buf())
+    cloudweb_agent::find_on_path(name).unwrap_or_else(|| name.to_path_buf())
 }

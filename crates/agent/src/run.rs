@@ -14,7 +14,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
 use futures_util::{Stream, StreamExt};
 
 use crate::capacity;
@@ -278,11 +277,43 @@ async fn sync(client: &Arc<ControlPlane>, executor: &mut Executor, options: &Run
     }
 }
 
-/// Reads server-sent events and yields their names. Only the `event:` field
-/// matters here: data is a hint-free `{}`.
+/// Reads server-sent events and yields their names. Only the event name
+/// matters here: data is a hint-free `{}`. The parsing is the
+/// `eventsource-stream` crate's; this only bounds what may arrive between
+/// two events.
 pub struct SseReader<S> {
+    events: eventsource_stream::EventStream<Bounded<S>>,
+    since_event: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Most bytes accepted between two events: a well-behaved server never
+/// sends this much without finishing one (keep-alive comments included:
+/// past this the stream is dropped and opened again, which is harmless).
+const MAX_BYTES_BETWEEN_EVENTS: usize = 64 * 1024;
+
+/// The byte stream, ended once more than [`MAX_BYTES_BETWEEN_EVENTS`]
+/// arrived since the reader last yielded an event.
+pub struct Bounded<S> {
     stream: S,
-    buffer: BytesMut,
+    since_event: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<S, E> Stream for Bounded<S>
+where
+    S: Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+{
+    type Item = Result<bytes::Bytes, E>;
+
+    fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+        if self.since_event.load(std::sync::atomic::Ordering::Relaxed) > MAX_BYTES_BETWEEN_EVENTS {
+            return std::task::Poll::Ready(None);
+        }
+        let polled = std::pin::Pin::new(&mut self.stream).poll_next(cx);
+        if let std::task::Poll::Ready(Some(Ok(chunk))) = &polled {
+            self.since_event.fetch_add(chunk.len(), std::sync::atomic::Ordering::Relaxed);
+        }
+        polled
+    }
 }
 
 impl<S, E> SseReader<S>
@@ -290,64 +321,22 @@ where
     S: Stream<Item = Result<bytes::Bytes, E>> + Unpin,
 {
     pub fn new(stream: S) -> Self {
-        SseReader { stream, buffer: BytesMut::new() }
+        let since_event = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let bounded = Bounded { stream, since_event: since_event.clone() };
+        SseReader { events: eventsource_stream::Eventsource::eventsource(bounded), since_event }
     }
 
     /// The next event's name (`message` when it has none); `None` when the
     /// stream ends or fails.
     pub async fn next_event(&mut self) -> Option<String> {
-        loop {
-            if let Some(name) = self.take_event() {
-                return Some(name);
+        match self.events.next().await {
+            Some(Ok(event)) => {
+                self.since_event.store(0, std::sync::atomic::Ordering::Relaxed);
+                Some(event.event)
             }
-            match self.stream.next().await {
-                Some(Ok(chunk)) => {
-                    self.buffer.extend_from_slice(&chunk);
-                    if self.buffer.len() > 64 * 1024 {
-                        // A well-behaved server never sends this much without
-                        // a blank line.
-                        return None;
-                    }
-                }
-                _ => return None,
-            }
+            _ => None,
         }
     }
-
-    fn take_event(&mut self) -> Option<String> {
-        loop {
-            // Blocks end with a blank line; "\r\n" line ends are allowed.
-            let (end, separator) = find_blank_line(&self.buffer)?;
-            let block = self.buffer.split_to(end + separator);
-            let text = String::from_utf8_lossy(&block[..end]);
-            let mut name = None;
-            let mut has_data = false;
-            for line in text.lines() {
-                if let Some(value) = line.strip_prefix("event:") {
-                    name = Some(value.trim().to_string());
-                } else if line.starts_with("data:") {
-                    has_data = true;
-                }
-            }
-            if name.is_some() || has_data {
-                return Some(name.unwrap_or_else(|| "message".to_string()));
-            }
-            // A comment-only block (keep-alive): keep reading.
-        }
-    }
-}
-
-/// Position and length of the first blank-line separator.
-fn find_blank_line(buffer: &[u8]) -> Option<(usize, usize)> {
-    (0..buffer.len()).find_map(|i| {
-        if buffer[i..].starts_with(b"\r\n\r\n") {
-            Some((i, 4))
-        } else if buffer[i..].starts_with(b"\n\n") {
-            Some((i, 2))
-        } else {
-            None
-        }
-    })
 }
 
 #[cfg(test)]
@@ -365,6 +354,14 @@ mod tests {
         assert_eq!(reader.next_event().await.as_deref(), Some("commands"));
         assert_eq!(reader.next_event().await.as_deref(), Some("routes"));
         assert_eq!(reader.next_event().await, None);
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_never_finishes_an_event_is_dropped() {
+        let endless = futures_util::stream::repeat_with(|| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'x'; 4096])));
+        let mut reader = SseReader::new(Box::pin(endless));
+        let ended = tokio::time::timeout(Duration::from_secs(5), reader.next_event()).await;
+        assert_eq!(ended.expect("the reader gives up"), None);
     }
 
     #[test]

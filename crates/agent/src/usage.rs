@@ -52,6 +52,7 @@ pub struct Latest {
 /// Takes a sample every `interval` until the task is aborted.
 pub async fn sampler(runtime: DockerRuntime, data_dir: std::path::PathBuf, interval: Duration, latest: Arc<Latest>) {
     let mut previous_cpu: Option<(u64, u64)> = None;
+    let mut tracker = crate::runtime::UsageTracker::host();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -69,8 +70,11 @@ pub async fn sampler(runtime: DockerRuntime, data_dir: std::path::PathBuf, inter
             _ => None,
         };
         let node = NodeUsage { cpu_pct, mem_used, disk_used: disk_used(&data_dir) };
-        let (containers, omitted) = match tokio::time::timeout(DOCKER_BOUND, runtime.container_usage()).await {
-            Ok(Ok(mut containers)) => {
+        let mut docker_calls = None;
+        let (containers, omitted) = match tokio::time::timeout(DOCKER_BOUND, runtime.container_usage(&mut tracker)).await {
+            Ok(Ok(sample)) => {
+                docker_calls = Some(sample.docker_calls);
+                let mut containers = sample.containers;
                 containers.sort_by(|a, b| b.mem_bytes.unwrap_or(0).cmp(&a.mem_bytes.unwrap_or(0)));
                 let omitted = containers.len().saturating_sub(MAX_CONTAINERS) as u32;
                 containers.truncate(MAX_CONTAINERS);
@@ -85,7 +89,7 @@ pub async fn sampler(runtime: DockerRuntime, data_dir: std::path::PathBuf, inter
                 (None, None)
             }
         };
-        tracing::info!(took_ms = started.elapsed().as_millis() as u64, containers = containers.as_ref().map(Vec::len), "usage sample taken");
+        tracing::info!(took_ms = started.elapsed().as_millis() as u64, containers = containers.as_ref().map(Vec::len), docker_calls, "usage sample taken");
         *latest.sample.lock().expect("sample lock") = Some(Metrics { node: Some(node), containers, omitted, traffic: None, traffic_omitted: None });
     }
 }

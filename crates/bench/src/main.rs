@@ -5,6 +5,7 @@
 //! route changes, blue/green switches and the latency Caddy adds.
 
 mod agent_rss;
+mod apps;
 mod deploy;
 mod docker;
 mod flood;
@@ -52,6 +53,9 @@ enum Commands {
     /// fresh handshake under the flood, and what is left after the idle
     /// timeout.
     Flood(flood::Args),
+    /// `POST /api/apps` answer times at growing route table sizes, against
+    /// a real control plane on loopback.
+    Apps(apps::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -65,6 +69,7 @@ fn main() -> std::process::ExitCode {
             Commands::Scheduler(args) => scheduler::run(args),
             Commands::Agent(args) => agent_rss::run(args).await,
             Commands::Flood(args) => flood::run(args).await,
+            Commands::Apps(args) => apps::run(args).await,
         }
     });
     match result {

@@ -12,7 +12,7 @@ pub struct Config {
     pub agent_listen: SocketAddr,
     pub api_listen: SocketAddr,
     /// What agents dial, e.g. `https://cp.example.com:8443`.
-    pub public_url: url_lite::HttpsUrl,
+    pub public_url: public_url::HttpsUrl,
     /// The agent binary offered to new nodes by `/node.sh`.
     pub agent_binary: Option<PathBuf>,
     /// How often the latest heartbeats are written to the database.
@@ -51,7 +51,7 @@ impl Config {
             data_dir,
             agent_listen: "127.0.0.1:0".parse().expect("literal address"),
             api_listen: "127.0.0.1:0".parse().expect("literal address"),
-            public_url: url_lite::HttpsUrl::parse("https://127.0.0.1:8443").expect("literal url"),
+            public_url: public_url::HttpsUrl::parse("https://127.0.0.1:8443").expect("literal url"),
             agent_binary: None,
             heartbeat_flush_interval: Duration::from_secs(5),
             unreachable_after: Duration::from_secs(30),
@@ -69,8 +69,9 @@ impl Config {
     }
 }
 
-/// The one URL shape the control plane needs: `https://host[:port]`.
-pub mod url_lite {
+/// The one URL shape the control plane needs: `https://host[:port]`,
+/// parsed by the `url` crate (WHATWG rules) and then narrowed.
+pub mod public_url {
     use std::fmt;
 
     #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,29 +82,23 @@ pub mod url_lite {
 
     impl HttpsUrl {
         pub fn parse(text: &str) -> Result<HttpsUrl, String> {
-            let rest = text
-                .strip_prefix("https://")
-                .ok_or_else(|| format!("public URL {text:?} must start with https://"))?;
-            let rest = rest.trim_end_matches('/');
-            if rest.contains('/') || rest.contains('@') || rest.contains('?') || rest.is_empty() {
+            let url = url::Url::parse(text).map_err(|e| format!("public URL {text:?} is not a URL: {e}"))?;
+            if url.scheme() != "https" {
+                return Err(format!("public URL {text:?} must start with https://"));
+            }
+            if !url.username().is_empty() || url.password().is_some() || url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
                 return Err(format!("public URL {text:?} must be https://host[:port] with no path"));
             }
-            let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
-                let (host, after) = v6.split_once(']').ok_or_else(|| format!("public URL {text:?}: unclosed '['"))?;
-                (host.to_string(), after.strip_prefix(':'))
-            } else {
-                match rest.rsplit_once(':') {
-                    Some((h, p)) => (h.to_string(), Some(p)),
-                    None => (rest.to_string(), None),
+            let port = url.port_or_known_default().unwrap_or(443);
+            let host = match url.host() {
+                Some(url::Host::Domain(name)) => {
+                    cloudweb_protocol::validate::hostname("public URL host", name).map_err(|e| e.to_string())?;
+                    name.to_string()
                 }
+                Some(url::Host::Ipv4(ip)) => ip.to_string(),
+                Some(url::Host::Ipv6(ip)) => ip.to_string(),
+                None => return Err(format!("public URL {text:?} has no host")),
             };
-            let port = match port {
-                None => 443,
-                Some(p) => p.parse::<u16>().map_err(|_| format!("public URL {text:?}: bad port"))?,
-            };
-            if host.parse::<std::net::IpAddr>().is_err() {
-                cloudweb_protocol::validate::hostname("public URL host", &host).map_err(|e| e.to_string())?;
-            }
             Ok(HttpsUrl { host, port })
         }
     }
@@ -127,7 +122,8 @@ pub mod url_lite {
             assert_eq!(HttpsUrl::parse("https://cp.example.com:8443").unwrap().to_string(), "https://cp.example.com:8443");
             assert_eq!(HttpsUrl::parse("https://cp.example.com").unwrap().port, 443);
             assert_eq!(HttpsUrl::parse("https://[::1]:8443").unwrap().host, "::1");
-            for bad in ["http://x", "https://", "https://x/path", "https://u@x", "https://x:99999", "https://a b"] {
+            assert_eq!(HttpsUrl::parse("https://CP.Example.com:443/").unwrap().to_string(), "https://cp.example.com:443");
+            for bad in ["http://x", "https://", "https://x/path", "https://u@x", "https://u:p@x", "https://x:99999", "https://a b", "https://x?q=1", "https://x#f", "cp.example.com"] {
                 assert!(HttpsUrl::parse(bad).is_err(), "{bad}");
             }
         }

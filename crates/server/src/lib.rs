@@ -53,11 +53,8 @@ pub struct AppState {
     /// SHA-256 digests of valid admin API tokens.
     pub admin_tokens: RwLock<HashSet<String>>,
     pub routes: RwLock<RouteTable>,
-    /// Serializes route table computations; holds the last request a
-    /// finished pass covered (see `routes::recompute`).
-    pub routes_turn: tokio::sync::Mutex<u64>,
-    /// Route table recomputations asked for so far.
-    pub routes_requested: std::sync::atomic::AtomicU64,
+    /// The per-app view the table is kept from (see `routes`).
+    pub route_index: routes::Index,
     /// Apps that could not be moved off a node, and why, per node id.
     pub waiting: std::sync::Mutex<std::collections::HashMap<String, Vec<(String, String)>>>,
     /// The last heartbeat body of each node, as sent.
@@ -231,8 +228,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         log_hub: Hub::default(),
         admin_tokens: RwLock::new(admin_tokens),
         routes: RwLock::new(RouteTable { version: 0, routes: Vec::new() }),
-        routes_turn: tokio::sync::Mutex::new(0),
-        routes_requested: std::sync::atomic::AtomicU64::new(0),
+        route_index: routes::Index::default(),
         last_bodies: std::sync::Mutex::new(std::collections::HashMap::new()),
         waiting: std::sync::Mutex::new(std::collections::HashMap::new()),
         registry: RwLock::new(RegistryConfig::default()),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use cloudweb_server::clock::SystemClock;
-use cloudweb_server::config::{url_lite::HttpsUrl, Config};
+use cloudweb_server::config::{public_url::HttpsUrl, Config};
 use cloudweb_server::agent_api::listener::ConnectionLimits;
 use cloudweb_server::registry::RegistrySettings;
 use cloudweb_protocol::SupportedRange;

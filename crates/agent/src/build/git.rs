@@ -141,15 +141,22 @@ pub fn ssh_command(files: &SshFiles, address: IpAddr, host: &str) -> String {
 }
 
 /// How one clone reaches its repository.
-struct Route {
-    target: Option<RepoHost>,
+pub(super) struct Route {
+    pub(super) target: Option<RepoHost>,
     /// The URL handed to git (git:// URLs name the checked address).
-    url: String,
+    pub(super) url: String,
     /// `git -c` settings.
-    config: Vec<(String, String)>,
+    pub(super) config: Vec<(String, String)>,
 }
 
-fn git(home: &Path, route: &Route, credentials: Option<&GitCredentials>) -> Command {
+impl Route {
+    /// For git commands that work on local repositories only.
+    pub(super) fn local() -> Route {
+        Route { target: None, url: String::new(), config: Vec::new() }
+    }
+}
+
+pub(super) fn git(home: &Path, route: &Route, credentials: Option<&GitCredentials>) -> Command {
     let mut command = Command::new("git");
     command
         .env_clear()
@@ -179,7 +186,7 @@ fn git(home: &Path, route: &Route, credentials: Option<&GitCredentials>) -> Comm
 /// Works out how git reaches the repository of `source`: checks the
 /// resolved addresses and pins git to the checked one. `home` is the
 /// clone's own empty home dir.
-async fn route(source: &Source, home: &Path) -> Result<Route, GitError> {
+pub(super) async fn route(source: &Source, home: &Path) -> Result<Route, GitError> {
     let target = repo_host(&source.repo_url).map_err(|e| GitError::Setup(e.to_string()))?;
     let Some(target) = target else {
         return Ok(Route { target: None, url: source.repo_url.clone(), config: Vec::new() });
@@ -216,7 +223,7 @@ async fn route(source: &Source, home: &Path) -> Result<Route, GitError> {
     Ok(Route { target: Some(target), url, config })
 }
 
-async fn run(mut command: Command, step: &'static str, secret: Option<&str>) -> Result<String, GitError> {
+pub(super) async fn run(mut command: Command, step: &'static str, secret: Option<&str>) -> Result<String, GitError> {
     let output = command.output().await.map_err(GitError::Spawn)?;
     if output.status.success() {
         return Ok(String::from_utf8_lossy(&output.stdout).trim().to_string());

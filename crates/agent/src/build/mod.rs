@@ -4,6 +4,7 @@
 
 pub mod firewall;
 pub mod git;
+pub mod mirror;
 pub mod static_site;
 
 use std::path::{Path, PathBuf};

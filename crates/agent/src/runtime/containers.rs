@@ -90,7 +90,11 @@ impl DockerRuntime {
         // recorded anything) belongs to this node only if its labels say so;
         // the caller removed its own already, so a conflict here is an error.
         let created = docker.create_container(Some(CreateContainerOptionsBuilder::new().name(&spec.name).build()), body).await?;
-        docker.start_container(&created.id, None::<bollard::query_parameters::StartContainerOptions>).await?;
+        let started = docker.start_container(&created.id, None::<bollard::query_parameters::StartContainerOptions>).await;
+        // After the start, so a sample's list cannot see it created but not
+        // yet running and then trust that list.
+        self.changed();
+        started?;
         Ok(created.id)
     }
 

@@ -3,17 +3,21 @@
 //! node's id, so an agent never touches containers that are not its own
 //! (other agents may share the same daemon).
 
+pub mod cgroup;
 mod containers;
 mod images;
 mod usage;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder};
 use bollard::Docker;
 
 pub use containers::{AppContainer, CaddyContainer, ContainerState, OneShot, BUILD_BRIDGE, BUILD_NETWORK};
 pub use images::RegistryAuth;
+pub use usage::{Sample, UsageTracker};
 
 pub const LABEL_NODE: &str = "cloudweb.node";
 pub const LABEL_APP: &str = "cloudweb.app";
@@ -40,6 +44,9 @@ pub enum RuntimeError {
 pub struct DockerRuntime {
     socket: String,
     node_id: String,
+    /// Bumped whenever this agent starts or removes a container, so the
+    /// usage sampler knows when its last container list may be stale.
+    changes: Arc<AtomicU64>,
 }
 
 /// A container of this node, as found by its labels.
@@ -52,6 +59,8 @@ pub struct OwnContainer {
     pub running: bool,
     /// Docker's word for it: `running`, `exited`, `restarting`, ...
     pub state: String,
+    /// When it was created (Unix seconds).
+    pub created: Option<i64>,
 }
 
 impl DockerRuntime {
@@ -61,11 +70,19 @@ impl DockerRuntime {
             .strip_prefix("unix://")
             .filter(|path| path.starts_with('/'))
             .ok_or_else(|| RuntimeError::Unavailable(format!("docker host must be unix:///path, got {host:?}")))?;
-        Ok(DockerRuntime { socket: socket.to_string(), node_id: node_id.to_string() })
+        Ok(DockerRuntime { socket: socket.to_string(), node_id: node_id.to_string(), changes: Arc::default() })
     }
 
     pub fn node_id(&self) -> &str {
         &self.node_id
+    }
+
+    fn changes(&self) -> u64 {
+        self.changes.load(Ordering::SeqCst)
+    }
+
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
     }
 
     fn docker(&self) -> Result<Docker, RuntimeError> {
@@ -95,6 +112,7 @@ impl DockerRuntime {
                     instance: labels.get(LABEL_INSTANCE).and_then(|i| i.parse().ok()).unwrap_or(0),
                     running: c.state.as_ref().is_some_and(|s| s.to_string() == "running"),
                     state: c.state.map(|s| s.to_string()).unwrap_or_default(),
+                    created: c.created,
                 })
             })
             .collect())
@@ -118,6 +136,7 @@ impl DockerRuntime {
     /// Stops (with a grace period) and removes one container.
     pub async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
         let docker = self.docker()?;
+        self.changed();
         let stop = StopContainerOptionsBuilder::new().t(STOP_GRACE_SECONDS).build();
         match docker.stop_container(id, Some(stop)).await {
             Ok(()) => {}

@@ -208,7 +208,7 @@ pub async fn create(
         Err(refusal) => return Err(refusal_error(&app.name, refusal)),
     }
     tracing::info!(app = %app.name, "app created");
-    crate::routes::recompute(&state).await?;
+    crate::routes::app_changed(&state, &app.name).await?;
     Ok((StatusCode::CREATED, Json(view(&state, &app))))
 }
 
@@ -230,7 +230,7 @@ pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>
     load(&state, &name).await?;
     crate::deploy::stop_app(&state, &name).await?;
     state.store.delete_app(&name).await?;
-    crate::routes::recompute(&state).await?;
+    crate::routes::app_changed(&state, &name).await?;
     tracing::info!(app = %name, "app deleted");
     Ok(StatusCode::NO_CONTENT)
 }
@@ -290,7 +290,7 @@ pub async fn set_domains(
     if let Err(refusal) = state.store.set_app_domains(&name, &domains).await? {
         return Err(refusal_error(&name, refusal));
     }
-    crate::routes::recompute(&state).await?;
+    crate::routes::app_changed(&state, &name).await?;
     Ok(Json(json!({"app": name, "domains": domains})))
 }
 

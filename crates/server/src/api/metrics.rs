@@ -1,48 +1,116 @@
-//! `GET /metrics` in the Prometheus text format.
+//! `GET /metrics` in the Prometheus text format (OpenMetrics), written by
+//! the `prometheus-client` crate. That crate writes label values as given,
+//! so ours go through [`Escaped`], which applies the format's three escapes.
+//! The figures are read from the live state on each scrape into
+//! [`Figures`], then encoded.
 
-use std::fmt::Write;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 use crate::live::NodeState;
 use crate::AppState;
 
-pub async fn prometheus(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+/// What one scrape reports.
+#[derive(Default)]
+pub struct Figures {
+    pub nodes_by_state: Vec<(&'static str, usize)>,
+    pub heartbeats: u64,
+    pub commits: u64,
+    /// Per node: id, name, and its latest CPU percent, memory and disk used.
+    pub nodes: Vec<NodeFigures>,
+    /// Per app and node: CPU cores and memory of its containers there.
+    pub apps: Vec<AppFigures>,
+}
+
+pub struct NodeFigures {
+    pub id: String,
+    pub name: String,
+    pub cpu_pct: Option<f64>,
+    pub mem_used: Option<u64>,
+    pub disk_used: Option<u64>,
+}
+
+pub struct AppFigures {
+    pub app: String,
+    pub node: String,
+    pub cpu_cores: f64,
+    pub mem_bytes: u64,
+}
+
+/// A label value, written with `\\`, `\"` and `\n` escaped as the text
+/// format requires (a raw quote or line feed would corrupt the scrape).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct Escaped(pub String);
+
+impl EncodeLabelValue for Escaped {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write;
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+fn label(value: &str) -> Escaped {
+    Escaped(value.to_string())
+}
+
+type Labels = Vec<(&'static str, Escaped)>;
+type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
+
+fn gauges(registry: &mut Registry, name: &str, help: &str) -> Gauges {
+    let family = Gauges::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
+fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let counter: Counter = Counter::default();
+    counter.inc_by(value);
+    registry.register(name, help, counter);
+}
+
+/// Reads the figures from the live state.
+fn figures(state: &AppState) -> Figures {
     let now = Instant::now();
     let nodes = state.nodes.all();
-    let count = |wanted: NodeState| nodes.iter().filter(|n| n.state(now, state.config.unreachable_after) == wanted).count();
-    let mut out = String::new();
-    let _ = writeln!(out, "# HELP cloudweb_nodes Registered nodes by state.\n# TYPE cloudweb_nodes gauge");
+    let mut figures = Figures {
+        heartbeats: state.heartbeats_total.load(Ordering::Relaxed),
+        commits: state.store.commits(),
+        ..Default::default()
+    };
     for node_state in [NodeState::Ready, NodeState::Unreachable, NodeState::Draining] {
-        let _ = writeln!(out, "cloudweb_nodes{{state=\"{}\"}} {}", node_state.as_str(), count(node_state));
+        let count = nodes.iter().filter(|n| n.state(now, state.config.unreachable_after) == node_state).count();
+        figures.nodes_by_state.push((node_state.as_str(), count));
     }
-    let _ = writeln!(out, "# HELP cloudweb_heartbeats_total Heartbeats accepted.\n# TYPE cloudweb_heartbeats_total counter");
-    let _ = writeln!(out, "cloudweb_heartbeats_total {}", state.heartbeats_total.load(Ordering::Relaxed));
-    let _ = writeln!(out, "# HELP cloudweb_store_commits_total Database write transactions committed.\n# TYPE cloudweb_store_commits_total counter");
-    let _ = writeln!(out, "cloudweb_store_commits_total {}", state.store.commits());
-    let _ = writeln!(out, "# HELP cloudweb_node_cpu_percent CPU busy, percent of all cores, from the latest usage sample.\n# TYPE cloudweb_node_cpu_percent gauge");
-    let _ = writeln!(out, "# HELP cloudweb_node_memory_used_bytes Memory in use (MemTotal - MemAvailable).\n# TYPE cloudweb_node_memory_used_bytes gauge");
-    let _ = writeln!(out, "# HELP cloudweb_node_disk_used_bytes Disk in use on the agent's data dir.\n# TYPE cloudweb_node_disk_used_bytes gauge");
-    let _ = writeln!(out, "# HELP cloudweb_app_cpu_cores CPU cores used by an app's containers on a node.\n# TYPE cloudweb_app_cpu_cores gauge");
-    let _ = writeln!(out, "# HELP cloudweb_app_memory_bytes Memory used by an app's containers on a node.\n# TYPE cloudweb_app_memory_bytes gauge");
     for node in &nodes {
         let Some(sample) = node.metrics.as_ref() else { continue };
-        let labels = format!("node=\"{}\",name=\"{}\"", node.id, node.name);
         if let Some(usage) = &sample.value.node {
-            if let Some(cpu) = usage.cpu_pct {
-                let _ = writeln!(out, "cloudweb_node_cpu_percent{{{labels}}} {cpu}");
-            }
-            if let Some(mem) = usage.mem_used {
-                let _ = writeln!(out, "cloudweb_node_memory_used_bytes{{{labels}}} {mem}");
-            }
-            if let Some(disk) = usage.disk_used {
-                let _ = writeln!(out, "cloudweb_node_disk_used_bytes{{{labels}}} {disk}");
-            }
+            figures.nodes.push(NodeFigures {
+                id: node.id.clone(),
+                name: node.name.clone(),
+                cpu_pct: usage.cpu_pct,
+                mem_used: usage.mem_used,
+                disk_used: usage.disk_used,
+            });
         }
         let mut apps: std::collections::BTreeMap<&str, (f64, u64)> = std::collections::BTreeMap::new();
         for container in sample.value.containers.iter().flatten() {
@@ -52,10 +120,81 @@ pub async fn prometheus(State(state): State<Arc<AppState>>) -> impl IntoResponse
                 entry.1 += container.mem_bytes.unwrap_or(0);
             }
         }
-        for (app, (cpu, mem)) in apps {
-            let _ = writeln!(out, "cloudweb_app_cpu_cores{{app=\"{app}\",node=\"{}\"}} {cpu}", node.id);
-            let _ = writeln!(out, "cloudweb_app_memory_bytes{{app=\"{app}\",node=\"{}\"}} {mem}", node.id);
+        for (app, (cpu_cores, mem_bytes)) in apps {
+            figures.apps.push(AppFigures { app: app.to_string(), node: node.id.clone(), cpu_cores, mem_bytes });
         }
     }
-    ([(CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+    figures
+}
+
+/// The exposition text of `figures`.
+pub fn encode_figures(figures: &Figures) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::default();
+    let by_state = gauges(&mut registry, "cloudweb_nodes", "Registered nodes by state");
+    for (node_state, count) in &figures.nodes_by_state {
+        by_state.get_or_create(&vec![("state", label(node_state))]).set(*count as f64);
+    }
+    // Counters get their `_total` suffix from the encoder.
+    counter(&mut registry, "cloudweb_heartbeats", "Heartbeats accepted", figures.heartbeats);
+    counter(&mut registry, "cloudweb_store_commits", "Database write transactions committed", figures.commits);
+    let node_cpu = gauges(&mut registry, "cloudweb_node_cpu_percent", "CPU busy, percent of all cores, from the latest usage sample");
+    let node_mem = gauges(&mut registry, "cloudweb_node_memory_used_bytes", "Memory in use (MemTotal - MemAvailable)");
+    let node_disk = gauges(&mut registry, "cloudweb_node_disk_used_bytes", "Disk in use on the agent's data dir");
+    let app_cpu = gauges(&mut registry, "cloudweb_app_cpu_cores", "CPU cores used by an app's containers on a node");
+    let app_mem = gauges(&mut registry, "cloudweb_app_memory_bytes", "Memory used by an app's containers on a node");
+    for node in &figures.nodes {
+        let labels: Labels = vec![("node", label(&node.id)), ("name", label(&node.name))];
+        if let Some(cpu) = node.cpu_pct {
+            node_cpu.get_or_create(&labels).set(cpu);
+        }
+        if let Some(mem) = node.mem_used {
+            node_mem.get_or_create(&labels).set(mem as f64);
+        }
+        if let Some(disk) = node.disk_used {
+            node_disk.get_or_create(&labels).set(disk as f64);
+        }
+    }
+    for app in &figures.apps {
+        let labels: Labels = vec![("app", label(&app.app)), ("node", label(&app.node))];
+        app_cpu.get_or_create(&labels).set(app.cpu_cores);
+        app_mem.get_or_create(&labels).set(app.mem_bytes as f64);
+    }
+    let mut out = String::new();
+    encode(&mut out, &registry)?;
+    Ok(out)
+}
+
+pub async fn prometheus(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    match encode_figures(&figures(&state)) {
+        Ok(out) => (StatusCode::OK, [(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, [(CONTENT_TYPE, "text/plain; charset=utf-8")], "cannot encode the metrics\n".to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped_and_counters_keep_their_names() {
+        let figures = Figures {
+            nodes_by_state: vec![("ready", 2)],
+            heartbeats: 7,
+            commits: 3,
+            nodes: vec![NodeFigures { id: "n-1".into(), name: "we\"ird\\name\nx".into(), cpu_pct: Some(12.5), mem_used: None, disk_used: Some(10) }],
+            apps: vec![AppFigures { app: "web".into(), node: "n-1".into(), cpu_cores: 0.25, mem_bytes: 104857600 }],
+        };
+        let text = encode_figures(&figures).unwrap();
+        assert!(text.contains("cloudweb_nodes{state=\"ready\"} 2"), "{text}");
+        assert!(text.contains("cloudweb_heartbeats_total 7"), "{text}");
+        assert!(text.contains("cloudweb_store_commits_total 3"), "{text}");
+        assert!(text.contains(r#"cloudweb_node_cpu_percent{node="n-1",name="we\"ird\\name\nx"} 12.5"#), "{text}");
+        assert!(!text.contains("cloudweb_node_memory_used_bytes{"), "no sample, no gauge: {text}");
+        assert!(text.contains("cloudweb_app_memory_bytes{app=\"web\",node=\"n-1\"} 104857600"), "{text}");
+        // Every sample line is `name{labels} value` on one line.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.starts_with("cloudweb_"), "{line:?} in {text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
 }

@@ -402,6 +402,7 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
         record_commit(state, &deployment, commit).await?;
     }
     let Some(reported) = report.state.as_deref() else { return Ok(()) };
+    let app = deployment.app.clone();
     let instance_no = i64::from(report.instance.unwrap_or(1));
     let instances = state.store.instances(&deployment.id).await?;
     let Some(instance) = instances.iter().find(|i| i.instance == instance_no) else {
@@ -465,7 +466,7 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
         }
         other => return Err(ApiError::BadRequest(format!("unknown instance state {other:?}"))),
     }
-    crate::routes::recompute(state).await?;
+    crate::routes::app_changed(state, &app).await?;
     Ok(())
 }
 
@@ -486,7 +487,7 @@ async fn supersede_others(state: &AppState, current: &DeploymentRow) -> Result<(
             }
             // The table without the old instances; they stop only once
             // every ingress serves it.
-            let version = crate::routes::recompute(state).await?;
+            let version = crate::routes::app_changed(state, &current.app).await?;
             state.store.set_stop_after_routes(&old.id, version as i64).await?;
         }
     }

@@ -13,6 +13,7 @@ mod nodes;
 mod open;
 mod reports;
 pub mod retention;
+mod routes;
 mod tokens;
 mod usage;
 
