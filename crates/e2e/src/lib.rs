@@ -10,6 +10,8 @@
 //! local Docker images (nothing can be pulled on test machines), and
 //! [`GitServer`] serves throwaway repositories over `git://`.
 
+pub mod netns;
+
 use std::ffi::OsString;
 use std::fs::File;
 use std::net::{TcpListener, TcpStream};
