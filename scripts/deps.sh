@@ -7,9 +7,9 @@ need=()
 # docker-registry and busybox-static stand in for images that cannot be
 # pulled: a local registry, and the static busybox that scripts/images.sh
 # turns into the test image.
-# wireguard-go, wireguard-tools, iproute2 and iputils-ping are for the mesh
-# (userspace WireGuard) and its network-namespace tests.
-for pkg in git ca-certificates curl docker-registry busybox-static wireguard-go wireguard-tools iproute2 iputils-ping; do
+# wireguard-go, wireguard-tools, iproute2, iputils-ping and iptables are for
+# the mesh (userspace WireGuard) and its network-namespace tests.
+for pkg in git ca-certificates curl docker-registry busybox-static wireguard-go wireguard-tools iproute2 iputils-ping iptables; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

@@ -118,6 +118,28 @@ impl Lan {
     }
 }
 
+impl Lan {
+    /// Puts a new namespace behind member `i`, which becomes its router:
+    /// the new one has 198.51.100.2/24 and a default route through
+    /// 198.51.100.1, and the router masquerades what it forwards out of its
+    /// `eth0`. Nothing on the bridge can open a connection to the new
+    /// namespace (no port forward). Returns its index in `members`.
+    pub fn put_behind_nat(&mut self, i: usize) -> Result<usize> {
+        let router = &self.members[i];
+        let inside = Netns::create(&format!("{}n", router.name))?;
+        router.ip(&["link", "add", "lan0", "type", "veth", "peer", "name", "eth0", "netns", &inside.name])?;
+        router.ip(&["address", "add", "198.51.100.1/24", "dev", "lan0"])?;
+        router.ip(&["link", "set", "lan0", "up"])?;
+        inside.ip(&["address", "add", "198.51.100.2/24", "dev", "eth0"])?;
+        inside.ip(&["link", "set", "eth0", "up"])?;
+        inside.ip(&["route", "add", "default", "via", "198.51.100.1"])?;
+        router.exec("sysctl", &["-q", "-w", "net.ipv4.ip_forward=1"])?;
+        router.exec("iptables", &["-t", "nat", "-A", "POSTROUTING", "-o", "eth0", "-j", "MASQUERADE"])?;
+        self.members.push(inside);
+        Ok(self.members.len() - 1)
+    }
+}
+
 /// A prefix for namespace and interface names that no other test process
 /// uses at the same time (interface names are at most 15 characters, and
 /// wireguard-go's sockets share one directory across namespaces).

@@ -15,9 +15,10 @@ use serde_json::Value;
 const AGENT_PORT: u16 = 8443;
 const API_PORT: u16 = 8080;
 
-/// One agent in namespace `lan.members[index]`.
+/// One agent in namespace `lan.members[ns]`, on bridge port `index`.
 struct MeshAgent {
     index: usize,
+    ns: usize,
     name: String,
     dir: PathBuf,
     node_id: String,
@@ -46,9 +47,16 @@ struct MeshCluster {
 }
 
 impl MeshCluster {
-    async fn start(nodes: usize) -> Result<MeshCluster> {
+    /// `nodes` agents (on bridge ports 1 to `nodes`); those listed in
+    /// `natted` sit behind a masquerading router and join without an
+    /// endpoint.
+    async fn start(nodes: usize, natted: &[usize]) -> Result<MeshCluster> {
         let prefix = unique_prefix();
-        let lan = Lan::new(&prefix, nodes + 1)?;
+        let mut lan = Lan::new(&prefix, nodes + 1)?;
+        let mut ns_of: Vec<usize> = (0..=nodes).collect();
+        for &i in natted {
+            ns_of[i] = lan.put_behind_nat(i)?;
+        }
         let tmp = tempfile::tempdir()?;
         let data = tmp.path().join("server");
         let server_address = Lan::address(0);
@@ -82,7 +90,7 @@ impl MeshCluster {
             assert_eq!(status, 201, "{body}");
             let name = format!("node-{index}");
             let dir = cluster.tmp.path().join(&name);
-            let agent_args: Vec<String> = [
+            let mut agent_args: Vec<String> = [
                 "--data-dir",
                 &dir.display().to_string(),
                 "join",
@@ -94,18 +102,20 @@ impl MeshCluster {
                 body["ca_sha256"].as_str().unwrap(),
                 "--name",
                 &name,
-                "--endpoint",
-                &format!("{}:51820", Lan::address(index)),
             ]
             .iter()
             .map(|s| s.to_string())
             .collect();
-            let argv = cluster.lan.members[index].wrap(&bin("cloudweb-agent").display().to_string(), &agent_args);
+            if !natted.contains(&index) {
+                agent_args.extend(["--endpoint".to_string(), format!("{}:51820", Lan::address(index))]);
+            }
+            let argv = cluster.lan.members[ns_of[index]].wrap(&bin("cloudweb-agent").display().to_string(), &agent_args);
             let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
             cloudweb_e2e::netns::ip(&argv).context("join")?;
             let info: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("node.json"))?)?;
             let mut agent = MeshAgent {
                 index,
+                ns: ns_of[index],
                 name,
                 dir,
                 node_id: info["node_id"].as_str().unwrap().to_string(),
@@ -136,7 +146,7 @@ impl MeshCluster {
         .map(|s| s.to_string())
         .collect();
         let log = self.tmp.path().join(format!("{}-{}.log", agent.name, std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos()));
-        let argv = self.lan.members[agent.index].wrap(&bin("cloudweb-agent").display().to_string(), &args);
+        let argv = self.lan.members[agent.ns].wrap(&bin("cloudweb-agent").display().to_string(), &args);
         agent.process = Some(Process::spawn("ip".as_ref(), &argv, log)?);
         Ok(())
     }
@@ -167,7 +177,7 @@ impl MeshCluster {
 
     /// `cloudweb-agent mesh status --json` in the agent's namespace.
     fn status(&self, agent: &MeshAgent) -> Result<Value> {
-        let out = self.lan.members[agent.index].exec(
+        let out = self.lan.members[agent.ns].exec(
             &bin("cloudweb-agent").display().to_string(),
             &["--data-dir", &agent.dir.display().to_string(), "mesh", "status", "--json"],
         )?;
@@ -176,7 +186,7 @@ impl MeshCluster {
 
     /// Public keys (base64) on the agent's interface, as `wg` sees them.
     fn device_peers(&self, agent: &MeshAgent) -> Result<Vec<String>> {
-        let out = self.lan.members[agent.index].exec("wg", &["show", &agent.interface, "peers"])?;
+        let out = self.lan.members[agent.ns].exec("wg", &["show", &agent.interface, "peers"])?;
         Ok(out.split_whitespace().map(str::to_string).collect())
     }
 
@@ -225,7 +235,7 @@ async fn all_pairs_ping(cluster: &MeshCluster, agents: &[usize]) -> Result<()> {
             let (a, b) = (&cluster.agents[from], &cluster.agents[to]);
             let target = cluster.mesh_address(b);
             wait_for(Duration::from_secs(30), &format!("{} to ping {} at {target}", a.name, b.name), || async {
-                cluster.lan.members[a.index].ping(&target, 1).then_some(())
+                cluster.lan.members[a.ns].ping(&target, 1).then_some(())
             })
             .await?;
         }
@@ -240,7 +250,7 @@ async fn all_pairs_ping(cluster: &MeshCluster, agents: &[usize]) -> Result<()> {
 /// disappears from the other interfaces and its key opens nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_form_a_mesh_and_follow_cuts_restarts_and_removal() {
-    let mut cluster = MeshCluster::start(3).await.unwrap();
+    let mut cluster = MeshCluster::start(3, &[]).await.unwrap();
     let result = scenario(&mut cluster).await;
     if let Err(err) = result {
         panic!("{err:#}\n{}", cluster.logs());
@@ -286,7 +296,7 @@ async fn scenario(cluster: &mut MeshCluster) -> Result<()> {
         .await?;
     }
     // The human table: a summary, a header and one line per peer.
-    let table = cluster.lan.members[1].exec(
+    let table = cluster.lan.members[cluster.agents[0].ns].exec(
         &bin("cloudweb-agent").display().to_string(),
         &["--data-dir", &cluster.agents[0].dir.display().to_string(), "mesh", "status"],
     )?;
@@ -301,7 +311,7 @@ async fn scenario(cluster: &mut MeshCluster) -> Result<()> {
     let address_before = cluster.mesh_address(&cluster.agents[0]);
     let pid = cluster.agents[0].process.as_ref().unwrap().pid();
     std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status()?;
-    let ns = &cluster.lan.members[1];
+    let ns = &cluster.lan.members[cluster.agents[0].ns];
     let interface = cluster.agents[0].interface.clone();
     wait_for(Duration::from_secs(10), "wireguard-go to exit with its agent", || async {
         ns.ip(&["link", "show", "dev", &interface]).is_err().then_some(())
@@ -355,8 +365,47 @@ async fn scenario(cluster: &mut MeshCluster) -> Result<()> {
     let three = &cluster.agents[2];
     for other in &cluster.agents[..2] {
         let target = cluster.mesh_address(other);
-        assert!(!cluster.lan.members[three.index].ping(&target, 2), "node-3 still reaches {target}");
+        assert!(!cluster.lan.members[three.ns].ping(&target, 2), "node-3 still reaches {target}");
     }
     all_pairs_ping(cluster, &[0, 1]).await?;
+    Ok(())
+}
+
+/// A node behind a masquerading router, which joined without an endpoint
+/// and has no inbound path, still reaches the others and is reached by
+/// them: its keepalives open the way and the others learn its address
+/// (the router's) from its packets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_behind_nat_reaches_and_is_reached_by_the_others() {
+    let cluster = MeshCluster::start(3, &[3]).await.unwrap();
+    if let Err(err) = nat_scenario(&cluster).await {
+        panic!("{err:#}\n{}", cluster.logs());
+    }
+}
+
+async fn nat_scenario(cluster: &MeshCluster) -> Result<()> {
+    let hidden = &cluster.agents[2];
+    // No inbound path: the bridge side cannot even route to it.
+    assert!(!cluster.lan.members[cluster.agents[0].ns].ping("198.51.100.2", 1));
+    for agent in &cluster.agents {
+        wait_for(Duration::from_secs(30), &format!("{}'s interface to list two peers", agent.name), || async {
+            (cluster.device_peers(agent).ok()?.len() == 2).then_some(())
+        })
+        .await?;
+    }
+    all_pairs_ping(cluster, &[0, 1, 2]).await?;
+    for agent in &cluster.agents[..2] {
+        let status = cluster.status(agent)?;
+        let peer = status["peers"].as_array().unwrap().iter().find(|p| p["name"] == hidden.name.as_str()).cloned().unwrap();
+        // The address the router gave its packets.
+        let router = format!("{}:", Lan::address(hidden.index));
+        assert!(peer["endpoint"].as_str().unwrap_or_default().starts_with(&router), "{peer}");
+        assert_eq!(peer["connected"], true, "{peer}");
+    }
+    wait_for(Duration::from_secs(20), "the hidden node's health.mesh 2/2", || async {
+        let mesh = cluster.health_mesh(hidden).await?;
+        (mesh["peers"] == 2 && mesh["connected"] == 2).then_some(())
+    })
+    .await?;
     Ok(())
 }
