@@ -130,6 +130,10 @@ async fn heartbeat_loop(
         }
         let registry = health.registry.lock().expect("health lock").clone();
         let mesh = mesh.health.lock().expect("mesh lock").clone();
+        // Which WireGuard the mesh runs on, while it runs.
+        if mesh.is_some() {
+            features.push(cloudweb_protocol::features::MESH_USERSPACE.to_string());
+        }
         heartbeat.health = Some(cloudweb_protocol::Health { registry, mesh, features: Some(features) });
         heartbeat.ingress = ingress.status.lock().expect("status lock").clone();
         // A usage sample goes out once, with the first heartbeat after it

@@ -85,7 +85,7 @@ impl MeshCluster {
         .await
         .with_context(|| cluster.server.log_text())?;
         cluster.admin_token = std::fs::read_to_string(data.join("admin-token"))?.trim().to_string();
-        for index in 1..=nodes {
+        for (index, &ns) in ns_of.iter().enumerate().skip(1) {
             let (status, body) = cluster.api("POST", "/api/join-tokens").await?;
             assert_eq!(status, 201, "{body}");
             let name = format!("node-{index}");
@@ -109,13 +109,13 @@ impl MeshCluster {
             if !natted.contains(&index) {
                 agent_args.extend(["--endpoint".to_string(), format!("{}:51820", Lan::address(index))]);
             }
-            let argv = cluster.lan.members[ns_of[index]].wrap(&bin("cloudweb-agent").display().to_string(), &agent_args);
+            let argv = cluster.lan.members[ns].wrap(&bin("cloudweb-agent").display().to_string(), &agent_args);
             let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
             cloudweb_e2e::netns::ip(&argv).context("join")?;
             let info: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("node.json"))?)?;
             let mut agent = MeshAgent {
                 index,
-                ns: ns_of[index],
+                ns,
                 name,
                 dir,
                 node_id: info["node_id"].as_str().unwrap().to_string(),
@@ -206,9 +206,12 @@ impl MeshCluster {
         text
     }
 
+    /// `health.mesh` of the node's current health, once its features say
+    /// the mesh runs on userspace WireGuard.
     async fn health_mesh(&self, agent: &MeshAgent) -> Option<Value> {
         let (status, node) = self.api("GET", &format!("/api/nodes/{}", agent.node_id)).await.ok()?;
-        (status == 200).then(|| node["health_report"]["mesh"].clone())
+        let userspace = node["features"].as_array()?.iter().any(|f| f == "mesh-userspace");
+        (status == 200 && userspace).then(|| node["health_report"]["mesh"].clone())
     }
 }
 

@@ -96,12 +96,14 @@ pub async fn run(client: Arc<ControlPlane>, options: MeshOptions, peers_changed:
         let mut refresh = tokio::time::interval(options.refresh);
         let mut measure = tokio::time::interval(MEASURE_EVERY);
         let mut healthy_since = tokio::time::Instant::now();
+        // health.mesh waits for a peer list: 0/0 before it would be a lie.
+        let mut synced = false;
         let exit = loop {
             tokio::select! {
                 why = device.exited() => break why,
-                _ = refresh.tick() => sync(&client, &options, &mut applied, &mut peers).await,
-                _ = peers_changed.notified() => sync(&client, &options, &mut applied, &mut peers).await,
-                _ = measure.tick() => measure_health(&options, &peers, &shared).await,
+                _ = refresh.tick() => synced |= sync(&client, &options, &mut applied, &mut peers).await,
+                _ = peers_changed.notified() => synced |= sync(&client, &options, &mut applied, &mut peers).await,
+                _ = measure.tick(), if synced => measure_health(&options, &peers, &shared).await,
             }
             if healthy_since.elapsed() > Duration::from_secs(60) {
                 backoff = Duration::from_secs(1);
@@ -117,13 +119,19 @@ pub async fn run(client: Arc<ControlPlane>, options: MeshOptions, peers_changed:
 }
 
 /// Fetches the peer list and converges the device to it. A failure keeps
-/// the device as it is (tunnels that work go on working).
-async fn sync(client: &ControlPlane, options: &MeshOptions, applied: &mut HashMap<String, Option<SocketAddr>>, peers: &mut Vec<Peer>) {
+/// the device as it is (tunnels that work go on working). True when the
+/// device now matches the list.
+async fn sync(
+    client: &ControlPlane,
+    options: &MeshOptions,
+    applied: &mut HashMap<String, Option<SocketAddr>>,
+    peers: &mut Vec<Peer>,
+) -> bool {
     let list = match client.peers().await {
         Ok(list) => list.peers,
         Err(err) => {
             tracing::warn!("mesh peers: {err}");
-            return;
+            return false;
         }
     };
     let (valid, desired) = desired_peers(&list, &options.key).await;
@@ -131,14 +139,14 @@ async fn sync(client: &ControlPlane, options: &MeshOptions, applied: &mut HashMa
         Ok(device) => device,
         Err(err) => {
             tracing::warn!("mesh peers: reading the device: {err}");
-            return;
+            return false;
         }
     };
     let plan = converge::plan(&desired, &current, applied);
     if !plan.is_empty() {
         if let Err(err) = uapi::set(&options.interface, &plan.body).await {
             tracing::warn!("mesh peers: configuring the device: {err}");
-            return;
+            return false;
         }
         tracing::info!(added = plan.added, updated = plan.updated, removed = plan.removed, peers = desired.len(), "mesh peers converged");
     }
@@ -148,6 +156,7 @@ async fn sync(client: &ControlPlane, options: &MeshOptions, applied: &mut HashMa
     if let Err(err) = cache.save(&options.data_dir) {
         tracing::warn!("mesh peers: {err}");
     }
+    true
 }
 
 /// The listed peers this node can use, and what the device should hold for
