@@ -202,6 +202,8 @@ impl MeshCluster {
             if let Some(process) = &agent.process {
                 text.push_str(&format!("\n--- {}\n{}", agent.name, process.log_text()));
             }
+            let device = self.lan.members[agent.ns].exec("wg", &["show", &agent.interface]);
+            text.push_str(&format!("\n--- wg show {}\n{}", agent.interface, device.unwrap_or_else(|e| e.to_string())));
         }
         text
     }
