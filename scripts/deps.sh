@@ -7,10 +7,12 @@ need=()
 # docker-registry and busybox-static stand in for images that cannot be
 # pulled: a local registry, and the static busybox that scripts/images.sh
 # turns into the test image. sqlite3 lets tests look into the control
-# plane's database (that deleted data is really gone). The rest is what
-# scripts/install.sh needs, so its smoke test (scripts/smoke-install.sh)
-# finds everything in place.
-for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux; do
+# plane's database (that deleted data is really gone). gcc, pkg-config,
+# python3-pip and util-linux are what scripts/install.sh needs, so its
+# smoke test (scripts/smoke-install.sh) finds everything in place.
+# wireguard-go, wireguard-tools, iproute2, iputils-ping and iptables are for
+# the mesh (userspace WireGuard) and its network-namespace tests.
+for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

@@ -82,7 +82,7 @@ impl Identity {
 
     /// Deletes the identity files (after leaving the cluster).
     pub fn erase(dir: &Path) -> Result<(), IdentityError> {
-        for file in [NODE_FILE, CERT_FILE, KEY_FILE, CA_FILE] {
+        for file in [NODE_FILE, CERT_FILE, KEY_FILE, CA_FILE, crate::mesh::key::KEY_FILE, crate::mesh::status::CACHE_FILE] {
             let path = dir.join(file);
             match fs::remove_file(&path) {
                 Ok(()) => {}

@@ -1,5 +1,5 @@
-//! `cloudweb-agent join`: generate a key, pin the CA, spend the token, and
-//! store the resulting identity.
+//! `cloudweb-agent join`: generate the TLS key and the WireGuard key pair,
+//! pin the CA, spend the token, and store the resulting identity.
 
 use std::path::Path;
 
@@ -8,6 +8,7 @@ use rcgen::{CertificateParams, KeyPair};
 
 use crate::client::{ClientError, ControlPlane};
 use crate::identity::{Identity, IdentityError, NodeInfo};
+use crate::mesh::key::KeyPair as WireguardKey;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JoinError {
@@ -17,6 +18,8 @@ pub enum JoinError {
     Client(#[from] ClientError),
     #[error("cannot create a key or CSR: {0}")]
     Key(#[from] rcgen::Error),
+    #[error(transparent)]
+    WireguardKey(#[from] crate::mesh::key::KeyError),
     #[error("{0}")]
     Input(String),
 }
@@ -29,19 +32,20 @@ pub struct JoinOptions<'a> {
     pub ingress: bool,
     pub name: Option<String>,
     pub hostname: String,
-    pub wireguard_public_key: Option<String>,
     pub endpoint: Option<String>,
     pub protocol: u32,
 }
 
 pub async fn join(options: JoinOptions<'_>) -> Result<NodeInfo, JoinError> {
     Identity::ensure_absent(options.data_dir)?;
+    let wireguard = WireguardKey::generate();
     let request_for_checks = JoinRequest {
         token: options.token.to_string(),
         csr: String::new(),
         hostname: options.hostname.clone(),
         ingress: options.ingress,
-        wireguard_public_key: options.wireguard_public_key.clone(),
+        // Made here, kept in the data dir; only the public half is sent.
+        wireguard_public_key: Some(wireguard.public_base64()),
         endpoint: options.endpoint.clone(),
         name: options.name.clone(),
     };
@@ -50,6 +54,10 @@ pub async fn join(options: JoinOptions<'_>) -> Result<NodeInfo, JoinError> {
 
     let key = KeyPair::generate()?;
     let csr = CertificateParams::default().serialize_request(&key)?.pem()?;
+    // Saved before the join, so a node that joined always has its key.
+    std::fs::create_dir_all(options.data_dir)
+        .map_err(|source| IdentityError::Io { path: options.data_dir.to_path_buf(), source })?;
+    wireguard.save(options.data_dir)?;
     let client = ControlPlane::for_join(options.server, options.ca_sha256, options.protocol)?;
     let request = JoinRequest { csr, ..request_for_checks };
     // A join whose answer is lost (the connection drops after the server

@@ -12,6 +12,7 @@ use cloudweb_agent::ingress::caddy::Launch;
 use cloudweb_agent::ingress::IngressOptions;
 use cloudweb_agent::identity::Identity;
 use cloudweb_agent::join::{join, JoinOptions};
+use cloudweb_agent::mesh::{MeshMode, MeshOptions};
 use cloudweb_agent::run::{run, RunError, RunOptions, EXIT_REMOVED};
 
 #[derive(Parser)]
@@ -27,12 +28,17 @@ struct Cli {
     command: Commands,
 }
 
+// Parsed once at start; boxing the run flags would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Commands {
     /// Join a cluster with a single-use token.
     Join(JoinArgs),
     /// Run the agent: heartbeats, commands.
     Run(RunArgs),
+    /// The WireGuard mesh on this node.
+    #[command(subcommand)]
+    Mesh(MeshCommand),
     /// Leave the cluster and delete this node's identity.
     Leave {
         /// Leave even while apps run here; their deployments become failed.
@@ -45,6 +51,19 @@ enum Commands {
     },
     /// Print this node's id and exit (for scripts).
     NodeId,
+}
+
+#[derive(Subcommand)]
+enum MeshCommand {
+    /// One line per peer: name, mesh address, endpoint, latest handshake,
+    /// bytes received and sent, connected (handshake within 3 minutes).
+    Status {
+        #[arg(long)]
+        json: bool,
+        /// Handshake age under which a peer counts as connected (tests).
+        #[arg(long, hide = true, default_value_t = 180, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        connected_seconds: u64,
+    },
 }
 
 #[derive(Parser)]
@@ -63,10 +82,8 @@ struct JoinArgs {
     /// Node name (defaults to the host name).
     #[arg(long)]
     name: Option<String>,
-    /// WireGuard public key of this node.
-    #[arg(long)]
-    wireguard_public_key: Option<String>,
-    /// host:port other nodes use to reach this node's WireGuard.
+    /// host:port other nodes use to reach this node's WireGuard (leave it
+    /// out behind NAT: the node then reaches the others, not the reverse).
     #[arg(long)]
     endpoint: Option<String>,
 }
@@ -126,6 +143,22 @@ struct RunArgs {
     /// Seconds between two usage samples sent with heartbeats.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     metrics_interval_seconds: u64,
+    /// WireGuard mesh: `off` leaves networking alone (several agents on one
+    /// host), `userspace` runs wireguard-go.
+    #[arg(long, value_enum, default_value = "off")]
+    mesh_mode: MeshMode,
+    /// Name of the mesh interface (and of its socket in /var/run/wireguard).
+    #[arg(long, default_value = "cw0")]
+    mesh_interface: String,
+    /// UDP port the mesh listens on (the port of the join's --endpoint).
+    #[arg(long, default_value_t = 51820, value_parser = clap::value_parser!(u16).range(1..))]
+    mesh_listen_port: u16,
+    /// The userspace WireGuard binary.
+    #[arg(long, default_value = "wireguard-go")]
+    wireguard_go: PathBuf,
+    /// Handshake age under which a peer counts as connected (tests).
+    #[arg(long, hide = true, default_value_t = 180, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    mesh_connected_seconds: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -172,7 +205,6 @@ fn real_main() -> anyhow::Result<()> {
                     ingress: args.ingress,
                     name: args.name,
                     hostname,
-                    wireguard_public_key: args.wireguard_public_key,
                     endpoint: args.endpoint,
                     protocol: cli.speak_protocol,
                 })
@@ -199,6 +231,26 @@ fn real_main() -> anyhow::Result<()> {
                     ports: Ports { http: args.http_port, https: args.https_port },
                     dir: cli.data_dir.join("caddy"),
                 });
+                let mesh = match args.mesh_mode {
+                    MeshMode::Off => None,
+                    MeshMode::Userspace => {
+                        if !cloudweb_agent::mesh::device::valid_interface_name(&args.mesh_interface) {
+                            anyhow::bail!("--mesh-interface must be 1 to 15 characters of [A-Za-z0-9_.-], not starting with '-' or '.'");
+                        }
+                        let mesh_address = cloudweb_agent::mesh::parse_mesh_address(&identity.info.mesh_address)
+                            .with_context(|| format!("node.json has no usable mesh address ({:?})", identity.info.mesh_address))?;
+                        Some(MeshOptions {
+                            data_dir: cli.data_dir.clone(),
+                            interface: args.mesh_interface.clone(),
+                            listen_port: args.mesh_listen_port,
+                            wireguard_go: resolve_binary(&args.wireguard_go),
+                            key: cloudweb_agent::mesh::key::KeyPair::load(&cli.data_dir)?,
+                            mesh_address,
+                            refresh: Duration::from_secs(args.poll_interval_seconds),
+                            connected_within: Duration::from_secs(args.mesh_connected_seconds),
+                        })
+                    }
+                };
                 if advertise_host.parse::<std::net::IpAddr>().is_err() {
                     cloudweb_protocol::validate::hostname("--advertise-host", &advertise_host).map_err(anyhow::Error::msg)?;
                 }
@@ -220,6 +272,7 @@ fn real_main() -> anyhow::Result<()> {
                         docker_certs_dir: args.docker_certs_dir,
                     },
                     ingress,
+                    mesh,
                     metrics_interval: Duration::from_secs(args.metrics_interval_seconds),
                     health_interval: Duration::from_secs(args.health_interval_seconds),
                     registry_check_address: match args.registry_check_address {
@@ -236,6 +289,9 @@ fn real_main() -> anyhow::Result<()> {
             Commands::NodeId => {
                 println!("{}", Identity::load(&cli.data_dir)?.info.node_id);
                 Ok(())
+            }
+            Commands::Mesh(MeshCommand::Status { json, connected_seconds }) => {
+                mesh_status(&cli.data_dir, json, Duration::from_secs(connected_seconds)).await
             }
             Commands::Leave { force, docker_host } => {
                 let identity = Identity::load(&cli.data_dir)?;
@@ -299,4 +355,32 @@ fn resolve_binary(name: &std::path::Path) -> PathBuf {
         return name.to_path_buf();
     }
     cloudweb_agent::find_on_path(name).unwrap_or_else(|| name.to_path_buf())
+}
+
+/// `cloudweb-agent mesh status`: the running agent's peer list (mesh.json)
+/// joined with what the device reports now.
+async fn mesh_status(data_dir: &std::path::Path, json: bool, within: Duration) -> anyhow::Result<()> {
+    use cloudweb_agent::mesh::{status, uapi};
+    let cache = status::MeshCache::load(data_dir)?.with_context(|| {
+        format!("no mesh on this node ({} is missing): run the agent with --mesh-mode userspace", data_dir.join(status::CACHE_FILE).display())
+    })?;
+    let device = uapi::get(&cache.interface)
+        .await
+        .with_context(|| format!("the mesh interface {} is not up; is the agent running?", cache.interface))?;
+    let list = status::statuses(&cache.peers, &device, std::time::SystemTime::now(), within);
+    let health = status::health(&list);
+    if json {
+        let body = serde_json::json!({
+            "interface": cache.interface,
+            "mesh_address": cache.mesh_address,
+            "peers": list,
+            "total": health.peers,
+            "connected": health.connected,
+        });
+        println!("{}", serde_json::to_string_pretty(&body)?);
+    } else {
+        println!("{} {}: mesh {}/{} connected", cache.interface, cache.mesh_address, health.connected, health.peers);
+        print!("{}", status::render(&list));
+    }
+    Ok(())
 }

@@ -38,6 +38,8 @@ pub struct RunOptions {
     pub deploy: DeployOptions,
     /// Set on nodes that joined with `--ingress`.
     pub ingress: Option<IngressOptions>,
+    /// Set when the agent runs the WireGuard mesh.
+    pub mesh: Option<crate::mesh::MeshOptions>,
     /// How often a usage sample goes out with a heartbeat.
     pub metrics_interval: Duration,
     /// How often the registry is checked.
@@ -102,8 +104,13 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
         .ingress
         .clone()
         .map(|ingress| tokio::spawn(crate::ingress::run(client.clone(), ingress, routes_changed.clone(), shared.clone(), ingress_stopped)));
-    tasks.push(tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared, samples, health)));
-    tasks.push(tokio::spawn(command_loop(client.clone(), executor, options, routes_changed)));
+    let mesh = Arc::new(crate::mesh::MeshShared::default());
+    let peers_changed = Arc::new(Notify::new());
+    if let Some(mesh_options) = options.mesh.clone() {
+        tasks.push(tokio::spawn(crate::mesh::run(client.clone(), mesh_options, peers_changed.clone(), mesh.clone())));
+    }
+    tasks.push(tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared, samples, health, mesh)));
+    tasks.push(tokio::spawn(command_loop(client.clone(), executor, options, routes_changed, peers_changed)));
     // The loops run until one of these happens.
     let removed = tokio::select! {
         _ = client.removed() => true,
@@ -191,6 +198,7 @@ async fn heartbeat_loop(
     ingress: Arc<IngressShared>,
     samples: Arc<crate::usage::Latest>,
     health: Arc<crate::health::Latest>,
+    mesh: Arc<crate::mesh::MeshShared>,
 ) {
     let mut last_traffic = tokio::time::Instant::now();
     loop {
@@ -203,7 +211,12 @@ async fn heartbeat_loop(
             features.push(cloudweb_protocol::features::TRAFFIC_METRICS.to_string());
         }
         let registry = health.registry.lock().expect("health lock").clone();
-        heartbeat.health = Some(cloudweb_protocol::Health { registry, mesh: None, features: Some(features) });
+        let mesh = mesh.health.lock().expect("mesh lock").clone();
+        // Which WireGuard the mesh runs on, while it runs.
+        if mesh.is_some() {
+            features.push(cloudweb_protocol::features::MESH_USERSPACE.to_string());
+        }
+        heartbeat.health = Some(cloudweb_protocol::Health { registry, mesh, features: Some(features) });
         heartbeat.ingress = ingress.status.lock().expect("status lock").clone();
         // A usage sample goes out once, with the first heartbeat after it
         // was taken; traffic rides along at the same pace.
@@ -226,13 +239,21 @@ async fn heartbeat_loop(
     }
 }
 
-async fn command_loop(client: Arc<ControlPlane>, mut executor: Executor, options: RunOptions, routes_changed: Arc<Notify>) {
+async fn command_loop(
+    client: Arc<ControlPlane>,
+    mut executor: Executor,
+    options: RunOptions,
+    routes_changed: Arc<Notify>,
+    peers_changed: Arc<Notify>,
+) {
     let mut backoff = Duration::from_secs(1);
     loop {
         match client.open_stream().await {
             Ok(response) => {
                 backoff = Duration::from_secs(1);
                 tracing::info!("event stream connected");
+                // Peers may have changed while the stream was down.
+                peers_changed.notify_one();
                 sync(&client, &mut executor, &options).await;
                 let mut events = SseReader::new(response.bytes_stream());
                 let mut poll = tokio::time::interval(options.poll_interval);
@@ -242,6 +263,7 @@ async fn command_loop(client: Arc<ControlPlane>, mut executor: Executor, options
                         event = events.next_event() => match event {
                             Some(name) if name == cloudweb_protocol::events::COMMANDS => sync(&client, &mut executor, &options).await,
                             Some(name) if name == cloudweb_protocol::events::ROUTES => routes_changed.notify_one(),
+                            Some(name) if name == cloudweb_protocol::events::PEERS => peers_changed.notify_one(),
                             Some(other) => tracing::debug!(event = %other, "event"),
                             None => break,
                         },

@@ -2,7 +2,8 @@
 //! figures. Build with `--release`; see the README for the targets.
 //! `heartbeats` measures the agent protocol under load; `deploy` measures
 //! the time from a deploy request to a running instance; `ingress` measures
-//! route changes, blue/green switches and the latency Caddy adds.
+//! route changes, blue/green switches and the latency Caddy adds; `mesh`
+//! measures what WireGuard costs between two nodes.
 
 mod agent_rss;
 mod apps;
@@ -12,6 +13,7 @@ mod flood;
 mod git_daemon;
 mod heartbeats;
 mod ingress;
+mod mesh;
 mod process;
 mod procstat;
 mod scheduler;
@@ -45,6 +47,10 @@ enum Commands {
     /// Placements per second of the scheduler against simulated nodes, on
     /// one thread.
     Scheduler(scheduler::Args),
+    /// TCP throughput and latency between two network namespaces over
+    /// userspace WireGuard (and kernel WireGuard where it exists) against
+    /// the same link without it.
+    Mesh(mesh::Args),
     /// The agent's memory idle and with 50 containers, and the time one
     /// usage sample takes with 1, 20 and 100 containers.
     Agent(agent_rss::Args),
@@ -70,6 +76,7 @@ fn main() -> std::process::ExitCode {
             Commands::Agent(args) => agent_rss::run(args).await,
             Commands::Flood(args) => flood::run(args).await,
             Commands::Apps(args) => apps::run(args).await,
+            Commands::Mesh(args) => mesh::run(args).await,
         }
     });
     match result {

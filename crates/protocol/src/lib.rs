@@ -53,4 +53,6 @@ pub mod events {
 pub mod features {
     pub const STATIC_SITES: &str = "static-sites";
     pub const TRAFFIC_METRICS: &str = "traffic-metrics";
+    /// The node runs the mesh with userspace WireGuard (wireguard-go).
+    pub const MESH_USERSPACE: &str = "mesh-userspace";
 }

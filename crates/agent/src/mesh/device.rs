@@ -1,0 +1,170 @@
+//! The mesh interface itself: a `wireguard-go -f <interface>` child that
+//! dies with the agent, configured over its UAPI socket, with the node's
+//! mesh address and link state set through `ip` (argument vectors only).
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use super::key::KeyPair;
+use super::uapi::{self, UapiError};
+
+/// How long an `ip` call or the device's start may take.
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("cannot run {program}: {source}")]
+    Spawn { program: String, source: std::io::Error },
+    #[error("`ip {args}` failed: {output}")]
+    Ip { args: String, output: String },
+    #[error("`ip {0}` did not finish within 10 s")]
+    IpTimeout(String),
+    #[error("wireguard-go exited before its socket appeared ({0})")]
+    EarlyExit(String),
+    #[error("wireguard-go did not create {0} within 10 s")]
+    NoSocket(PathBuf),
+    #[error("interface {0} still exists after deleting it")]
+    Stale(String),
+    #[error(transparent)]
+    Uapi(#[from] UapiError),
+}
+
+/// A running userspace device. Dropping it kills wireguard-go, which
+/// removes the interface.
+pub struct Device {
+    pub interface: String,
+    child: Child,
+}
+
+impl Device {
+    /// Starts wireguard-go for `interface` (deleting a leftover interface
+    /// of that name first), sets the key and listen port, then the address
+    /// `mesh_address/16` and link up.
+    pub async fn start(
+        wireguard_go: &Path,
+        interface: &str,
+        key: &KeyPair,
+        listen_port: u16,
+        mesh_address: Ipv4Addr,
+    ) -> Result<Device, DeviceError> {
+        // A leftover interface (a crashed earlier run, or `wg-quick`) would
+        // make wireguard-go fail; it bears our name, so it is ours to remove.
+        if link_exists(interface).await? {
+            tracing::warn!(interface, "removing a leftover mesh interface");
+            ip(&["link", "delete", "dev", interface]).await?;
+            if link_exists(interface).await? {
+                return Err(DeviceError::Stale(interface.to_string()));
+            }
+        }
+        let socket = uapi::socket_path(interface);
+        let _ = std::fs::remove_file(&socket);
+        let mut command = Command::new(wireguard_go);
+        command
+            .arg("-f")
+            .arg(interface)
+            .env("LOG_LEVEL", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        let parent = std::process::id();
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                // The device must not outlive the agent, even on SIGKILL.
+                // The signal follows the thread that forked, which is a
+                // runtime worker: they live as long as the process.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() as u32 != parent {
+                    // The agent died between fork and prctl.
+                    return Err(std::io::Error::other("the agent exited"));
+                }
+                Ok(())
+            });
+        }
+        let mut child = command
+            .spawn()
+            .map_err(|source| DeviceError::Spawn { program: wireguard_go.display().to_string(), source })?;
+        let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait().map_err(|source| DeviceError::Spawn { program: "wireguard-go".into(), source })? {
+                return Err(DeviceError::EarlyExit(status.to_string()));
+            }
+            if socket.exists() && uapi::get(interface).await.is_ok() {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(DeviceError::NoSocket(socket));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let device = Device { interface: interface.to_string(), child };
+        uapi::set(interface, &format!("private_key={}\nlisten_port={listen_port}\n", key.private_hex())).await?;
+        ip(&["address", "replace", &format!("{mesh_address}/16"), "dev", interface]).await?;
+        ip(&["link", "set", "dev", interface, "up"]).await?;
+        Ok(device)
+    }
+
+    /// Resolves when wireguard-go exits (it should not while the agent runs).
+    pub async fn exited(&mut self) -> String {
+        match self.child.wait().await {
+            Ok(status) => status.to_string(),
+            Err(err) => err.to_string(),
+        }
+    }
+}
+
+async fn link_exists(interface: &str) -> Result<bool, DeviceError> {
+    match ip(&["link", "show", "dev", interface]).await {
+        Ok(_) => Ok(true),
+        Err(DeviceError::Ip { output, .. }) if output.contains("does not exist") => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// Runs `ip` with `args`; its output on failure.
+async fn ip(args: &[&str]) -> Result<String, DeviceError> {
+    let joined = args.join(" ");
+    let run = Command::new("ip").args(args).stdin(Stdio::null()).kill_on_drop(true).output();
+    let output = tokio::time::timeout(STEP_TIMEOUT, run)
+        .await
+        .map_err(|_| DeviceError::IpTimeout(joined.clone()))?
+        .map_err(|source| DeviceError::Spawn { program: "ip".into(), source })?;
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    if output.status.success() {
+        Ok(text)
+    } else {
+        Err(DeviceError::Ip { args: joined, output: text.trim().to_string() })
+    }
+}
+
+/// An interface name Linux accepts and that is safe as an argument and as
+/// a socket file name: 1 to 15 characters of `[A-Za-z0-9_.-]`, not
+/// starting with '-' or '.'.
+pub fn valid_interface_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 15
+        && !name.starts_with(['-', '.'])
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interface_names() {
+        for good in ["cw0", "cw-test_1", "a", "abcdefghijklmno"] {
+            assert!(valid_interface_name(good), "{good}");
+        }
+        for bad in ["", "-cw", ".cw", "..", "a/b", "abcdefghijklmnop", "cw 0", "cw0\n"] {
+            assert!(!valid_interface_name(bad), "{bad:?}");
+        }
+    }
+}
