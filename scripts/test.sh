@@ -11,6 +11,12 @@ cargo build --workspace --bins --locked
 # The local images the Docker tests run (built from host files, never pulled).
 bash scripts/images.sh
 
+# The fault suite (crates/e2e/tests/faults.rs) writes one line per case
+# here; the runner hides a passing test's output, so it is printed at the end.
+CLOUDWEB_FAULT_SUMMARY=$(mktemp)
+export CLOUDWEB_FAULT_SUMMARY
+trap 'rm -f "$CLOUDWEB_FAULT_SUMMARY"' EXIT
+
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
     # Each test gets its own process; the e2e tests mostly wait on children,
@@ -35,5 +41,10 @@ if [ $# -eq 0 ]; then
         echo "test: the installer smoke test needs root (sudo ./scripts/test.sh, or CLOUDWEB_SKIP_SMOKE=1 to leave it out)" >&2
         status=1
     fi
+fi
+
+if [ -s "$CLOUDWEB_FAULT_SUMMARY" ]; then
+    echo "fault suite summary:"
+    cat "$CLOUDWEB_FAULT_SUMMARY"
 fi
 exit "$status"

@@ -713,3 +713,16 @@ pub async fn start_platform(extra: &[&str]) -> Result<Platform> {
     let server = ServerProcess::start_with(tmp.path(), &flags).await?;
     Ok(Platform { tmp, git, server })
 }
+
+/// Appends one line to the fault suite's summary and prints it. The file is
+/// `CLOUDWEB_FAULT_SUMMARY` (the test script sets it and prints the file
+/// once every test has run, since the runner hides a passing test's output),
+/// else `fault-summary.txt` beside the binaries.
+pub fn fault_summary(line: &str) {
+    use std::io::Write;
+    let path = std::env::var_os("CLOUDWEB_FAULT_SUMMARY").map(PathBuf::from).unwrap_or_else(|| bin_dir().join("fault-summary.txt"));
+    println!("fault: {line}");
+    if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+        let _ = writeln!(file, "fault: {line}");
+    }
+}
