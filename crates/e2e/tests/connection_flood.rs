@@ -152,6 +152,12 @@ async fn idle_connections_without_a_certificate_are_closed_while_nodes_are_serve
     }
     // And the node is still fine.
     assert_eq!(server.node(&node_id).await.unwrap()["state"], "ready");
+    cloudweb_e2e::fault_summary(&format!(
+        "slow-connection flood: {FLOOD} idle TLS connections without a certificate opened in {:.1} s; GET /api/nodes took {} ms under it, the node stayed ready; all closed within {} s of opening",
+        opened_in.as_secs_f64(),
+        took.as_millis(),
+        limit.as_secs()
+    ));
 }
 
 #[tokio::test]

@@ -49,7 +49,8 @@ impl Random {
 /// The server flags every case uses: the cluster registry on a fixed port
 /// (so that a restarted server finds it where the agents expect it).
 fn server_flags(registry: &str) -> Vec<String> {
-    ["--registry-bin", "/usr/bin/docker-registry", "--registry-listen", registry, "--drain-seconds", "1"]
+    // The fixture git daemon listens on loopback.
+    ["--registry-bin", "/usr/bin/docker-registry", "--registry-listen", registry, "--drain-seconds", "1", "--allow-private-git-hosts"]
         .iter()
         .map(|s| s.to_string())
         .collect()

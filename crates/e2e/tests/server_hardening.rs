@@ -476,6 +476,7 @@ async fn a_lost_database_is_not_replaced_by_a_new_cluster() {
     }
     let server = start().await.unwrap();
     assert!(server.state.store.app("kept").await.unwrap().is_some());
+    cloudweb_e2e::fault_summary("empty, missing and corrupt state.db: refused to start each time with a message naming the backups; the admin token kept; the restored database started with its apps");
 }
 
 // Item: a disk full answers 503 and a restart says so.
@@ -581,6 +582,10 @@ async fn a_join_sent_again_gets_the_same_answer() {
     }
     assert_eq!(cp.server.state.nodes.len(), 1 + drops.len());
     assert!(spent_before_retry > 0, "no first attempt reached the server; the retries proved nothing");
+    cloudweb_e2e::fault_summary(&format!(
+        "lost join answer: {} joins cut off between 1 and 55 ms ({spent_before_retry} after the server spent the token), every retry got the same node, 1 node per token",
+        drops.len()
+    ));
     // Past the token's life the same request is refused too.
     cp.clock.advance(Duration::from_secs(3601));
     let body = json!({"token": token, "csr": csr, "hostname": "h", "name": "again"}).to_string();
