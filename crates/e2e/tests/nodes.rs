@@ -328,7 +328,7 @@ async fn leave_with_force_removes_the_nodes_containers_when_the_control_plane_is
     let other = unique_name("other");
     for (name, label) in [(&step, node.clone()), (&other, "node_someone_else".to_string())] {
         let out = std::process::Command::new("docker")
-            .args(["run", "-d", "--name", name, "--label", &format!("cloudweb.node={label}"), "cloudweb-test/busybox:latest", "sleep", "300"])
+            .args(["run", "-d", "--rm", "--name", name, "--label", &format!("cloudweb.node={label}"), "cloudweb-test/busybox:latest", "sleep", "300"])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
