@@ -145,6 +145,9 @@ impl DockerRuntime {
         }
         match docker.remove_container(id, Some(RemoveContainerOptionsBuilder::new().force(true).v(true).build())).await {
             Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            // A container started with auto-remove is being removed by the
+            // Engine once stopped: it is going, which is what was asked.
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, message }) if message.contains("already in progress") => Ok(()),
             Err(err) => Err(err.into()),
         }
     }
