@@ -13,6 +13,10 @@
 //! order between them. A stop that arrives while its deployment's deploy is
 //! still running cancels that deploy (the build or start is abandoned and
 //! cleaned up), then runs.
+//!
+//! Each command executes in its own task: a panic there settles that
+//! command as failed (reported and acked) and its lane goes on, rather
+//! than killing the lane's worker with the command stuck at its front.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -193,7 +197,16 @@ impl Executor {
                 }
                 (command, receiver)
             };
-            let outcome = self.inner.execute(&client, &command, cancel).await;
+            let outcome = {
+                let (inner, client, command) = (self.inner.clone(), client.clone(), command.clone());
+                isolated(async move { inner.execute(&client, &command, cancel).await }).await
+            };
+            let outcome = match outcome {
+                Ok(outcome) => outcome,
+                Err(Isolated::Panicked(panic)) => self.inner.fail_after_panic(&client, &command, &panic).await,
+                // Only when the runtime shuts down: the command stays queued.
+                Err(Isolated::Cancelled) => Outcome::Retry("the agent is shutting down".into()),
+            };
             let outcome = match outcome {
                 Outcome::Retry(reason) => self.inner.give_up_after_limit(&client, &command, reason).await,
                 Outcome::Handled => Outcome::Handled,
@@ -236,7 +249,70 @@ impl Executor {
     }
 }
 
+/// Why a command's own task ended without an outcome.
+#[derive(Debug, PartialEq, Eq)]
+enum Isolated {
+    /// It panicked; the panic's message, if it had a text one.
+    Panicked(String),
+    /// The runtime dropped it (shutdown).
+    Cancelled,
+}
+
+/// Runs one command's execution in its own task, so a panic (a bug, or
+/// input nobody foresaw) ends that task only: the lane's worker survives,
+/// settles the command and goes on with the commands queued behind it,
+/// instead of dying with the command still at the lane's front, never
+/// acked, and every later command of the deployment (its stop) stuck.
+async fn isolated<F>(work: F) -> Result<Outcome, Isolated>
+where
+    F: std::future::Future<Output = Outcome> + Send + 'static,
+{
+    match tokio::spawn(work).await {
+        Ok(outcome) => Ok(outcome),
+        Err(err) if err.is_panic() => {
+            let panic = err.into_panic();
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_string());
+            Err(Isolated::Panicked(message))
+        }
+        Err(_) => Err(Isolated::Cancelled),
+    }
+}
+
 impl Inner {
+    /// A command whose execution panicked is settled as failed: retrying
+    /// would most likely panic again, forever. A deploy's deployment is
+    /// reported failed; a stop's deployment gets the reason as a log line
+    /// (its state is the control plane's to judge). Either way the command
+    /// is acked. The panic's text stays in the agent's log: it may quote
+    /// anything, and reports are shown to users.
+    async fn fail_after_panic(&self, client: &ControlPlane, command: &Command, panic: &str) -> Outcome {
+        tracing::error!(command = %command.id, kind = %command.kind, %panic, "handling a command panicked; settling it as failed");
+        let reason = format!(
+            "the agent hit an internal error handling {} command {}; see the agent's log on the node",
+            command.kind, command.id
+        );
+        if let Some(id) = command.payload.get("deployment_id").and_then(|v| v.as_str()) {
+            let mut report = Report::new(id);
+            report.instance = instance_of(command);
+            if CommandKind::parse(&command.kind) == Some(CommandKind::Deploy) {
+                report.state = Some("failed".into());
+                report.message = Some(cloudweb_protocol::misc::one_line(&reason, cloudweb_protocol::misc::MAX_REPORT_MESSAGE));
+            } else {
+                report.logs = vec![LogLine { ts: now_rfc3339(), stream: "agent".into(), line: reason }];
+            }
+            if report.validate().is_ok() {
+                if let Err(err) = client.report(&report).await {
+                    tracing::warn!(error = %err, "could not report the command that panicked");
+                }
+            }
+        }
+        Outcome::Handled
+    }
+
     fn is_handled(&self, id: &str) -> bool {
         self.handled.lock().expect("handled lock").contains(&id.to_string())
     }
@@ -360,6 +436,30 @@ mod tests {
 
     fn command(id: &str, kind: &str, payload: serde_json::Value) -> Command {
         Command { id: id.into(), kind: kind.into(), payload, created_at: String::new() }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_command_is_isolated_and_its_lane_goes_on() {
+        // The worker survives a panic in the command's task and gets its
+        // message back, both for a literal and a formatted panic.
+        let outcome = isolated(async { panic!("boom") }).await;
+        assert_eq!(outcome, Err(Isolated::Panicked("boom".into())));
+        let id = "dep_x";
+        let outcome = isolated(async move { panic!("no container for {id}") }).await;
+        assert_eq!(outcome, Err(Isolated::Panicked("no container for dep_x".into())));
+        // A normal outcome passes through, and the worker goes on with the
+        // next command after a panic (as `work` does with a lane).
+        let mut outcomes = Vec::new();
+        for step in 0..3 {
+            outcomes.push(isolated(async move {
+                if step == 1 {
+                    panic!("step {step}");
+                }
+                Outcome::Handled
+            })
+            .await);
+        }
+        assert_eq!(outcomes, vec![Ok(Outcome::Handled), Err(Isolated::Panicked("step 1".into())), Ok(Outcome::Handled)]);
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub async fn checker(client: Arc<ControlPlane>, runtime: DockerRuntime, interval
                         Err(error) => {
                             failures += 1;
                             let mut error = error;
-                            error.truncate(500);
+                            cloudweb_protocol::misc::truncate_on_char(&mut error, 500);
                             RegistryHealth { configured: true, reachable: failures < FAILURES_BEFORE_UNREACHABLE, error: Some(error) }
                         }
                     }

@@ -296,33 +296,10 @@ fn real_main() -> anyhow::Result<()> {
             Commands::Leave { force, docker_host } => {
                 let identity = Identity::load(&cli.data_dir)?;
                 let client = ControlPlane::for_node(&identity, cli.speak_protocol)?;
-                // A node that leaves stops serving: its Caddy container, if it
-                // has one, goes. Docker being unreachable does not stop the leave.
-                // Its app containers go too (they would keep their published
-                // ports): only those labelled with this node's id.
-                let remove_containers = || async {
-                    if let Ok(runtime) = cloudweb_agent::runtime::DockerRuntime::new(&docker_host, &identity.info.node_id) {
-                        match runtime.remove_ingress().await {
-                            Ok(0) => {}
-                            Ok(_) => println!("removed the ingress container"),
-                            Err(err) => eprintln!("could not remove the ingress container: {err}"),
-                        }
-                        match runtime.own_containers(None).await {
-                            Ok(containers) => {
-                                for container in containers {
-                                    match runtime.remove(&container.id).await {
-                                        Ok(()) => println!("removed container {}", container.name),
-                                        Err(err) => eprintln!("could not remove container {}: {err}", container.name),
-                                    }
-                                }
-                            }
-                            Err(err) => eprintln!("could not list this node's containers: {err}"),
-                        }
-                    }
-                };
+                let node_id = identity.info.node_id.clone();
                 match client.leave(force).await {
                     Ok(left) => {
-                        remove_containers().await;
+                        remove_node_containers(&docker_host, &node_id).await;
                         Identity::erase(&cli.data_dir)?;
                         println!("node {} left the cluster", left.node_id);
                         for deployment in left.failed_deployments {
@@ -336,16 +313,57 @@ fn real_main() -> anyhow::Result<()> {
                     // Removed by an administrator already: nothing left to
                     // tell the control plane, so just forget the identity.
                     Err(err) if err.status() == Some(403) => {
-                        remove_containers().await;
+                        remove_node_containers(&docker_host, &node_id).await;
                         Identity::erase(&cli.data_dir)?;
-                        println!("node {} was already removed from the cluster", identity.info.node_id);
+                        println!("node {node_id} was already removed from the cluster");
                         Ok(())
                     }
+                    // Forced, and no answer at all (down, unreachable, no
+                    // route): the node still leaves on its own side, so an
+                    // uninstall does not stop half-way with the node's
+                    // containers still serving on their ports. The control
+                    // plane keeps the node until an administrator removes it.
+                    Err(err) if force && err.status().is_none() => {
+                        eprintln!("{err}");
+                        remove_node_containers(&docker_host, &node_id).await;
+                        Identity::erase(&cli.data_dir)?;
+                        println!("node {node_id} left on its own side; the control plane was NOT told (it could not be reached)");
+                        println!("the node stays listed there: remove it with DELETE /api/nodes/{node_id}?force=1 once it shows unreachable");
+                        Ok(())
+                    }
+                    Err(err) if err.status().is_none() => Err(anyhow::anyhow!(
+                        "{err}; nothing was removed. Retry when the control plane is reachable, or use `leave --force` to remove this node's containers and identity without telling it"
+                    )),
                     Err(err) => Err(err.into()),
                 }
             }
         }
     })
+}
+
+/// Stops and removes every container labelled with this node's id (app
+/// instances, build steps, the ingress) and prints each. Only those: other
+/// containers on the host are not ours. Docker being unreachable does not
+/// stop the leave; it is said.
+async fn remove_node_containers(docker_host: &str, node_id: &str) {
+    let runtime = match cloudweb_agent::runtime::DockerRuntime::new(docker_host, node_id) {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("could not reach Docker to remove this node's containers: {err}");
+            return;
+        }
+    };
+    match runtime.all_node_containers().await {
+        Ok(containers) => {
+            for (id, name) in containers {
+                match runtime.remove(&id).await {
+                    Ok(()) => println!("removed container {name}"),
+                    Err(err) => eprintln!("could not remove container {name}: {err}"),
+                }
+            }
+        }
+        Err(err) => eprintln!("could not list this node's containers: {err}"),
+    }
 }
 
 /// A bare program name is looked up in PATH once, so the agent runs the same

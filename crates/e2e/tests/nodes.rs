@@ -308,3 +308,53 @@ async fn a_node_that_cannot_reach_the_registry_is_degraded_until_it_can() {
     assert!(metrics.contains(&format!("cloudweb_app_memory_bytes{{app=\"{app}\",node=\"{node}\"}}")), "{metrics}");
     assert!(metrics.contains("cloudweb_node_cpu_percent{"), "{metrics}");
 }
+
+// Review: `leave --force` with the control plane down used to return at the
+// transport error and remove nothing (node.sh then stopped before
+// disabling the agent). Forced, the node's own containers go anyway, and
+// it says the control plane was not told; unforced, it fails and keeps all.
+#[tokio::test]
+async fn leave_with_force_removes_the_nodes_containers_when_the_control_plane_is_down() {
+    let mut cluster = cluster(1).await;
+    let app = unique_name("orphan");
+    let deployment = cluster.deploy_app(&app).await;
+    let id = deployment["id"].as_str().unwrap().to_string();
+    let node = cluster.agents[0].node_id.clone();
+    let dir = cluster.agents[0].dir.clone();
+    assert_eq!(running(&id, &node), 1);
+    // A container of this node that is no app instance (as a build step
+    // is), and one of another node that must stay.
+    let step = unique_name("step");
+    let other = unique_name("other");
+    for (name, label) in [(&step, node.clone()), (&other, "node_someone_else".to_string())] {
+        let out = std::process::Command::new("docker")
+            .args(["run", "-d", "--rm", "--name", name, "--label", &format!("cloudweb.node={label}"), "cloudweb-test/busybox:latest", "sleep", "300"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let exists = |name: &str| {
+        let out = std::process::Command::new("docker").args(["ps", "-aq", "--filter", &format!("name=^{name}$")]).output().unwrap();
+        !String::from_utf8_lossy(&out.stdout).trim().is_empty()
+    };
+    // The uninstall order: the agent is stopped first, then the control
+    // plane is gone too.
+    cluster.agents[0].kill();
+    cluster.server.process.kill();
+
+    let leave = run_agent_command(&["--data-dir".into(), dir.display().to_string(), "leave".into()]).unwrap();
+    assert!(!leave.success, "{}", leave.output);
+    assert!(leave.output.contains("cannot reach the control plane") && leave.output.contains("nothing was removed") && leave.output.contains("--force"), "{}", leave.output);
+    assert_eq!(running(&id, &node), 1, "an unforced leave removes nothing");
+    assert!(dir.join("node.json").exists());
+
+    let forced = run_agent_command(&["--data-dir".into(), dir.display().to_string(), "leave".into(), "--force".into()]).unwrap();
+    assert!(forced.success, "{}", forced.output);
+    assert!(forced.output.contains("was NOT told") && forced.output.contains(&node), "{}", forced.output);
+    assert!(forced.output.contains(&format!("removed container {step}")), "{}", forced.output);
+    assert_eq!(running(&id, &node), 0, "the app instance was removed");
+    assert!(!exists(&step), "this node's build-step container was removed");
+    assert!(exists(&other), "another node's container is not touched");
+    assert!(!dir.join("node.json").exists(), "the identity is erased");
+    let _ = std::process::Command::new("docker").args(["rm", "-f", &other]).output();
+}

@@ -73,25 +73,30 @@ pub fn one_line(text: &str, max: usize) -> String {
     }
     if out.len() > max {
         let ellipsis = "…";
-        let mut cut = max.saturating_sub(ellipsis.len());
-        while !out.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out.truncate(cut);
+        truncate_on_char(&mut out, max.saturating_sub(ellipsis.len()));
         out.push_str(ellipsis);
     }
     out
 }
 
-/// Cuts a log line to [`MAX_LOG_LINE`] bytes on a character boundary.
-pub fn cap_log_line(line: &mut String) {
-    if line.len() > MAX_LOG_LINE {
-        let mut cut = MAX_LOG_LINE;
-        while !line.is_char_boundary(cut) {
+/// Cuts `text` to at most `max` bytes, backing off to the previous
+/// character boundary. `String::truncate` panics inside a multi-byte
+/// character, and most texts we cap quote someone else's input (a JSON
+/// body, git's stderr from a remote, Caddy's answer), so a plain
+/// `truncate` would let an outsider crash a request or a task.
+pub fn truncate_on_char(text: &mut String, max: usize) {
+    if text.len() > max {
+        let mut cut = max;
+        while !text.is_char_boundary(cut) {
             cut -= 1;
         }
-        line.truncate(cut);
+        text.truncate(cut);
     }
+}
+
+/// Cuts a log line to [`MAX_LOG_LINE`] bytes on a character boundary.
+pub fn cap_log_line(line: &mut String) {
+    truncate_on_char(line, MAX_LOG_LINE);
 }
 
 /// `POST /agent/v1/report`: a deployment's progress and log lines.
@@ -240,6 +245,27 @@ mod tests {
             Some("git clone failed: warning: Could not find remote branch mian to clone. fatal: Remote branch mian not found in upstream origin")
         );
         assert_eq!(one_line("a\r\n\t\u{1b}[31mb", 100), "a [31mb");
+    }
+
+    #[test]
+    fn truncate_on_char_never_splits_a_character() {
+        // "aé": 'a' is one byte, 'é' two, so a cut at 2 falls inside 'é'.
+        let mut text = String::from("aé");
+        truncate_on_char(&mut text, 2);
+        assert_eq!(text, "a");
+        let mut text = "é".repeat(300);
+        truncate_on_char(&mut text, 200);
+        assert_eq!(text, "é".repeat(100));
+        let mut text = "x".to_string() + &"é".repeat(300);
+        truncate_on_char(&mut text, 200);
+        assert_eq!(text.len(), 199, "backs off one byte to the boundary");
+        // Four-byte characters and a limit inside the first one.
+        let mut text = "🦀🦀".to_string();
+        truncate_on_char(&mut text, 3);
+        assert_eq!(text, "");
+        let mut short = String::from("ok");
+        truncate_on_char(&mut short, 200);
+        assert_eq!(short, "ok", "shorter texts are left alone");
     }
 
     #[test]

@@ -93,7 +93,7 @@ impl From<CaError> for ApiError {
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         let mut reason = e.to_string();
-        reason.truncate(200);
+        cloudweb_protocol::misc::truncate_on_char(&mut reason, 200);
         ApiError::BadRequest(format!("invalid JSON body: {reason}"))
     })
 }

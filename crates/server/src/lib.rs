@@ -100,11 +100,29 @@ pub enum StartError {
 async fn open_store(data_dir: &std::path::Path, stamp: &str) -> Result<Store, StartError> {
     let db = data_dir.join(store::DATABASE_FILE);
     let backups = data_dir.join("backups");
-    let restore = format!(
-        "restore the newest copy from {} (state-<time>.db) as {}, or move the data dir away to start a new cluster",
-        backups.display(),
-        db.display()
+    let has_backup = std::fs::read_dir(&backups).is_ok_and(|entries| {
+        entries.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("state-") && n.ends_with(".db")))
+    });
+    // Backups are written only before a schema migration, so a cluster
+    // that never migrated has none: say so rather than point at an empty
+    // or missing directory.
+    let new_cluster = format!(
+        "to give up this cluster's state instead and start a new cluster, move {} away (its apps, nodes and admin token are forgotten, and every node must join again)",
+        data_dir.display()
     );
+    let restore = if has_backup {
+        format!(
+            "restore the newest copy from {} (state-<time>.db, written before each schema migration) as {}; {new_cluster}",
+            backups.display(),
+            db.display()
+        )
+    } else {
+        format!(
+            "no backup exists in {} (one is written only before a schema migration); restore {} from a copy of your own if you have one; {new_cluster}",
+            backups.display(),
+            db.display()
+        )
+    };
     let has_cluster = data_dir.join(ca::CA_KEY_FILE).exists();
     let size = std::fs::metadata(&db).ok().map(|m| m.len());
     if has_cluster && size.unwrap_or(0) == 0 {
@@ -188,6 +206,10 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         .format(time::macros::format_description!("[year][month][day]T[hour][minute][second]Z"))
         .unwrap_or_else(|_| "unknown".to_string());
     let store = open_store(&config.data_dir, &stamp).await?;
+    let freed = store.release_unfinished_idempotency_keys().await.map_err(|e| full_disk(e.into(), &config.data_dir))?;
+    if freed > 0 {
+        tracing::info!(keys = freed, "freed Idempotency-Keys whose requests were cut off when the control plane last stopped");
+    }
     let ca = ClusterCa::load_or_create(&config.data_dir, clock.now())?;
     let admin_tokens = ensure_admin_token(&config, &store, clock.as_ref()).await.map_err(|e| full_disk(e, &config.data_dir))?;
     let lost_hosts = store.sync_default_hosts(&config.base_domain).await.map_err(|e| full_disk(e.into(), &config.data_dir))?;

@@ -232,7 +232,7 @@ pub(super) async fn run(mut command: Command, step: &'static str, secret: Option
     if let Some(secret) = secret.filter(|s| !s.is_empty()) {
         message = message.replace(secret, "<redacted>");
     }
-    message.truncate(2000);
+    cloudweb_protocol::misc::truncate_on_char(&mut message, 2000);
     Err(GitError::Failed { step, message })
 }
 

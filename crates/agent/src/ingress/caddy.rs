@@ -206,7 +206,7 @@ impl Caddy {
             Ok(())
         } else {
             let mut message = String::from_utf8_lossy(&text).trim().to_string();
-            message.truncate(900);
+            cloudweb_protocol::misc::truncate_on_char(&mut message, 900);
             Err(CaddyError::Refused(format!("{status}: {message}")))
         }
     }

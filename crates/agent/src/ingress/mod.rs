@@ -291,6 +291,6 @@ async fn directory_zone(table: &RouteTable, unavailable: SocketAddr) -> HashMap<
 
 fn set_error(shared: &IngressShared, version: u64, error: String) {
     let mut error = error;
-    error.truncate(1000);
+    cloudweb_protocol::misc::truncate_on_char(&mut error, 1000);
     *shared.status.lock().expect("status lock") = Some(IngressStatus { routes_version: version, error: Some(error) });
 }

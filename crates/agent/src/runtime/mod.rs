@@ -90,6 +90,24 @@ impl DockerRuntime {
             .map_err(|e| RuntimeError::Unavailable(format!("{}: {e}", self.socket)))
     }
 
+    /// Every container labelled with this node's id, whatever its role (app
+    /// instances, build steps, the ingress), as (id, name). For `leave`,
+    /// which must not leave any of them behind with their ports.
+    pub async fn all_node_containers(&self) -> Result<Vec<(String, String)>, RuntimeError> {
+        let filters = HashMap::from([("label", vec![format!("{LABEL_NODE}={}", self.node_id)])]);
+        let containers = self
+            .docker()?
+            .list_containers(Some(ListContainersOptionsBuilder::new().all(true).filters(&filters).build()))
+            .await?;
+        Ok(containers
+            .into_iter()
+            .filter_map(|c| {
+                let name = c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default();
+                Some((c.id?, name))
+            })
+            .collect())
+    }
+
     /// This node's containers, optionally only those of one deployment.
     pub async fn own_containers(&self, deployment_id: Option<&str>) -> Result<Vec<OwnContainer>, RuntimeError> {
         let mut labels = vec![format!("{LABEL_NODE}={}", self.node_id)];
@@ -146,6 +164,9 @@ impl DockerRuntime {
         }
         match docker.remove_container(id, Some(RemoveContainerOptionsBuilder::new().force(true).v(true).build())).await {
             Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            // A container started with auto-remove is being removed by the
+            // Engine once stopped: it is going, which is what was asked.
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, message }) if message.contains("already in progress") => Ok(()),
             Err(err) => Err(err.into()),
         }
     }

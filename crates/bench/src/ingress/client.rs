@@ -91,13 +91,7 @@ pub fn error_kind(error: &reqwest::Error) -> String {
         cause = next;
     }
     let mut text = cause.to_string();
-    if text.len() > 120 {
-        let mut end = 120;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
+    cloudweb_protocol::misc::truncate_on_char(&mut text, 120);
     format!("{class}: {text}")
 }
 

@@ -40,8 +40,20 @@ done
 
 if [ -n "$uninstall" ]; then
     [ -n "$yes" ] || die "uninstalling removes this node from the cluster; add --yes"
+    # Stop the agent first, so no deploy in flight recreates a container
+    # after `leave` removed this node's containers.
+    was_active=''
+    if systemctl is-active --quiet cloudweb-agent 2>/dev/null; then was_active=1; fi
+    systemctl stop cloudweb-agent 2>/dev/null || true
     if [ -f "$DATA/node.json" ]; then
-        if [ -n "$force" ]; then "$BIN" --data-dir "$DATA" leave --force; else "$BIN" --data-dir "$DATA" leave; fi
+        # With --force, `leave` removes this node's containers and exits 0
+        # even when the control plane cannot be reached (it says so).
+        if [ -n "$force" ]; then set -- leave --force; else set -- leave; fi
+        if ! "$BIN" --data-dir "$DATA" "$@"; then
+            # Nothing was removed: leave the node as it was.
+            [ -z "$was_active" ] || systemctl start cloudweb-agent 2>/dev/null || true
+            die "leaving the cluster failed (see above); nothing was uninstalled"
+        fi
     fi
     systemctl disable --now cloudweb-agent 2>/dev/null || true
     rm -f "$UNIT" "$BIN"

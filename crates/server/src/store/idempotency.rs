@@ -7,6 +7,12 @@ use sqlx::Row;
 use super::retention::IDEMPOTENCY_RETENTION_MS;
 use super::{Store, StoreError};
 
+/// How long an unfinished claim holds its key. Creating a deployment takes
+/// milliseconds; a claim this old belongs to a request that died with its
+/// process (killed mid-request) or never recorded its answer, and keeping
+/// it would answer every retry 409 until retention removes it (a day).
+pub const IDEMPOTENCY_IN_PROGRESS_MS: i64 = 60_000;
+
 /// What a key means for a request that arrives with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IdempotencyClaim {
@@ -28,6 +34,12 @@ impl Store {
         sqlx::query("DELETE FROM idempotency_keys WHERE key = $1 AND created_at < $2")
             .bind(key)
             .bind(now_ms - IDEMPOTENCY_RETENTION_MS)
+            .execute(&mut *tx)
+            .await?;
+        // So is a claim whose request never finished within the limit.
+        sqlx::query("DELETE FROM idempotency_keys WHERE key = $1 AND status IS NULL AND created_at < $2")
+            .bind(key)
+            .bind(now_ms - IDEMPOTENCY_IN_PROGRESS_MS)
             .execute(&mut *tx)
             .await?;
         let inserted = sqlx::query(
@@ -67,6 +79,18 @@ impl Store {
             .await?;
         self.count_commit();
         Ok(())
+    }
+
+    /// Frees every unfinished claim. Called once at start-up, before the
+    /// API listens: no request of this process is running yet, so each
+    /// unfinished claim was made by an earlier start that was killed or
+    /// crashed mid-request, and its key must not answer "still running".
+    /// (One control plane owns the database, so this stands in for a
+    /// boot id on each claim.) Returns how many were freed.
+    pub async fn release_unfinished_idempotency_keys(&self) -> Result<u64, StoreError> {
+        let freed = sqlx::query("DELETE FROM idempotency_keys WHERE status IS NULL").execute(&self.pool).await?.rows_affected();
+        self.count_commit();
+        Ok(freed)
     }
 
     /// Frees `key` after its request failed, so a retry runs it again.

@@ -41,6 +41,9 @@ pub enum StoreError {
     Backup { path: String, source: sqlx::Error },
     #[error("i/o error on {path}: {source}")]
     Io { path: String, source: std::io::Error },
+    /// SQLite's `quick_check` found damage (its first finding).
+    #[error("the integrity check failed: {0}")]
+    Damaged(String),
 }
 
 /// SQLite's primary result codes that say the disk is full, or that the
@@ -82,7 +85,7 @@ impl StoreError {
 
     /// The database file is damaged or not a SQLite database at all.
     pub fn is_corrupt(&self) -> bool {
-        matches!(self.sqlite_code().as_deref(), Some(SQLITE_CORRUPT | SQLITE_NOTADB))
+        matches!(self, StoreError::Damaged(_)) || matches!(self.sqlite_code().as_deref(), Some(SQLITE_CORRUPT | SQLITE_NOTADB))
     }
 }
 

@@ -35,6 +35,7 @@ impl Store {
         let store = Store { pool, commits: Arc::new(AtomicU64::new(0)) };
 
         if existed {
+            store.quick_check().await?;
             let pending = store.pending_migrations().await?;
             if !pending.is_empty() {
                 let backup = store.backup(data_dir, backup_stamp).await?;
@@ -47,6 +48,26 @@ impl Store {
         }
         MIGRATOR.run(&store.pool).await?;
         Ok(store)
+    }
+
+    /// Refuses a damaged database at start-up. Opening reads only the
+    /// pages the migrations touch, so damage elsewhere (a torn write, a
+    /// bad copy) would otherwise surface later as failed requests.
+    /// `quick_check` reads every page (without the slower index
+    /// cross-checks of `integrity_check`).
+    async fn quick_check(&self) -> Result<(), StoreError> {
+        // Damage bad enough to stop the check itself (a page that is not a
+        // b-tree page) is a finding too.
+        let rows = sqlx::query("PRAGMA quick_check").fetch_all(&self.pool).await.map_err(|err| match StoreError::Database(err) {
+            err if err.is_corrupt() => StoreError::Damaged(cloudweb_protocol::misc::one_line(&err.to_string(), 300)),
+            err => err,
+        })?;
+        let findings: Vec<String> = rows.iter().filter_map(|row| row.try_get::<String, _>(0).ok()).collect();
+        match findings.first() {
+            Some(first) if findings.len() == 1 && first == "ok" => Ok(()),
+            Some(first) => Err(StoreError::Damaged(cloudweb_protocol::misc::one_line(first, 300))),
+            None => Err(StoreError::Damaged("no result".into())),
+        }
     }
 
     async fn pending_migrations(&self) -> Result<Vec<i64>, StoreError> {
