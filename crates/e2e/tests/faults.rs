@@ -134,14 +134,19 @@ fn running_containers_of_app(app: &str) -> usize {
     containers(&[format!("cloudweb.app={app}")], false).len()
 }
 
-/// Processes whose command line contains every one of `needles`.
-fn processes_with(needles: &[&str]) -> Vec<u32> {
+/// Processes running `program` (the base name of their first argument)
+/// with an argument that contains `needle`: a registry serving from one
+/// data dir, a Caddy of one agent. The server's and the agent's own command
+/// lines name these programs too, so the first argument is what counts.
+fn processes_of(program: &str, needle: &str) -> Vec<u32> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
         let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let line = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if !line.is_empty() && needles.iter().all(|n| line.contains(n)) {
+        let args: Vec<String> = raw.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let Some(first) = args.first() else { continue };
+        let name = Path::new(first).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name == program && args.iter().skip(1).any(|a| a.contains(needle)) {
             found.push(pid);
         }
     }
@@ -198,7 +203,7 @@ async fn fault_control_plane_killed_at_random_points_of_deploys() {
         // What the dead server started is gone with it: no registry serves
         // from its data dir while nothing supervises it.
         let orphans = wait_for(Duration::from_secs(5), "the registry to exit with its server", || async {
-            processes_with(&["docker-registry", &registry_config]).is_empty().then_some(())
+            processes_of("docker-registry", &registry_config).is_empty().then_some(())
         })
         .await;
         assert!(orphans.is_ok(), "round {round}: a docker-registry outlived its control plane");
@@ -234,7 +239,7 @@ async fn fault_control_plane_killed_at_random_points_of_deploys() {
     .await
     .unwrap();
     let reacked = commands.iter().filter(|c| c["ack_count"].as_u64().unwrap_or(0) > 1).count();
-    assert_eq!(processes_with(&["docker-registry", &registry_config]).len(), 1, "exactly one registry");
+    assert_eq!(processes_of("docker-registry", &registry_config).len(), 1, "exactly one registry");
     let log = server.process.log_text();
     assert!(!log.contains("address already in use"), "the restarted server fought over the registry port:\n{log}");
     fault_summary(&format!(
@@ -330,7 +335,7 @@ async fn fault_agent_killed_during_build_start_and_switch() {
         let exit_time = stopped.elapsed();
         // Nothing it started is left behind: no Caddy from its data dir.
         wait_for(Duration::from_secs(5), "the agent's Caddy to exit with it", || async {
-            processes_with(&[&agent_dir, "caddy"]).iter().all(|p| *p == pid).then_some(())
+            processes_of("caddy", &agent_dir).is_empty().then_some(())
         })
         .await
         .unwrap_or_else(|e| panic!("{e}: round {round} ({phase:?}, SIG{signal_name})"));
@@ -347,7 +352,7 @@ async fn fault_agent_killed_during_build_start_and_switch() {
         // No build container is left over from the killed agent.
         let builders = helper_containers(&node);
         assert!(builders.is_empty(), "round {round}: builder containers left: {builders:?}");
-        assert_eq!(processes_with(&[&agent_dir, "caddy"]).len(), 1, "exactly one Caddy after the restart");
+        assert_eq!(processes_of("caddy", &agent_dir).len(), 1, "exactly one Caddy after the restart");
         lines.push(format!("{phase:?}/SIG{signal_name} exit {:.1} s", exit_time.as_secs_f64()));
     }
     fault_summary(&format!(
@@ -508,10 +513,12 @@ async fn fault_full_disk_on_the_node_fails_the_build_and_blocks_nothing() {
 #[tokio::test]
 async fn fault_full_disk_on_the_control_plane() {
     let tmp = tempfile::tempdir().unwrap();
-    let disk = Tmpfs::mount(&tmp.path().join("cp-disk"), "16m");
+    // Only the data dir is on the small disk; the server's log stays
+    // outside, where it can still be written and read.
+    let disk = Tmpfs::mount(&tmp.path().join("server"), "16m");
     let ports = Ports::new();
     let flags: [&str; 0] = [];
-    let mut server = ServerProcess::start_on(&disk.0, ports.agent, ports.api, &flags).await.unwrap();
+    let mut server = ServerProcess::start_on(tmp.path(), ports.agent, ports.api, &flags).await.unwrap();
     let (status, body) = server
         .call(Method::POST, "/api/apps", Some(json!({"name": "on-full-disk", "repo_url": "https://git.example.com/x.git", "port": 8080})))
         .await
@@ -537,20 +544,23 @@ async fn fault_full_disk_on_the_control_plane() {
     let (status, _) = server.call(Method::GET, "/api/apps", None).await.unwrap();
     assert_eq!(status, 200);
 
-    // A restart while the disk is full says so, or starts and refuses writes the same way.
+    // A restart while the disk is full either refuses to start, saying so,
+    // or starts and refuses writes the same way.
     server.process.kill();
-    let restart = ServerProcess::start_on(&disk.0, ports.agent, ports.api, &flags).await;
+    let restart = ServerProcess::start_on(tmp.path(), ports.agent, ports.api, &flags).await;
     let restart_outcome = match restart {
         Ok(s) => {
             server = s;
-            "started read-only-safe".to_string()
+            let (status, body) = server.call(Method::PUT, "/api/apps/on-full-disk/env", Some(json!({"AFTER_RESTART": "x".repeat(4000)}))).await.unwrap();
+            assert_eq!(status, 503, "a write after a restart on the full disk: {body}");
+            "started, and its writes answered 503".to_string()
         }
         Err(error) => {
             let text = format!("{error:#}").to_lowercase();
             assert!(text.contains("disk is full") || text.contains("no space"), "{text}");
             assert!(!text.contains("disk i/o error") || text.contains("full"), "{text}");
             std::fs::remove_file(&filler).unwrap();
-            server = ServerProcess::start_on(&disk.0, ports.agent, ports.api, &flags).await.unwrap();
+            server = ServerProcess::start_on(tmp.path(), ports.agent, ports.api, &flags).await.unwrap();
             "refused to start, naming the full disk".to_string()
         }
     };
