@@ -21,7 +21,7 @@
 //!
 //! Packets are read and written with `hickory-proto`; what is ours is the
 //! policy on top: which names exist, the stricter question check, and how
-//! an answer is cut to the client's buffer (see [`records_within`]).
+//! an answer is cut to the client's buffer (`records_within`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
