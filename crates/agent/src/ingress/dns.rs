@@ -18,12 +18,20 @@
 //! A host without a healthy instance points at the agent's own 503 responder
 //! so that Caddy never sees an empty answer (it would treat one as a lookup
 //! error and keep serving stale upstreams).
+//!
+//! Packets are read and written with `hickory-proto`; what is ours is the
+//! policy on top: which names exist, the stricter question check, and how
+//! an answer is cut to the client's buffer (`records_within`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use hickory_proto::op::{Header, Message, MessageType, Metadata, OpCode, Query, ResponseCode};
+use hickory_proto::rr::rdata::{A, AAAA, SRV};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder};
 use tokio::net::UdpSocket;
 
 /// How long Caddy may use an answer before asking again. A switch counts as
@@ -32,18 +40,12 @@ pub const REFRESH: Duration = Duration::from_millis(250);
 
 const HOSTS: &str = "h.cloudweb.";
 const ADDRESSES: &str = "a.cloudweb.";
-const TYPE_A: u16 = 1;
-const TYPE_AAAA: u16 = 28;
-const TYPE_SRV: u16 = 33;
-const TYPE_OPT: u16 = 41;
-const CLASS_IN: u16 = 1;
-const RCODE_FORMERR: u16 = 1;
-const RCODE_NXDOMAIN: u16 = 3;
-const RCODE_NOTIMP: u16 = 4;
 /// Answers larger than the client's buffer are cut to whole records, never
 /// truncated with TC: Caddy's resolver would retry over TCP on the same UDP
 /// socket. 1232 bytes hold about 28 upstreams per host.
 const PLAIN_UDP_SIZE: usize = 512;
+/// The largest buffer we fill, whatever a client advertises.
+const MAX_UDP_SIZE: usize = 4096;
 
 /// The lookup name of a host's upstreams.
 pub fn service_name(host: &str) -> String {
@@ -108,146 +110,131 @@ impl Directory {
 
     /// Answers one query packet; `None` for a packet too broken to answer.
     pub fn answer(&self, query: &[u8]) -> Option<Vec<u8>> {
-        let header = query.get(..12)?;
-        let id = [header[0], header[1]];
-        let flags = u16::from_be_bytes([header[2], header[3]]);
-        if flags & 0x8000 != 0 {
+        let mut decoder = BinDecoder::new(query);
+        let header = Header::read(&mut decoder).ok()?;
+        if header.metadata.message_type == MessageType::Response {
             return None; // a response, not a query
         }
-        let qdcount = u16::from_be_bytes([header[4], header[5]]);
-        let arcount = u16::from_be_bytes([header[10], header[11]]);
-        let opcode = (flags >> 11) & 0xf;
-        let reply = |rcode: u16, question: &[u8], answers: &[Vec<u8>]| {
-            // QR, AA and RA set; RD echoed.
-            let flags = 0x8000 | (opcode << 11) | 0x0400 | (flags & 0x0100) | 0x0080 | rcode;
-            let mut out = Vec::with_capacity(512);
-            out.extend_from_slice(&id);
-            out.extend_from_slice(&flags.to_be_bytes());
-            out.extend_from_slice(&(u16::from(!question.is_empty())).to_be_bytes());
-            out.extend_from_slice(&(answers.len() as u16).to_be_bytes());
-            out.extend_from_slice(&[0, 0, 0, 0]);
-            out.extend_from_slice(question);
-            for answer in answers {
-                out.extend_from_slice(answer);
-            }
-            out
+        let reply = |rcode: ResponseCode, question: Option<&Query>, answers: &[Record]| {
+            let mut metadata = Metadata::new(header.metadata.id, MessageType::Response, header.metadata.op_code);
+            metadata.authoritative = true;
+            metadata.recursion_desired = header.metadata.recursion_desired;
+            metadata.recursion_available = true;
+            metadata.response_code = rcode;
+            let mut message = Message::response(metadata.id, metadata.op_code);
+            message.metadata = metadata;
+            message.queries.extend(question.cloned());
+            message.answers.extend_from_slice(answers);
+            message
         };
-        if opcode != 0 {
-            return Some(reply(RCODE_NOTIMP, &[], &[]));
+        let encode = |message: &Message| message.to_vec().ok();
+        if header.metadata.op_code != OpCode::Query {
+            return encode(&reply(ResponseCode::NotImp, None, &[]));
         }
-        if qdcount != 1 {
-            return Some(reply(RCODE_FORMERR, &[], &[]));
+        if header.counts.queries != 1 {
+            return encode(&reply(ResponseCode::FormErr, None, &[]));
         }
-        let Some((name, after_name)) = read_name(query, 12) else {
-            return Some(reply(RCODE_FORMERR, &[], &[]));
+        let Some((question, name)) = read_question(&mut decoder) else {
+            return encode(&reply(ResponseCode::FormErr, None, &[]));
         };
-        let Some(fixed) = query.get(after_name..after_name + 4) else {
-            return Some(reply(RCODE_FORMERR, &[], &[]));
-        };
-        let qtype = u16::from_be_bytes([fixed[0], fixed[1]]);
-        let qclass = u16::from_be_bytes([fixed[2], fixed[3]]);
-        let question = &query[12..after_name + 4];
-        let limit = if arcount > 0 { edns_size(query, after_name + 4).unwrap_or(PLAIN_UDP_SIZE) } else { PLAIN_UDP_SIZE };
+        let limit = edns_size(&mut decoder, &header).unwrap_or(PLAIN_UDP_SIZE);
 
+        let owner = question.name().clone();
+        let in_class = question.query_class() == DNSClass::IN;
         let mut answers = Vec::new();
         let zone = self.current();
         if let Some(targets) = zone.get(&name) {
-            if qtype == TYPE_SRV && qclass == CLASS_IN {
+            if question.query_type() == RecordType::SRV && in_class {
                 for target in targets {
-                    answers.push(srv_record(target));
+                    // Targets come from `Target::of`, whose names always parse; a
+                    // hand-made one that does not is left out rather than sent broken.
+                    let Ok(target_name) = Name::from_ascii(&target.name) else { continue };
+                    let srv = SRV::new(10, 10, target.port, target_name);
+                    answers.push(answer_record(&owner, RData::SRV(srv)));
                 }
             }
         } else if let Some(ip) = parse_address_name(&name) {
-            match (ip, qtype) {
-                (IpAddr::V4(v4), TYPE_A) if qclass == CLASS_IN => answers.push(record(TYPE_A, &v4.octets())),
-                (IpAddr::V6(v6), TYPE_AAAA) if qclass == CLASS_IN => answers.push(record(TYPE_AAAA, &v6.octets())),
+            match (ip, question.query_type()) {
+                (IpAddr::V4(v4), RecordType::A) if in_class => answers.push(answer_record(&owner, RData::A(A(v4)))),
+                (IpAddr::V6(v6), RecordType::AAAA) if in_class => {
+                    answers.push(answer_record(&owner, RData::AAAA(AAAA(v6))))
+                }
                 _ => {}
             }
         } else {
-            return Some(reply(RCODE_NXDOMAIN, question, &[]));
+            return encode(&reply(ResponseCode::NXDomain, Some(&question), &[]));
         }
-        // Keep whole records within the client's buffer.
-        let mut size = 12 + question.len();
-        let mut kept = 0;
-        for answer in &answers {
-            if size + answer.len() > limit {
-                break;
-            }
-            size += answer.len();
-            kept += 1;
-        }
-        answers.truncate(kept);
-        Some(reply(0, question, &answers))
+        let mut message = reply(ResponseCode::NoError, Some(&question), &answers);
+        message.answers.truncate(records_within(&message, limit)?);
+        encode(&message)
     }
 }
 
-/// Reads an uncompressed name at `offset`, lowercased with a trailing dot.
-fn read_name(packet: &[u8], mut offset: usize) -> Option<(String, usize)> {
+/// Reads the question, and its name lowercased with a trailing dot. Stricter
+/// than the wire format: a compression pointer has no place in a question,
+/// and labels hold only letters, digits, `-` and `_` (all our names do).
+fn read_question(decoder: &mut BinDecoder<'_>) -> Option<(Query, String)> {
+    let start = decoder.index();
+    let question = Query::read(decoder).ok()?;
     let mut name = String::new();
-    loop {
-        let len = *packet.get(offset)? as usize;
-        offset += 1;
-        if len == 0 {
-            break;
-        }
-        if len > 63 {
-            return None; // compression pointers have no place in a question
-        }
-        let label = packet.get(offset..offset + len)?;
+    let mut wire_length = 1; // the root label
+    for label in question.name().iter() {
         if !label.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'_') {
             return None;
         }
         name.push_str(&String::from_utf8_lossy(label).to_ascii_lowercase());
         name.push('.');
-        offset += len;
-        if name.len() > 255 {
-            return None;
-        }
+        wire_length += 1 + label.len();
+    }
+    // TYPE and CLASS follow the name; fewer bytes read means a pointer.
+    if decoder.index() - start != wire_length + 4 {
+        return None;
     }
     if name.is_empty() {
         name.push('.');
     }
-    Some((name, offset))
+    Some((question, name))
 }
 
-/// The UDP payload size an EDNS OPT record in the additional section asks
-/// for (RFC 6891), if the packet carries one right after the question.
-fn edns_size(packet: &[u8], offset: usize) -> Option<usize> {
-    // Root name (one zero byte), then TYPE and CLASS (= the payload size).
-    if *packet.get(offset)? != 0 {
-        return None;
-    }
-    let rest = packet.get(offset + 1..offset + 5)?;
-    if u16::from_be_bytes([rest[0], rest[1]]) != TYPE_OPT {
-        return None;
-    }
-    let size = u16::from_be_bytes([rest[2], rest[3]]) as usize;
-    Some(size.clamp(PLAIN_UDP_SIZE, 4096))
+/// The UDP payload size the client's EDNS OPT record asks for (RFC 6891),
+/// bounded to what we serve; `None` without one or when the sections after
+/// the question do not parse (the answer then fits plain DNS).
+fn edns_size(decoder: &mut BinDecoder<'_>, header: &Header) -> Option<usize> {
+    let counts = header.counts;
+    let op_code = header.metadata.op_code;
+    Message::read_records(decoder, counts.answers as usize, false, op_code).ok()?;
+    Message::read_records(decoder, counts.authorities as usize, false, op_code).ok()?;
+    let (_, edns, _) = Message::read_records(decoder, counts.additionals as usize, true, op_code).ok()?;
+    Some(usize::from(edns?.max_payload()).clamp(PLAIN_UDP_SIZE, MAX_UDP_SIZE))
 }
 
-/// An answer record whose name points back at the question (offset 12).
-fn record(rtype: u16, rdata: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(12 + rdata.len());
-    out.extend_from_slice(&[0xc0, 0x0c]);
-    out.extend_from_slice(&rtype.to_be_bytes());
-    out.extend_from_slice(&CLASS_IN.to_be_bytes());
-    out.extend_from_slice(&0u32.to_be_bytes()); // TTL: Caddy caches by its own refresh
-    out.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
-    out.extend_from_slice(rdata);
-    out
+/// An answer record for the question's own name (encoded as a pointer to
+/// it). TTL 0: Caddy caches by its own refresh.
+fn answer_record(owner: &Name, data: RData) -> Record {
+    Record::from_rdata(owner.clone(), 0, data)
 }
 
-fn srv_record(target: &Target) -> Vec<u8> {
-    let mut rdata = Vec::with_capacity(8 + target.name.len());
-    rdata.extend_from_slice(&10u16.to_be_bytes()); // priority
-    rdata.extend_from_slice(&10u16.to_be_bytes()); // weight
-    rdata.extend_from_slice(&target.port.to_be_bytes());
-    for label in target.name.trim_end_matches('.').split('.') {
-        rdata.push(label.len() as u8);
-        rdata.extend_from_slice(label.as_bytes());
+/// How many of the message's answers fit in `limit` bytes. Our own rule on
+/// purpose: hickory, asked to stay within a size, sets TC on what it cuts,
+/// and Caddy's resolver answers TC by retrying over TCP on the same UDP
+/// socket. So the records are measured here, encoded by hickory after the
+/// header and question exactly as in the reply (names compressed against the
+/// question), and the reply keeps the whole ones that fit, without TC.
+fn records_within(message: &Message, limit: usize) -> Option<usize> {
+    let mut head = message.clone();
+    head.answers.clear();
+    let mut buffer = Vec::with_capacity(limit);
+    let mut encoder = BinEncoder::new(&mut buffer);
+    head.emit(&mut encoder).ok()?;
+    let mut kept = 0;
+    for record in &message.answers {
+        record.emit(&mut encoder).ok()?;
+        if encoder.len() > limit {
+            break;
+        }
+        kept += 1;
     }
-    rdata.push(0);
-    record(TYPE_SRV, &rdata)
+    Some(kept)
 }
 
 /// Serves the directory on a loopback UDP port, `preferred` when it is free
@@ -280,27 +267,36 @@ pub async fn serve(directory: Directory, preferred: u16) -> std::io::Result<Sock
 
 #[cfg(test)]
 mod tests {
+    use hickory_proto::op::Edns;
+
     use super::*;
 
-    fn query(name: &str, qtype: u16, edns: Option<u16>) -> Vec<u8> {
-        let mut out = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, u8::from(edns.is_some())];
-        for label in name.trim_end_matches('.').split('.') {
-            out.push(label.len() as u8);
-            out.extend_from_slice(label.as_bytes());
-        }
-        out.push(0);
-        out.extend_from_slice(&qtype.to_be_bytes());
-        out.extend_from_slice(&CLASS_IN.to_be_bytes());
+    const TYPE_A: RecordType = RecordType::A;
+    const TYPE_AAAA: RecordType = RecordType::AAAA;
+    const TYPE_SRV: RecordType = RecordType::SRV;
+    const RCODE_FORMERR: u16 = 1;
+    const RCODE_NXDOMAIN: u16 = 3;
+    const RCODE_NOTIMP: u16 = 4;
+
+    /// A query as a stub resolver sends it: id 0x1234, RD set, one question
+    /// (the first label's length at offset 12), EDNS only when asked.
+    fn query(name: &str, qtype: RecordType, edns: Option<u16>) -> Vec<u8> {
+        let mut message = Message::query();
+        message.metadata.id = 0x1234;
+        message.metadata.recursion_desired = true;
+        message.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
         if let Some(size) = edns {
-            out.push(0);
-            out.extend_from_slice(&TYPE_OPT.to_be_bytes());
-            out.extend_from_slice(&size.to_be_bytes());
-            out.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+            let mut opt = Edns::new();
+            opt.set_max_payload(size);
+            message.set_edns(opt);
         }
-        out
+        message.to_vec().unwrap()
     }
 
+    /// The reply's RCODE and answer count, read from the header; the reply
+    /// must also decode as a whole.
     fn counts(reply: &[u8]) -> (u16, u16) {
+        Message::from_vec(reply).expect("the reply decodes");
         (u16::from_be_bytes([reply[2], reply[3]]) & 0xf, u16::from_be_bytes([reply[6], reply[7]]))
     }
 
