@@ -175,6 +175,7 @@ impl DockerRuntime {
     /// Runs a build step to completion and returns its exit code and output.
     pub async fn run_once(&self, step: &OneShot) -> Result<(i64, Vec<(String, String)>), RuntimeError> {
         let docker = self.docker()?;
+        let network = self.build_network().await?;
         let body = ContainerCreateBody {
             image: Some(step.image.clone()),
             cmd: Some(step.command.clone()),
@@ -188,7 +189,7 @@ impl DockerRuntime {
             ])),
             host_config: Some(HostConfig {
                 binds: Some(vec![format!("{}:/src", step.mount)]),
-                network_mode: self.build_network().await,
+                network_mode: Some(network),
                 ..Default::default()
             }),
             ..Default::default()
@@ -258,15 +259,15 @@ pub const ROLE_BUILDER: &str = "builder";
 
 impl DockerRuntime {
     /// The network build steps run on ([`BUILD_NETWORK`]), created on first
-    /// use; `None` (Docker's default bridge) when it cannot be created,
-    /// which is logged.
-    pub async fn build_network(&self) -> Option<String> {
+    /// use. When it cannot be created the build fails: Docker's default
+    /// bridge would let build steps reach what the build network keeps
+    /// them from (fail closed).
+    pub async fn build_network(&self) -> Result<String, RuntimeError> {
         match self.ensure_build_network().await {
-            Ok(()) => Some(BUILD_NETWORK.to_string()),
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot create the build network; this build runs on Docker's default bridge");
-                None
-            }
+            Ok(()) => Ok(BUILD_NETWORK.to_string()),
+            Err(err) => Err(RuntimeError::Failed(format!(
+                "cannot create the build network {BUILD_NETWORK}, so the build is refused rather than run on Docker's default bridge: {err}"
+            ))),
         }
     }
 

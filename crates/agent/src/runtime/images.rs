@@ -45,12 +45,9 @@ impl DockerRuntime {
     /// `tag`, passing every output line to `log`.
     pub async fn build_image(&self, context: Vec<u8>, tag: &str, mut log: impl FnMut(String)) -> Result<(), RuntimeError> {
         let docker = self.docker()?;
-        let mut options = BuildImageOptionsBuilder::new().t(tag).rm(true).forcerm(true);
         // RUN steps go on the build network, like static site builds.
-        if let Some(network) = self.build_network().await {
-            options = options.networkmode(&network);
-        }
-        let options = options.build();
+        let network = self.build_network().await?;
+        let options = BuildImageOptionsBuilder::new().t(tag).rm(true).forcerm(true).networkmode(&network).build();
         let mut stream = docker.build_image(options, None, Some(bollard::body_full(Bytes::from(context))));
         while let Some(item) = stream.next().await {
             let info = item?;
