@@ -297,6 +297,34 @@ impl DockerRuntime {
         }
     }
 
+    /// Stops and removes every container labelled with this node's id, all
+    /// at once so the stop grace periods overlap: app instances, build
+    /// steps and the ingress. For a node that is no longer in the cluster,
+    /// whose instances already run elsewhere. Returns the names removed
+    /// and, for each container that could not be removed, its name and
+    /// the reason.
+    pub async fn remove_everything_of_this_node(&self) -> Result<(Vec<String>, Vec<(String, RuntimeError)>), RuntimeError> {
+        let filters = HashMap::from([("label", vec![format!("{LABEL_NODE}={}", self.node_id)])]);
+        let containers = self
+            .docker()?
+            .list_containers(Some(bollard::query_parameters::ListContainersOptionsBuilder::new().all(true).filters(&filters).build()))
+            .await?;
+        let removals = containers.into_iter().filter_map(|c| {
+            let id = c.id?;
+            let name = c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_else(|| id.clone());
+            Some(async move { (name, self.remove(&id).await) })
+        });
+        let mut removed = Vec::new();
+        let mut failed = Vec::new();
+        for (name, result) in futures_util::future::join_all(removals).await {
+            match result {
+                Ok(()) => removed.push(name),
+                Err(err) => failed.push((name, err)),
+            }
+        }
+        Ok((removed, failed))
+    }
+
     /// Stops and removes this node's build step containers; returns how
     /// many there were.
     pub async fn remove_builders(&self) -> Result<usize, RuntimeError> {
