@@ -80,6 +80,69 @@ trap 'exit 143' TERM INT
 say "the installer refuses an unknown option"
 if bash scripts/install.sh --bogus >/dev/null 2>&1; then fail "install.sh --bogus succeeded"; fi
 
+# The uninstall's removal of the build network and its bridge's firewall
+# rules, against stand-ins for docker, iptables and pgrep (the real ones
+# are shared with whatever else runs on this host): the network goes, then
+# exactly the rules naming cw-build0 (not cw-build00), by argv.
+say "the uninstall removes the build network and only its bridge's rules"
+stubs=$(mktemp -d "$root/stubs.XXXXXX")
+cat > "$stubs/iptables" <<'STUB'
+#!/bin/bash
+echo "iptables $*" >> "$STUB_LOG"
+if [ "$2" = -S ]; then
+    case "$3" in
+        INPUT) printf -- '-P INPUT ACCEPT\n-A INPUT -i cw-build0 -j DROP\n-A INPUT -i cw-build00 -j DROP\n' ;;
+        DOCKER-USER) printf -- '-N DOCKER-USER\n-A DOCKER-USER -d 10.0.0.0/8 -i cw-build0 -j DROP\n-A DOCKER-USER -j RETURN\n' ;;
+        FORWARD) printf -- '-P FORWARD DROP\n' ;;
+    esac
+fi
+STUB
+cat > "$stubs/docker" <<'STUB'
+#!/bin/bash
+echo "docker $*" >> "$STUB_LOG"
+case "$*" in *--format*) echo build-network ;; esac
+STUB
+printf '#!/bin/bash\nexit 1\n' > "$stubs/pgrep"
+chmod +x "$stubs"/*
+STUB_LOG=$stubs/log PATH=$stubs:$PATH bash -c 'set -euo pipefail
+    source <(sed -n "/^build_network=cloudweb-build/,/^}/p" scripts/install.sh)
+    remove_build_network' >/dev/null || fail "remove_build_network failed"
+expected='docker network rm cloudweb-build
+iptables -w -D INPUT -i cw-build0 -j DROP
+iptables -w -D DOCKER-USER -d 10.0.0.0/8 -i cw-build0 -j DROP'
+actual=$(grep -E '^(docker network rm|iptables -w -D)' "$stubs/log")
+[ "$actual" = "$expected" ] || fail "the uninstall removed: $actual"
+# With another agent running, nothing is touched.
+printf '#!/bin/bash\nexit 0\n' > "$stubs/pgrep"
+: > "$stubs/log"
+STUB_LOG=$stubs/log PATH=$stubs:$PATH bash -c 'set -euo pipefail
+    source <(sed -n "/^build_network=cloudweb-build/,/^}/p" scripts/install.sh)
+    remove_build_network' >/dev/null || fail "remove_build_network failed"
+! grep -qE '^(docker network rm|iptables -w -D)' "$stubs/log" || fail "the uninstall removed shared things while another agent runs"
+
+# The installer's API calls keep the admin token out of curl's argv
+# (readable by every user in /proc/*/cmdline) and hand it over as a header
+# file.
+say "the admin token is not in curl's argv"
+cat > "$stubs/curl" <<'STUB'
+#!/bin/bash
+echo "argv: $*" >> "$STUB_LOG"
+previous=''
+for arg in "$@"; do
+    if [ "$previous" = -H ] && [ "${arg:0:1}" = @ ]; then echo "header: $(cat "${arg:1}")" >> "$STUB_LOG"; fi
+    previous=$arg
+done
+STUB
+chmod +x "$stubs/curl"
+echo "smoke-secret-token" > "$stubs/admin-token"
+: > "$stubs/log"
+STUB_LOG=$stubs/log PATH=$stubs:$PATH admin_token_file=$stubs/admin-token api=http://127.0.0.1:1 bash -c 'set -euo pipefail
+    source <(grep -E "^(auth_header|api_get)\(\)" scripts/install.sh)
+    api_get /api/nodes' || fail "api_get failed"
+grep -q '^header: Authorization: Bearer smoke-secret-token$' "$stubs/log" || fail "no Authorization header file: $(cat "$stubs/log")"
+! grep '^argv:' "$stubs/log" | grep -q smoke-secret-token || fail "the admin token is in curl's argv: $(cat "$stubs/log")"
+rm -rf "$stubs"
+
 say "installing under $root (API $api_port, agents $agent_port, HTTPS $https_port)"
 bash scripts/install.sh > "$root.install-1.log" 2>&1 || { cat "$root.install-1.log" >&2; rm -f "$root.install-1.log"; fail "the first install"; }
 rm -f "$root.install-1.log"
