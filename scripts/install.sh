@@ -3,8 +3,9 @@
 # run a Docker Engine): installs what it needs, builds and installs both
 # binaries, starts the control plane, joins this host to it as its first
 # node (with ingress, unless --no-ingress), deploys the example app
-# (examples/hello) and prints its URL. Safe to run again: a second run
-# restarts the services with the same data and keeps the node's identity.
+# (examples/hello) and prints its URL (with --no-ingress: neither, and it
+# says so). Safe to run again: a second run restarts the services with the
+# same data, keeps the node's identity and a running example.
 #
 #   sudo ./scripts/install.sh [--no-ingress]
 #   sudo ./scripts/install.sh --uninstall     stop everything and remove what the installer created
