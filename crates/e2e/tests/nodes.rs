@@ -229,13 +229,18 @@ async fn a_removed_nodes_agent_removes_its_containers_before_it_exits() {
 
 #[tokio::test]
 async fn leave_with_force_fails_the_nodes_deployments() {
-    let cluster = cluster(1).await;
+    let mut cluster = cluster(1).await;
     let app = unique_name("leaver");
     let deployment = cluster.deploy_app(&app).await;
     let id = deployment["id"].as_str().unwrap().to_string();
     let dir = cluster.agents[0].dir.display().to_string();
     let node = cluster.agents[0].node_id.clone();
     assert_eq!(running(&id, &node), 1);
+    // The agent is stopped first, as node.sh does: a running agent would
+    // learn of the removal and remove the containers itself (see
+    // a_removed_nodes_agent_removes_its_containers_before_it_exits), and
+    // this test is about what `leave` does.
+    cluster.agents[0].kill();
     let forced = run_agent_command(&["--data-dir".into(), dir, "leave".into(), "--force".into()]).unwrap();
     assert!(forced.success, "{}", forced.output);
     assert!(forced.output.contains(&format!("deployment {id} marked failed")), "{}", forced.output);
