@@ -3,8 +3,9 @@
 # run a Docker Engine): installs what it needs, builds and installs both
 # binaries, starts the control plane, joins this host to it as its first
 # node (with ingress, unless --no-ingress), deploys the example app
-# (examples/hello) and prints its URL. Safe to run again: a second run
-# restarts the services with the same data and keeps the node's identity.
+# (examples/hello) and prints its URL (with --no-ingress: neither, and it
+# says so). Safe to run again: a second run restarts the services with the
+# same data, keeps the node's identity and a running example.
 #
 #   sudo ./scripts/install.sh [--no-ingress]
 #   sudo ./scripts/install.sh --uninstall     stop everything and remove what the installer created
@@ -161,6 +162,45 @@ leftover_pids() {
 
 # --- uninstall
 
+# The agent's build network (`cloudweb-build`, bridge `cw-build0`) and the
+# iptables rules that keep builds off the host and private ranges. Every
+# agent on a host shares them, so they stay while another cloudweb-agent
+# runs here; the rules go only once the network is gone (rules without
+# their bridge match nothing, a bridge without its rules is open).
+build_network=cloudweb-build
+build_bridge=cw-build0
+remove_build_network() {
+    if pgrep -x cloudweb-agent >/dev/null 2>&1; then
+        echo "install: another cloudweb-agent runs on this host; the $build_network network and its firewall rules stay"
+        return 0
+    fi
+    if command -v docker >/dev/null && docker network inspect "$build_network" >/dev/null 2>&1; then
+        if [ "$(docker network inspect --format '{{index .Labels "cloudweb.role"}}' "$build_network" 2>/dev/null)" != build-network ]; then
+            echo "install: a network named $build_network exists but is not cloud-web's; it stays"
+            return 0
+        fi
+        if ! docker network rm "$build_network" >/dev/null 2>&1; then
+            echo "install: the $build_network network is in use; it and its firewall rules stay"
+            return 0
+        fi
+        echo "install: removed the $build_network network"
+    fi
+    command -v iptables >/dev/null || return 0
+    local chain line rule removed=0
+    for chain in INPUT DOCKER-USER FORWARD; do
+        iptables -w -S "$chain" >/dev/null 2>&1 || continue
+        # `-S` prints each rule as the arguments that add it (no quoting
+        # needed: they hold no spaces); deleting takes the same ones.
+        while read -r line; do
+            read -ra rule <<<"$line"
+            [ "${rule[0]:-}" = -A ] || continue
+            rule[0]=-D
+            iptables -w "${rule[@]}" && removed=$((removed + 1))
+        done < <(iptables -w -S "$chain" | grep -E -- "-i $build_bridge( |$)")
+    done
+    [ "$removed" = 0 ] || echo "install: removed $removed firewall rules of bridge $build_bridge"
+}
+
 uninstall() {
     local node_id=''
     if [ -x "$bin_dir/cloudweb-agent" ] && [ -f "$agent_dir/node.json" ]; then
@@ -202,6 +242,7 @@ uninstall() {
             docker rmi $images >/dev/null 2>&1 || true
         fi
     fi
+    remove_build_network
     rm -rf "/etc/docker/certs.d/$registry_address"
     if [ -f "$data_dir/installer.env" ]; then
         rm -f "$bin_dir/cloudweb-server" "$bin_dir/cloudweb-agent"
@@ -325,13 +366,17 @@ start_service cloudweb-agent "$agent_bin" --data-dir "$agent_dir" run --caddy-bi
 
 # --- the example app
 
+# The admin token reaches curl as a header file (curl >= 7.55 reads
+# `-H @file`) written by the shell's builtin printf into a pipe, never as
+# an argument: arguments are visible to every user in /proc/*/cmdline.
+auth_header() { printf 'Authorization: Bearer %s\n' "$(<"$admin_token_file")"; }
 # GET on the user API; prints the body.
-api_get() { curl -fsS --max-time 10 -H "Authorization: Bearer $(cat "$admin_token_file")" "$api$1"; }
+api_get() { curl -fsS --max-time 10 -H @<(auth_header) "$api$1"; }
 # Prints the body, then the status on a line of its own.
 api_send() { # method, path[, JSON body]
     local body=()
     [ $# -lt 3 ] || body=(-H 'content-type: application/json' --data "$3")
-    curl -sS --max-time 10 -X "$1" -H "Authorization: Bearer $(cat "$admin_token_file")" "${body[@]}" \
+    curl -sS --max-time 10 -X "$1" -H @<(auth_header) "${body[@]}" \
         -w '\n%{http_code}' "$api$2"
 }
 # One field of a JSON document on stdin, by a Python expression on `d`.
@@ -346,8 +391,21 @@ for _ in $(seq 1 60); do
 done
 [ "$ready" = True ] || die "node $node_id did not become ready (log: ${log_dir}/cloudweb-agent.log)"
 
-running=$(api_get "/api/apps/$example_app/deployments" 2>/dev/null | json 'any(x["state"] == "running" for x in d)' || echo False)
-if [ "$running" != True ] && [ "$no_ingress" = 0 ]; then
+# What the node says, not the flag of this run: --no-ingress only applies
+# when the node joins (the first run).
+has_ingress=$(api_get "/api/nodes/$node_id" | json 'd["ingress"]' || echo False)
+if [ "$no_ingress" = 1 ] && [ "$has_ingress" = True ]; then
+    echo "install: note: node $node_id joined with ingress on an earlier run; --no-ingress applies only when a node joins"
+elif [ "$no_ingress" = 0 ] && [ "$has_ingress" != True ]; then
+    echo "install: note: node $node_id joined with --no-ingress on an earlier run, so it serves no apps over HTTP(S)"
+fi
+
+# The answer is {"deployments": [...]}, newest first.
+running=$(api_get "/api/apps/$example_app/deployments" 2>/dev/null | json 'any(x["state"] == "running" for x in d["deployments"])' || echo False)
+if [ "$running" = True ]; then
+    echo "install: $example_app is already running; not deploying it again"
+fi
+if [ "$running" != True ] && [ "$has_ingress" = True ]; then
     echo "install: deploying examples/hello as $example_app"
     # Inside the data dir, so an interrupted run leaves nothing elsewhere.
     work=$(mktemp -d "$data_dir/example.XXXXXX")
@@ -392,7 +450,7 @@ fi
 host="$example_app.$base_domain"
 url="https://$host"
 [ "$https_port" = 443 ] || url="$url:$https_port"
-if [ "$no_ingress" = 0 ]; then
+if [ "$has_ingress" = True ]; then
     # The ingress obtains the certificate at the first handshake, so the
     # first request may take a moment.
     served=''
@@ -404,18 +462,27 @@ if [ "$no_ingress" = 0 ]; then
     grep -q 'Hello from cloud-web' <<<"$served" || die "the example app does not answer at $url"
 fi
 
+if [ "$has_ingress" = True ]; then
+    example="$url/   (curl --resolve $host:$https_port:127.0.0.1 -k $url/ from this host)"
+    served_at="It answers on https://myapp.$base_domain once the deployment is running."
+else
+    example="not deployed: this node has no ingress (--no-ingress), so nothing here serves apps over HTTP(S)"
+    served_at="It answers on https://myapp.$base_domain through an ingress node (join one with --ingress) once the deployment is running."
+fi
+
 cat <<DONE
 
 cloud-web is running.
   user API:     $api  (admin token in $admin_token_file)
   agents dial:  $public_url
-  example app:  $url/   (curl --resolve $host:$https_port:127.0.0.1 -k $url/ from this host)
+  ingress:      $([ "$has_ingress" = True ] && echo "this node, HTTPS on port $https_port" || echo "none (--no-ingress)")
+  example app:  $example
 
 Deploy your own app from a git repository:
   token=\$(sudo cat $admin_token_file)
   curl -H "Authorization: Bearer \$token" -H 'content-type: application/json' \\
        -d '{"name": "myapp", "repo_url": "https://github.com/you/myapp.git", "port": 8080}' $api/api/apps
   curl -H "Authorization: Bearer \$token" -H 'content-type: application/json' -d '{}' $api/api/apps/myapp/deploy
-It answers on https://myapp.$base_domain once the deployment is running.
+$served_at
 Uninstall: sudo $repo/scripts/install.sh --uninstall
 DONE

@@ -3,9 +3,13 @@
 # temporary root with its own ports (so it cannot clash with other tests or
 # an installation on this host), twice (a second run must work too), checks
 # that the example app answers over HTTPS through Caddy with a certificate
-# of Caddy's internal CA, uninstalls, and checks that nothing is left: no
-# process naming the install's directories, no container of its node, no
-# listener on its ports, no directory.
+# of Caddy's internal CA and that the second run deployed nothing new,
+# uninstalls, and checks that nothing is left: no process naming the
+# install's directories, no container of its node, no listener on its
+# ports, no directory, and (when no other agent runs on this host) no
+# build network or firewall rule of its bridge. Then installs once more
+# with --no-ingress: the node reports no ingress, nothing answers on the
+# HTTP(S) ports, the installer prints no example URL; and uninstalls.
 #
 #   sudo scripts/smoke-install.sh [BIN_DIR]
 #
@@ -76,14 +80,91 @@ trap 'exit 143' TERM INT
 say "the installer refuses an unknown option"
 if bash scripts/install.sh --bogus >/dev/null 2>&1; then fail "install.sh --bogus succeeded"; fi
 
+# The uninstall's removal of the build network and its bridge's firewall
+# rules, against stand-ins for docker, iptables and pgrep (the real ones
+# are shared with whatever else runs on this host): the network goes, then
+# exactly the rules naming cw-build0 (not cw-build00), by argv.
+say "the uninstall removes the build network and only its bridge's rules"
+stubs=$(mktemp -d "$root/stubs.XXXXXX")
+cat > "$stubs/iptables" <<'STUB'
+#!/bin/bash
+echo "iptables $*" >> "$STUB_LOG"
+if [ "$2" = -S ]; then
+    case "$3" in
+        INPUT) printf -- '-P INPUT ACCEPT\n-A INPUT -i cw-build0 -j DROP\n-A INPUT -i cw-build00 -j DROP\n' ;;
+        DOCKER-USER) printf -- '-N DOCKER-USER\n-A DOCKER-USER -d 10.0.0.0/8 -i cw-build0 -j DROP\n-A DOCKER-USER -j RETURN\n' ;;
+        FORWARD) printf -- '-P FORWARD DROP\n' ;;
+    esac
+fi
+STUB
+cat > "$stubs/docker" <<'STUB'
+#!/bin/bash
+echo "docker $*" >> "$STUB_LOG"
+case "$*" in *--format*) echo build-network ;; esac
+STUB
+printf '#!/bin/bash\nexit 1\n' > "$stubs/pgrep"
+chmod +x "$stubs"/*
+STUB_LOG=$stubs/log PATH=$stubs:$PATH bash -c 'set -euo pipefail
+    source <(sed -n "/^build_network=cloudweb-build/,/^}/p" scripts/install.sh)
+    remove_build_network' >/dev/null || fail "remove_build_network failed"
+expected='docker network rm cloudweb-build
+iptables -w -D INPUT -i cw-build0 -j DROP
+iptables -w -D DOCKER-USER -d 10.0.0.0/8 -i cw-build0 -j DROP'
+actual=$(grep -E '^(docker network rm|iptables -w -D)' "$stubs/log")
+[ "$actual" = "$expected" ] || fail "the uninstall removed: $actual"
+# With another agent running, nothing is touched.
+printf '#!/bin/bash\nexit 0\n' > "$stubs/pgrep"
+: > "$stubs/log"
+STUB_LOG=$stubs/log PATH=$stubs:$PATH bash -c 'set -euo pipefail
+    source <(sed -n "/^build_network=cloudweb-build/,/^}/p" scripts/install.sh)
+    remove_build_network' >/dev/null || fail "remove_build_network failed"
+! grep -qE '^(docker network rm|iptables -w -D)' "$stubs/log" || fail "the uninstall removed shared things while another agent runs"
+
+# The installer's API calls keep the admin token out of curl's argv
+# (readable by every user in /proc/*/cmdline) and hand it over as a header
+# file.
+say "the admin token is not in curl's argv"
+cat > "$stubs/curl" <<'STUB'
+#!/bin/bash
+echo "argv: $*" >> "$STUB_LOG"
+previous=''
+for arg in "$@"; do
+    if [ "$previous" = -H ] && [ "${arg:0:1}" = @ ]; then echo "header: $(cat "${arg:1}")" >> "$STUB_LOG"; fi
+    previous=$arg
+done
+STUB
+chmod +x "$stubs/curl"
+echo "smoke-secret-token" > "$stubs/admin-token"
+: > "$stubs/log"
+STUB_LOG=$stubs/log PATH=$stubs:$PATH admin_token_file=$stubs/admin-token api=http://127.0.0.1:1 bash -c 'set -euo pipefail
+    source <(grep -E "^(auth_header|api_get)\(\)" scripts/install.sh)
+    api_get /api/nodes' || fail "api_get failed"
+grep -q '^header: Authorization: Bearer smoke-secret-token$' "$stubs/log" || fail "no Authorization header file: $(cat "$stubs/log")"
+! grep '^argv:' "$stubs/log" | grep -q smoke-secret-token || fail "the admin token is in curl's argv: $(cat "$stubs/log")"
+rm -rf "$stubs"
+
 say "installing under $root (API $api_port, agents $agent_port, HTTPS $https_port)"
 bash scripts/install.sh > "$root.install-1.log" 2>&1 || { cat "$root.install-1.log" >&2; rm -f "$root.install-1.log"; fail "the first install"; }
 rm -f "$root.install-1.log"
 node_id=$("$bin_dir/cloudweb-agent" --data-dir "$agent_dir" node-id)
 say "installed; node $node_id"
 
+# The user API as the installer calls it (the token through a pipe).
+api_get() {
+    curl -fsS --max-time 10 -H @<(printf 'Authorization: Bearer %s\n' "$(<"$root/var/lib/cloudweb/admin-token")") \
+        "http://127.0.0.1:$api_port$1"
+}
+# The ids of the example's deployments (the app is recreated when the
+# installer deploys it again, so a count would not tell).
+deployments() { api_get "/api/apps/$app/deployments" | python3 -c 'import json, sys; print(" ".join(d["id"] for d in json.load(sys.stdin)["deployments"]))'; }
+before=$(deployments)
+[ -n "$before" ] || fail "the first install deployed no example"
+
 say "installing again over it"
 output=$(bash scripts/install.sh 2>&1) || { echo "$output" >&2; fail "the second install"; }
+after=$(deployments)
+[ "$after" = "$before" ] || { echo "$output" >&2; fail "the second install deployed the example again (deployments $before before, $after after)"; }
+grep -q "$app is already running; not deploying it again" <<<"$output" || { echo "$output" >&2; fail "the second install did not say the example runs"; }
 grep -q "example app:  https://$app.localhost:$https_port/" <<<"$output" || { echo "$output" >&2; fail "the installer did not print the example's URL"; }
 grep -q "Deploy your own" <<<"$output" || fail "the installer did not say how to deploy an app"
 [ "$("$bin_dir/cloudweb-agent" --data-dir "$agent_dir" node-id)" = "$node_id" ] || fail "the second run changed the node's identity"
@@ -98,24 +179,56 @@ redirect=$(curl -sS --max-time 10 -o /dev/null -w '%{http_code}' --resolve "$app
     "http://$app.localhost:$http_port/")
 [ "$redirect" = 308 ] || [ "$redirect" = 301 ] || [ "$redirect" = 302 ] || fail "plain HTTP answered $redirect, not a redirect"
 
-say "uninstalling"
-bash scripts/install.sh --uninstall || fail "the uninstall"
-uninstalled=true
+# Uninstalls and checks that nothing of the install is left.
+uninstall_and_check() {
+    local output leftovers='' proc cmdline containers port remaining
+    output=$(bash scripts/install.sh --uninstall 2>&1) || { echo "$output" >&2; fail "the uninstall"; }
+    uninstalled=true
+    for proc in /proc/[0-9]*; do
+        cmdline=$(tr '\0' ' ' 2>/dev/null < "$proc/cmdline") || continue
+        case "$cmdline" in *"$root/"*) leftovers="$leftovers ${proc#/proc/}:$cmdline" ;; esac
+    done
+    [ -z "$leftovers" ] || fail "processes left running:$leftovers"
+    containers=$(docker ps -a --filter "label=cloudweb.node=$node_id" --format '{{.Names}}')
+    [ -z "$containers" ] || fail "containers left: $containers"
+    for port in "${ports[@]}"; do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            fail "something still listens on port $port"
+        fi
+    done
+    remaining=$(find "$root" -mindepth 1 -not -type d 2>/dev/null | head -5)
+    [ -z "$remaining" ] || fail "files left: $remaining"
+    [ ! -e "/etc/docker/certs.d/127.0.0.1:$registry_port" ] || fail "the registry CA was left in /etc/docker/certs.d"
+    # The build network and its bridge's firewall rules are shared by every
+    # agent on the host: the uninstall keeps them while another one runs
+    # (as during a parallel test run) and says so.
+    if grep -q "another cloudweb-agent runs on this host" <<<"$output"; then
+        say "note: other agents run here, so the build network check was skipped"
+    else
+        ! docker network inspect cloudweb-build >/dev/null 2>&1 || { echo "$output" >&2; fail "the cloudweb-build network was left"; }
+        if command -v iptables >/dev/null; then
+            ! iptables -w -S 2>/dev/null | grep -qE -- "-i cw-build0( |$)" || { echo "$output" >&2; fail "firewall rules of cw-build0 were left"; }
+        fi
+    fi
+}
 
-leftovers=''
-for proc in /proc/[0-9]*; do
-    cmdline=$(tr '\0' ' ' 2>/dev/null < "$proc/cmdline") || continue
-    case "$cmdline" in *"$root/"*) leftovers="$leftovers ${proc#/proc/}:$cmdline" ;; esac
-done
-[ -z "$leftovers" ] || fail "processes left running:$leftovers"
-containers=$(docker ps -a --filter "label=cloudweb.node=$node_id" --format '{{.Names}}')
-[ -z "$containers" ] || fail "containers left: $containers"
-for port in "${ports[@]}"; do
+say "uninstalling"
+uninstall_and_check
+say "ok: installed twice, served $app over HTTPS, uninstalled without leftovers"
+
+say "installing with --no-ingress"
+uninstalled=false
+output=$(bash scripts/install.sh --no-ingress 2>&1) || { echo "$output" >&2; fail "the --no-ingress install"; }
+node_id=$("$bin_dir/cloudweb-agent" --data-dir "$agent_dir" node-id)
+ingress=$(api_get "/api/nodes/$node_id" | python3 -c 'import json, sys; print(json.load(sys.stdin)["ingress"])')
+[ "$ingress" = False ] || fail "with --no-ingress, node $node_id reports ingress: $ingress"
+! grep -q "https://$app.localhost" <<<"$output" || { echo "$output" >&2; fail "with --no-ingress the installer printed the example's URL"; }
+grep -q "example app:  not deployed" <<<"$output" || { echo "$output" >&2; fail "with --no-ingress the installer did not say the example is not deployed"; }
+[ -z "$(deployments 2>/dev/null || true)" ] || fail "with --no-ingress the example was deployed"
+for port in "$http_port" "$https_port"; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-        fail "something still listens on port $port"
+        fail "with --no-ingress something listens on the ingress port $port"
     fi
 done
-remaining=$(find "$root" -mindepth 1 -not -type d 2>/dev/null | head -5)
-[ -z "$remaining" ] || fail "files left: $remaining"
-[ ! -e "/etc/docker/certs.d/127.0.0.1:$registry_port" ] || fail "the registry CA was left in /etc/docker/certs.d"
-say "ok: installed twice, served $app over HTTPS, uninstalled without leftovers"
+uninstall_and_check
+say "ok: --no-ingress install has no ingress and no example, uninstalled without leftovers"

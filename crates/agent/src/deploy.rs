@@ -27,7 +27,37 @@ use crate::build::{self, Plan};
 use crate::client::ControlPlane;
 use crate::commands::now_rfc3339;
 use crate::redact::Redactor;
-use crate::runtime::{AppContainer, DockerRuntime, RegistryAuth, RuntimeError};
+use crate::runtime::{is_transient_registry_error, AppContainer, DockerRuntime, RegistryAuth, RuntimeError};
+
+/// The pauses between tries of a push or pull that failed for a moment
+/// (see [`is_transient_registry_error`]): five tries over about 10 s,
+/// which covers a registry restart by the control plane.
+const REGISTRY_RETRY_DELAYS: [Duration; 4] =
+    [Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(3), Duration::from_secs(4)];
+
+/// Runs a push or pull (`what`), again after each of `delays` while it
+/// fails with a transient registry error; each retry goes to `log` (the
+/// deployment's log) and the agent's log.
+async fn with_registry_retry<T, F, Fut>(delays: &[Duration], log: impl Fn(String), what: &str, mut attempt: F) -> Result<T, RuntimeError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, RuntimeError>>,
+{
+    let mut delays = delays.iter();
+    loop {
+        match attempt().await {
+            Err(err) if is_transient_registry_error(&err) => match delays.next() {
+                Some(delay) => {
+                    tracing::warn!(error = %err, "{what} failed for a moment; trying again in {} s", delay.as_secs());
+                    log(format!("{what} failed ({err}); the registry may be restarting, trying again in {} s", delay.as_secs()));
+                    tokio::time::sleep(*delay).await;
+                }
+                None => return Err(err),
+            },
+            result => return result,
+        }
+    }
+}
 
 /// Node-level settings for deploys.
 #[derive(Debug, Clone)]
@@ -275,7 +305,7 @@ async fn run(
         Some(image) => {
             state(client, payload, "deploying", Some(image.clone())).await?;
             logs.line("agent", format!("using image {image}"));
-            if runtime.ensure_image(image, registry.as_ref()).await? {
+            if with_registry_retry(&REGISTRY_RETRY_DELAYS, |line| logs.line("agent", line), &format!("pull of {image}"), || runtime.ensure_image(image, registry.as_ref())).await? {
                 logs.line("agent", format!("pulled {image}"));
             }
             image.clone()
@@ -298,7 +328,7 @@ async fn run(
             }
             if let Some(auth) = &registry {
                 logs.line("build", format!("pushing {tag}"));
-                runtime.push_image(&tag, auth).await?;
+                with_registry_retry(&REGISTRY_RETRY_DELAYS, |line| logs.line("build", line), &format!("push of {tag}"), || runtime.push_image(&tag, auth)).await?;
             }
             state(client, payload, "deploying", Some(tag.clone())).await?;
             tag
@@ -543,3 +573,50 @@ async fn build_in(
     Ok(())
 }
 
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Runs `with_registry_retry` without pauses against attempts that
+    /// answer `results` in turn; returns the result, the number of
+    /// attempts and the lines logged.
+    async fn retried(results: Vec<Result<u8, RuntimeError>>) -> (Result<u8, RuntimeError>, usize, Vec<String>) {
+        let results = Mutex::new(results.into_iter());
+        let attempts = Mutex::new(0);
+        let lines = Mutex::new(Vec::new());
+        let result = with_registry_retry(&[Duration::ZERO; 4], |line| lines.lock().unwrap().push(line), "push of r/web:d1", || {
+            *attempts.lock().unwrap() += 1;
+            let next = results.lock().unwrap().next().expect("no more attempts than results");
+            async move { next }
+        })
+        .await;
+        let attempts = *attempts.lock().unwrap();
+        (result, attempts, lines.into_inner().unwrap())
+    }
+
+    fn refused() -> RuntimeError {
+        RuntimeError::Failed("push of r/web:d1 failed: dial tcp 127.0.0.1:5000: connect: connection refused".into())
+    }
+
+    #[tokio::test]
+    async fn a_push_is_tried_again_while_the_registry_restarts_and_no_longer() {
+        let (result, attempts, lines) = retried(vec![Err(refused()), Err(refused()), Ok(7)]).await;
+        assert_eq!(result.unwrap(), 7);
+        assert_eq!(attempts, 3);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].contains("push of r/web:d1 failed") && lines[0].contains("trying again"), "{lines:?}");
+
+        // Bounded: five tries, then the last error.
+        let (result, attempts, lines) = retried((0..5).map(|_| Err(refused())).collect()).await;
+        assert!(result.unwrap_err().to_string().contains("connection refused"));
+        assert_eq!((attempts, lines.len()), (5, 4));
+
+        // Anything else fails at once.
+        let denied = RuntimeError::Failed("push of r/web:d1 failed: unauthorized: authentication required".into());
+        let (result, attempts, lines) = retried(vec![Err(denied)]).await;
+        assert!(result.unwrap_err().to_string().contains("unauthorized"));
+        assert_eq!((attempts, lines.len()), (1, 0));
+    }
+}

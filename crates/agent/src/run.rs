@@ -8,7 +8,9 @@
 //! `run` returns on SIGTERM or SIGINT after a clean shutdown (Caddy run as
 //! a child stopped, builder containers removed), and with
 //! [`RunError::Removed`] when the control plane says this node is no
-//! longer registered: retrying could never succeed, so the agent stops.
+//! longer registered: retrying could never succeed, so the agent removes
+//! every container labelled with its node id (its instances already run
+//! elsewhere) and stops.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -141,6 +143,11 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
         tracing::warn!("the shutdown took longer than {} s; exiting anyway", SHUTDOWN_LIMIT.as_secs());
     }
     if removed {
+        // The control plane has already placed this node's instances
+        // elsewhere; copies left here would keep their published ports
+        // (and the ingress its :80/:443) on a machine that is no longer
+        // part of the cluster.
+        remove_everything(&runtime).await;
         let err = RunError::Removed(format!("the control plane answers 403 {}", cloudweb_protocol::error_codes::NODE_NOT_REGISTERED));
         tracing::error!(exit_code = EXIT_REMOVED, "{err}");
         return Err(err);
@@ -157,6 +164,28 @@ async fn remove_builders(runtime: &DockerRuntime, why: &str) {
         Ok(Ok(count)) => tracing::warn!(count, "removed builder containers {why}"),
         Ok(Err(err)) => tracing::warn!(error = %err, "could not look for builder containers {why}"),
         Err(_) => tracing::warn!("the Docker Engine did not answer within 10 s; builder containers {why} may remain"),
+    }
+}
+
+/// How long removing a removed node's containers may take: one stop
+/// grace period (they stop together) and some room for the engine.
+const REMOVAL_LIMIT: Duration = Duration::from_secs(30);
+
+/// Stops and removes every container of this node (see
+/// [`DockerRuntime::remove_everything_of_this_node`]), within
+/// [`REMOVAL_LIMIT`], logging what was removed and what was not.
+async fn remove_everything(runtime: &DockerRuntime) {
+    match tokio::time::timeout(REMOVAL_LIMIT, runtime.remove_everything_of_this_node()).await {
+        Ok(Ok((removed, failed))) => {
+            for name in removed {
+                tracing::info!(container = %name, "removed this removed node's container");
+            }
+            for (name, err) in failed {
+                tracing::error!(container = %name, error = %err, "could not remove this removed node's container");
+            }
+        }
+        Ok(Err(err)) => tracing::error!(error = %err, "could not list this removed node's containers; they may still run"),
+        Err(_) => tracing::error!("the Docker Engine did not remove this node's containers within {} s; some may still run", REMOVAL_LIMIT.as_secs()),
     }
 }
 

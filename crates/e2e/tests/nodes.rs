@@ -2,7 +2,8 @@
 //! Docker Engine; each touches only containers labelled with its node id):
 //! a node that dies has its instance started elsewhere from the same image
 //! and stops the stale copy when it returns; drain moves instances, or
-//! lists what has to wait; removal and leave refuse while instances run.
+//! lists what has to wait; removal and leave refuse while instances run;
+//! the agent of a removed node removes its containers before it exits.
 
 use std::time::Duration;
 
@@ -195,14 +196,51 @@ async fn without_room_drain_waits_and_removal_is_refused_until_forced() {
 }
 
 #[tokio::test]
+async fn a_removed_nodes_agent_removes_its_containers_before_it_exits() {
+    let mut cluster = cluster(1).await;
+    let app = unique_name("orphan");
+    let deployment = cluster.deploy_app(&app).await;
+    let id = deployment["id"].as_str().unwrap().to_string();
+    let node = cluster.agents[0].node_id.clone();
+    assert_eq!(running(&id, &node), 1);
+    // Forced removal needs the node unreachable: the agent is killed (its
+    // container runs on), removed, then started again.
+    cluster.agents[0].kill();
+    let server = &cluster.server;
+    wait_for(Duration::from_secs(10), "unreachable", || async { (server.node(&node).await.ok()?["state"] == "unreachable").then_some(()) })
+        .await
+        .unwrap();
+    let (status, body) = cluster.server.call(Method::DELETE, &format!("/api/nodes/{node}?force=1"), None).await.unwrap();
+    assert_eq!(status, 204, "{body}");
+    assert_eq!(running(&id, &node), 1, "the killed agent's container still runs");
+    cluster.agents[0].start(&AGENT_FLAGS).unwrap();
+    let process = cluster.agents[0].process.as_mut().unwrap();
+    // One stop grace period (10 s) and the shutdown fit well within this.
+    let exited = process.wait_exit(Duration::from_secs(40)).await;
+    let log = process.log_text();
+    let status = exited.unwrap_or_else(|| panic!("the removed node's agent still runs:\n{log}"));
+    assert_eq!(status.code(), Some(78), "{log}");
+    assert_eq!(running(&id, &node), 0, "the removed node's app container still runs:\n{log}");
+    let all = std::process::Command::new("docker").args(["ps", "-aq", "--filter", &format!("label=cloudweb.node={node}")]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&all.stdout).trim(), "", "no container of the removed node is left, stopped or not:\n{log}");
+    assert!(log.contains("removed this removed node's container"), "{log}");
+    let _ = &cluster.tmp;
+}
+
+#[tokio::test]
 async fn leave_with_force_fails_the_nodes_deployments() {
-    let cluster = cluster(1).await;
+    let mut cluster = cluster(1).await;
     let app = unique_name("leaver");
     let deployment = cluster.deploy_app(&app).await;
     let id = deployment["id"].as_str().unwrap().to_string();
     let dir = cluster.agents[0].dir.display().to_string();
     let node = cluster.agents[0].node_id.clone();
     assert_eq!(running(&id, &node), 1);
+    // The agent is stopped first, as node.sh does: a running agent would
+    // learn of the removal and remove the containers itself (see
+    // a_removed_nodes_agent_removes_its_containers_before_it_exits), and
+    // this test is about what `leave` does.
+    cluster.agents[0].kill();
     let forced = run_agent_command(&["--data-dir".into(), dir, "leave".into(), "--force".into()]).unwrap();
     assert!(forced.success, "{}", forced.output);
     assert!(forced.output.contains(&format!("deployment {id} marked failed")), "{}", forced.output);

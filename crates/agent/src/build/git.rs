@@ -112,8 +112,8 @@ impl SshFiles {
 /// The `core.sshCommand` of an ssh clone: no config file, only the app's
 /// key, no agent, strict host key checking against the user's known hosts,
 /// and the checked address in place of the name (the name still selects
-/// the known host entry).
-pub fn ssh_command(files: &SshFiles, address: IpAddr, host: &str) -> String {
+/// the known host entry, see [`host_key_alias`]).
+pub fn ssh_command(files: &SshFiles, address: IpAddr, host: &str, port: u16) -> String {
     let words: Vec<String> = vec![
         "ssh".into(),
         "-F".into(),
@@ -133,11 +133,23 @@ pub fn ssh_command(files: &SshFiles, address: IpAddr, host: &str) -> String {
         "-o".into(),
         format!("HostName={address}"),
         "-o".into(),
-        format!("HostKeyAlias={host}"),
+        format!("HostKeyAlias={}", host_key_alias(host, port)),
         "-i".into(),
         files.key.display().to_string(),
     ];
     words.iter().map(|w| shell_word(w)).collect::<Vec<_>>().join(" ")
+}
+
+/// The known_hosts key ssh must look up. With `HostKeyAlias` ssh searches
+/// for exactly this string, and known_hosts (as `ssh-keyscan -p` writes
+/// it) names a host on another port than 22 as `[host]:port`; the plain
+/// name would only match the port-22 entry.
+pub fn host_key_alias(host: &str, port: u16) -> String {
+    if port == 22 {
+        host.to_string()
+    } else {
+        format!("[{host}]:{port}")
+    }
 }
 
 /// How one clone reaches its repository.
@@ -217,7 +229,7 @@ pub(super) async fn route(source: &Source, home: &Path) -> Result<Route, GitErro
                 .ok_or_else(|| GitError::Setup("an ssh repository needs the app's git_ssh_key and git_known_hosts".into()))?;
             access.validate().map_err(|e| GitError::Setup(e.to_string()))?;
             let files = SshFiles::write(home, access)?;
-            config.push(("core.sshCommand".into(), ssh_command(&files, address, &target.host)));
+            config.push(("core.sshCommand".into(), ssh_command(&files, address, &target.host, port)));
         }
     }
     Ok(Route { target: Some(target), url, config })
@@ -373,6 +385,19 @@ mod tests {
         source.allow_private_hosts = false;
         let other = tempfile::tempdir().unwrap();
         assert!(super::route(&source, other.path()).await.is_err());
+    }
+
+    #[test]
+    fn the_host_key_alias_names_the_port_as_known_hosts_does() {
+        assert_eq!(host_key_alias("git.example.com", 22), "git.example.com");
+        assert_eq!(host_key_alias("git.example.com", 2222), "[git.example.com]:2222");
+        assert_eq!(host_key_alias("10.0.0.5", 2200), "[10.0.0.5]:2200");
+        assert_eq!(host_key_alias("::1", 2222), "[::1]:2222");
+        let files = SshFiles { key: "/k".into(), known_hosts: "/kh".into() };
+        let command = ssh_command(&files, "127.0.0.1".parse().unwrap(), "localhost", 2222);
+        assert!(command.contains("'-o' 'HostKeyAlias=[localhost]:2222'"), "{command}");
+        let command = ssh_command(&files, "127.0.0.1".parse().unwrap(), "localhost", 22);
+        assert!(command.contains("'-o' 'HostKeyAlias=localhost'"), "{command}");
     }
 
     #[test]

@@ -66,30 +66,12 @@ pub fn plan(checkout: &Path, strategy: Strategy, settings: Option<&BuildSettings
 /// fetches those itself, from the host's network namespace, where the
 /// build network does not apply and loopback is the node's own: such an
 /// `ADD` could read the node's private services into the image.
+///
+/// The Dockerfile is split into instructions the way Docker does it (see
+/// [`instructions`]). Heredocs (`ADD <<EOF …`) are not parsed: their body
+/// is file content, not a source, so an `ADD` heredoc cannot fetch a URL.
 pub fn remote_add(dockerfile: &str) -> Option<String> {
-    // Join continuation lines into instructions; drop comments.
-    let mut instructions = Vec::new();
-    let mut current = String::new();
-    for line in dockerfile.lines() {
-        let trimmed = line.trim();
-        if current.is_empty() && (trimmed.starts_with('#') || trimmed.is_empty()) {
-            continue;
-        }
-        match trimmed.strip_suffix('\\') {
-            Some(head) => {
-                current.push_str(head);
-                current.push(' ');
-            }
-            None => {
-                current.push_str(trimmed);
-                instructions.push(std::mem::take(&mut current));
-            }
-        }
-    }
-    if !current.is_empty() {
-        instructions.push(current);
-    }
-    for instruction in instructions {
+    for instruction in instructions(dockerfile) {
         let mut words = instruction.split_whitespace();
         let mut keyword = words.next().unwrap_or_default();
         if keyword.eq_ignore_ascii_case("ONBUILD") {
@@ -108,7 +90,7 @@ pub fn remote_add(dockerfile: &str) -> Option<String> {
             }
             Err(_) => rest[..rest.len().saturating_sub(1)].iter().map(|s| s.to_string()).collect(),
         };
-        let remote = sources.iter().any(|source| source.contains("://") || source.starts_with("git@"));
+        let remote = sources.iter().any(|source| source.contains("://") || source.to_ascii_lowercase().starts_with("git@"));
         if remote {
             let mut shown: String = instruction.chars().take(120).collect();
             if shown.len() < instruction.len() {
@@ -118,6 +100,59 @@ pub fn remote_add(dockerfile: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// Splits a Dockerfile into instructions by Docker's rules: parser
+/// directives (`# escape=…`, `# syntax=…`, `# check=…`) are read only
+/// before the first comment, empty line or instruction, and `escape`
+/// chooses the line continuation character (`\` or a backtick); comment
+/// lines and empty lines are dropped, also in the middle of a
+/// continuation; a line ending in the escape character (trailing blanks
+/// allowed) continues on the next one.
+fn instructions(dockerfile: &str) -> Vec<String> {
+    let mut escape = '\\';
+    let mut lines = dockerfile.lines().peekable();
+    while let Some(line) = lines.peek() {
+        let Some((name, value)) = parser_directive(line) else { break };
+        if name == "escape" && (value == "`" || value == "\\") {
+            escape = value.chars().next().unwrap_or('\\');
+        }
+        lines.next();
+    }
+    let mut instructions = Vec::new();
+    let mut current = String::new();
+    for line in lines {
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        match trimmed.strip_suffix(escape) {
+            Some(head) => {
+                current.push_str(head);
+                current.push(' ');
+            }
+            None => {
+                current.push_str(trimmed);
+                instructions.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    if !current.trim().is_empty() {
+        instructions.push(current);
+    }
+    instructions
+}
+
+/// `# name=value` with a known directive name (case-insensitive); any
+/// other line ends the directives.
+fn parser_directive(line: &str) -> Option<(String, String)> {
+    let body = line.trim().strip_prefix('#')?;
+    let (name, value) = body.split_once('=')?;
+    let name = name.trim().to_ascii_lowercase();
+    if !["escape", "syntax", "check"].contains(&name.as_str()) {
+        return None;
+    }
+    Some((name, value.trim().to_string()))
 }
 
 /// Resolves `relative` inside `root`, following symlinks, and refuses
@@ -219,6 +254,46 @@ mod tests {
         std::fs::write(dir.path().join("Dockerfile"), "FROM x\nADD http://127.0.0.1:9/x /x\n").unwrap();
         let err = plan(dir.path(), Strategy::Auto, None).unwrap_err().to_string();
         assert!(err.contains("RUN step"), "{err}");
+    }
+
+    #[test]
+    fn remote_add_follows_dockerfile_line_rules() {
+        // (Dockerfile, refused?)
+        let cases: &[(&str, bool)] = &[
+            // A comment line inside a continuation is dropped by Docker.
+            ("FROM x\nADD \\\n# a comment\n  http://127.0.0.1/a \\\n  /a\n", true),
+            ("FROM x\nADD \\\n    # indented comment\n  http://127.0.0.1/a /a\n", true),
+            // So is an empty line.
+            ("FROM x\nADD \\\n\n  http://127.0.0.1/a /a\n", true),
+            ("FROM x\nADD \\\n   \t\n  http://127.0.0.1/a /a\n", true),
+            // Trailing blanks after the escape still continue the line.
+            ("FROM x\nADD \\   \n  http://127.0.0.1/a /a\n", true),
+            // A backtick escape: the backtick continues the line…
+            ("# escape=`\nFROM x\nADD `\n  http://127.0.0.1/a /a\n", true),
+            ("#escape = `\n# syntax=docker/dockerfile:1\nFROM x\nADD `\n# c\n\n  https://10.0.0.1/a C:\\a\n", true),
+            ("# syntax=docker/dockerfile:1\n# ESCAPE=`\nFROM x\nADD `\n  git@github.com:a/b.git /b\n", true),
+            // …and a backslash no longer hides the next instruction in a RUN.
+            ("# escape=`\nFROM x\nRUN echo C:\\\nADD http://127.0.0.1/a /a\n", true),
+            // Case and flags do not matter.
+            ("FROM x\nAdD --chmod=644 --checksum=sha256:0 HTTP://127.0.0.1/a /a\n", true),
+            ("FROM x\nadd --link Git@example.com:a/b.git /b\n", true),
+            ("FROM x\nONBUILD add --chown=1 \\\n# c\n http://x/y /y\n", true),
+            // Any source, not only the first.
+            ("FROM x\nADD local.txt \\\n\n http://127.0.0.1/b /dst/\n", true),
+            ("FROM x\nADD [\"local\", \"ftp://h/a\", \"/dst/\"]\n", true),
+            // Not remote.
+            ("FROM x\nADD site.tar.gz /srv/\n", false),
+            ("FROM x\nADD \\\n# http://127.0.0.1/a\n  local /a\n", false),
+            ("FROM x\nCOPY http://127.0.0.1/a /a\n", false),
+            // A directive after the first comment is a plain comment, so
+            // the backslash still continues here and the URL is a RUN word.
+            ("# hello\n# escape=`\nFROM x\nRUN echo \\\n  http://127.0.0.1/a\n", false),
+            // The destination is not fetched.
+            ("FROM x\nADD a.txt http://not-a-source\n", false),
+        ];
+        for (dockerfile, refused) in cases {
+            assert_eq!(remote_add(dockerfile).is_some(), *refused, "{dockerfile:?}");
+        }
     }
 
     #[test]

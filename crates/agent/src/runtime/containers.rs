@@ -175,6 +175,7 @@ impl DockerRuntime {
     /// Runs a build step to completion and returns its exit code and output.
     pub async fn run_once(&self, step: &OneShot) -> Result<(i64, Vec<(String, String)>), RuntimeError> {
         let docker = self.docker()?;
+        let network = self.build_network().await?;
         let body = ContainerCreateBody {
             image: Some(step.image.clone()),
             cmd: Some(step.command.clone()),
@@ -188,7 +189,7 @@ impl DockerRuntime {
             ])),
             host_config: Some(HostConfig {
                 binds: Some(vec![format!("{}:/src", step.mount)]),
-                network_mode: self.build_network().await,
+                network_mode: Some(network),
                 ..Default::default()
             }),
             ..Default::default()
@@ -258,15 +259,15 @@ pub const ROLE_BUILDER: &str = "builder";
 
 impl DockerRuntime {
     /// The network build steps run on ([`BUILD_NETWORK`]), created on first
-    /// use; `None` (Docker's default bridge) when it cannot be created,
-    /// which is logged.
-    pub async fn build_network(&self) -> Option<String> {
+    /// use. When it cannot be created the build fails: Docker's default
+    /// bridge would let build steps reach what the build network keeps
+    /// them from (fail closed).
+    pub async fn build_network(&self) -> Result<String, RuntimeError> {
         match self.ensure_build_network().await {
-            Ok(()) => Some(BUILD_NETWORK.to_string()),
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot create the build network; this build runs on Docker's default bridge");
-                None
-            }
+            Ok(()) => Ok(BUILD_NETWORK.to_string()),
+            Err(err) => Err(RuntimeError::Failed(format!(
+                "cannot create the build network {BUILD_NETWORK}, so the build is refused rather than run on Docker's default bridge: {err}"
+            ))),
         }
     }
 
@@ -294,6 +295,34 @@ impl DockerRuntime {
             Ok(_) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }) => Ok(()),
             Err(err) => Err(err.into()),
         }
+    }
+
+    /// Stops and removes every container labelled with this node's id, all
+    /// at once so the stop grace periods overlap: app instances, build
+    /// steps and the ingress. For a node that is no longer in the cluster,
+    /// whose instances already run elsewhere. Returns the names removed
+    /// and, for each container that could not be removed, its name and
+    /// the reason.
+    pub async fn remove_everything_of_this_node(&self) -> Result<(Vec<String>, Vec<(String, RuntimeError)>), RuntimeError> {
+        let filters = HashMap::from([("label", vec![format!("{LABEL_NODE}={}", self.node_id)])]);
+        let containers = self
+            .docker()?
+            .list_containers(Some(bollard::query_parameters::ListContainersOptionsBuilder::new().all(true).filters(&filters).build()))
+            .await?;
+        let removals = containers.into_iter().filter_map(|c| {
+            let id = c.id?;
+            let name = c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_else(|| id.clone());
+            Some(async move { (name, self.remove(&id).await) })
+        });
+        let mut removed = Vec::new();
+        let mut failed = Vec::new();
+        for (name, result) in futures_util::future::join_all(removals).await {
+            match result {
+                Ok(()) => removed.push(name),
+                Err(err) => failed.push((name, err)),
+            }
+        }
+        Ok((removed, failed))
     }
 
     /// Stops and removes this node's build step containers; returns how
@@ -378,5 +407,95 @@ impl DockerRuntime {
             }
         }
         Ok(containers.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// A stand-in Docker Engine on a unix socket: the build network does
+    /// not exist and cannot be created; every other request is a 500.
+    /// Records the request lines it got.
+    async fn engine_without_networks(socket: &std::path::Path) -> Arc<Mutex<Vec<String>>> {
+        let listener = tokio::net::UnixListener::bind(socket).unwrap();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    loop {
+                        // One request: its head, then a body of Content-Length bytes.
+                        let head_end = loop {
+                            if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break end + 4;
+                            }
+                            let mut chunk = [0u8; 4096];
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&buffer[..head_end]).to_string();
+                        let length: usize = head
+                            .lines()
+                            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
+                            .unwrap_or(0);
+                        while buffer.len() < head_end + length {
+                            let mut chunk = [0u8; 4096];
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        buffer.drain(..head_end + length);
+                        let line = head.lines().next().unwrap_or_default().to_string();
+                        seen.lock().unwrap().push(line.clone());
+                        let (status, message) = if line.starts_with("GET ") && line.contains("/networks/cloudweb-build") {
+                            ("404 Not Found", "network cloudweb-build not found")
+                        } else if line.starts_with("POST ") && line.contains("/networks/create") {
+                            ("500 Internal Server Error", "failed to create the bridge: operation not permitted")
+                        } else {
+                            ("500 Internal Server Error", "unexpected request")
+                        };
+                        let body = format!("{{\"message\":\"{message}\"}}");
+                        let answer = format!(
+                            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if stream.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        requests
+    }
+
+    #[tokio::test]
+    async fn builds_fail_when_the_build_network_cannot_be_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("docker.sock");
+        let requests = engine_without_networks(&socket).await;
+        let runtime = DockerRuntime::new(&format!("unix://{}", socket.display()), "n-test").unwrap();
+
+        let step = OneShot { image: "builder".into(), command: vec!["true".into()], env: Vec::new(), mount: "/tmp".into() };
+        let err = runtime.run_once(&step).await.unwrap_err().to_string();
+        assert!(err.contains("cannot create the build network cloudweb-build"), "{err}");
+        assert!(err.contains("operation not permitted"), "{err}");
+        let err = runtime.build_image(Vec::new(), "web:1", |_| {}).await.unwrap_err().to_string();
+        assert!(err.contains("cannot create the build network cloudweb-build"), "{err}");
+
+        // Nothing ran on Docker's default bridge instead.
+        let requests = requests.lock().unwrap().clone();
+        assert!(requests.iter().any(|r| r.contains("/networks/create")), "{requests:?}");
+        assert!(!requests.iter().any(|r| r.contains("/containers/create") || r.contains("/build")), "{requests:?}");
     }
 }

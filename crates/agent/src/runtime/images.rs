@@ -32,6 +32,29 @@ impl RegistryAuth {
     }
 }
 
+/// Whether a push or pull failed because the registry could not be
+/// reached for a moment: the connection was refused or reset, closed
+/// early (EOF), or a proxy answered 502/503. The control plane restarts
+/// its registry when the node credentials change, so such errors pass
+/// within seconds and are worth a few more tries; anything else (a
+/// refused login, an unknown image, a full disk) fails at once.
+pub fn is_transient_registry_error(err: &RuntimeError) -> bool {
+    let message = match err {
+        RuntimeError::Failed(message) => message.as_str(),
+        RuntimeError::Engine(bollard::errors::Error::DockerResponseServerError { message, .. }) => message.as_str(),
+        _ => return false,
+    };
+    let message = message.to_ascii_lowercase();
+    let connection = ["connection refused", "connection reset", "broken pipe", "unexpected eof"].iter().any(|m| message.contains(m));
+    // Go's net/http says a bare "EOF" after the request, e.g.
+    // `Head "http://…/v2/…": EOF`.
+    let eof = message.ends_with(": eof") || message.contains(": eof ") || message.contains(": eof\n");
+    let unavailable = ["502 bad gateway", "503 service unavailable", "status: 502", "status: 503", "http 502", "http 503"]
+        .iter()
+        .any(|m| message.contains(m));
+    connection || eof || unavailable
+}
+
 /// Splits `repo:tag` (the tag after the last ':' that follows the last '/').
 fn split_reference(image: &str) -> (&str, &str) {
     match image.rfind(':') {
@@ -45,12 +68,9 @@ impl DockerRuntime {
     /// `tag`, passing every output line to `log`.
     pub async fn build_image(&self, context: Vec<u8>, tag: &str, mut log: impl FnMut(String)) -> Result<(), RuntimeError> {
         let docker = self.docker()?;
-        let mut options = BuildImageOptionsBuilder::new().t(tag).rm(true).forcerm(true);
         // RUN steps go on the build network, like static site builds.
-        if let Some(network) = self.build_network().await {
-            options = options.networkmode(&network);
-        }
-        let options = options.build();
+        let network = self.build_network().await?;
+        let options = BuildImageOptionsBuilder::new().t(tag).rm(true).forcerm(true).networkmode(&network).build();
         let mut stream = docker.build_image(options, None, Some(bollard::body_full(Bytes::from(context))));
         while let Some(item) = stream.next().await {
             let info = item?;
@@ -106,6 +126,37 @@ impl DockerRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn registry_errors_that_pass_are_told_from_those_that_do_not() {
+        let engine = |message: &str| {
+            RuntimeError::Engine(bollard::errors::Error::DockerResponseServerError { status_code: 500, message: message.to_string() })
+        };
+        let failed = |message: &str| RuntimeError::Failed(message.to_string());
+        for transient in [
+            engine("Get \"http://127.0.0.1:5000/v2/\": dial tcp 127.0.0.1:5000: connect: connection refused"),
+            failed("push of 127.0.0.1:5000/web:d1 failed: Put \"http://127.0.0.1:5000/v2/web/blobs/uploads/x\": read tcp 127.0.0.1:4242->127.0.0.1:5000: read: connection reset by peer"),
+            failed("push of r/web:d1 failed: Patch \"http://127.0.0.1:5000/v2/web/blobs/uploads/x\": EOF"),
+            engine("Head \"http://127.0.0.1:5000/v2/web/manifests/d1\": EOF"),
+            failed("pull of r/web:d1 failed: unexpected EOF"),
+            failed("push of r/web:d1 failed: write tcp 127.0.0.1:1->127.0.0.1:5000: write: broken pipe"),
+            engine("received unexpected HTTP status: 502 Bad Gateway"),
+            failed("push of r/web:d1 failed: received unexpected HTTP status: 503 Service Unavailable"),
+        ] {
+            assert!(is_transient_registry_error(&transient), "{transient}");
+        }
+        for lasting in [
+            engine("Head \"http://127.0.0.1:5000/v2/web/manifests/d1\": no basic auth credentials"),
+            engine("manifest for 127.0.0.1:5000/web:d1 not found: manifest unknown"),
+            failed("push of r/web:d1 failed: unauthorized: authentication required"),
+            failed("pull of r/web:d1 failed: write /var/lib/docker/tmp/x: no space left on device"),
+            engine("received unexpected HTTP status: 500 Internal Server Error"),
+            failed("push of r/eofweb:d1 failed: denied: requested access to the resource is denied"),
+            RuntimeError::Unavailable("the Docker Engine does not answer".into()),
+        ] {
+            assert!(!is_transient_registry_error(&lasting), "{lasting}");
+        }
+    }
 
     #[test]
     fn references() {

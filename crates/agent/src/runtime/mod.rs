@@ -16,7 +16,7 @@ use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOpt
 use bollard::Docker;
 
 pub use containers::{AppContainer, CaddyContainer, ContainerState, OneShot, BUILD_BRIDGE, BUILD_NETWORK};
-pub use images::RegistryAuth;
+pub use images::{is_transient_registry_error, RegistryAuth};
 pub use usage::{Sample, UsageTracker};
 
 pub const LABEL_NODE: &str = "cloudweb.node";
