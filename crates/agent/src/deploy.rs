@@ -177,8 +177,18 @@ pub async fn deploy(
     // container is removed; a started app container is removed by the stop
     // that caused the cancellation.
     let result = tokio::select! {
+        // First: a shutdown's clean-up makes the build fail, which is not
+        // the deploy's failure.
+        biased;
+        () = crate::shutdown::wait() => Err(Failure::Retry("the agent is shutting down".into())),
         result = run(runtime, client, options, &payload, &logs) => result,
         () = cancelled(cancel) => Err(Failure::Cancelled),
+    };
+    // A failure that raced the start of a shutdown is not reported either:
+    // the command is delivered again to the next agent.
+    let result = match result {
+        Err(Failure::Failed(reason)) if crate::shutdown::requested() => Err(Failure::Retry(format!("the agent is shutting down ({reason})"))),
+        other => other,
     };
     // Reports of intermediate states went out from `run`.
     match result {

@@ -15,6 +15,7 @@ pub mod mesh;
 pub mod redact;
 pub mod run;
 pub mod runtime;
+pub mod shutdown;
 pub mod usage;
 
 /// This agent's version, sent in `X-Cloudweb-Agent-Version`.

@@ -125,6 +125,9 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
             false
         }
     };
+    // First, so that a deploy in progress gives its command back instead of
+    // reporting the failure the clean-up below would cause.
+    crate::shutdown::begin();
     let shutdown = async {
         for task in &tasks {
             task.abort();
