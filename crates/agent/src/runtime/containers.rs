@@ -328,7 +328,13 @@ impl DockerRuntime {
     /// Stops and removes this node's build step containers; returns how
     /// many there were.
     pub async fn remove_builders(&self) -> Result<usize, RuntimeError> {
-        let labels = vec![format!("{}={}", super::LABEL_NODE, self.node_id), format!("{LABEL_ROLE}={ROLE_BUILDER}")];
+        self.remove_role(ROLE_BUILDER).await
+    }
+
+    /// Stops and removes this node's containers with the given role label;
+    /// returns how many there were.
+    async fn remove_role(&self, role: &str) -> Result<usize, RuntimeError> {
+        let labels = vec![format!("{}={}", super::LABEL_NODE, self.node_id), format!("{LABEL_ROLE}={role}")];
         let filters = HashMap::from([("label", labels)]);
         let containers = self
             .docker()?
@@ -395,18 +401,7 @@ impl DockerRuntime {
 
     /// Removes this node's ingress container, if any (the node leaves).
     pub async fn remove_ingress(&self) -> Result<usize, RuntimeError> {
-        let labels = vec![format!("{}={}", super::LABEL_NODE, self.node_id), format!("{LABEL_ROLE}=ingress")];
-        let filters = HashMap::from([("label", labels)]);
-        let containers = self
-            .docker()?
-            .list_containers(Some(bollard::query_parameters::ListContainersOptionsBuilder::new().all(true).filters(&filters).build()))
-            .await?;
-        for container in &containers {
-            if let Some(id) = &container.id {
-                self.remove(id).await?;
-            }
-        }
-        Ok(containers.len())
+        self.remove_role("ingress").await
     }
 }
 
