@@ -94,18 +94,23 @@ impl DockerRuntime {
     /// instances, build steps, the ingress), as (id, name). For `leave`,
     /// which must not leave any of them behind with their ports.
     pub async fn all_node_containers(&self) -> Result<Vec<(String, String)>, RuntimeError> {
-        let filters = HashMap::from([("label", vec![format!("{LABEL_NODE}={}", self.node_id)])]);
-        let containers = self
-            .docker()?
-            .list_containers(Some(ListContainersOptionsBuilder::new().all(true).filters(&filters).build()))
-            .await?;
+        let containers = self.labelled(vec![format!("{LABEL_NODE}={}", self.node_id)]).await?;
         Ok(containers
             .into_iter()
             .filter_map(|c| {
-                let name = c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default();
+                let name = first_name(c.names);
                 Some((c.id?, name))
             })
             .collect())
+    }
+
+    /// Every container (running or not) carrying all of `labels`.
+    async fn labelled(&self, labels: Vec<String>) -> Result<Vec<bollard::models::ContainerSummary>, RuntimeError> {
+        let filters = HashMap::from([("label", labels)]);
+        Ok(self
+            .docker()?
+            .list_containers(Some(ListContainersOptionsBuilder::new().all(true).filters(&filters).build()))
+            .await?)
     }
 
     /// This node's containers, optionally only those of one deployment.
@@ -114,18 +119,14 @@ impl DockerRuntime {
         if let Some(deployment) = deployment_id {
             labels.push(format!("{LABEL_DEPLOYMENT}={deployment}"));
         }
-        let filters = HashMap::from([("label", labels)]);
-        let containers = self
-            .docker()?
-            .list_containers(Some(ListContainersOptionsBuilder::new().all(true).filters(&filters).build()))
-            .await?;
+        let containers = self.labelled(labels).await?;
         Ok(containers
             .into_iter()
             .filter_map(|c| {
                 let labels = c.labels.unwrap_or_default();
                 Some(OwnContainer {
                     id: c.id?,
-                    name: c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default(),
+                    name: first_name(c.names),
                     deployment: labels.get(LABEL_DEPLOYMENT)?.clone(),
                     instance: labels.get(LABEL_INSTANCE).and_then(|i| i.parse().ok()).unwrap_or(0),
                     running: c.state.as_ref().is_some_and(|s| s.to_string() == "running"),
@@ -170,4 +171,9 @@ impl DockerRuntime {
             Err(err) => Err(err.into()),
         }
     }
+}
+
+/// A container's first name as Docker lists it, without the leading '/'.
+fn first_name(names: Option<Vec<String>>) -> String {
+    names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default()
 }
