@@ -370,8 +370,6 @@ start_service cloudweb-agent "$agent_bin" --data-dir "$agent_dir" run --caddy-bi
 # `-H @file`) written by the shell's builtin printf into a pipe, never as
 # an argument: arguments are visible to every user in /proc/*/cmdline.
 auth_header() { printf 'Authorization: Bearer %s\n' "$(<"$admin_token_file")"; }
-# GET on the user API; prints the body.
-api_get() { curl -fsS --max-time 10 -H @<(auth_header) "$api$1"; }
 # Prints the body, then the status on a line of its own.
 api_send() { # method, path[, JSON body]
     local body=()
@@ -379,33 +377,30 @@ api_send() { # method, path[, JSON body]
     curl -sS --max-time 10 -X "$1" -H @<(auth_header) "${body[@]}" \
         -w '\n%{http_code}' "$api$2"
 }
-# One field of a JSON document on stdin, by a Python expression on `d`.
-json() { python3 -c 'import json, sys; d = json.load(sys.stdin); v = eval(sys.argv[1]); print("" if v is None else v)' "$1" 2>/dev/null; }
+# The control plane's own subcommands read its answers and print the
+# fields asked for, one per line: no JSON is picked apart here.
+api_args=(--api-address "127.0.0.1:$api_port" --admin-token-file "$admin_token_file")
 
 echo "install: waiting for node $node_id"
-ready=''
-for _ in $(seq 1 60); do
-    ready=$(api_get "/api/nodes/$node_id" 2>/dev/null | json 'd["state"] == "ready" and d.get("capacity") is not None' || true)
-    [ "$ready" = True ] && break
-    sleep 1
-done
-[ "$ready" = True ] || die "node $node_id did not become ready (log: ${log_dir}/cloudweb-agent.log)"
+# Ready with its capacity reported (until then it takes no work); prints
+# whether it is an ingress.
+has_ingress=$("$server_bin" node-status "${api_args[@]}" --wait-ready-seconds 60 --print ingress "$node_id") \
+    || die "node $node_id did not become ready (log: ${log_dir}/cloudweb-agent.log)"
 
 # What the node says, not the flag of this run: --no-ingress only applies
 # when the node joins (the first run).
-has_ingress=$(api_get "/api/nodes/$node_id" | json 'd["ingress"]' || echo False)
-if [ "$no_ingress" = 1 ] && [ "$has_ingress" = True ]; then
+if [ "$no_ingress" = 1 ] && [ "$has_ingress" = true ]; then
     echo "install: note: node $node_id joined with ingress on an earlier run; --no-ingress applies only when a node joins"
-elif [ "$no_ingress" = 0 ] && [ "$has_ingress" != True ]; then
+elif [ "$no_ingress" = 0 ] && [ "$has_ingress" != true ]; then
     echo "install: note: node $node_id joined with --no-ingress on an earlier run, so it serves no apps over HTTP(S)"
 fi
 
-# The answer is {"deployments": [...]}, newest first.
-running=$(api_get "/api/apps/$example_app/deployments" 2>/dev/null | json 'any(x["state"] == "running" for x in d["deployments"])' || echo False)
-if [ "$running" = True ]; then
+running=$("$server_bin" app-status "${api_args[@]}" --print running "$example_app") \
+    || die "cannot read the state of $example_app from the control plane"
+if [ "$running" = true ]; then
     echo "install: $example_app is already running; not deploying it again"
 fi
-if [ "$running" != True ] && [ "$has_ingress" = True ]; then
+if [ "$running" != true ] && [ "$has_ingress" = true ]; then
     echo "install: deploying examples/hello as $example_app"
     # Inside the data dir, so an interrupted run leaves nothing elsewhere.
     work=$(mktemp -d "$data_dir/example.XXXXXX")
@@ -433,16 +428,9 @@ if [ "$running" != True ] && [ "$has_ingress" = True ]; then
     api_send DELETE "/api/apps/$example_app" >/dev/null 2>&1 || true
     created=$(api_send POST /api/apps "{\"name\": \"$example_app\", \"repo_url\": \"git://127.0.0.1:$git_port/hello.git\", \"port\": 8080}")
     [ "$(tail -n1 <<<"$created")" = 201 ] || die "creating the example app failed: $created"
-    deployed=$(api_send POST "/api/apps/$example_app/deploy" '{}')
-    [ "$(tail -n1 <<<"$deployed")" = 201 ] || die "deploying the example app failed: $deployed"
-    deployment=$(head -n -1 <<<"$deployed" | json 'd["id"]')
-    state=''
-    for _ in $(seq 1 300); do
-        state=$(api_get "/api/deployments/$deployment" | json 'd["state"]')
-        case "$state" in running|failed) break ;; esac
-        sleep 1
-    done
-    [ "$state" = running ] || die "the example deployment $deployment is $state: $(api_get "/api/deployments/$deployment" | json 'd.get("error")')"
+    # Deploys the branch head and waits until it runs; says why otherwise.
+    "$server_bin" deploy "${api_args[@]}" --wait-seconds 300 "$example_app" >/dev/null \
+        || die "the example app did not deploy (see above; log: ${log_dir}/cloudweb-agent.log)"
     cleanup_example
     trap - EXIT
 fi
@@ -450,7 +438,7 @@ fi
 host="$example_app.$base_domain"
 url="https://$host"
 [ "$https_port" = 443 ] || url="$url:$https_port"
-if [ "$has_ingress" = True ]; then
+if [ "$has_ingress" = true ]; then
     # The ingress obtains the certificate at the first handshake, so the
     # first request may take a moment.
     served=''
@@ -462,7 +450,7 @@ if [ "$has_ingress" = True ]; then
     grep -q 'Hello from cloud-web' <<<"$served" || die "the example app does not answer at $url"
 fi
 
-if [ "$has_ingress" = True ]; then
+if [ "$has_ingress" = true ]; then
     example="$url/   (curl --resolve $host:$https_port:127.0.0.1 -k $url/ from this host)"
     served_at="It answers on https://myapp.$base_domain once the deployment is running."
 else
@@ -475,7 +463,7 @@ cat <<DONE
 cloud-web is running.
   user API:     $api  (admin token in $admin_token_file)
   agents dial:  $public_url
-  ingress:      $([ "$has_ingress" = True ] && echo "this node, HTTPS on port $https_port" || echo "none (--no-ingress)")
+  ingress:      $([ "$has_ingress" = true ] && echo "this node, HTTPS on port $https_port" || echo "none (--no-ingress)")
   example app:  $example
 
 Deploy your own app from a git repository:

@@ -123,6 +123,9 @@ STUB_LOG=$stubs/log PATH=$stubs:$PATH bash -c 'set -euo pipefail
 # The installer's API calls keep the admin token out of curl's argv
 # (readable by every user in /proc/*/cmdline) and hand it over as a header
 # file.
+say "the installer reads no JSON itself (the binaries print what it needs)"
+! grep -nE 'json\.load|python3 -c .*json|jq ' scripts/install.sh crates/server/src/agent_api/node.sh || fail "JSON parsed in a shell script"
+
 say "the admin token is not in curl's argv"
 cat > "$stubs/curl" <<'STUB'
 #!/bin/bash
@@ -137,8 +140,9 @@ chmod +x "$stubs/curl"
 echo "smoke-secret-token" > "$stubs/admin-token"
 : > "$stubs/log"
 STUB_LOG=$stubs/log PATH=$stubs:$PATH admin_token_file=$stubs/admin-token api=http://127.0.0.1:1 bash -c 'set -euo pipefail
-    source <(grep -E "^(auth_header|api_get)\(\)" scripts/install.sh)
-    api_get /api/nodes' || fail "api_get failed"
+    source <(grep -E "^auth_header\(\)" scripts/install.sh; sed -n "/^api_send() {/,/^}/p" scripts/install.sh)
+    declare -F api_send >/dev/null
+    api_send DELETE /api/apps/x' || fail "api_send failed"
 grep -q '^header: Authorization: Bearer smoke-secret-token$' "$stubs/log" || fail "no Authorization header file: $(cat "$stubs/log")"
 ! grep '^argv:' "$stubs/log" | grep -q smoke-secret-token || fail "the admin token is in curl's argv: $(cat "$stubs/log")"
 rm -rf "$stubs"

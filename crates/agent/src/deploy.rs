@@ -79,45 +79,53 @@ pub struct DeployOptions {
 }
 
 /// Sends log lines to the control plane in batches, from its own task, so
-/// a slow control plane never stalls a build.
+/// a slow control plane never stalls a build. The lines still waiting when
+/// the deploy ends go out with its final report (one request less before
+/// the deployment runs), after every earlier batch.
 struct LogShipper {
     sender: mpsc::UnboundedSender<LogLine>,
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<Vec<LogLine>>,
     redactor: Redactor,
+    client: Arc<ControlPlane>,
+    deployment_id: String,
+    instance: u32,
 }
 
 impl LogShipper {
     fn start(client: Arc<ControlPlane>, deployment_id: String, instance: u32, redactor: Redactor) -> LogShipper {
         let (sender, mut receiver) = mpsc::unbounded_channel::<LogLine>();
-        let task = tokio::spawn(async move {
-            let mut open = true;
-            while open {
-                let mut batch = Vec::new();
-                match receiver.recv().await {
-                    Some(line) => batch.push(line),
-                    None => break,
-                }
-                // Gather what arrives in the next moment into the same report.
-                let deadline = tokio::time::sleep(Duration::from_millis(300));
-                tokio::pin!(deadline);
-                while batch.len() < cloudweb_protocol::misc::MAX_REPORT_LINES {
-                    tokio::select! {
-                        line = receiver.recv() => match line {
-                            Some(line) => batch.push(line),
-                            None => { open = false; break; }
-                        },
-                        _ = &mut deadline => break,
+        let task = {
+            let (client, deployment_id) = (client.clone(), deployment_id.clone());
+            tokio::spawn(async move {
+                loop {
+                    let mut batch = Vec::new();
+                    match receiver.recv().await {
+                        Some(line) => batch.push(line),
+                        None => return batch,
+                    }
+                    // Gather what arrives in the next moment into the same report.
+                    let deadline = tokio::time::sleep(Duration::from_millis(300));
+                    tokio::pin!(deadline);
+                    while batch.len() < cloudweb_protocol::misc::MAX_REPORT_LINES {
+                        tokio::select! {
+                            line = receiver.recv() => match line {
+                                Some(line) => batch.push(line),
+                                // The deploy ended: these go with its final report.
+                                None => return batch,
+                            },
+                            _ = &mut deadline => break,
+                        }
+                    }
+                    let mut report = Report::new(deployment_id.clone());
+                    report.instance = Some(instance);
+                    report.logs = batch;
+                    if let Err(err) = client.report(&report).await {
+                        tracing::warn!(error = %err, "could not ship log lines");
                     }
                 }
-                let mut report = Report::new(deployment_id.clone());
-                report.instance = Some(instance);
-                report.logs = batch;
-                if let Err(err) = client.report(&report).await {
-                    tracing::warn!(error = %err, "could not ship log lines");
-                }
-            }
-        });
-        LogShipper { sender, task, redactor }
+            })
+        };
+        LogShipper { sender, task, redactor, client, deployment_id, instance }
     }
 
     fn line(&self, stream: &str, line: impl Into<String>) {
@@ -126,9 +134,25 @@ impl LogShipper {
         let _ = self.sender.send(LogLine { ts: now_rfc3339(), stream: stream.to_string(), line });
     }
 
-    async fn finish(self) {
+    /// Waits until every batch went out; returns the lines not sent yet.
+    async fn finish(self) -> Vec<LogLine> {
         drop(self.sender);
-        let _ = self.task.await;
+        self.task.await.unwrap_or_default()
+    }
+
+    /// Waits until every line went out, the last ones in a report of their own.
+    async fn flush(self) {
+        let (client, deployment_id, instance) = (self.client.clone(), self.deployment_id.clone(), self.instance);
+        let rest = self.finish().await;
+        if rest.is_empty() {
+            return;
+        }
+        let mut report = Report::new(deployment_id);
+        report.instance = Some(instance);
+        report.logs = rest;
+        if let Err(err) = client.report(&report).await {
+            tracing::warn!(error = %err, "could not ship log lines");
+        }
     }
 }
 
@@ -190,11 +214,13 @@ pub async fn deploy(
         Err(Failure::Failed(reason)) if crate::shutdown::requested() => Err(Failure::Retry(format!("the agent is shutting down ({reason})"))),
         other => other,
     };
-    // Reports of intermediate states went out from `run`.
+    // Reports of intermediate states went out from `run`; the final one
+    // carries the last log lines.
     match result {
         Ok(address) => {
-            logs.finish().await;
-            match client.report(&report("running", None, None, Some(address))).await {
+            let mut running = report("running", None, None, Some(address));
+            running.logs = logs.finish().await;
+            match client.report(&running).await {
                 Ok(()) => DeployOutcome::Done,
                 Err(err) if err.is_permanent() => {
                     // The control plane will never route to it (the app was
@@ -209,21 +235,23 @@ pub async fn deploy(
             }
         }
         Err(Failure::Retry(reason)) => {
-            logs.finish().await;
+            logs.flush().await;
             DeployOutcome::Retry(reason)
         }
         Err(Failure::Failed(reason)) => {
             logs.line("agent", format!("deploy failed: {reason}"));
-            logs.finish().await;
-            send_failed(client, report("failed", Some(reason), None, None)).await
+            let mut failed = report("failed", Some(reason), None, None);
+            failed.logs = logs.finish().await;
+            send_failed(client, failed).await
         }
         Err(Failure::Cancelled) => {
             logs.line("agent", "deploy cancelled: a stop for this deployment arrived");
-            logs.finish().await;
-            send_failed(client, report("failed", Some("cancelled".into()), None, None)).await
+            let mut failed = report("failed", Some("cancelled".into()), None, None);
+            failed.logs = logs.finish().await;
+            send_failed(client, failed).await
         }
         Err(Failure::Refused(reason)) => {
-            logs.finish().await;
+            logs.flush().await;
             tracing::error!(deployment = %payload.deployment_id, %reason, "the control plane refused a report of this deploy; dropping the command");
             send_failed(client, report("failed", Some(reason), None, None)).await
         }
@@ -294,7 +322,6 @@ async fn run(
     payload: &DeployPayload,
     logs: &LogShipper,
 ) -> Result<String, Failure> {
-    let name = payload.container_name();
     // Delivered again (the agent restarted, or an ack was lost): adopt what
     // is there instead of starting a second copy.
     for existing in runtime.own_containers(Some(&payload.deployment_id)).await? {
@@ -305,27 +332,38 @@ async fn run(
         if existing.running {
             tracing::info!(container = %existing.name, deployment = %payload.deployment_id, "adopting a container started before a restart");
             logs.line("agent", format!("found {} already running; checking it", existing.name));
-            return check_or_remove(runtime, options, payload, &existing.id, logs).await;
+            let address = check_or_remove(runtime, options, payload, &existing.id, logs).await?;
+            if payload.image.is_none() {
+                // A build's instance starts while its image is pushed, so
+                // the push may not have finished: push again (nothing moves
+                // when the registry has it) and name the image first.
+                let published = async {
+                    let registry = registry(client, options).await?;
+                    publish(runtime, client, payload, &build_tag(payload, registry.as_ref()), registry.as_ref(), logs).await
+                };
+                if let Err(failure) = published.await {
+                    let _ = runtime.remove(&existing.id).await;
+                    return Err(failure);
+                }
+            }
+            return Ok(address);
         }
         runtime.remove(&existing.id).await?;
     }
 
-    let registry = registry(client, options).await?;
     let image = match &payload.image {
         Some(image) => {
-            state(client, payload, "deploying", Some(image.clone())).await?;
+            let (registry, ()) = tokio::try_join!(registry(client, options), state(client, payload, "deploying", Some(image.clone())))?;
             logs.line("agent", format!("using image {image}"));
             if with_registry_retry(&REGISTRY_RETRY_DELAYS, |line| logs.line("agent", line), &format!("pull of {image}"), || runtime.ensure_image(image, registry.as_ref())).await? {
                 logs.line("agent", format!("pulled {image}"));
             }
-            image.clone()
+            let id = start_app(runtime, options, payload, image.clone(), logs).await?;
+            return check_or_remove(runtime, options, payload, &id, logs).await;
         }
         None => {
-            state(client, payload, "building", None).await?;
-            let tag = match &registry {
-                Some(auth) => format!("{}/{}:{}", auth.address, payload.app, payload.deployment_id),
-                None => format!("cloudweb/{}:{}", payload.app, payload.deployment_id),
-            };
+            let (registry, ()) = tokio::try_join!(registry(client, options), state(client, payload, "building", None))?;
+            let tag = build_tag(payload, registry.as_ref());
             let limit = Duration::from_secs(u64::from(payload.build_timeout_seconds.unwrap_or(DEFAULT_BUILD_TIMEOUT_SECONDS)));
             match tokio::time::timeout(limit, build_from_source(runtime, client, options, payload, &tag, logs)).await {
                 Ok(result) => result?,
@@ -336,15 +374,57 @@ async fn run(
                     )))
                 }
             }
-            if let Some(auth) = &registry {
-                logs.line("build", format!("pushing {tag}"));
-                with_registry_retry(&REGISTRY_RETRY_DELAYS, |line| logs.line("build", line), &format!("push of {tag}"), || runtime.push_image(&tag, auth)).await?;
-            }
-            state(client, payload, "deploying", Some(tag.clone())).await?;
-            tag
+            (tag, registry)
         }
     };
+    let (tag, registry) = image;
+    // The push runs while the instance starts and answers its health
+    // check on this node; the deployment names its image (and other nodes
+    // may pull it) only once it is in the registry, and runs only then.
+    if registry.is_some() {
+        logs.line("build", format!("pushing {tag}"));
+    }
+    let publish = publish(runtime, client, payload, &tag, registry.as_ref(), logs);
+    let start = async {
+        // Said now, without the image, so the state shows the start; the
+        // image follows with the push.
+        let (id, ()) = tokio::try_join!(start_app(runtime, options, payload, tag.clone(), logs), state(client, payload, "deploying", None))?;
+        check_or_remove(runtime, options, payload, &id, logs).await
+    };
+    match tokio::try_join!(publish, start) {
+        Ok(((), address)) => Ok(address),
+        Err(failure) => {
+            // The push failed while the instance started or ran: it goes.
+            if let Err(err) = runtime.stop_deployment(&payload.deployment_id, Some(payload.instance)).await {
+                tracing::warn!(deployment = %payload.deployment_id, error = %err, "could not remove the instance of a failed deploy");
+            }
+            Err(failure)
+        }
+    }
+}
 
+/// The tag a build gets: in the cluster registry when there is one.
+fn build_tag(payload: &DeployPayload, registry: Option<&RegistryAuth>) -> String {
+    match registry {
+        Some(auth) => format!("{}/{}:{}", auth.address, payload.app, payload.deployment_id),
+        None => format!("cloudweb/{}:{}", payload.app, payload.deployment_id),
+    }
+}
+
+/// Pushes a built image to the cluster registry (when there is one) and
+/// reports it as the deployment's image: from then on other nodes and
+/// rollbacks can use it.
+async fn publish(runtime: &DockerRuntime, client: &ControlPlane, payload: &DeployPayload, tag: &str, registry: Option<&RegistryAuth>, logs: &LogShipper) -> Result<(), Failure> {
+    if let Some(auth) = registry {
+        with_registry_retry(&REGISTRY_RETRY_DELAYS, |line| logs.line("build", line), &format!("push of {tag}"), || runtime.push_image(tag, auth)).await?;
+        logs.line("build", format!("pushed {tag}"));
+    }
+    state(client, payload, "deploying", Some(tag.to_string())).await
+}
+
+/// Creates and starts the instance's container; returns its id.
+async fn start_app(runtime: &DockerRuntime, options: &DeployOptions, payload: &DeployPayload, image: String, logs: &LogShipper) -> Result<String, Failure> {
+    let name = payload.container_name();
     let mut env: Vec<String> = payload.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
     env.push(format!("PORT={}", payload.port));
     let spec = AppContainer {
@@ -361,7 +441,7 @@ async fn run(
     };
     let id = runtime.start_app(&spec).await?;
     logs.line("agent", format!("started {name}"));
-    check_or_remove(runtime, options, payload, &id, logs).await
+    Ok(id)
 }
 
 /// Waits for the instance to be healthy; when it is not, ships its last
@@ -397,21 +477,17 @@ async fn healthy_address(runtime: &DockerRuntime, options: &DeployOptions, paylo
     // fast at first, then every 200 ms.
     let mut pause = Duration::from_millis(20);
     loop {
-        let container = runtime.container_state(id).await?;
+        // The state, and the published port until it is known, in one
+        // inspection.
+        let (container, published) = runtime.container_state_and_port(id, port.is_none().then_some(payload.port)).await?;
         if let Some(code) = container.crashed() {
             return Err(Failure::Failed(crash_reason(runtime, id, code, container.restart_count).await));
         }
         if container.running {
-            let port = match port {
-                Some(port) => port,
-                None => match runtime.host_port(id, payload.port).await {
-                    Ok(found) => *port.insert(found),
-                    // It may have exited between the two questions.
-                    Err(err) => match runtime.container_state(id).await?.crashed() {
-                        Some(code) => return Err(Failure::Failed(crash_reason(runtime, id, code, container.restart_count).await)),
-                        None => return Err(err.into()),
-                    },
-                },
+            let port = match (port, published) {
+                (Some(port), _) => port,
+                (None, Some(found)) => *port.insert(found),
+                (None, None) => return Err(Failure::Failed(format!("container {id} has no published port for {}", payload.port))),
             };
             let url = format!("http://{}:{port}{}", bracket(probe_host), payload.health.path);
             if let Ok(response) = http.get(&url).send().await {
@@ -477,6 +553,18 @@ async fn registry(client: &ControlPlane, options: &DeployOptions) -> Result<Opti
     Ok(Some(RegistryAuth { address, username, password }))
 }
 
+/// Records the full commit a build was made from on the deployment (a
+/// branch head or an abbreviation otherwise say nothing exact). Not worth
+/// failing the deploy over.
+async fn report_commit(client: &ControlPlane, payload: &DeployPayload, commit: &str) {
+    let mut report = Report::new(payload.deployment_id.clone());
+    report.instance = Some(payload.instance);
+    report.commit = Some(commit.to_string());
+    if let Err(err) = client.report(&report).await {
+        tracing::warn!(error = %err, "could not report the commit");
+    }
+}
+
 /// A build's work directory, removed when the build ends, also when it is
 /// abandoned (timeout, cancellation).
 struct WorkDir(PathBuf);
@@ -514,27 +602,64 @@ async fn build_in(
     work: &Path,
     logs: &LogShipper,
 ) -> Result<(), Failure> {
+    let failed = |e: &dyn std::fmt::Display| Failure::Failed(e.to_string());
     let checkout = work.join("src");
     let home = work.join("home");
-    std::fs::create_dir_all(&home).map_err(|e| Failure::Failed(e.to_string()))?;
+    std::fs::create_dir_all(&home).map_err(|e| failed(&e))?;
     logs.line("build", format!("cloning branch {} of {}", source.branch, source.repo_url));
     let mirrors = options.data_dir.join("git-mirrors");
-    let commit = build::mirror::checkout(&mirrors, &payload.app, source, &checkout, &home, options.allow_file_repos).await.map_err(|e| Failure::Failed(e.to_string()))?;
-    logs.line("build", format!("checked out {commit}"));
-    // The deployment records the full commit it was built from (a branch
-    // head or an abbreviation otherwise say nothing exact).
-    let mut report = Report::new(payload.deployment_id.clone());
-    report.instance = Some(payload.instance);
-    report.commit = Some(commit.clone());
-    if let Err(err) = client.report(&report).await {
-        tracing::warn!(error = %err, "could not report the commit");
-    }
+    let mirror = build::mirror::open(&mirrors, &payload.app, source, &home, options.allow_file_repos).await.map_err(|e| failed(&e))?;
     let strategy = payload.strategy.unwrap_or(Strategy::Auto);
-    let plan = build::plan(&checkout, strategy, payload.build.as_ref()).map_err(|e| Failure::Failed(e.to_string()))?;
+    let settings = payload.build.as_ref();
+
+    // A commit the mirror has already (a redeploy): its Dockerfile build
+    // runs while the fetch confirms that the commit is still on the
+    // branch. The image is used only once both succeeded.
+    if let Some(build::mirror::Snapshot { commit: known, archive }) = mirror.known().await {
+        if build::plan_from_archive(&archive, strategy, settings).map_err(|e| failed(&e))? == Some(Plan::Dockerfile) {
+            logs.line("build", format!("checked out {known} (from this node's mirror; the fetch confirms it is on branch {})", source.branch));
+            let confirm = async {
+                let fetched = mirror.fetch().await.map_err(|e| failed(&e))?;
+                if fetched != known {
+                    return Err(Failure::Failed(format!("commit {} resolves to {fetched} after the fetch, not {known}", source.commit.as_deref().unwrap_or_default())));
+                }
+                logs.line("build", format!("fetched branch {}: {fetched} is on it", source.branch));
+                report_commit(client, payload, &fetched).await;
+                Ok(())
+            };
+            let build = async {
+                logs.line("build", "building the Dockerfile");
+                runtime.build_image(archive, tag, |line| logs.line("build", line)).await.map_err(Failure::from)
+            };
+            if let Err(failure) = tokio::try_join!(confirm, build) {
+                // Whatever the build made is not the deployment's image.
+                let _ = runtime.remove_tag(tag).await;
+                return Err(failure);
+            }
+            return Ok(());
+        }
+    }
+
+    let commit = mirror.fetch().await.map_err(|e| failed(&e))?;
+    logs.line("build", format!("checked out {commit}"));
+    let archive = mirror.archive(&commit).await.map_err(|e| failed(&e))?;
+    if build::plan_from_archive(&archive, strategy, settings).map_err(|e| failed(&e))? == Some(Plan::Dockerfile) {
+        let build = async {
+            logs.line("build", "building the Dockerfile");
+            runtime.build_image(archive, tag, |line| logs.line("build", line)).await.map_err(Failure::from)
+        };
+        let ((), built) = tokio::join!(report_commit(client, payload, &commit), build);
+        return built;
+    }
+    // Static sites and buildpacks work on the files on disk.
+    drop(archive);
+    mirror.checkout(&commit, &checkout).await.map_err(|e| failed(&e))?;
+    report_commit(client, payload, &commit).await;
+    let plan = build::plan(&checkout, strategy, settings).map_err(|e| failed(&e))?;
     match plan {
         Plan::Dockerfile => {
             logs.line("build", "building the Dockerfile");
-            let context = build::context_archive(&checkout, "", &[]).map_err(|e| Failure::Failed(e.to_string()))?;
+            let context = build::context_archive(&checkout, "", &[]).map_err(|e| failed(&e))?;
             runtime.build_image(context, tag, |line| logs.line("build", line)).await?;
         }
         Plan::Static(plan) => {

@@ -624,6 +624,19 @@ impl GitServer {
     }
 }
 
+impl GitServer {
+    /// Moves `repo`'s `main` back to `commit`, as a force-push does (later
+    /// commits leave the branch); the next `commit` builds on it.
+    pub fn reset_branch(&self, repo: &str, commit: &str) -> Result<()> {
+        check_repository_name(repo)?;
+        let _guard = self.commit_lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let work = self.work.join(repo);
+        run_command(git_command().arg("-C").arg(&work).args(["reset", "--quiet", "--hard", commit]))?;
+        run_command(git_command().arg("-C").arg(&work).args(["push", "--quiet", "--force", "origin", "HEAD:refs/heads/main"]))?;
+        Ok(())
+    }
+}
+
 impl Drop for GitServer {
     fn drop(&mut self) {
         let _ = self.daemon.kill();

@@ -408,6 +408,56 @@ async fn a_multi_line_failure_does_not_jam_the_node_and_the_built_commit_is_reco
     }
 }
 
+/// Issue 9 item 20. A redeploy of a commit the node built before takes its
+/// files from the node's git mirror and builds them while the fetch
+/// confirms the commit is still on the branch, pushes while the instance
+/// starts, and runs only once pushed. A commit force-pushed off the branch
+/// is refused although the mirror still has it, and nothing of it runs.
+#[tokio::test]
+async fn a_redeploy_builds_from_the_mirror_and_a_commit_off_the_branch_is_refused() {
+    let cluster = cluster().await;
+    let server = &cluster.server;
+    let app = unique_name("mirror");
+    let first = cluster.git.commit(&app, &[("Dockerfile", DOCKERFILE), ("index.html", "one\n")], "one").unwrap();
+    create_app(server, json!({"name": app, "repo_url": cluster.git.url(&app), "port": 8080, "health_timeout_seconds": 30})).await;
+    let a = settle(&cluster, &deploy(server, &app, &first).await).await;
+    assert_eq!(a["state"], "running", "{a}");
+    let second = cluster.git.commit(&app, &[("index.html", "two\n")], "two").unwrap();
+    let b = settle(&cluster, &deploy(server, &app, &second).await).await;
+    assert_eq!(b["state"], "running", "{b}");
+
+    // The first commit again: from the mirror, confirmed by the fetch.
+    let id = deploy(server, &app, &first).await;
+    let c = settle(&cluster, &id).await;
+    assert_eq!(c["state"], "running", "{c}");
+    assert_eq!(c["commit"], json!(first), "{c}");
+    let image = c["image"].as_str().unwrap();
+    assert!(image.ends_with(&format!("/{app}:{id}")), "its own tag in the cluster registry: {c}");
+    let lines = log_lines(server, &id).await;
+    let has = |text: &str| lines.iter().any(|(_, line)| line.contains(text));
+    assert!(has(&format!("checked out {first} (from this node's mirror")), "{lines:?}");
+    assert!(has(&format!("fetched branch main: {first} is on it")), "{lines:?}");
+    assert!(has(&format!("pushed {image}")), "{lines:?}");
+    let (status, body) = get(&format!("http://{}/", address(&c))).await;
+    assert_eq!((status, body.as_str()), (200, "one\n"));
+
+    // A force-push takes the second commit off the branch; the mirror
+    // still has it, so its build starts, but the deploy is refused.
+    cluster.git.reset_branch(&app, &first).unwrap();
+    cluster.git.commit(&app, &[("index.html", "three\n")], "three").unwrap();
+    let id = deploy(server, &app, &second).await;
+    let d = settle(&cluster, &id).await;
+    assert_eq!(d["state"], "failed", "{d}");
+    assert!(d["error"].as_str().unwrap().contains(&format!("commit {second} is not on branch main")), "{d}");
+    assert!(d["image"].is_null(), "no image was named: {d}");
+    let lines = log_lines(server, &id).await;
+    assert!(lines.iter().any(|(_, line)| line.contains(&format!("checked out {second} (from this node's mirror"))), "{lines:?}");
+    assert!(containers_of(&id).is_empty(), "nothing of it runs");
+    let (_, current) = server.call(Method::GET, &format!("/api/deployments/{}", c["id"].as_str().unwrap()), None).await.unwrap();
+    assert_eq!(current["state"], "running", "{current}");
+    server.call(Method::DELETE, &format!("/api/apps/{app}"), None).await.unwrap();
+}
+
 /// Issue 9 item 9 and issue 10 item 9. An app that prints its secret and
 /// exits 3 fails quickly with its exit code and last line; the stored lines
 /// and the reason hold no secret, and deleting the app deletes its lines.

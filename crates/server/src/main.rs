@@ -1,8 +1,8 @@
 //! `cloudweb-server`: flag parsing and process wiring around
-//! [`cloudweb_server::start`], and `join-token` for scripts.
+//! [`cloudweb_server::start`], and the subcommands for scripts (see `cli`).
 
 mod admin_cli;
-mod join_token_cli;
+mod cli;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,10 +32,19 @@ enum Commands {
     Serve(ServeArgs),
     /// Create a join token through a running control plane's user API and
     /// print the fields asked for, one per line.
-    JoinToken(join_token_cli::JoinTokenArgs),
+    JoinToken(cli::join_token::JoinTokenArgs),
     /// Account chores on this machine's database (no API needed).
     #[command(subcommand)]
     Admin(admin_cli::AdminCommand),
+    /// Print a node's state, ingress flag or readiness through a running
+    /// control plane's user API, one field per line; optionally wait until
+    /// it is ready.
+    NodeStatus(cli::status::NodeStatusArgs),
+    /// Print whether an app exists and whether it runs, one field per line.
+    AppStatus(cli::status::AppStatusArgs),
+    /// Deploy an app through a running control plane's user API, optionally
+    /// wait until it runs, and print the deployment's id or state.
+    Deploy(cli::deploy::DeployArgs),
 }
 
 #[derive(Parser)]
@@ -139,17 +148,19 @@ fn real_main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    let script = |command: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>>>>| -> anyhow::Result<()> {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(command)
+    };
     let args = match cli.command {
         Commands::Serve(args) => args,
-        Commands::JoinToken(args) => {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            return runtime.block_on(join_token_cli::run(args));
-        }
         Commands::Admin(command) => {
             nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            return runtime.block_on(admin_cli::run(command));
+            return script(Box::pin(admin_cli::run(command)));
         }
+        Commands::JoinToken(args) => return script(Box::pin(cli::join_token::run(args))),
+        Commands::NodeStatus(args) => return script(Box::pin(cli::status::node(args))),
+        Commands::AppStatus(args) => return script(Box::pin(cli::status::app(args))),
+        Commands::Deploy(args) => return script(Box::pin(cli::deploy::run(args))),
     };
     raise_open_file_limit();
     // The data dir holds keys, token digests and logs: nothing the control

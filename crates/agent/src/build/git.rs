@@ -248,6 +248,17 @@ pub(super) async fn run(mut command: Command, step: &'static str, secret: Option
     Err(GitError::Failed { step, message })
 }
 
+/// Like [`run`], for a command whose output is bytes (an archive).
+pub(super) async fn run_bytes(mut command: Command, step: &'static str) -> Result<Vec<u8>, GitError> {
+    let output = command.output().await.map_err(GitError::Spawn)?;
+    if output.status.success() {
+        return Ok(output.stdout);
+    }
+    let mut message = String::from_utf8_lossy(&output.stderr).trim().to_string();
+    cloudweb_protocol::misc::truncate_on_char(&mut message, 2000);
+    Err(GitError::Failed { step, message })
+}
+
 /// Clones `source` into `dir` (which must not exist) and checks out the
 /// requested commit (the branch head when none). Returns the full commit id.
 pub async fn checkout(source: &Source, dir: &Path, home: &Path, allow_file: bool) -> Result<String, GitError> {

@@ -42,10 +42,7 @@ pub fn plan(checkout: &Path, strategy: Strategy, settings: Option<&BuildSettings
     if has_dockerfile && uses_dockerfile {
         let text = std::fs::read_to_string(&dockerfile).map_err(|source| BuildError::Io { path: dockerfile.clone(), source })?;
         if let Some(instruction) = remote_add(&text) {
-            return Err(BuildError::Invalid(format!(
-                "the Dockerfile fetches a URL with ADD ({instruction}); the Docker daemon would fetch it from the node's own network, \
-                 so download it in a RUN step instead"
-            )));
+            return Err(remote_add_refused(&instruction));
         }
     }
     match strategy {
@@ -59,6 +56,47 @@ pub fn plan(checkout: &Path, strategy: Strategy, settings: Option<&BuildSettings
             None => Ok(Plan::Buildpacks),
         },
     }
+}
+
+/// The plan for a commit whose files are only an archive so far (see
+/// `mirror`): `Some(Plan::Dockerfile)` when [`plan`] would choose the root
+/// Dockerfile, with the same checks; `None` when the choice needs the files
+/// on disk (static sites, buildpacks).
+pub fn plan_from_archive(archive: &[u8], strategy: Strategy, settings: Option<&BuildSettings>) -> Result<Option<Plan>, BuildError> {
+    let uses_dockerfile = strategy == Strategy::Dockerfile || (strategy == Strategy::Auto && settings.is_none());
+    if !uses_dockerfile {
+        return Ok(None);
+    }
+    let unreadable = |e: std::io::Error| BuildError::Failed(format!("cannot read the commit's archive: {e}"));
+    let mut dockerfile = None;
+    for entry in tar::Archive::new(archive).entries().map_err(unreadable)? {
+        let mut entry = entry.map_err(unreadable)?;
+        // A regular file, as `plan` asks (a symlink named Dockerfile is not one).
+        let is_file = matches!(entry.header().entry_type(), tar::EntryType::Regular | tar::EntryType::Continuous);
+        if is_file && entry.path().map_err(unreadable)?.as_os_str() == "Dockerfile" {
+            let mut text = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut text).map_err(unreadable)?;
+            dockerfile = Some(String::from_utf8(text).map_err(|_| BuildError::Invalid("the Dockerfile is not UTF-8 text".into()))?);
+            break;
+        }
+    }
+    match dockerfile {
+        Some(text) => {
+            if let Some(instruction) = remote_add(&text) {
+                return Err(remote_add_refused(&instruction));
+            }
+            Ok(Some(Plan::Dockerfile))
+        }
+        None if strategy == Strategy::Dockerfile => Err(BuildError::Invalid("strategy is dockerfile but the repository has no Dockerfile at its root".into())),
+        None => Ok(None),
+    }
+}
+
+fn remote_add_refused(instruction: &str) -> BuildError {
+    BuildError::Invalid(format!(
+        "the Dockerfile fetches a URL with ADD ({instruction}); the Docker daemon would fetch it from the node's own network, \
+         so download it in a RUN step instead"
+    ))
 }
 
 /// The first `ADD` (or `ONBUILD ADD`) of a Dockerfile whose source is a
@@ -320,6 +358,46 @@ mod tests {
         assert!(matches!(plan(dir.path(), Strategy::Static, None).unwrap(), Plan::Static(_)));
         let empty = tempfile::tempdir().unwrap();
         assert!(plan(empty.path(), Strategy::Dockerfile, None).is_err());
+    }
+
+    /// A tar archive of `files` (name, content; `None`: a symlink to /etc/passwd).
+    fn tar_of(files: &[(&str, Option<&str>)]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, content) in files {
+            let mut header = tar::Header::new_gnu();
+            match content {
+                Some(text) => {
+                    header.set_size(text.len() as u64);
+                    header.set_mode(0o644);
+                    header.set_cksum();
+                    builder.append_data(&mut header, name, text.as_bytes()).unwrap();
+                }
+                None => {
+                    header.set_entry_type(tar::EntryType::Symlink);
+                    header.set_size(0);
+                    builder.append_link(&mut header, name, "/etc/passwd").unwrap();
+                }
+            }
+        }
+        builder.into_inner().unwrap()
+    }
+
+    #[test]
+    fn an_archive_plans_a_dockerfile_build_like_a_checkout() {
+        let dockerfile = tar_of(&[("index.html", Some("hi")), ("Dockerfile", Some("FROM scratch\n"))]);
+        assert_eq!(plan_from_archive(&dockerfile, Strategy::Auto, None).unwrap(), Some(Plan::Dockerfile));
+        assert_eq!(plan_from_archive(&dockerfile, Strategy::Dockerfile, None).unwrap(), Some(Plan::Dockerfile));
+        // Other strategies, or build settings, need the files on disk.
+        assert_eq!(plan_from_archive(&dockerfile, Strategy::Static, None).unwrap(), None);
+        let settings = BuildSettings::default();
+        assert_eq!(plan_from_archive(&dockerfile, Strategy::Auto, Some(&settings)).unwrap(), None);
+        // No root Dockerfile (one in a subdirectory or a symlink does not count).
+        let none = tar_of(&[("index.html", Some("hi")), ("sub/Dockerfile", Some("FROM scratch\n")), ("Dockerfile", None)]);
+        assert_eq!(plan_from_archive(&none, Strategy::Auto, None).unwrap(), None);
+        assert!(plan_from_archive(&none, Strategy::Dockerfile, None).unwrap_err().to_string().contains("no Dockerfile"));
+        // The same refusal of a remote ADD as for a checkout.
+        let remote = tar_of(&[("Dockerfile", Some("FROM x\nADD http://127.0.0.1:9/x /x\n"))]);
+        assert!(plan_from_archive(&remote, Strategy::Auto, None).unwrap_err().to_string().contains("RUN step"));
     }
 
     #[test]

@@ -109,17 +109,6 @@ impl DockerRuntime {
         Ok(())
     }
 
-    /// The host port Docker chose for the container's `port`.
-    pub async fn host_port(&self, id: &str, port: u16) -> Result<u16, RuntimeError> {
-        let inspect = self.docker()?.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>).await?;
-        inspect
-            .network_settings
-            .and_then(|n| n.ports)
-            .and_then(|ports| ports.get(&format!("{port}/tcp")).cloned().flatten())
-            .and_then(|bindings| bindings.into_iter().find_map(|b| b.host_port?.parse().ok()))
-            .ok_or_else(|| RuntimeError::Failed(format!("container {id} has no published port for {port}")))
-    }
-
     /// When the running container started (`None` once it is not
     /// running): a change means Docker restarted it.
     pub async fn started_at(&self, id: &str) -> Result<Option<String>, RuntimeError> {
@@ -142,15 +131,30 @@ impl DockerRuntime {
     /// What became of a container: running, or exited (with its code), and
     /// how often Docker restarted it.
     pub async fn container_state(&self, id: &str) -> Result<ContainerState, RuntimeError> {
+        Ok(self.container_state_and_port(id, None).await?.0)
+    }
+
+    /// [`container_state`](Self::container_state) and, when `port` is
+    /// given, the host port Docker published it on, from one inspection.
+    pub async fn container_state_and_port(&self, id: &str, port: Option<u16>) -> Result<(ContainerState, Option<u16>), RuntimeError> {
         let inspect = self.docker()?.inspect_container(id, None::<bollard::query_parameters::InspectContainerOptions>).await?;
+        let host_port = port.and_then(|port| {
+            inspect
+                .network_settings
+                .as_ref()
+                .and_then(|n| n.ports.as_ref())
+                .and_then(|ports| ports.get(&format!("{port}/tcp")).cloned().flatten())
+                .and_then(|bindings| bindings.into_iter().find_map(|b| b.host_port?.parse().ok()))
+        });
         let state = inspect.state.unwrap_or_default();
-        Ok(ContainerState {
+        let state = ContainerState {
             // Docker reports a container between restarts as running too.
             running: state.running.unwrap_or(false) && !state.restarting.unwrap_or(false),
             exit_code: state.exit_code,
             restart_count: inspect.restart_count.unwrap_or(0),
             finished: state.finished_at.is_some_and(|at| !at.starts_with("0001-")),
-        })
+        };
+        Ok((state, host_port))
     }
 
     /// The last `tail` lines of a container's output, as (stream, line).

@@ -118,6 +118,13 @@ impl DockerRuntime {
         Ok(true)
     }
 
+    /// Removes a tag this agent built (the image goes when no other tag
+    /// or container holds it).
+    pub async fn remove_tag(&self, tag: &str) -> Result<(), RuntimeError> {
+        self.docker()?.remove_image(tag, None::<bollard::query_parameters::RemoveImageOptions>, None).await?;
+        Ok(())
+    }
+
     pub async fn image_exists(&self, image: &str) -> Result<bool, RuntimeError> {
         Ok(self.docker()?.inspect_image(image).await.is_ok())
     }

@@ -8,6 +8,9 @@ use crate::stats::{spread, Spread};
 
 /// The target for the overhead of control plane and agent.
 pub const TARGET_OVERHEAD_MS: f64 = 1000.0;
+/// The target for a cached build's overhead over `docker build` + `docker
+/// run` of the same context (the per-app git mirror and what follows).
+pub const TARGET_CACHED_BUILD_OVERHEAD_MS: f64 = 80.0;
 
 /// Every repetition's measurements; index i of each list is run i.
 #[derive(Default)]
@@ -56,17 +59,17 @@ pub fn print(results: &Results) {
     println!("overhead of control plane + agent over the bare baseline, per run (deploy total - baseline total of the same run), target < {TARGET_OVERHEAD_MS:.0} ms:");
     let run_totals: Vec<f64> = results.docker_run.iter().map(RunTimes::total).collect();
     let build_and_run: Vec<f64> = results.docker_build.iter().zip(&run_totals).map(|(build, run)| build.total_ms + run).collect();
-    overhead_line("(a) rollback over docker run", &paired(&results.rollback, &run_totals));
-    overhead_line("(b) cached build over docker run", &paired(&results.cached_build, &run_totals));
-    overhead_line("(b) cached build over docker build + run", &paired(&results.cached_build, &build_and_run));
+    overhead_line("(a) rollback over docker run", &paired(&results.rollback, &run_totals), TARGET_OVERHEAD_MS);
+    overhead_line("(b) cached build over docker run", &paired(&results.cached_build, &run_totals), TARGET_OVERHEAD_MS);
+    overhead_line("(b) cached build over docker build + run", &paired(&results.cached_build, &build_and_run), TARGET_CACHED_BUILD_OVERHEAD_MS);
     println!("counted stage by stage instead (schedule + pull/build + report: all but the container's start and health wait,");
     println!("which the baseline has too; for (b) also without the docker build itself), free of their run-to-run noise:");
     let outside = |timeline: &Timeline, without_build: bool| -> Option<f64> {
-        let build = if without_build { span(timeline.build_started, timeline.pushing)? } else { 0.0 };
+        let build = if without_build { timeline.docker_build()? } else { 0.0 };
         Some(timeline.schedule()? + timeline.pull_or_build()? + timeline.report()? - build)
     };
-    overhead_line("(a) rollback", &results.rollback.iter().filter_map(|t| outside(t, false)).collect::<Vec<_>>());
-    overhead_line("(b) cached build, docker build excluded", &results.cached_build.iter().filter_map(|t| outside(t, true)).collect::<Vec<_>>());
+    overhead_line("(a) rollback", &results.rollback.iter().filter_map(|t| outside(t, false)).collect::<Vec<_>>(), TARGET_OVERHEAD_MS);
+    overhead_line("(b) cached build, docker build excluded", &results.cached_build.iter().filter_map(|t| outside(t, true)).collect::<Vec<_>>(), TARGET_CACHED_BUILD_OVERHEAD_MS);
 
     println!();
     println!("where the time goes, in ms (median, min..max):");
@@ -81,11 +84,15 @@ pub fn print(results: &Results) {
     detail("(b) request -> API recorded the deployment", build, |t| span(Some(t.requested), t.accepted));
     detail("(b) recorded -> agent picked the command up", build, |t| span(t.accepted, t.picked_up));
     detail("(b) picked up -> 'cloning' (registry settings, report)", build, |t| span(t.picked_up, t.first_line));
-    detail("(b) git clone and checkout", build, |t| span(t.first_line, t.checked_out));
+    detail("(b) 'cloning' -> checked out (mirror: fetch or archive)", build, |t| span(t.first_line, t.checked_out));
     detail("(b) checked out -> docker build begins", build, |t| span(t.checked_out, t.build_started));
-    detail("(b) docker build, all layers cached", build, |t| span(t.build_started, t.pushing));
-    detail("(b) push to the cluster registry + report", build, |t| span(t.pushing, t.image_ready));
-    detail("(b) image reported -> container created", build, |t| span(t.image_ready, t.created));
+    detail("(b) docker build, all layers cached", build, Timeline::docker_build);
+    detail("(b) checked out -> fetch confirmed it (beside the build)", build, |t| span(t.checked_out, t.fetched));
+    detail("(b) build ended -> 'pushing' (waits for that fetch)", build, |t| span(t.built, t.pushing));
+    detail("(b) 'pushing' -> container created", build, |t| span(t.pushing, t.created));
+    detail("(b) push to the cluster registry (beside the start)", build, |t| span(t.pushing, t.pushed));
+    detail("(b) 'pushing' -> deploying recorded", build, |t| span(t.pushing, t.image_ready));
+    detail("(b) healthy -> push finished (the push's wait, if any)", build, |t| span(t.healthy, t.pushed).map(|ms| ms.max(0.0)));
     detail("(b) healthy -> control plane recorded running", build, |t| span(t.healthy, t.recorded));
     detail("(b) recorded -> seen by the 20 ms poll", build, |t| span(t.recorded, Some(t.seen)));
 
@@ -129,12 +136,12 @@ fn paired(timelines: &[Timeline], baselines: &[f64]) -> Vec<f64> {
     timelines.iter().zip(baselines).map(|(timeline, baseline)| timeline.total() - baseline).collect()
 }
 
-fn overhead_line(label: &str, overheads: &[f64]) {
+fn overhead_line(label: &str, overheads: &[f64], target_ms: f64) {
     match spread(overheads) {
         Some(s) => {
-            let verdict = if s.median < TARGET_OVERHEAD_MS { "met" } else { "missed" };
+            let verdict = if s.median < target_ms { "met" } else { "missed" };
             println!(
-                "  {label:<44} median {:>7} ms   min {:>7}   max {:>7}   target {verdict}",
+                "  {label:<44} median {:>7} ms   min {:>7}   max {:>7}   target < {target_ms:.0} ms {verdict}",
                 format_ms(s.median),
                 format_ms(s.min),
                 format_ms(s.max)

@@ -37,8 +37,15 @@ pub struct Timeline {
     /// The deployment's first log line ("using image" or "cloning").
     pub first_line: Option<Nanos>,
     pub checked_out: Option<Nanos>,
+    /// The fetch confirmed a commit taken from the mirror before it (agents
+    /// that build while they fetch).
+    pub fetched: Option<Nanos>,
     pub build_started: Option<Nanos>,
+    /// Docker's "Successfully tagged" line: the build itself ended.
+    pub built: Option<Nanos>,
     pub pushing: Option<Nanos>,
+    /// The push ended (agents that push while the instance starts).
+    pub pushed: Option<Nanos>,
     /// A build's image was pushed and reported (`deploying` recorded).
     pub image_ready: Option<Nanos>,
     /// The Docker Engine created the container.
@@ -91,6 +98,12 @@ impl Timeline {
 
     pub fn total(&self) -> f64 {
         millis_between(self.requested, self.seen)
+    }
+
+    /// The docker build alone: its start to Docker's last line (to the
+    /// push for output without one).
+    pub fn docker_build(&self) -> Option<f64> {
+        span(self.build_started, self.built.or(self.pushing))
     }
 
     /// Whether every build step after FROM came from the cache.
@@ -203,10 +216,16 @@ impl Timeline {
                 self.build_lines += 1;
                 if text.starts_with("checked out ") {
                     first(&mut self.checked_out);
+                } else if text.starts_with("fetched branch ") {
+                    first(&mut self.fetched);
                 } else if text.starts_with("building the Dockerfile") {
                     first(&mut self.build_started);
+                } else if text.starts_with("Successfully tagged ") {
+                    first(&mut self.built);
                 } else if text.starts_with("pushing ") {
                     first(&mut self.pushing);
+                } else if text.starts_with("pushed ") {
+                    first(&mut self.pushed);
                 } else if text.starts_with("Step ") && !text.contains(" : FROM ") {
                     self.build_steps += 1;
                 } else if text.contains("Using cache") {
@@ -322,7 +341,10 @@ mod tests {
             (163, "build", " ---> Using cache"),
             (164, "build", "Step 3/3 : CMD [\"httpd\"]"),
             (165, "build", " ---> Using cache"),
+            (180, "build", "fetched branch main: abc is on it"),
+            (190, "build", "Successfully tagged 127.0.0.1:5000/app:dep_1"),
             (200, "build", "pushing 127.0.0.1:5000/app:dep_1"),
+            (420, "build", "pushed 127.0.0.1:5000/app:dep_1"),
             (500, "agent", "started cw-app-1"),
             (800, "agent", "healthy after 0.3 s (HTTP 200 on /)"),
         ];
@@ -338,5 +360,8 @@ mod tests {
         assert_eq!((timeline.build_steps, timeline.cached_steps), (2, 2));
         assert!(timeline.fully_cached());
         assert_eq!(span(timeline.build_started, timeline.pushing), Some(40.0));
+        assert_eq!(timeline.docker_build(), Some(30.0));
+        assert_eq!(span(timeline.checked_out, timeline.fetched), Some(30.0));
+        assert_eq!(span(timeline.pushing, timeline.pushed), Some(220.0));
     }
 }
