@@ -189,6 +189,19 @@ async fn every_api_route_accepts_the_admin_token_a_personal_token_and_a_session(
     }
     let metrics = cp.http.get(url(&cp, "/metrics")).bearer_auth(&token).send().await.unwrap();
     assert_eq!(metrics.status(), 200);
+    // Users make users; the answer and the list never hold a password or hash.
+    let (status, bob) = with_session(&cp, &session, Method::POST, "/api/users", true, &[], Some(json!({"name": "bob", "password": "bob's password!"}))).await;
+    assert_eq!(status, 201, "{bob}");
+    assert_eq!(bob["name"], "bob");
+    assert_eq!(with_bearer(&cp, &token, Method::POST, "/api/users", Some(json!({"name": "BOB", "password": "another password"}))).await.0, 409);
+    assert_eq!(cp.call(Method::POST, "/api/users", Some(json!({"name": "carol", "password": "short"}))).await.0, 400);
+    assert_eq!(cp.call(Method::POST, "/api/users", Some(json!({"name": "carol", "password": "long enough!", "admin": true}))).await.0, 400);
+    let (_, users) = cp.call(Method::GET, "/api/users", None).await;
+    let names: Vec<&str> = users.as_array().unwrap().iter().map(|u| u["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["alice", "bob"]);
+    assert!(!users.to_string().contains("argon2") && !users.to_string().contains("password"), "{users}");
+    assert_eq!(login_as(&cp, "bob", "bob's password!", &[]).await.0, 200);
+
     let (status, me) = with_bearer(&cp, &token, Method::GET, "/api/me", None).await;
     assert_eq!((status, me["auth"].as_str(), me["user"]["name"].as_str()), (200, Some("api_token"), Some("alice")), "{me}");
     assert!(me.get("csrf_token").is_none());

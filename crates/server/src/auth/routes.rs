@@ -1,6 +1,6 @@
 //! The account routes: `POST /api/session` (log in), `DELETE
 //! /api/session` (log out), `GET /api/me`, and `GET/POST /api/tokens`,
-//! `DELETE /api/tokens/{id}` (personal API tokens).
+//! `DELETE /api/tokens/{id}` (personal API tokens), `GET/POST /api/users`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -310,4 +310,39 @@ pub async fn revoke_token(
     let user = token_owner(&principal)?;
     tokens::revoke(&state, user, &id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewUserRequest {
+    /// 1 to 64 letters, digits, `.`, `_` or `-`; unique without regard to case.
+    pub name: String,
+    /// At least 10 characters; stored as an argon2id hash.
+    pub password: String,
+}
+
+/// Every user, by name.
+#[utoipa::path(get, path = "/api/users", tag = "accounts", responses((status = 200, description = "The users", body = Vec<UserView>)))]
+pub async fn list_users(State(state): State<Arc<AppState>>) -> Result<Json<Vec<UserView>>, ApiError> {
+    Ok(Json(state.store.users().await?.iter().map(UserView::from).collect()))
+}
+
+/// Creates a user who logs in with a name and password (the first user
+/// comes from `cloudweb-server admin create-user`).
+#[utoipa::path(post, path = "/api/users", tag = "accounts", request_body = NewUserRequest,
+    responses(
+        (status = 201, description = "Created", body = UserView),
+        (status = 400, description = "Invalid name or password", body = crate::error::ErrorDoc),
+        (status = 409, description = "The name is taken", body = crate::error::ErrorDoc),
+    ))]
+pub async fn create_user(
+    State(state): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<UserView>), ApiError> {
+    let request: NewUserRequest = parse_json(&crate::error::body_bytes(body)?)?;
+    let user = users::create(&state.store, state.clock.now_ms(), &request.name, Some(&request.password)).await?;
+    let by = principal.user().map_or("the admin token", |u| u.name.as_str()).to_string();
+    tracing::info!(user = %user.name, by = %by, "user created");
+    Ok((StatusCode::CREATED, Json(UserView::from(&user))))
 }
