@@ -338,7 +338,7 @@ async fn personal_tokens_are_shown_once_record_their_use_and_stop_when_revoked()
     assert_eq!(with_bearer(&cp, &token, Method::GET, "/api/apps", None).await.0, 200);
     let (_, list) = with_bearer(&cp, &token, Method::GET, "/api/tokens", None).await;
     let used = list[0]["last_used_at"].as_str().expect("last use recorded").to_string();
-    assert!(used > list[0]["created_at"].as_str().unwrap().to_string(), "{list}");
+    assert!(used.as_str() > list[0]["created_at"].as_str().unwrap(), "{list}");
 
     // Another user cannot see or revoke it.
     let b = login(&cp, "bob").await;

@@ -29,7 +29,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Commands {
     /// Run the control plane.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Create a join token through a running control plane's user API and
     /// print the fields asked for, one per line.
     JoinToken(join_token_cli::JoinTokenArgs),
@@ -140,7 +140,7 @@ fn real_main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     let args = match cli.command {
-        Commands::Serve(args) => args,
+        Commands::Serve(args) => *args,
         Commands::JoinToken(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             return runtime.block_on(join_token_cli::run(args));
