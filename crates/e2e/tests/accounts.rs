@@ -190,7 +190,7 @@ async fn every_api_route_accepts_the_admin_token_a_personal_token_and_a_session(
     let metrics = cp.http.get(url(&cp, "/metrics")).bearer_auth(&token).send().await.unwrap();
     assert_eq!(metrics.status(), 200);
     // Users make users; the answer and the list never hold a password or hash.
-    let (status, bob) = with_session(&cp, &session, Method::POST, "/api/users", true, &[], Some(json!({"name": "bob", "password": "bob's password!"}))).await;
+    let (status, bob) = with_session(&cp, &session, Method::POST, "/api/users", true, &[], Some(json!({"name": "bob", "password": PASSWORD}))).await;
     assert_eq!(status, 201, "{bob}");
     assert_eq!(bob["name"], "bob");
     assert_eq!(with_bearer(&cp, &token, Method::POST, "/api/users", Some(json!({"name": "BOB", "password": "another password"}))).await.0, 409);
@@ -199,8 +199,19 @@ async fn every_api_route_accepts_the_admin_token_a_personal_token_and_a_session(
     let (_, users) = cp.call(Method::GET, "/api/users", None).await;
     let names: Vec<&str> = users.as_array().unwrap().iter().map(|u| u["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["alice", "bob"]);
+    assert!(users[1].get("disabled_at").is_none(), "{users}");
     assert!(!users.to_string().contains("argon2") && !users.to_string().contains("password"), "{users}");
-    assert_eq!(login_as(&cp, "bob", "bob's password!", &[]).await.0, 200);
+    let bob_session = login(&cp, "bob").await;
+    let (_, bob_token) = with_session(&cp, &bob_session, Method::POST, "/api/tokens", true, &[], Some(json!({"name": "b"}))).await;
+    let bob_token = bob_token["token"].as_str().unwrap().to_string();
+    let bob_id = bob["id"].as_str().unwrap().to_string();
+    // Disabling a user ends their sessions and tokens at once.
+    assert_eq!(with_session(&cp, &bob_session, Method::DELETE, &format!("/api/users/{bob_id}"), true, &[], None).await.0, 409, "not yourself");
+    assert_eq!(with_session(&cp, &session, Method::DELETE, &format!("/api/users/{bob_id}"), true, &[], None).await.0, 204);
+    assert_eq!(with_session(&cp, &bob_session, Method::GET, "/api/me", false, &[], None).await.0, 401);
+    assert_eq!(with_bearer(&cp, &bob_token, Method::GET, "/api/me", None).await.0, 401);
+    assert_eq!(login_as(&cp, "bob", PASSWORD, &[]).await.0, 401);
+    assert_eq!(cp.call(Method::DELETE, "/api/users/usr_nobody", None).await.0, 404);
 
     let (status, me) = with_bearer(&cp, &token, Method::GET, "/api/me", None).await;
     assert_eq!((status, me["auth"].as_str(), me["user"]["name"].as_str()), (200, Some("api_token"), Some("alice")), "{me}");

@@ -36,11 +36,19 @@ pub struct UserView {
     pub name: String,
     /// RFC 3339.
     pub created_at: String,
+    /// Set once the user is disabled (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disabled_at: Option<String>,
 }
 
 impl From<&UserRow> for UserView {
     fn from(user: &UserRow) -> Self {
-        UserView { id: user.id.clone(), name: user.name.clone(), created_at: rfc3339_ms(user.created_at) }
+        UserView {
+            id: user.id.clone(),
+            name: user.name.clone(),
+            created_at: rfc3339_ms(user.created_at),
+            disabled_at: user.disabled_at.map(rfc3339_ms),
+        }
     }
 }
 
@@ -345,4 +353,27 @@ pub async fn create_user(
     let by = principal.user().map_or("the admin token", |u| u.name.as_str()).to_string();
     tracing::info!(user = %user.name, by = %by, "user created");
     Ok((StatusCode::CREATED, Json(UserView::from(&user))))
+}
+
+/// Disables a user: their sessions end and their tokens stop working at
+/// once, and they can no longer log in. The row stays (names are not
+/// reused). Nobody disables themselves.
+#[utoipa::path(delete, path = "/api/users/{id}", tag = "accounts",
+    params(("id" = String, Path, description = "The user's id")),
+    responses(
+        (status = 204, description = "Disabled (or already disabled)"),
+        (status = 404, description = "No such user", body = crate::error::ErrorDoc),
+        (status = 409, description = "That is the caller", body = crate::error::ErrorDoc),
+    ))]
+pub async fn disable_user(
+    State(state): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if principal.user().is_some_and(|u| u.id == id) {
+        return Err(ApiError::Conflict("you cannot disable yourself".to_string()));
+    }
+    let user = state.store.disable_user(&id, state.clock.now_ms()).await?.ok_or_else(|| ApiError::NotFound(format!("no user {id:?}")))?;
+    tracing::info!(user = %user.name, "user disabled");
+    Ok(StatusCode::NO_CONTENT)
 }
