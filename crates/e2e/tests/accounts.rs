@@ -189,6 +189,30 @@ async fn every_api_route_accepts_the_admin_token_a_personal_token_and_a_session(
     }
     let metrics = cp.http.get(url(&cp, "/metrics")).bearer_auth(&token).send().await.unwrap();
     assert_eq!(metrics.status(), 200);
+    // Users make users; the answer and the list never hold a password or hash.
+    let (status, bob) = with_session(&cp, &session, Method::POST, "/api/users", true, &[], Some(json!({"name": "bob", "password": PASSWORD}))).await;
+    assert_eq!(status, 201, "{bob}");
+    assert_eq!(bob["name"], "bob");
+    assert_eq!(with_bearer(&cp, &token, Method::POST, "/api/users", Some(json!({"name": "BOB", "password": "another password"}))).await.0, 409);
+    assert_eq!(cp.call(Method::POST, "/api/users", Some(json!({"name": "carol", "password": "short"}))).await.0, 400);
+    assert_eq!(cp.call(Method::POST, "/api/users", Some(json!({"name": "carol", "password": "long enough!", "admin": true}))).await.0, 400);
+    let (_, users) = cp.call(Method::GET, "/api/users", None).await;
+    let names: Vec<&str> = users.as_array().unwrap().iter().map(|u| u["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["alice", "bob"]);
+    assert!(users[1].get("disabled_at").is_none(), "{users}");
+    assert!(!users.to_string().contains("argon2") && !users.to_string().contains("password"), "{users}");
+    let bob_session = login(&cp, "bob").await;
+    let (_, bob_token) = with_session(&cp, &bob_session, Method::POST, "/api/tokens", true, &[], Some(json!({"name": "b"}))).await;
+    let bob_token = bob_token["token"].as_str().unwrap().to_string();
+    let bob_id = bob["id"].as_str().unwrap().to_string();
+    // Disabling a user ends their sessions and tokens at once.
+    assert_eq!(with_session(&cp, &bob_session, Method::DELETE, &format!("/api/users/{bob_id}"), true, &[], None).await.0, 409, "not yourself");
+    assert_eq!(with_session(&cp, &session, Method::DELETE, &format!("/api/users/{bob_id}"), true, &[], None).await.0, 204);
+    assert_eq!(with_session(&cp, &bob_session, Method::GET, "/api/me", false, &[], None).await.0, 401);
+    assert_eq!(with_bearer(&cp, &bob_token, Method::GET, "/api/me", None).await.0, 401);
+    assert_eq!(login_as(&cp, "bob", PASSWORD, &[]).await.0, 401);
+    assert_eq!(cp.call(Method::DELETE, "/api/users/usr_nobody", None).await.0, 404);
+
     let (status, me) = with_bearer(&cp, &token, Method::GET, "/api/me", None).await;
     assert_eq!((status, me["auth"].as_str(), me["user"]["name"].as_str()), (200, Some("api_token"), Some("alice")), "{me}");
     assert!(me.get("csrf_token").is_none());
@@ -325,7 +349,7 @@ async fn personal_tokens_are_shown_once_record_their_use_and_stop_when_revoked()
     assert_eq!(with_bearer(&cp, &token, Method::GET, "/api/apps", None).await.0, 200);
     let (_, list) = with_bearer(&cp, &token, Method::GET, "/api/tokens", None).await;
     let used = list[0]["last_used_at"].as_str().expect("last use recorded").to_string();
-    assert!(used > list[0]["created_at"].as_str().unwrap().to_string(), "{list}");
+    assert!(used.as_str() > list[0]["created_at"].as_str().unwrap(), "{list}");
 
     // Another user cannot see or revoke it.
     let b = login(&cp, "bob").await;
@@ -462,6 +486,8 @@ async fn the_openapi_document_lists_every_route_and_every_listed_route_is_guarde
     let expired = login(&cp, "alice").await;
     cp.clock.advance(Duration::from_secs(601));
     let live = login(&cp, "alice").await;
+    let (_, created) = with_session(&cp, &live, Method::POST, "/api/tokens", true, &[], Some(json!({"name": "live"}))).await;
+    let personal = created["token"].as_str().unwrap().to_string();
     for (method, path, is_public) in &documented {
         if *is_public {
             continue;
@@ -480,6 +506,22 @@ async fn the_openapi_document_lists_every_route_and_every_listed_route_is_guarde
         if method != Method::GET {
             let response = cp.http.request(method.clone(), &target).header("cookie", format!("cloudweb_session={}", live.cookie)).send().await.unwrap();
             assert_eq!(response.status(), 403, "{what} with a session but no CSRF token");
+        }
+        // And it lets all three credentials through (whatever the route
+        // then answers to the placeholder parameters). Logging out would
+        // end the session the loop goes on with.
+        if what == "DELETE /api/session" {
+            continue;
+        }
+        for (who, request) in [
+            ("admin token", cp.http.request(method.clone(), &target).bearer_auth(&cp.admin)),
+            ("personal token", cp.http.request(method.clone(), &target).bearer_auth(&personal)),
+            ("session", cp.http.request(method.clone(), &target).header("cookie", format!("cloudweb_session={}", live.cookie)).header("x-csrf-token", &live.csrf)),
+        ] {
+            let status = request.send().await.unwrap().status().as_u16();
+            // The admin token has no personal tokens (a documented 403).
+            let tokens_as_admin = who == "admin token" && path.starts_with("/api/tokens");
+            assert!(status != 401 && (status != 403 || tokens_as_admin), "{what} with the {who}: {status}");
         }
     }
 }

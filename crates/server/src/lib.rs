@@ -276,6 +276,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
     let api_addr = api_listener.local_addr().map_err(|source| StartError::Listen { addr: state.config.api_listen, source })?;
 
     let mut tasks = Vec::new();
+    tokio::task::spawn_blocking(auth::users::warm_up);
     if let (Some(settings), Some(credentials)) = (state.config.registry.clone(), state.registry_credentials.clone()) {
         let registered: HashSet<String> = state.nodes.all().into_iter().map(|n| n.id).collect();
         let running = registry::start(&settings, &state.config.data_dir, &state.ca, &credentials, &registered, state.clock.now()).await?;

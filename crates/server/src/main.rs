@@ -29,7 +29,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Commands {
     /// Run the control plane.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Create a join token through a running control plane's user API and
     /// print the fields asked for, one per line.
     JoinToken(cli::join_token::JoinTokenArgs),
@@ -152,7 +152,7 @@ fn real_main() -> anyhow::Result<()> {
         tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(command)
     };
     let args = match cli.command {
-        Commands::Serve(args) => args,
+        Commands::Serve(args) => *args,
         Commands::Admin(command) => {
             nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
             return script(Box::pin(admin_cli::run(command)));

@@ -38,6 +38,8 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(auth::routes::me))
         .routes(routes!(auth::routes::list_tokens, auth::routes::create_token))
         .routes(routes!(auth::routes::revoke_token))
+        .routes(routes!(auth::routes::list_users, auth::routes::create_user))
+        .routes(routes!(auth::routes::disable_user))
         .routes(routes!(join_tokens::create))
         .routes(routes!(nodes::list))
         .routes(routes!(nodes::show, nodes::remove))

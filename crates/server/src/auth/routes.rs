@@ -1,6 +1,6 @@
 //! The account routes: `POST /api/session` (log in), `DELETE
 //! /api/session` (log out), `GET /api/me`, and `GET/POST /api/tokens`,
-//! `DELETE /api/tokens/{id}` (personal API tokens).
+//! `DELETE /api/tokens/{id}` (personal API tokens), `GET/POST /api/users`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,11 +36,19 @@ pub struct UserView {
     pub name: String,
     /// RFC 3339.
     pub created_at: String,
+    /// Set once the user is disabled (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disabled_at: Option<String>,
 }
 
 impl From<&UserRow> for UserView {
     fn from(user: &UserRow) -> Self {
-        UserView { id: user.id.clone(), name: user.name.clone(), created_at: rfc3339_ms(user.created_at) }
+        UserView {
+            id: user.id.clone(),
+            name: user.name.clone(),
+            created_at: rfc3339_ms(user.created_at),
+            disabled_at: user.disabled_at.map(rfc3339_ms),
+        }
     }
 }
 
@@ -309,5 +317,63 @@ pub async fn revoke_token(
 ) -> Result<StatusCode, ApiError> {
     let user = token_owner(&principal)?;
     tokens::revoke(&state, user, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewUserRequest {
+    /// 1 to 64 letters, digits, `.`, `_` or `-`; unique without regard to case.
+    pub name: String,
+    /// At least 10 characters; stored as an argon2id hash.
+    pub password: String,
+}
+
+/// Every user, by name.
+#[utoipa::path(get, path = "/api/users", tag = "accounts", responses((status = 200, description = "The users", body = Vec<UserView>)))]
+pub async fn list_users(State(state): State<Arc<AppState>>) -> Result<Json<Vec<UserView>>, ApiError> {
+    Ok(Json(state.store.users().await?.iter().map(UserView::from).collect()))
+}
+
+/// Creates a user who logs in with a name and password (the first user
+/// comes from `cloudweb-server admin create-user`).
+#[utoipa::path(post, path = "/api/users", tag = "accounts", request_body = NewUserRequest,
+    responses(
+        (status = 201, description = "Created", body = UserView),
+        (status = 400, description = "Invalid name or password", body = crate::error::ErrorDoc),
+        (status = 409, description = "The name is taken", body = crate::error::ErrorDoc),
+    ))]
+pub async fn create_user(
+    State(state): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<UserView>), ApiError> {
+    let request: NewUserRequest = parse_json(&crate::error::body_bytes(body)?)?;
+    let user = users::create(&state.store, state.clock.now_ms(), &request.name, Some(&request.password)).await?;
+    let by = principal.user().map_or("the admin token", |u| u.name.as_str()).to_string();
+    tracing::info!(user = %user.name, by = %by, "user created");
+    Ok((StatusCode::CREATED, Json(UserView::from(&user))))
+}
+
+/// Disables a user: their sessions end and their tokens stop working at
+/// once, and they can no longer log in. The row stays (names are not
+/// reused). Nobody disables themselves.
+#[utoipa::path(delete, path = "/api/users/{id}", tag = "accounts",
+    params(("id" = String, Path, description = "The user's id")),
+    responses(
+        (status = 204, description = "Disabled (or already disabled)"),
+        (status = 404, description = "No such user", body = crate::error::ErrorDoc),
+        (status = 409, description = "That is the caller", body = crate::error::ErrorDoc),
+    ))]
+pub async fn disable_user(
+    State(state): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if principal.user().is_some_and(|u| u.id == id) {
+        return Err(ApiError::Conflict("you cannot disable yourself".to_string()));
+    }
+    let user = state.store.disable_user(&id, state.clock.now_ms()).await?.ok_or_else(|| ApiError::NotFound(format!("no user {id:?}")))?;
+    tracing::info!(user = %user.name, "user disabled");
     Ok(StatusCode::NO_CONTENT)
 }

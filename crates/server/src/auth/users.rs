@@ -68,6 +68,12 @@ fn decoy_hash() -> &'static str {
     DECOY.get_or_init(|| hash_password(&super::random_hex(16)).unwrap_or_default())
 }
 
+/// Computes the decoy hash ahead of the first login (blocking), so even
+/// the first unknown name takes no longer than a wrong password.
+pub fn warm_up() {
+    let _ = decoy_hash();
+}
+
 /// Creates a user; `password` `None` makes a user who cannot log in with
 /// a password (one who logs in through GitLab). 409 when the name is taken.
 pub async fn create(store: &Store, now_ms: i64, name: &str, password: Option<&str>) -> Result<UserRow, ApiError> {

@@ -122,6 +122,19 @@ impl Store {
         Ok(changed > 0)
     }
 
+    /// Disables a user: their sessions are deleted and their tokens stop
+    /// working (they are checked against `disabled_at`). Returns the user
+    /// as it was, `None` when there is no such user.
+    pub async fn disable_user(&self, user_id: &str, now_ms: i64) -> Result<Option<UserRow>, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        let row = sqlx::query(&format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1")).bind(user_id).fetch_optional(&mut *tx).await?;
+        sqlx::query("UPDATE users SET disabled_at = $1 WHERE id = $2 AND disabled_at IS NULL").bind(now_ms).bind(user_id).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM sessions WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
+        tx.commit().await?;
+        self.count_commit();
+        Ok(row.as_ref().map(user_from_row))
+    }
+
     pub async fn insert_session(&self, session: &SessionRow) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO sessions (id_sha256, user_id, csrf_token, created_at, last_seen_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6)",
