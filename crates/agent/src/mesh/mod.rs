@@ -228,10 +228,11 @@ async fn resolve(endpoint: &str) -> Option<SocketAddr> {
 }
 
 /// Keeps the reported endpoint current. When the followed interface's
-/// address changed, the device's UDP socket is bound again: wireguard-go
-/// (Debian's 0.0.20220316) otherwise keeps sending from the old source
-/// address, which is gone, and the node goes silent. Setting the listen
-/// port makes it rebind and forget the cached source of every peer.
+/// address changed, the device's UDP socket is bound again (setting the
+/// listen port makes wireguard-go rebind and forget the source address it
+/// cached for every peer): a safeguard against sending from the lost
+/// address, which an earlier session reported; the namespace test passes
+/// without it too (see ARCHITECTURE.md).
 async fn follow_endpoint(options: &MeshOptions, shared: &MeshShared, bound: &mut Option<Ipv4Addr>) {
     let endpoint = match &options.endpoint {
         EndpointSource::Joined => None,
