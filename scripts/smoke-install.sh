@@ -43,10 +43,19 @@ for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))')
 app="hello-$(printf '%04x' $((RANDOM % 65536)))"
+# The mesh is on (the installer's default), on an interface and UDP port of
+# this run's own, so it cannot clash with cw0 or another run.
+mesh_interface="cws$(printf '%04x' $((RANDOM % 65536)))"
+mesh_port=$(python3 -c '
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
 export CLOUDWEB_ROOT=$root CLOUDWEB_PREBUILT=$bin_dir CLOUDWEB_NO_SYSTEMD=1 \
     CLOUDWEB_API_PORT=$api_port CLOUDWEB_AGENT_PORT=$agent_port CLOUDWEB_REGISTRY_PORT=$registry_port \
     CLOUDWEB_HTTP_PORT=$http_port CLOUDWEB_HTTPS_PORT=$https_port CLOUDWEB_GIT_PORT=$git_port \
-    CLOUDWEB_LISTEN_ADDRESS=127.0.0.1 CLOUDWEB_HOST_ADDRESS=127.0.0.1 CLOUDWEB_EXAMPLE_APP=$app
+    CLOUDWEB_LISTEN_ADDRESS=127.0.0.1 CLOUDWEB_HOST_ADDRESS=127.0.0.1 CLOUDWEB_EXAMPLE_APP=$app \
+    CLOUDWEB_MESH_INTERFACE=$mesh_interface CLOUDWEB_MESH_PORT=$mesh_port
 ports=("$api_port" "$agent_port" "$registry_port" "$http_port" "$https_port" "$git_port")
 agent_dir=$root/var/lib/cloudweb-agent
 node_id=''
@@ -173,6 +182,17 @@ grep -q "example app:  https://$app.localhost:$https_port/" <<<"$output" || { ec
 grep -q "Deploy your own" <<<"$output" || fail "the installer did not say how to deploy an app"
 [ "$("$bin_dir/cloudweb-agent" --data-dir "$agent_dir" node-id)" = "$node_id" ] || fail "the second run changed the node's identity"
 
+# Mesh-only services: the registry listens on the mesh address alone, and
+# the example's instance port is published there, never on 0.0.0.0.
+say "the registry and the instance listen only on the mesh address"
+ip -4 -o address show dev "$mesh_interface" | grep -q 'inet 10\.77\.0\.1/16' || fail "$mesh_interface does not hold 10.77.0.1/16: $(ip -o address show dev "$mesh_interface" 2>&1)"
+listeners=$(ss -Htln "sport = :$registry_port" | awk '{print $4}')
+[ "$listeners" = "10.77.0.1:$registry_port" ] || fail "the registry listens on: $listeners"
+instance_ports=$(docker ps --filter "label=cloudweb.node=$node_id" --filter "label=cloudweb.app=$app" --format '{{.Ports}}')
+[ -n "$instance_ports" ] || fail "no instance of $app found"
+grep -qE '^10\.77\.0\.1:[0-9]+->' <<<"$instance_ports" || fail "the instance is published on: $instance_ports"
+! grep -qE '0\.0\.0\.0|\[::\]' <<<"$instance_ports" || fail "the instance is published on every interface: $instance_ports"
+
 say "fetching https://$app.localhost:$https_port/ through Caddy"
 caddy_root=$agent_dir/caddy/data/caddy/pki/authorities/local/root.crt
 [ -f "$caddy_root" ] || fail "no Caddy internal CA at $caddy_root"
@@ -202,7 +222,8 @@ uninstall_and_check() {
     done
     remaining=$(find "$root" -mindepth 1 -not -type d 2>/dev/null | head -5)
     [ -z "$remaining" ] || fail "files left: $remaining"
-    [ ! -e "/etc/docker/certs.d/127.0.0.1:$registry_port" ] || fail "the registry CA was left in /etc/docker/certs.d"
+    [ ! -e "/etc/docker/certs.d/10.77.0.1:$registry_port" ] || fail "the registry CA was left in /etc/docker/certs.d"
+    ! ip link show dev "$mesh_interface" >/dev/null 2>&1 || fail "the mesh interface $mesh_interface was left"
     # The build network and its bridge's firewall rules are shared by every
     # agent on the host: the uninstall keeps them while another one runs
     # (as during a parallel test run) and says so.

@@ -13,6 +13,7 @@ pub fn measure(data_dir: &Path) -> Heartbeat {
         health: None,
         metrics: None,
         ingress: None,
+        mesh_endpoint: None,
     }
 }
 

@@ -439,9 +439,39 @@ async fn start_app(runtime: &DockerRuntime, options: &DeployOptions, payload: &D
         nano_cpus: payload.limits.cpu.map(|cpu| (cpu * 1e9) as i64),
         memory_bytes: payload.limits.memory_bytes.map(|m| m as i64),
     };
+    wait_publish_address(&options.publish_ip).await?;
     let id = runtime.start_app(&spec).await?;
     logs.line("agent", format!("started {name}"));
     Ok(id)
+}
+
+/// How long a deploy waits for the publish address (the mesh address) to
+/// appear: the mesh interface comes up within seconds of the agent's start.
+const PUBLISH_ADDRESS_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits until the publish address is one of this host's, since Docker
+/// cannot publish a port on an address the host does not have. With the
+/// mesh on it is the mesh address, which exists only while the mesh
+/// interface is up. Not the deployment's fault when it does not come:
+/// the command is tried again.
+async fn wait_publish_address(publish_ip: &str) -> Result<(), Failure> {
+    let Ok(ip) = publish_ip.parse::<std::net::IpAddr>() else { return Ok(()) };
+    if ip.is_unspecified() || ip.is_loopback() {
+        return Ok(());
+    }
+    let started = Instant::now();
+    loop {
+        if std::net::TcpListener::bind((ip, 0)).is_ok() {
+            return Ok(());
+        }
+        if started.elapsed() > PUBLISH_ADDRESS_WAIT {
+            return Err(Failure::Retry(format!(
+                "the publish address {ip} is not on this host after {} s (is the mesh interface up?)",
+                PUBLISH_ADDRESS_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Waits for the instance to be healthy; when it is not, ships its last
@@ -464,7 +494,11 @@ async fn check_or_remove(runtime: &DockerRuntime, options: &DeployOptions, paylo
 /// exits at start (or exits and is restarted by its restart policy) fails
 /// the deploy within a probe interval, with its exit code and last output.
 async fn healthy_address(runtime: &DockerRuntime, options: &DeployOptions, payload: &DeployPayload, id: &str, logs: &LogShipper) -> Result<String, Failure> {
-    let probe_host = if options.publish_ip == "0.0.0.0" { "127.0.0.1" } else { options.publish_ip.as_str() };
+    let probe_host = match options.publish_ip.as_str() {
+        "0.0.0.0" => "127.0.0.1",
+        "::" => "::1",
+        ip => ip,
+    };
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
         .redirect(reqwest::redirect::Policy::none())

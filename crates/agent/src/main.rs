@@ -12,7 +12,7 @@ use cloudweb_agent::ingress::caddy::Launch;
 use cloudweb_agent::ingress::IngressOptions;
 use cloudweb_agent::identity::Identity;
 use cloudweb_agent::join::{join, JoinOptions};
-use cloudweb_agent::mesh::{MeshMode, MeshOptions};
+use cloudweb_agent::mesh::{EndpointSource, MeshMode, MeshOptions};
 use cloudweb_agent::run::{run, RunError, RunOptions, EXIT_REMOVED};
 
 #[derive(Parser)]
@@ -108,10 +108,14 @@ struct RunArgs {
     /// Builder for buildpacks (used when the pack CLI is installed).
     #[arg(long, default_value = "paketobuildpacks/builder-jammy-base")]
     buildpacks_builder: String,
-    /// Host address app ports are published on.
-    #[arg(long, default_value = "0.0.0.0")]
-    publish_ip: std::net::IpAddr,
-    /// Host other nodes use to reach this node's apps (default: its mesh address).
+    /// Host address app ports are published on (default: the node's mesh
+    /// address with the mesh on, 127.0.0.1 with it off). Never 0.0.0.0 by
+    /// default: an instance port open on every interface bypasses the
+    /// ingress and its TLS.
+    #[arg(long)]
+    publish_ip: Option<std::net::IpAddr>,
+    /// Host the ingress (on any node) uses to reach this node's apps
+    /// (default: the publish address).
     #[arg(long)]
     advertise_host: Option<String>,
     /// Accept file:// repositories (development and tests only).
@@ -153,6 +157,15 @@ struct RunArgs {
     /// UDP port the mesh listens on (the port of the join's --endpoint).
     #[arg(long, default_value_t = 51820, value_parser = clap::value_parser!(u16).range(1..))]
     mesh_listen_port: u16,
+    /// host:port other nodes reach this node's WireGuard at, sent with
+    /// every heartbeat (it replaces the join's --endpoint when it changed).
+    #[arg(long, conflicts_with = "mesh_endpoint_interface")]
+    mesh_endpoint: Option<String>,
+    /// Follow this interface's first IPv4 address as the endpoint host
+    /// (with --mesh-listen-port): a node whose public address changes
+    /// reports the new one within a heartbeat.
+    #[arg(long)]
+    mesh_endpoint_interface: Option<String>,
     /// The userspace WireGuard binary.
     #[arg(long, default_value = "wireguard-go")]
     wireguard_go: PathBuf,
@@ -219,7 +232,6 @@ fn real_main() -> anyhow::Result<()> {
                     }
                 }
                 let identity = Identity::load(&cli.data_dir)?;
-                let advertise_host = args.advertise_host.unwrap_or_else(|| identity.info.mesh_address.clone());
                 if args.http_port == 0 || args.https_port == 0 || args.http_port == args.https_port {
                     anyhow::bail!("--http-port and --https-port must be two different non-zero ports");
                 }
@@ -246,10 +258,39 @@ fn real_main() -> anyhow::Result<()> {
                             wireguard_go: resolve_binary(&args.wireguard_go),
                             key: cloudweb_agent::mesh::key::KeyPair::load(&cli.data_dir)?,
                             mesh_address,
+                            endpoint: match (&args.mesh_endpoint, &args.mesh_endpoint_interface) {
+                                (Some(endpoint), _) => {
+                                    cloudweb_protocol::validate::endpoint("--mesh-endpoint", endpoint).map_err(anyhow::Error::msg)?;
+                                    EndpointSource::Fixed(endpoint.clone())
+                                }
+                                (None, Some(interface)) => {
+                                    if !cloudweb_agent::mesh::device::valid_interface_name(interface) {
+                                        anyhow::bail!("--mesh-endpoint-interface must be an interface name");
+                                    }
+                                    EndpointSource::Interface(interface.clone())
+                                }
+                                (None, None) => EndpointSource::Joined,
+                            },
                             refresh: Duration::from_secs(args.poll_interval_seconds),
                             connected_within: Duration::from_secs(args.mesh_connected_seconds),
                         })
                     }
+                };
+                if mesh.is_none() && (args.mesh_endpoint.is_some() || args.mesh_endpoint_interface.is_some()) {
+                    anyhow::bail!("--mesh-endpoint and --mesh-endpoint-interface need --mesh-mode userspace");
+                }
+                let publish_ip = args.publish_ip.unwrap_or(match &mesh {
+                    Some(mesh) => std::net::IpAddr::V4(mesh.mesh_address),
+                    None => std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+                });
+                if publish_ip.is_unspecified() {
+                    tracing::warn!("--publish-ip {publish_ip}: instance ports are open on every interface, around the ingress and its TLS");
+                }
+                let advertise_host = match (args.advertise_host, &mesh) {
+                    (Some(host), _) => host,
+                    (None, _) if !publish_ip.is_unspecified() => publish_ip.to_string(),
+                    (None, Some(mesh)) => mesh.mesh_address.to_string(),
+                    (None, None) => anyhow::bail!("--publish-ip {publish_ip} needs --advertise-host (the address other nodes reach this one at)"),
                 };
                 if advertise_host.parse::<std::net::IpAddr>().is_err() {
                     cloudweb_protocol::validate::hostname("--advertise-host", &advertise_host).map_err(anyhow::Error::msg)?;
@@ -266,7 +307,7 @@ fn real_main() -> anyhow::Result<()> {
                         static_builder_image: args.static_builder_image,
                         static_server_image: args.static_server_image,
                         buildpacks_builder: args.buildpacks_builder,
-                        publish_ip: args.publish_ip.to_string(),
+                        publish_ip: publish_ip.to_string(),
                         advertise_host,
                         allow_file_repos: args.allow_file_repos,
                         docker_certs_dir: args.docker_certs_dir,

@@ -243,6 +243,7 @@ async fn heartbeat_loop(
             features.push(cloudweb_protocol::features::TRAFFIC_METRICS.to_string());
         }
         let registry = health.registry.lock().expect("health lock").clone();
+        heartbeat.mesh_endpoint = mesh.endpoint.lock().expect("mesh lock").clone();
         let mesh = mesh.health.lock().expect("mesh lock").clone();
         // Which WireGuard the mesh runs on, while it runs.
         if mesh.is_some() {

@@ -572,6 +572,13 @@ impl GitServer {
         self.port
     }
 
+    /// The bare repository of `repo` as a `file://` URL (for agents that
+    /// cannot reach the daemon on this host's loopback, e.g. in another
+    /// network namespace; needs `--allow-file-repos`).
+    pub fn file_url(&self, repo: &str) -> String {
+        format!("file://{}", self.repositories.join(format!("{repo}.git")).display())
+    }
+
     /// The clone URL of `repo`.
     pub fn url(&self, repo: &str) -> String {
         format!("git://127.0.0.1:{}/{repo}.git", self.port)

@@ -6,6 +6,7 @@
 //! fails.
 
 use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
@@ -146,4 +147,110 @@ impl Lan {
 pub fn unique_prefix() -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     format!("cw{:04x}{:02x}", std::process::id() & 0xffff, (nanos >> 12) & 0xff)
+}
+
+/// A Docker Engine of a namespace's own: `dockerd` entered into the
+/// namespace's network only (`nsenter --net`; `ip netns exec` would mount
+/// a fresh /sys and hide the cgroup hierarchy dockerd needs), with its
+/// own data root, exec root (so its own containerd), pid file, socket and
+/// `docker0` inside the namespace, and the vfs storage driver (no
+/// overlay mounts to clean up). Images come from the host's engine
+/// (`docker save | docker load`). On drop its containers are removed and
+/// it is stopped; what is left of its process group is killed.
+pub struct NsDocker {
+    pub socket: PathBuf,
+    process: Option<crate::Process>,
+}
+
+impl NsDocker {
+    /// Starts it for namespace `ns`, keeping everything under `dir`, and
+    /// waits (up to 60 s) until it answers.
+    pub fn start(ns: &Netns, dir: &Path) -> Result<NsDocker> {
+        std::fs::create_dir_all(dir)?;
+        // An empty configuration: the host's /etc/docker/daemon.json sets
+        // the data root and storage driver, which the flags set here.
+        let config = dir.join("daemon.json");
+        std::fs::write(&config, "{}")?;
+        let socket = dir.join("docker.sock");
+        let path = |p: &str| dir.join(p).display().to_string();
+        let args: Vec<String> = vec![
+            format!("--net=/run/netns/{}", ns.name),
+            "dockerd".into(),
+            "--config-file".into(),
+            config.display().to_string(),
+            "--data-root".into(),
+            path("root"),
+            "--exec-root".into(),
+            path("exec"),
+            "--pidfile".into(),
+            path("dockerd.pid"),
+            "-H".into(),
+            format!("unix://{}", socket.display()),
+            "--storage-driver".into(),
+            "vfs".into(),
+        ];
+        let process = crate::Process::spawn(Path::new("nsenter"), &args, dir.join("dockerd.log"))?;
+        let docker = NsDocker { socket, process: Some(process) };
+        let started = std::time::Instant::now();
+        while docker.docker(&["info", "--format", "{{.Driver}}"]).is_err() {
+            if started.elapsed() > std::time::Duration::from_secs(60) {
+                bail!("dockerd in {} did not answer within 60 s:\n{}", ns.name, docker.log_text());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        Ok(docker)
+    }
+
+    /// `unix://…`, for `--docker-host`.
+    pub fn host(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    /// The docker CLI against this engine.
+    pub fn docker(&self, args: &[&str]) -> Result<String> {
+        let host = self.host();
+        let mut all = vec!["-H", host.as_str()];
+        all.extend_from_slice(args);
+        run("docker", &all)
+    }
+
+    /// Copies `image` from the host's engine.
+    pub fn load_from_host(&self, image: &str) -> Result<()> {
+        let save = Command::new("docker").args(["save", image]).stdout(Stdio::piped()).spawn().context("docker save")?;
+        let output = Command::new("docker")
+            .args(["-H", &self.host(), "load", "--quiet"])
+            .stdin(save.stdout.context("docker save output")?)
+            .output()
+            .context("docker load")?;
+        if !output.status.success() {
+            bail!("loading {image}: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        Ok(())
+    }
+
+    pub fn log_text(&self) -> String {
+        self.process.as_ref().map(|p| p.log_text()).unwrap_or_default()
+    }
+}
+
+impl Drop for NsDocker {
+    fn drop(&mut self) {
+        if let Ok(ids) = self.docker(&["ps", "-aq"]) {
+            let ids: Vec<&str> = ids.split_whitespace().collect();
+            if !ids.is_empty() {
+                let mut args = vec!["rm", "-f"];
+                args.extend(ids);
+                let _ = self.docker(&args);
+            }
+        }
+        if let Some(mut process) = self.process.take() {
+            // SIGTERM: dockerd stops its containerd; then the group goes.
+            process.signal("TERM");
+            let started = std::time::Instant::now();
+            while process.is_running() && started.elapsed() < std::time::Duration::from_secs(20) {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            process.kill();
+        }
+    }
 }

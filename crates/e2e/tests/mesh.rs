@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use cloudweb_e2e::netns::{unique_prefix, Lan};
-use cloudweb_e2e::{bin, wait_for, Process};
+use cloudweb_e2e::netns::{unique_prefix, Lan, NsDocker};
+use cloudweb_e2e::{bin, caddy_bin, ensure_images, free_port, wait_for, GitServer, Process};
 use serde_json::Value;
 
 const AGENT_PORT: u16 = 8443;
@@ -24,6 +24,10 @@ struct MeshAgent {
     node_id: String,
     interface: String,
     process: Option<Process>,
+    /// Runs with `--mesh-endpoint-interface eth0`.
+    follow_eth0: bool,
+    /// Joined with `--ingress`.
+    ingress: bool,
 }
 
 /// The harness kills agents with SIGKILL to their whole process group, so
@@ -40,10 +44,45 @@ impl Drop for MeshAgent {
 /// Field order is drop order: processes go before their namespaces.
 struct MeshCluster {
     agents: Vec<MeshAgent>,
+    /// Docker Engines by bridge port; they go after the agents.
+    dockers: Vec<(usize, NsDocker)>,
     server: Process,
     lan: Lan,
     admin_token: String,
+    /// Where the registry listens on 10.77.0.1 (a port of this run's own:
+    /// every Engine reads its CA from /etc/docker/certs.d/10.77.0.1:<port>).
+    registry_port: u16,
     tmp: tempfile::TempDir,
+}
+
+impl Drop for MeshCluster {
+    fn drop(&mut self) {
+        if !self.dockers.is_empty() {
+            let _ = std::fs::remove_dir_all(format!("/etc/docker/certs.d/10.77.0.1:{}", self.registry_port));
+        }
+    }
+}
+
+/// What a test's cluster has besides its nodes.
+#[derive(Default)]
+struct Setup {
+    /// Bridge ports (1 to `nodes`) that sit behind a masquerading router
+    /// and join without an endpoint.
+    natted: Vec<usize>,
+    /// The control plane's host runs an agent too, joined first (so it is
+    /// 10.77.0.1), as `agents[0]` named `control`.
+    control_plane_node: bool,
+    /// The control plane runs the image registry on 10.77.0.1:5000.
+    registry: bool,
+    /// Bridge ports whose agent reports its endpoint from its `eth0`
+    /// address (`--mesh-endpoint-interface eth0`).
+    follow_eth0: Vec<usize>,
+    /// Bridge ports that get a Docker Engine of their own (the others'
+    /// agents point at a socket that does not exist).
+    docker: Vec<usize>,
+    /// Bridge ports whose node joins with `--ingress` (Caddy on 80/443 in
+    /// its namespace).
+    ingress: Vec<usize>,
 }
 
 impl MeshCluster {
@@ -51,6 +90,11 @@ impl MeshCluster {
     /// `natted` sit behind a masquerading router and join without an
     /// endpoint.
     async fn start(nodes: usize, natted: &[usize]) -> Result<MeshCluster> {
+        MeshCluster::start_with(nodes, Setup { natted: natted.to_vec(), ..Setup::default() }).await
+    }
+
+    async fn start_with(nodes: usize, setup: Setup) -> Result<MeshCluster> {
+        let natted = setup.natted.as_slice();
         let prefix = unique_prefix();
         let mut lan = Lan::new(&prefix, nodes + 1)?;
         let mut ns_of: Vec<usize> = (0..=nodes).collect();
@@ -60,7 +104,12 @@ impl MeshCluster {
         let tmp = tempfile::tempdir()?;
         let data = tmp.path().join("server");
         let server_address = Lan::address(0);
-        let args: Vec<String> = [
+        let registry_port = free_port();
+        let mut dockers = Vec::new();
+        for &i in &setup.docker {
+            dockers.push((i, NsDocker::start(&lan.members[ns_of[i]], &tmp.path().join(format!("docker-{i}")))?));
+        }
+        let mut args: Vec<String> = [
             "serve",
             "--data-dir",
             &data.display().to_string(),
@@ -72,23 +121,32 @@ impl MeshCluster {
             &format!("https://{server_address}:{AGENT_PORT}"),
             "--unreachable-after-seconds",
             "5",
+            "--allow-file-repos",
+            "--base-domain",
+            "test",
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if setup.registry {
+            // On the control plane node's mesh address, which does not
+            // exist yet: the registry starts once that node's agent is up.
+            args.extend(["--registry-bin".into(), "/usr/bin/docker-registry".into(), "--registry-listen".into(), format!("10.77.0.1:{registry_port}")]);
+        }
         let server_bin = bin("cloudweb-server").display().to_string();
         let server = Process::spawn("ip".as_ref(), &lan.members[0].wrap(&server_bin, &args), tmp.path().join("server.log"))?;
-        let mut cluster = MeshCluster { agents: Vec::new(), server, lan, admin_token: String::new(), tmp };
+        let mut cluster = MeshCluster { agents: Vec::new(), dockers, server, lan, admin_token: String::new(), registry_port, tmp };
         wait_for(Duration::from_secs(20), "the control plane", || async {
             cluster.lan.members[0].exec("curl", &["-sf", &format!("http://127.0.0.1:{API_PORT}/healthz")]).ok()
         })
         .await
         .with_context(|| cluster.server.log_text())?;
         cluster.admin_token = std::fs::read_to_string(data.join("admin-token"))?.trim().to_string();
-        for (index, &ns) in ns_of.iter().enumerate().skip(1) {
+        let first = if setup.control_plane_node { 0 } else { 1 };
+        for (index, &ns) in ns_of.iter().enumerate().skip(first) {
             let (status, body) = cluster.api("POST", "/api/join-tokens").await?;
             assert_eq!(status, 201, "{body}");
-            let name = format!("node-{index}");
+            let name = if index == 0 { "control".to_string() } else { format!("node-{index}") };
             let dir = cluster.tmp.path().join(&name);
             let mut agent_args: Vec<String> = [
                 "--data-dir",
@@ -106,6 +164,9 @@ impl MeshCluster {
             .iter()
             .map(|s| s.to_string())
             .collect();
+            if setup.ingress.contains(&index) {
+                agent_args.push("--ingress".to_string());
+            }
             if !natted.contains(&index) {
                 agent_args.extend(["--endpoint".to_string(), format!("{}:51820", Lan::address(index))]);
             }
@@ -121,6 +182,8 @@ impl MeshCluster {
                 node_id: info["node_id"].as_str().unwrap().to_string(),
                 interface: format!("{prefix}w{index}"),
                 process: None,
+                follow_eth0: setup.follow_eth0.contains(&index),
+                ingress: setup.ingress.contains(&index),
             };
             cluster.start_agent(&mut agent)?;
             cluster.agents.push(agent);
@@ -129,22 +192,39 @@ impl MeshCluster {
     }
 
     fn start_agent(&self, agent: &mut MeshAgent) -> Result<()> {
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             "--data-dir",
             &agent.dir.display().to_string(),
             "run",
             "--heartbeat-interval-seconds",
             "1",
-            "--publish-ip",
-            "127.0.0.1",
             "--mesh-mode",
             "userspace",
             "--mesh-interface",
             &agent.interface,
+            "--health-interval-seconds",
+            "1",
+            "--allow-file-repos",
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
+        match self.dockers.iter().find(|(i, _)| *i == agent.index) {
+            // Its Engine reads the registry CA from the host's directory.
+            Some((_, docker)) => args.extend(["--docker-host".into(), docker.host()]),
+            None => args.extend([
+                "--docker-host".into(),
+                format!("unix://{}", agent.dir.join("no-docker.sock").display()),
+                "--docker-certs-dir".into(),
+                agent.dir.join("certs.d").display().to_string(),
+            ]),
+        }
+        if agent.ingress {
+            args.extend(["--caddy-bin".into(), caddy_bin().display().to_string()]);
+        }
+        if agent.follow_eth0 {
+            args.extend(["--mesh-endpoint-interface".into(), "eth0".into()]);
+        }
         let log = self.tmp.path().join(format!("{}-{}.log", agent.name, std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos()));
         let argv = self.lan.members[agent.ns].wrap(&bin("cloudweb-agent").display().to_string(), &args);
         agent.process = Some(Process::spawn("ip".as_ref(), &argv, log)?);
@@ -161,6 +241,29 @@ impl MeshCluster {
                 method,
                 "-H",
                 &format!("authorization: Bearer {}", self.admin_token),
+                "-w",
+                "\n%{http_code}",
+                &format!("http://127.0.0.1:{API_PORT}{path}"),
+            ],
+        )?;
+        let (body, status) = out.trim_end().rsplit_once('\n').unwrap_or(("", out.trim()));
+        Ok((status.parse()?, serde_json::from_str(body).unwrap_or(Value::Null)))
+    }
+
+    /// A user API call with a JSON body.
+    async fn api_json(&self, method: &str, path: &str, body: &Value) -> Result<(u16, Value)> {
+        let out = self.lan.members[0].exec(
+            "curl",
+            &[
+                "-s",
+                "-X",
+                method,
+                "-H",
+                &format!("authorization: Bearer {}", self.admin_token),
+                "-H",
+                "content-type: application/json",
+                "--data",
+                &body.to_string(),
                 "-w",
                 "\n%{http_code}",
                 &format!("http://127.0.0.1:{API_PORT}{path}"),
@@ -412,5 +515,218 @@ async fn nat_scenario(cluster: &MeshCluster) -> Result<()> {
         (mesh["peers"] == 2 && mesh["connected"] == 2).then_some(())
     })
     .await?;
+    Ok(())
+}
+
+/// The control plane's host is a mesh member at 10.77.0.1 and the image
+/// registry listens there alone: the control plane starts before that
+/// address exists (its own agent joins through it) and starts the
+/// registry once it appears; another node reaches the registry over the
+/// mesh, with the cluster CA, and not at the control plane's own address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registry_listens_only_on_the_control_plane_nodes_mesh_address() {
+    let cluster = MeshCluster::start_with(2, Setup { control_plane_node: true, registry: true, ..Setup::default() }).await.unwrap();
+    if let Err(err) = registry_scenario(&cluster).await {
+        panic!("{err:#}\n{}", cluster.logs());
+    }
+}
+
+async fn registry_scenario(cluster: &MeshCluster) -> Result<()> {
+    let control = &cluster.agents[0];
+    assert_eq!(control.ns, 0, "the control plane node shares the control plane's namespace");
+    assert_eq!(cluster.mesh_address(control), "10.77.0.1");
+    let node = &cluster.agents[1];
+    let ca = node.dir.join("ca.crt");
+    let registry_over_mesh = format!("https://10.77.0.1:{}/v2/", cluster.registry_port);
+    // Any HTTP answer (401: credentials needed) means it is there, and TLS
+    // with the cluster CA for 10.77.0.1 worked.
+    let curl_status = |ns: usize, url: &str| -> Result<String> {
+        cluster.lan.members[ns].exec(
+            "curl",
+            &["-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "3", "--cacert", &ca.display().to_string(), url],
+        )
+    };
+    wait_for(Duration::from_secs(60), "the registry to answer node-1 over the mesh", || async {
+        (curl_status(node.ns, &registry_over_mesh).ok()?.trim() == "401").then_some(())
+    })
+    .await?;
+    // Only 10.77.0.1:5000 listens: not the control plane's LAN address,
+    // not loopback, not every interface.
+    let listeners = cluster.lan.members[0].exec("ss", &["-Htln", &format!("sport = :{}", cluster.registry_port)])?;
+    let local: Vec<&str> = listeners.lines().filter_map(|l| l.split_whitespace().nth(3)).collect();
+    assert_eq!(local, [format!("10.77.0.1:{}", cluster.registry_port)], "{listeners}");
+    for url in [format!("https://{}:{}/v2/", Lan::address(0), cluster.registry_port), format!("https://127.0.0.1:{}/v2/", cluster.registry_port)] {
+        let ns = if url.contains("127.0.0.1") { 0 } else { node.ns };
+        let refused = cluster.lan.members[ns].exec("curl", &["-s", "-k", "--max-time", "3", &url]);
+        assert!(refused.is_err(), "{url} answered: {refused:?}");
+    }
+    // The node's own registry check (from its namespace) agrees.
+    wait_for(Duration::from_secs(30), "node-1 to report the registry reachable", || async {
+        let (status, view) = cluster.api("GET", &format!("/api/nodes/{}", node.node_id)).await.ok()?;
+        (status == 200 && view["health_report"]["registry"]["reachable"] == true).then_some(())
+    })
+    .await?;
+    // The control plane node counts in every other node's mesh.
+    wait_for(Duration::from_secs(30), "node-1 and node-2 to be connected to the control plane node", || async {
+        let all = cluster.agents[1..].iter().all(|a| cluster.connected(a, "control") == Some(true));
+        all.then_some(())
+    })
+    .await?;
+    Ok(())
+}
+
+/// A node whose own address changes reports the new endpoint with its
+/// heartbeats; the control plane passes it on in a `peers` event and the
+/// others dial the new address; every pair talks again, from the moved
+/// node first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_address_changes_is_reached_at_the_new_one() {
+    let cluster = MeshCluster::start_with(3, Setup { follow_eth0: vec![3], ..Setup::default() }).await.unwrap();
+    if let Err(err) = moved_scenario(&cluster).await {
+        panic!("{err:#}\n{}", cluster.logs());
+    }
+}
+
+async fn moved_scenario(cluster: &MeshCluster) -> Result<()> {
+    all_pairs_ping(cluster, &[0, 1, 2]).await?;
+    let moving = &cluster.agents[2];
+    let old = format!("{}:51820", Lan::address(3));
+    let new_ip = "192.0.2.42";
+    let new = format!("{new_ip}:51820");
+    wait_for(Duration::from_secs(20), "node-3's reported endpoint", || async {
+        let (_, view) = cluster.api("GET", &format!("/api/nodes/{}", moving.node_id)).await.ok()?;
+        (view["mesh_endpoint"] == old.as_str()).then_some(())
+    })
+    .await?;
+    let ns = &cluster.lan.members[moving.ns];
+    // Old one out first: deleting a primary address takes the secondary
+    // addresses of its subnet with it.
+    ns.ip(&["address", "delete", &format!("{}/24", Lan::address(3)), "dev", "eth0"])?;
+    ns.ip(&["address", "add", &format!("{new_ip}/24"), "dev", "eth0"])?;
+    // Its heartbeat in flight on the connection from the lost address
+    // times out first (30 s); the next one goes out from the new address.
+    wait_for(Duration::from_secs(90), "the control plane to hold node-3's new endpoint", || async {
+        let (_, view) = cluster.api("GET", &format!("/api/nodes/{}", moving.node_id)).await.ok()?;
+        (view["mesh_endpoint"] == new.as_str()).then_some(())
+    })
+    .await?;
+    let key = public_key(moving);
+    for other in &cluster.agents[..2] {
+        wait_for(Duration::from_secs(30), &format!("{}'s interface to dial node-3 at {new}", other.name), || async {
+            let endpoints = cluster.lan.members[other.ns].exec("wg", &["show", &other.interface, "endpoints"]).ok()?;
+            endpoints.lines().any(|l| l.starts_with(&key) && l.ends_with(&new)).then_some(())
+        })
+        .await?;
+    }
+    // Both ways, from node-3 first.
+    all_pairs_ping(cluster, &[2, 0, 1]).await?;
+    Ok(())
+}
+
+const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n";
+
+/// Everything over the mesh, each node with a Docker Engine of its own in
+/// its namespace: a deploy built on node-1 (pushed to the registry on
+/// 10.77.0.1), moved to node-2 (pulled from there), served by the ingress
+/// on node-3, which proxies to node-2's mesh address. node-2 publishes the
+/// instance port on its mesh address alone, and the registry does not
+/// answer at the control plane's own address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deploy_built_on_one_node_runs_on_another_and_is_served_by_a_third() {
+    ensure_images().unwrap();
+    let setup = Setup { control_plane_node: true, registry: true, docker: vec![1, 2, 3], ingress: vec![3], ..Setup::default() };
+    let cluster = MeshCluster::start_with(3, setup).await.unwrap();
+    let git = GitServer::start(cluster.tmp.path()).unwrap();
+    if let Err(err) = deploy_scenario(&cluster, &git).await {
+        let mut engines = String::new();
+        for (i, docker) in &cluster.dockers {
+            engines.push_str(&format!("\n--- dockerd {i}\n{}", docker.log_text().lines().rev().take(30).collect::<Vec<_>>().join("\n")));
+        }
+        panic!("{err:#}\n{}{engines}", cluster.logs());
+    }
+}
+
+fn engine_of(cluster: &MeshCluster, index: usize) -> &NsDocker {
+    &cluster.dockers.iter().find(|(i, _)| *i == index).expect("an engine").1
+}
+
+async fn deploy_scenario(cluster: &MeshCluster, git: &GitServer) -> Result<()> {
+    let [control, builder, runner, edge] = [&cluster.agents[0], &cluster.agents[1], &cluster.agents[2], &cluster.agents[3]];
+    let engine = |agent: &MeshAgent| engine_of(cluster, agent.index);
+    for agent in [builder, runner] {
+        engine(agent).load_from_host("cloudweb-test/busybox:latest")?;
+    }
+    for agent in [builder, runner, edge] {
+        wait_for(Duration::from_secs(60), &format!("{} to be ready and reach the registry", agent.name), || async {
+            let (_, view) = cluster.api("GET", &format!("/api/nodes/{}", agent.node_id)).await.ok()?;
+            (view["state"] == "ready" && view["health_report"]["registry"]["reachable"] == true).then_some(())
+        })
+        .await?;
+    }
+    // Only node-1 may take the instance at first.
+    for agent in [control, runner, edge] {
+        let (status, body) = cluster.api("POST", &format!("/api/nodes/{}/drain", agent.node_id)).await?;
+        assert_eq!(status, 200, "{body}");
+    }
+    let app = "meshweb";
+    git.commit(app, &[("Dockerfile", DOCKERFILE), ("index.html", "served over the mesh")], "first")?;
+    let body = serde_json::json!({"name": app, "repo_url": git.file_url(app), "port": 8080, "health_timeout_seconds": 60});
+    let (status, created) = cluster.api_json("POST", "/api/apps", &body).await?;
+    assert_eq!(status, 201, "{created}");
+    let (status, deployment) = cluster.api_json("POST", &format!("/api/apps/{app}/deploy"), &serde_json::json!({})).await?;
+    assert_eq!(status, 201, "{deployment}");
+    let id = deployment["id"].as_str().context("deployment id")?.to_string();
+    let built = wait_for(Duration::from_secs(300), "the deployment to settle", || async {
+        let (_, d) = cluster.api("GET", &format!("/api/deployments/{id}")).await.ok()?;
+        matches!(d["state"].as_str(), Some("running" | "failed")).then_some(d)
+    })
+    .await?;
+    assert_eq!(built["state"], "running", "{built}");
+    assert_eq!(built["instances"][0]["node_id"], builder.node_id.as_str(), "{built}");
+    let image = built["image"].as_str().context("image")?.to_string();
+    assert!(image.starts_with(&format!("10.77.0.1:{}/", cluster.registry_port)), "pushed to the registry on the mesh: {image}");
+
+    // Move it: node-2 may take it, node-1 drains. node-2 pulls the image.
+    let (status, body) = cluster.api("POST", &format!("/api/nodes/{}/undrain", runner.node_id)).await?;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = cluster.api("POST", &format!("/api/nodes/{}/drain", builder.node_id)).await?;
+    assert_eq!(status, 200, "{body}");
+    let runner_mesh = cluster.mesh_address(runner);
+    let address = wait_for(Duration::from_secs(240), "the instance to run on node-2", || async {
+        let (_, list) = cluster.api("GET", &format!("/api/apps/{app}/deployments")).await.ok()?;
+        let running = list["deployments"].as_array()?.iter().find(|d| d["state"] == "running")?.clone();
+        let (_, d) = cluster.api("GET", &format!("/api/deployments/{}", running["id"].as_str()?)).await.ok()?;
+        let instance = d["instances"].as_array()?.iter().find(|i| i["node_id"] == runner.node_id.as_str() && i["state"] == "running")?.clone();
+        instance["address"].as_str().map(str::to_string)
+    })
+    .await?;
+    let images = engine(runner).docker(&["images", "--format", "{{.Repository}}:{{.Tag}}"])?;
+    assert!(images.lines().any(|l| l == image), "node-2 pulled {image}: {images}");
+    // The route table points at node-2's mesh address, where the port is
+    // published (and nowhere else).
+    let (host, port) = address.rsplit_once(':').context("host:port")?;
+    assert_eq!(host, runner_mesh, "{address}");
+    let published = engine(runner).docker(&["ps", "--filter", &format!("label=cloudweb.app={app}"), "--format", "{{.Ports}}"])?;
+    assert!(published.trim().starts_with(&format!("{runner_mesh}:{port}->8080/tcp")), "{published}");
+    assert!(!published.contains("0.0.0.0") && !published.contains(":::"), "{published}");
+    let edge_ns = &cluster.lan.members[edge.ns];
+    let over_mesh = edge_ns.exec("curl", &["-sf", "--max-time", "5", &format!("http://{address}/")])?;
+    assert!(over_mesh.contains("served over the mesh"), "{over_mesh}");
+    let direct = edge_ns.exec("curl", &["-s", "--max-time", "3", &format!("http://{}:{port}/", Lan::address(runner.index))]);
+    assert!(direct.is_err(), "the instance answered on node-2's LAN address: {direct:?}");
+    // The ingress on node-3 serves it through the mesh.
+    let host_name = format!("{app}.test");
+    let resolve = format!("{host_name}:443:{}", Lan::address(edge.index));
+    let url = format!("https://{host_name}/");
+    let builder_ns = &cluster.lan.members[builder.ns];
+    let page = wait_for(Duration::from_secs(60), "the ingress on node-3 to serve the app", || async {
+        let page = builder_ns.exec("curl", &["-sfk", "--max-time", "5", "--resolve", &resolve, &url]).ok()?;
+        page.contains("served over the mesh").then_some(page)
+    })
+    .await?;
+    assert!(page.contains("served over the mesh"));
+    // The registry is not on the control plane's LAN address.
+    let registry = builder_ns.exec("curl", &["-sk", "--max-time", "3", &format!("https://{}:{}/v2/", Lan::address(0), cluster.registry_port)]);
+    assert!(registry.is_err(), "the registry answered on the control plane's LAN address: {registry:?}");
     Ok(())
 }

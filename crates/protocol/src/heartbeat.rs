@@ -25,6 +25,11 @@ pub struct Heartbeat {
     /// Sent by nodes that run the ingress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ingress: Option<IngressStatus>,
+    /// `host:port` other nodes reach this node's WireGuard at now, when the
+    /// agent knows it (`run --mesh-endpoint` or `--mesh-endpoint-interface`).
+    /// The control plane updates the node's peer entry when it changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh_endpoint: Option<String>,
 }
 
 /// What the ingress of a node serves.
@@ -149,6 +154,14 @@ impl Heartbeat {
     }
 
     /// Checks the `ingress` block alone.
+    /// Checks `mesh_endpoint` alone.
+    pub fn validate_mesh_endpoint(&self) -> Result<(), ValidationError> {
+        match &self.mesh_endpoint {
+            Some(endpoint) => validate::endpoint("mesh_endpoint", endpoint),
+            None => Ok(()),
+        }
+    }
+
     pub fn validate_ingress(&self) -> Result<(), ValidationError> {
         if let Some(error) = self.ingress.as_ref().and_then(|i| i.error.as_ref()) {
             validate::bounded_text("ingress.error", error, 1024)?;

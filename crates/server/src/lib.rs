@@ -278,10 +278,19 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
     let mut tasks = Vec::new();
     tokio::task::spawn_blocking(auth::users::warm_up);
     if let (Some(settings), Some(credentials)) = (state.config.registry.clone(), state.registry_credentials.clone()) {
-        let registered: HashSet<String> = state.nodes.all().into_iter().map(|n| n.id).collect();
-        let running = registry::start(&settings, &state.config.data_dir, &state.ca, &credentials, &registered, state.clock.now()).await?;
-        *state.registry.write().expect("registry lock") = running.agent_config.clone();
-        tasks.push(tokio::spawn(registry::supervise(running, credentials)));
+        if registry::listen_address_present(settings.listen) {
+            let registered: HashSet<String> = state.nodes.all().into_iter().map(|n| n.id).collect();
+            let running = registry::start(&settings, &state.config.data_dir, &state.ca, &credentials, &registered, state.clock.now()).await?;
+            *state.registry.write().expect("registry lock") = running.agent_config.clone();
+            tasks.push(tokio::spawn(registry::supervise(running, credentials)));
+        } else {
+            // Listening only on the mesh: the address comes with this
+            // host's agent, which joins through this control plane, so the
+            // registry starts once it is there. Agents learn the address
+            // now; pushes and pulls retry until it answers.
+            *state.registry.write().expect("registry lock") = registry::agent_config(&settings, &state.ca);
+            tasks.push(tokio::spawn(deferred_registry(state.clone(), settings, credentials)));
+        }
     }
 
     let agent_router = agent_api::router(state.clone());
@@ -300,6 +309,22 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
     ]);
     tracing::info!(%agent_addr, %api_addr, ca_sha256 = %state.ca.fingerprint(), "control plane listening");
     Ok(RunningServer { agent_addr, api_addr, state, tasks })
+}
+
+/// Starts the registry once its listen address exists, then supervises it.
+/// A start that fails is tried again a minute later.
+async fn deferred_registry(state: Arc<AppState>, settings: registry::RegistrySettings, credentials: Arc<registry_credentials::Credentials>) {
+    loop {
+        registry::wait_for_listen_address(settings.listen).await;
+        let registered: HashSet<String> = state.nodes.all().into_iter().map(|n| n.id).collect();
+        match registry::start(&settings, &state.config.data_dir, &state.ca, &credentials, &registered, state.clock.now()).await {
+            Ok(running) => return registry::supervise(running, credentials).await,
+            Err(err) => {
+                tracing::error!(error = %err, "the image registry could not start; trying again in 60 s");
+                tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+            }
+        }
+    }
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {

@@ -232,6 +232,13 @@ impl NodeRegistry {
         }
     }
 
+    /// The node's WireGuard endpoint as peers see it.
+    pub fn set_endpoint(&self, id: &str, endpoint: &str) {
+        if let Some(node) = self.nodes.write().expect("node registry lock").get_mut(id) {
+            node.endpoint = Some(endpoint.to_string());
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.nodes.read().expect("node registry lock").len()
     }

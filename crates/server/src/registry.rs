@@ -112,19 +112,48 @@ pub async fn start(
     credentials.loaded(version);
     tracing::info!(listen = %settings.listen, advertise = %settings.advertise, "image registry running");
     Ok(RunningRegistry {
-        agent_config: RegistryConfig {
-            configured: true,
-            address: Some(settings.advertise.clone()),
-            ca: Some(ca.cert_pem().to_string()),
-            // Filled in per node by the handler.
-            username: None,
-            password: None,
-        },
+        agent_config: agent_config(settings, ca),
         command,
         child,
         listen: settings.listen,
         pid_file,
     })
+}
+
+/// What agents are told about the registry (credentials are added per node
+/// by the handler).
+pub fn agent_config(settings: &RegistrySettings, ca: &ClusterCa) -> RegistryConfig {
+    RegistryConfig {
+        configured: true,
+        address: Some(settings.advertise.clone()),
+        ca: Some(ca.cert_pem().to_string()),
+        username: None,
+        password: None,
+    }
+}
+
+/// Whether the registry's listen address is one of this host's addresses
+/// now (an unspecified address always is). The mesh address 10.77.0.1
+/// appears only once this host's own agent has brought the mesh interface
+/// up, which needs the control plane running first.
+pub fn listen_address_present(listen: SocketAddr) -> bool {
+    listen.ip().is_unspecified() || std::net::TcpListener::bind(SocketAddr::new(listen.ip(), 0)).is_ok()
+}
+
+/// Waits until the listen address exists on this host, saying every minute
+/// what it waits for. Ends when the address appears (or with the task).
+pub async fn wait_for_listen_address(listen: SocketAddr) {
+    let mut waited = Duration::ZERO;
+    while !listen_address_present(listen) {
+        if waited.as_secs() % 60 == 0 {
+            tracing::warn!(
+                address = %listen.ip(),
+                "the image registry waits for its listen address (the mesh address of this host, up once its agent runs the mesh)"
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        waited += Duration::from_secs(1);
+    }
 }
 
 fn replace_private(path: &Path, contents: &[u8]) -> Result<(), RegistryError> {

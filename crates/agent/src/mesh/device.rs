@@ -120,6 +120,20 @@ impl Device {
     }
 }
 
+/// The first IPv4 address on `interface`, from `ip -4 -o address show`.
+pub async fn first_ipv4(interface: &str) -> Result<Option<Ipv4Addr>, DeviceError> {
+    let output = ip(&["-4", "-o", "address", "show", "dev", interface]).await?;
+    Ok(parse_first_ipv4(&output))
+}
+
+fn parse_first_ipv4(output: &str) -> Option<Ipv4Addr> {
+    output.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        words.find(|w| *w == "inet")?;
+        words.next()?.split('/').next()?.parse().ok()
+    })
+}
+
 async fn link_exists(interface: &str) -> Result<bool, DeviceError> {
     match ip(&["link", "show", "dev", interface]).await {
         Ok(_) => Ok(true),
@@ -157,6 +171,15 @@ pub fn valid_interface_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn first_ipv4_of_ip_output() {
+        let output = "2: eth0    inet 192.0.2.7/24 brd 192.0.2.255 scope global eth0\\       valid_lft forever preferred_lft forever\n\
+                      2: eth0    inet 198.51.100.1/32 scope global eth0\n";
+        assert_eq!(parse_first_ipv4(output), Some(Ipv4Addr::new(192, 0, 2, 7)));
+        assert_eq!(parse_first_ipv4(""), None);
+        assert_eq!(parse_first_ipv4("2: eth0    inet bogus/24\n"), None);
+    }
 
     #[test]
     fn interface_names() {

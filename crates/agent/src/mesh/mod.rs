@@ -50,12 +50,29 @@ pub struct MeshOptions {
     pub refresh: Duration,
     /// Handshake age under which a peer counts as connected.
     pub connected_within: Duration,
+    /// Where the endpoint this node reports in its heartbeats comes from.
+    pub endpoint: EndpointSource,
+}
+
+/// The `host:port` other nodes reach this node's WireGuard at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndpointSource {
+    /// The join's `--endpoint` (or none, behind NAT); not re-sent.
+    Joined,
+    /// `run --mesh-endpoint`: sent with every heartbeat.
+    Fixed(String),
+    /// The first IPv4 address of this interface with the listen port, read
+    /// again every few seconds: a changed address is sent at the next
+    /// heartbeat, and the device rebinds its socket.
+    Interface(String),
 }
 
 /// What the heartbeat reads.
 #[derive(Default)]
 pub struct MeshShared {
     pub health: Mutex<Option<MeshHealth>>,
+    /// The endpoint to report, when the node knows it.
+    pub endpoint: Mutex<Option<String>>,
 }
 
 /// How often the device is read for `health.mesh`.
@@ -98,12 +115,19 @@ pub async fn run(client: Arc<ControlPlane>, options: MeshOptions, peers_changed:
         let mut healthy_since = tokio::time::Instant::now();
         // health.mesh waits for a peer list: 0/0 before it would be a lie.
         let mut synced = false;
+        // The address the device's socket was bound with (Interface mode).
+        let mut bound_address: Option<Ipv4Addr> = None;
         let exit = loop {
             tokio::select! {
                 why = device.exited() => break why,
                 _ = refresh.tick() => synced |= sync(&client, &options, &mut applied, &mut peers).await,
                 _ = peers_changed.notified() => synced |= sync(&client, &options, &mut applied, &mut peers).await,
-                _ = measure.tick(), if synced => measure_health(&options, &peers, &shared).await,
+                _ = measure.tick() => {
+                    follow_endpoint(&options, &shared, &mut bound_address).await;
+                    if synced {
+                        measure_health(&options, &peers, &shared).await;
+                    }
+                }
             }
             if healthy_since.elapsed() > Duration::from_secs(60) {
                 backoff = Duration::from_secs(1);
@@ -201,6 +225,41 @@ async fn resolve(endpoint: &str) -> Option<SocketAddr> {
     let found = tokio::time::timeout(Duration::from_secs(5), tokio::net::lookup_host(endpoint)).await.ok()?.ok()?;
     let all: Vec<SocketAddr> = found.collect();
     all.iter().find(|a| a.is_ipv4()).or(all.first()).copied()
+}
+
+/// Keeps the reported endpoint current. When the followed interface's
+/// address changed, the device's UDP socket is bound again (setting the
+/// listen port makes wireguard-go rebind and forget the source address it
+/// cached for every peer): a safeguard against sending from the lost
+/// address, which an earlier session reported; the namespace test passes
+/// without it too (see ARCHITECTURE.md).
+async fn follow_endpoint(options: &MeshOptions, shared: &MeshShared, bound: &mut Option<Ipv4Addr>) {
+    let endpoint = match &options.endpoint {
+        EndpointSource::Joined => None,
+        EndpointSource::Fixed(endpoint) => Some(endpoint.clone()),
+        EndpointSource::Interface(interface) => match device::first_ipv4(interface).await {
+            Ok(Some(address)) => {
+                if bound.is_some_and(|old| old != address) {
+                    tracing::info!(interface, %address, previous = %bound.expect("checked"), "this node's address changed; rebinding the mesh socket");
+                    if let Err(err) = uapi::set(&options.interface, &format!("listen_port={}\n", options.listen_port)).await {
+                        tracing::warn!("mesh: rebinding after the address change: {err}");
+                        return;
+                    }
+                }
+                *bound = Some(address);
+                Some(format!("{address}:{}", options.listen_port))
+            }
+            Ok(None) => {
+                tracing::warn!(interface, "mesh endpoint: the interface has no IPv4 address");
+                None
+            }
+            Err(err) => {
+                tracing::warn!(interface, "mesh endpoint: {err}");
+                None
+            }
+        },
+    };
+    *shared.endpoint.lock().expect("mesh lock") = endpoint;
 }
 
 async fn measure_health(options: &MeshOptions, peers: &[Peer], shared: &MeshShared) {

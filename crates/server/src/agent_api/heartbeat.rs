@@ -38,6 +38,11 @@ pub async fn heartbeat(
         tracing::warn!(node_id = %node_id, error = %err, "dropped an invalid ingress block");
         heartbeat.ingress = None;
     }
+    if let Err(err) = heartbeat.validate_mesh_endpoint() {
+        tracing::warn!(node_id = %node_id, error = %err, "dropped an invalid mesh endpoint");
+        heartbeat.mesh_endpoint = None;
+    }
+    let reported_endpoint = heartbeat.mesh_endpoint.clone();
     // The raw body is kept (in memory, per node) so an operator can see
     // exactly what an agent sends.
     state.last_bodies.lock().expect("last bodies lock").insert(node_id.clone(), body_text);
@@ -47,5 +52,25 @@ pub async fn heartbeat(
         return Err(ApiError::NodeNotRegistered(format!("node {node_id} is not registered with this control plane")));
     };
     state.heartbeats_total.fetch_add(1, Ordering::Relaxed);
+    if let Some(endpoint) = reported_endpoint {
+        update_endpoint(&state, &node_id, &endpoint).await?;
+    }
     Ok(Json(json!({ "node_id": node_id, "state": node_state.as_str() })))
+}
+
+/// A node whose WireGuard endpoint moved (its public address changed):
+/// stored, and every peer told through a `peers` event so it updates the
+/// tunnel. An unchanged endpoint costs nothing.
+async fn update_endpoint(state: &AppState, node_id: &str, endpoint: &str) -> Result<(), ApiError> {
+    let Some(node) = state.nodes.get(node_id) else { return Ok(()) };
+    if node.endpoint.as_deref() == Some(endpoint) {
+        return Ok(());
+    }
+    state.store.set_endpoint(node_id, endpoint).await.map_err(ApiError::from)?;
+    state.nodes.set_endpoint(node_id, endpoint);
+    tracing::info!(node_id, endpoint, previous = ?node.endpoint, "node's mesh endpoint changed");
+    if node.wireguard_public_key.is_some() {
+        state.hub.notify_all(cloudweb_protocol::events::PEERS);
+    }
+    Ok(())
 }

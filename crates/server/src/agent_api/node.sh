@@ -1,9 +1,15 @@
 #!/bin/sh
 # cloud-web node installer, served by the control plane at /node.sh.
 #
-#   join:       curl -fsSL --insecure --pinnedpubkey PIN URL/node.sh | sudo sh -s -- --join URL --token T --ca-sha256 H [--ingress] [--name N]
+#   join:       curl -fsSL --insecure --pinnedpubkey PIN URL/node.sh | sudo sh -s -- --join URL --token T --ca-sha256 H [--ingress] [--name N] [--endpoint HOST:PORT]
 #   update:     curl -fsSL --insecure --pinnedpubkey PIN URL/node.sh | sudo sh
 #   uninstall:  curl -fsSL --insecure --pinnedpubkey PIN URL/node.sh | sudo sh -s -- --uninstall --yes [--force]
+#
+# The node joins the cluster's WireGuard mesh (interface cw0, UDP port
+# 51820, userspace wireguard-go): --endpoint is the public host:port other
+# nodes reach this one at (leave it out behind NAT); --no-mesh runs without
+# it (a cluster of one host only). CLOUDWEB_MESH_INTERFACE and
+# CLOUDWEB_MESH_PORT override the interface name and port.
 #
 # It checks the host and the downloaded agent before it changes anything.
 # The agent pins the cluster CA by fingerprint before the token leaves this
@@ -20,13 +26,17 @@ UNIT=/etc/systemd/system/cloudweb-agent.service
 
 die() { echo "node.sh: $*" >&2; exit 1; }
 
-join='' token='' ca='' ingress='' name='' uninstall='' yes='' force=''
+join='' token='' ca='' ingress='' name='' uninstall='' yes='' force='' endpoint='' mesh=1
+MESH_INTERFACE=${CLOUDWEB_MESH_INTERFACE:-cw0}
+MESH_PORT=${CLOUDWEB_MESH_PORT:-51820}
 while [ $# -gt 0 ]; do
     case "$1" in
         --join) [ $# -ge 2 ] || die "--join needs a value"; join=$2; shift 2 ;;
         --token) [ $# -ge 2 ] || die "--token needs a value"; token=$2; shift 2 ;;
         --ca-sha256) [ $# -ge 2 ] || die "--ca-sha256 needs a value"; ca=$2; shift 2 ;;
         --name) [ $# -ge 2 ] || die "--name needs a value"; name=$2; shift 2 ;;
+        --endpoint) [ $# -ge 2 ] || die "--endpoint needs a value"; endpoint=$2; shift 2 ;;
+        --no-mesh) mesh=''; shift ;;
         --ingress) ingress=1; shift ;;
         --uninstall) uninstall=1; shift ;;
         --yes) yes=1; shift ;;
@@ -35,6 +45,26 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+case "$MESH_INTERFACE" in
+    ''|-*|.*|*[!A-Za-z0-9_.-]*) die "CLOUDWEB_MESH_INTERFACE must be 1 to 15 characters of A-Z a-z 0-9 _ . -" ;;
+esac
+[ "${#MESH_INTERFACE}" -le 15 ] || die "CLOUDWEB_MESH_INTERFACE must be at most 15 characters"
+case "$MESH_PORT" in
+    ''|*[!0-9]*) die "CLOUDWEB_MESH_PORT must be a port number" ;;
+esac
+{ [ "$MESH_PORT" -ge 1 ] && [ "$MESH_PORT" -le 65535 ]; } || die "CLOUDWEB_MESH_PORT must be a port number"
+
+# The mesh needs WireGuard; checked before anything is changed. The agent
+# drives userspace wireguard-go (kernel WireGuard alone is not enough yet).
+if [ -n "$mesh" ] && [ -z "$uninstall" ]; then
+    if ! command -v wireguard-go >/dev/null 2>&1; then
+        if [ -d /sys/module/wireguard ] || modinfo wireguard >/dev/null 2>&1; then
+            die "kernel WireGuard is present, but this agent runs the mesh with wireguard-go, which is not installed: apt-get install wireguard-go (nothing was changed)"
+        fi
+        die "neither kernel WireGuard nor wireguard-go is available; install wireguard-go (Debian/Ubuntu: apt-get install wireguard-go), then run this again (nothing was changed)"
+    fi
+    [ -c /dev/net/tun ] || die "wireguard-go needs /dev/net/tun, which this host lacks (load the tun module: modprobe tun); nothing was changed"
+fi
 [ "$(id -u)" = 0 ] || die "run as root (sudo sh)"
 { command -v systemctl >/dev/null && [ -d /run/systemd/system ]; } || die "systemd is required"
 
@@ -56,6 +86,13 @@ if [ -n "$uninstall" ]; then
         fi
     fi
     systemctl disable --now cloudweb-agent 2>/dev/null || true
+    # The mesh interface goes with its wireguard-go when the agent stops;
+    # one left by a crash is removed here (the name the unit used).
+    interface=$(sed -n 's/.*--mesh-interface \([A-Za-z0-9_.-]*\).*/\1/p' "$UNIT" 2>/dev/null | head -n 1)
+    interface=${interface:-$MESH_INTERFACE}
+    if ip link show dev "$interface" >/dev/null 2>&1; then
+        ip link delete dev "$interface" && echo "node.sh: removed the mesh interface $interface"
+    fi
     rm -f "$UNIT" "$BIN"
     rm -rf "$DATA"
     systemctl daemon-reload
@@ -66,7 +103,6 @@ fi
 { command -v docker >/dev/null && docker info >/dev/null 2>&1; } || die "a running Docker Engine is required"
 command -v curl >/dev/null || die "curl is required"
 command -v sha256sum >/dev/null || die "sha256sum is required"
-command -v wg >/dev/null || echo "node.sh: warning: wireguard-tools (wg) is not installed" >&2
 [ "$AGENT_SHA256" != "unavailable" ] || die "this control plane has no agent binary to offer (start it with --agent-binary)"
 
 tmp=$(mktemp -d)
@@ -82,12 +118,15 @@ if [ -n "$join" ]; then
     set -- --data-dir "$DATA" join --server "$join" --ca-sha256 "$ca"
     [ -z "$ingress" ] || set -- "$@" --ingress
     [ -z "$name" ] || set -- "$@" --name "$name"
+    [ -z "$endpoint" ] || set -- "$@" --endpoint "$endpoint"
     CLOUDWEB_JOIN_TOKEN=$token "$tmp/cloudweb-agent" "$@"
 else
     [ -f "$DATA/node.json" ] || die "this host has not joined a cluster; pass --join, --token and --ca-sha256"
 fi
 
 install -m 0755 "$tmp/cloudweb-agent" "$BIN"
+run_flags=''
+[ -z "$mesh" ] || run_flags="--mesh-mode userspace --mesh-interface $MESH_INTERFACE --mesh-listen-port $MESH_PORT"
 cat > "$UNIT" <<UNIT
 [Unit]
 Description=cloud-web node agent
@@ -95,7 +134,7 @@ After=network-online.target docker.service
 Wants=network-online.target
 
 [Service]
-ExecStart=$BIN --data-dir $DATA run
+ExecStart=$BIN --data-dir $DATA run $run_flags
 Restart=always
 RestartSec=2
 # 78: the agent's node was removed from the cluster; restarting cannot help.

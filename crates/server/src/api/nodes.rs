@@ -29,6 +29,8 @@ pub struct NodeView {
     eligible: bool,
     ingress: bool,
     mesh_address: String,
+    /// `host:port` other nodes reach its WireGuard at (none behind NAT).
+    mesh_endpoint: Option<String>,
     version: Option<String>,
     protocol: Option<i64>,
     joined_at: String,
@@ -77,6 +79,7 @@ fn view(state: &AppState, row: &NodeRow, now: Instant) -> NodeView {
         eligible: live.as_ref().is_some_and(|l| l.eligible(now, state.config.unreachable_after)),
         ingress: row.ingress,
         mesh_address: crate::mesh_address(row.mesh_index),
+        mesh_endpoint: live.as_ref().map_or_else(|| row.endpoint.clone(), |l| l.endpoint.clone()),
         version,
         protocol,
         joined_at: rfc3339_ms(row.joined_at),

@@ -251,6 +251,14 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
+    /// Records the WireGuard endpoint a node reported (its public address
+    /// changed). Returns whether the node exists.
+    pub async fn set_endpoint(&self, id: &str, endpoint: &str) -> Result<bool, StoreError> {
+        let result = sqlx::query("UPDATE nodes SET endpoint = $1 WHERE id = $2").bind(endpoint).bind(id).execute(&self.pool).await?;
+        self.count_commit();
+        Ok(result.rows_affected() == 1)
+    }
+
     /// Removes a node and its queued commands. Returns whether it existed.
     pub async fn delete_node(&self, id: &str) -> Result<bool, StoreError> {
         let mut tx = self.write_transaction().await?;
