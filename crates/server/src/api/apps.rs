@@ -230,6 +230,7 @@ pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>
     load(&state, &name).await?;
     crate::deploy::stop_app(&state, &name).await?;
     state.store.delete_app(&name).await?;
+    state.runtime_logs.forget(&name);
     crate::routes::app_changed(&state, &name).await?;
     tracing::info!(app = %name, "app deleted");
     Ok(StatusCode::NO_CONTENT)

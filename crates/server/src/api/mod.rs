@@ -6,6 +6,7 @@ mod deployments;
 mod join_tokens;
 mod metrics;
 mod nodes;
+mod runtime_logs;
 mod traffic;
 
 use std::sync::Arc;
@@ -36,6 +37,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/apps/{name}/deploy", post(apps::deploy))
         .route("/api/apps/{name}/rollback", post(apps::rollback))
         .route("/api/apps/{name}/deployments", get(deployments::of_app))
+        .route("/api/apps/{name}/logs", get(runtime_logs::logs))
         .route("/api/deployments/{id}", get(deployments::show))
         .route("/api/deployments/{id}/logs", get(deployments::logs))
         .route("/api/deployments/{id}/cancel", post(deployments::cancel))
