@@ -32,7 +32,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/nodes/{id}/undrain", post(nodes::undrain))
         .route("/api/apps", get(apps::list).post(apps::create))
         .route("/api/apps/{name}", get(apps::show).delete(apps::remove))
-        .route("/api/apps/{name}/env", axum::routing::put(apps::set_env))
+        .route("/api/apps/{name}/env", axum::routing::put(apps::set_env).patch(apps::patch_env))
         .route("/api/apps/{name}/domains", axum::routing::put(apps::set_domains))
         .route("/api/apps/{name}/deploy", post(apps::deploy))
         .route("/api/apps/{name}/rollback", post(apps::rollback))

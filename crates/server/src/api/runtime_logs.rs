@@ -105,10 +105,7 @@ pub async fn logs(
                 // this stream (a lagging receiver).
                 _ = tokio::time::sleep(Duration::from_secs(5)) => Ok("tick"),
             };
-            let deleted = match woke {
-                Ok("deleted") | Err(tokio::sync::broadcast::error::RecvError::Closed) => true,
-                _ => false,
-            };
+            let deleted = matches!(woke, Ok("deleted") | Err(tokio::sync::broadcast::error::RecvError::Closed));
             if deleted || cursor.state.store.app(&cursor.app).await.ok().flatten().is_none() {
                 cursor.done = true;
                 let end = Event::default().event("end").data(json!({"reason": "app deleted"}).to_string());
