@@ -34,6 +34,8 @@ impl Progress {
     fn clear(&mut self, out: &mut impl Write) {
         if self.tty && self.shown {
             let _ = write!(out, "\r\x1b[2K");
+            // Before anything goes to stderr (the failure message).
+            let _ = out.flush();
             self.shown = false;
         }
     }
