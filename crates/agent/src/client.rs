@@ -383,6 +383,14 @@ impl ControlPlane {
         self.send(self.http.post(self.url(paths::REPORT)).json(&report)).await.map(drop)
     }
 
+    /// Uploads runtime log lines (see [`crate::logs`]).
+    pub async fn upload_logs(&self, upload: &cloudweb_protocol::LogUpload) -> Result<cloudweb_protocol::LogUploadResponse, ClientError> {
+        let mut upload = upload.clone();
+        upload.sanitize();
+        let response = self.send(self.http.post(self.url(paths::LOGS)).json(&upload)).await?;
+        Self::json(response).await
+    }
+
     pub async fn leave(&self, force: bool) -> Result<LeaveResponse, ClientError> {
         let path = if force { format!("{}?force=1", paths::LEAVE) } else { paths::LEAVE.to_string() };
         let response = self.send(self.http.post(self.url(&path))).await?;

@@ -11,6 +11,7 @@ pub mod health;
 pub mod identity;
 pub mod ingress;
 pub mod join;
+pub mod logs;
 pub mod mesh;
 pub mod redact;
 pub mod run;

@@ -111,6 +111,7 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     if let Some(mesh_options) = options.mesh.clone() {
         tasks.push(tokio::spawn(crate::mesh::run(client.clone(), mesh_options, peers_changed.clone(), mesh.clone())));
     }
+    tasks.push(tokio::spawn(crate::logs::run(client.clone(), runtime.clone())));
     tasks.push(tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared, samples, health, mesh)));
     tasks.push(tokio::spawn(command_loop(client.clone(), executor, options, routes_changed, peers_changed)));
     // The loops run until one of these happens.

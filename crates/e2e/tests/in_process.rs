@@ -183,7 +183,7 @@ fn arbitrary_bodies_never_make_the_server_fail() {
         let node = cp.join("fuzz").await;
         (cp, node)
     });
-    let routes = ["/agent/v1/heartbeat", "/agent/v1/report", "/agent/v1/join", "/agent/v1/leave?force=maybe"];
+    let routes = ["/agent/v1/heartbeat", "/agent/v1/report", "/agent/v1/logs", "/agent/v1/join", "/agent/v1/leave?force=maybe"];
     let mut config = ProptestConfig::with_cases(200);
     config.failure_persistence = None;
     proptest!(config, |(body in arbitrary_json(), raw in prop::collection::vec(any::<u8>(), 0..256), route in 0..routes.len())| {

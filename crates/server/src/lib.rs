@@ -16,6 +16,7 @@ pub mod live;
 pub mod registry;
 pub mod registry_credentials;
 pub mod routes;
+pub mod runtime_logs;
 pub mod secrets;
 pub mod store;
 
@@ -51,6 +52,8 @@ pub struct AppState {
     pub hub: Hub,
     /// "New log lines" per deployment, for log streams.
     pub log_hub: Hub,
+    /// Recent stdout/stderr lines of every app's instances.
+    pub runtime_logs: runtime_logs::RuntimeLogs,
     /// SHA-256 digests of valid admin API tokens.
     pub admin_tokens: RwLock<HashSet<String>>,
     pub routes: RwLock<RouteTable>,
@@ -251,6 +254,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         nodes: NodeRegistry::default(),
         hub: Hub::default(),
         log_hub: Hub::default(),
+        runtime_logs: runtime_logs::RuntimeLogs::default(),
         admin_tokens: RwLock::new(admin_tokens),
         routes: RwLock::new(RouteTable { version: 0, routes: Vec::new() }),
         route_index: routes::Index::default(),

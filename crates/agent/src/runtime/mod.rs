@@ -6,6 +6,7 @@
 pub mod cgroup;
 mod containers;
 mod images;
+mod logs;
 mod usage;
 
 use std::collections::HashMap;
@@ -17,6 +18,7 @@ use bollard::Docker;
 
 pub use containers::{AppContainer, CaddyContainer, ContainerState, OneShot, BUILD_BRIDGE, BUILD_NETWORK};
 pub use images::{is_transient_registry_error, RegistryAuth};
+pub use logs::{AppInstance, OutputLine};
 pub use usage::{Sample, UsageTracker};
 
 pub const LABEL_NODE: &str = "cloudweb.node";

@@ -9,6 +9,7 @@ pub mod commands;
 mod heartbeat;
 pub mod installer;
 mod join;
+mod logs;
 pub mod leave;
 pub mod listener;
 mod report;
@@ -61,6 +62,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/agent/v1/commands/{id}/ack", post(commands::ack))
         .route(paths::LEAVE, post(leave::leave))
         .route(paths::REPORT, post(report::report))
+        .route(paths::LOGS, post(logs::upload))
         .route(paths::ROUTES, get(cluster::routes))
         .route(paths::REGISTRY, get(cluster::registry))
         .route(paths::STREAM, get(stream::stream))

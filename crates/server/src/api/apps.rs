@@ -234,6 +234,7 @@ pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>
     load(&state, &name).await?;
     crate::deploy::stop_app(&state, &name).await?;
     state.store.delete_app(&name).await?;
+    state.runtime_logs.forget(&name);
     crate::routes::app_changed(&state, &name).await?;
     tracing::info!(app = %name, "app deleted");
     Ok(StatusCode::NO_CONTENT)
@@ -250,7 +251,51 @@ pub async fn set_env(
     let vars: BTreeMap<String, String> = parse_json(&body_bytes(body)?)
         .map_err(|_| ApiError::BadRequest("the body must be a JSON object of string values".into()))?;
     deploy::env(&vars)?;
+    let _one_writer = ENV_WRITES.lock().await;
     load(&state, &name).await?;
+    let sealed = state.sealer.seal_json(&env_context(&name), &vars);
+    state.store.set_app_env(&name, &sealed).await?;
+    Ok(Json(json!({ "app": name, "env": vars.keys().collect::<Vec<_>>() })))
+}
+
+/// One environment change at a time, so two `PATCH`es (read, change,
+/// write) never lose one of them.
+static ENV_WRITES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnvPatch {
+    #[serde(default)]
+    set: BTreeMap<String, String>,
+    #[serde(default)]
+    unset: Vec<String>,
+}
+
+/// `PATCH /api/apps/{name}/env`: sets some variables and removes others,
+/// keeping the rest (whose values a client cannot read back). A name both
+/// set and unset is a 400.
+#[utoipa::path(patch, path = "/api/apps/{name}/env", tag = "apps", params(("name" = String, Path, description = "The app's name")), request_body(content = serde_json::Value, description = "{\"set\": {NAME: value}, \"unset\": [NAME]}"), responses((status = 200, description = "The names of the variables now set", body = serde_json::Value), (status = 400, description = "Invalid change", body = crate::error::ErrorDoc), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
+pub async fn patch_env(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let patch: EnvPatch = parse_json(&body_bytes(body)?)?;
+    for unset in &patch.unset {
+        validate::bounded_text("unset", unset, 256)?;
+        if patch.set.contains_key(unset) {
+            return Err(ApiError::BadRequest("invalid unset: a variable cannot be both set and unset".into()));
+        }
+    }
+    deploy::env(&patch.set)?;
+    let _one_writer = ENV_WRITES.lock().await;
+    let app = load(&state, &name).await?;
+    let mut vars = app_env(&state, &app)?;
+    for unset in &patch.unset {
+        vars.remove(unset);
+    }
+    vars.extend(patch.set);
+    deploy::env(&vars)?;
     let sealed = state.sealer.seal_json(&env_context(&name), &vars);
     state.store.set_app_env(&name, &sealed).await?;
     Ok(Json(json!({ "app": name, "env": vars.keys().collect::<Vec<_>>() })))

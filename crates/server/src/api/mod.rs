@@ -14,6 +14,7 @@ mod join_tokens;
 mod metrics;
 pub mod openapi;
 mod nodes;
+mod runtime_logs;
 mod traffic;
 
 use std::sync::Arc;
@@ -48,11 +49,12 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(nodes::undrain))
         .routes(routes!(apps::list, apps::create))
         .routes(routes!(apps::show, apps::remove))
-        .routes(routes!(apps::set_env))
+        .routes(routes!(apps::set_env, apps::patch_env))
         .routes(routes!(apps::set_domains))
         .routes(routes!(apps::deploy))
         .routes(routes!(apps::rollback))
         .routes(routes!(deployments::of_app))
+        .routes(routes!(runtime_logs::logs))
         .routes(routes!(deployments::show))
         .routes(routes!(deployments::logs))
         .routes(routes!(deployments::cancel))

@@ -1,0 +1,123 @@
+//! What the runtime-log follower needs from the Engine: this node's running
+//! app containers, their `start` events as they happen, a container's
+//! variables (to redact their values) and its output, followed.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bollard::query_parameters::{EventsOptionsBuilder, InspectContainerOptions, LogsOptionsBuilder};
+use futures_util::{Stream, StreamExt};
+
+use super::{first_name, DockerRuntime, RuntimeError, LABEL_APP, LABEL_DEPLOYMENT, LABEL_INSTANCE, LABEL_NODE};
+
+/// An app instance container of this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppInstance {
+    pub id: String,
+    pub name: String,
+    pub deployment: String,
+    pub instance: u32,
+}
+
+/// One line of a container's output: (`stdout`|`stderr`, Engine timestamp
+/// in RFC 3339 with nanoseconds, text).
+pub type OutputLine = (&'static str, String, String);
+
+impl DockerRuntime {
+    fn app_labels(&self) -> HashMap<&'static str, Vec<String>> {
+        HashMap::from([("label", vec![format!("{LABEL_NODE}={}", self.node_id), LABEL_APP.to_string()])])
+    }
+
+    /// This node's running app instances.
+    pub async fn running_instances(&self) -> Result<Vec<AppInstance>, RuntimeError> {
+        let filters = self.app_labels();
+        let options = bollard::query_parameters::ListContainersOptionsBuilder::new().filters(&filters).build();
+        let containers = self.docker()?.list_containers(Some(options)).await?;
+        Ok(containers
+            .into_iter()
+            .filter_map(|c| {
+                let labels = c.labels.unwrap_or_default();
+                Some(AppInstance {
+                    id: c.id?,
+                    name: first_name(c.names),
+                    deployment: labels.get(LABEL_DEPLOYMENT)?.clone(),
+                    instance: labels.get(LABEL_INSTANCE)?.parse().ok()?,
+                })
+            })
+            .collect())
+    }
+
+    /// `start` events of this node's app containers from now on, as they
+    /// happen. The stream ends when the Engine closes the connection.
+    pub fn instance_starts(&self) -> Result<impl Stream<Item = Result<AppInstance, RuntimeError>> + Send + 'static, RuntimeError> {
+        let mut filters = self.app_labels();
+        filters.insert("type", vec!["container".to_string()]);
+        filters.insert("event", vec!["start".to_string()]);
+        let options = EventsOptionsBuilder::new().filters(&filters).build();
+        let docker = self.docker()?;
+        Ok(docker.events(Some(options)).filter_map(|event| async move {
+            match event {
+                Err(err) => Some(Err(RuntimeError::from(err))),
+                Ok(event) => {
+                    let actor = event.actor?;
+                    let attributes = actor.attributes.unwrap_or_default();
+                    Some(Ok(AppInstance {
+                        id: actor.id?,
+                        name: attributes.get("name").cloned().unwrap_or_default(),
+                        deployment: attributes.get(LABEL_DEPLOYMENT)?.clone(),
+                        instance: attributes.get(LABEL_INSTANCE)?.parse().ok()?,
+                    }))
+                }
+            }
+        }))
+    }
+
+    /// The variables the agent gave a container (the app's, without
+    /// `PORT`): its environment less what its image sets (`PATH`, ...).
+    pub async fn app_env(&self, id: &str) -> Result<BTreeMap<String, String>, RuntimeError> {
+        let docker = self.docker()?;
+        let inspect = docker.inspect_container(id, None::<InspectContainerOptions>).await?;
+        let image_env: Vec<String> = match inspect.image.as_deref() {
+            Some(image) => docker.inspect_image(image).await.ok().and_then(|i| i.config).and_then(|c| c.env).unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let env = inspect.config.and_then(|c| c.env).unwrap_or_default();
+        Ok(env
+            .into_iter()
+            .filter(|pair| !image_env.contains(pair))
+            .filter_map(|pair| pair.split_once('=').map(|(name, value)| (name.to_string(), value.to_string())))
+            .filter(|(name, _)| name != "PORT")
+            .collect())
+    }
+
+    /// A container's output, followed until it stops, from its last
+    /// `tail` lines on.
+    pub fn follow_output(&self, id: &str, tail: usize) -> Result<impl Stream<Item = Result<OutputLine, RuntimeError>> + Send + 'static, RuntimeError> {
+        let options = LogsOptionsBuilder::new().follow(true).stdout(true).stderr(true).timestamps(true).tail(&tail.to_string());
+        let docker = self.docker()?;
+        let stream = docker.logs(id, Some(options.build()));
+        Ok(stream.flat_map(|item| {
+            let lines: Vec<Result<OutputLine, RuntimeError>> = match item {
+                Err(err) => vec![Err(RuntimeError::from(err))],
+                Ok(output) => {
+                    let (name, bytes) = match output {
+                        bollard::container::LogOutput::StdErr { message } => ("stderr", message),
+                        bollard::container::LogOutput::StdOut { message } | bollard::container::LogOutput::Console { message } => {
+                            ("stdout", message)
+                        }
+                        bollard::container::LogOutput::StdIn { .. } => return futures_util::stream::iter(Vec::new()),
+                    };
+                    String::from_utf8_lossy(&bytes)
+                        .lines()
+                        .filter_map(|line| {
+                            // With timestamps on, each line starts with the
+                            // Engine's time and a space.
+                            let (ts, text) = line.split_once(' ').unwrap_or((line, ""));
+                            (!ts.is_empty()).then(|| Ok((name, ts.to_string(), text.to_string())))
+                        })
+                        .collect()
+                }
+            };
+            futures_util::stream::iter(lines)
+        }))
+    }
+}

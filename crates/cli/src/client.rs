@@ -1,0 +1,131 @@
+//! The user API over HTTP(S), with the bearer token. Every non-2xx answer
+//! becomes [`Failure::Action`] with the server's `error` text and status.
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::Value;
+
+use crate::config::Config;
+use crate::Failure;
+
+pub struct Api {
+    http: reqwest::Client,
+    /// Without an overall timeout, for streams (a read timeout instead:
+    /// the server sends a keep-alive every 15 s).
+    streaming: reqwest::Client,
+    server: String,
+    token: String,
+}
+
+/// What every request waits at most, streams aside.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Api {
+    pub fn new(config: &Config) -> Result<Api, Failure> {
+        let build = |overall: Option<Duration>| -> Result<reqwest::Client, Failure> {
+            let mut builder = reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .user_agent(concat!("cloudweb-cli/", env!("CARGO_PKG_VERSION")));
+            builder = match overall {
+                Some(timeout) => builder.timeout(timeout),
+                None => builder.read_timeout(Duration::from_secs(60)),
+            };
+            if config.server.starts_with("https://") {
+                // This build carries no root store of its own: trust the
+                // CA file given at login, else the system's bundle.
+                let file = config.ca_file.clone().unwrap_or_else(|| "/etc/ssl/certs/ca-certificates.crt".into());
+                let pem = std::fs::read(&file).map_err(|e| Failure::Action(format!("cannot read CA file {}: {e}", file.display())))?;
+                let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+                    .map_err(|e| Failure::Action(format!("CA file {}: {e}", file.display())))?;
+                for certificate in certificates {
+                    builder = builder.add_root_certificate(certificate);
+                }
+            }
+            builder.build().map_err(|e| Failure::Action(format!("cannot set up HTTP: {e}")))
+        };
+        Ok(Api { http: build(Some(REQUEST_TIMEOUT))?, streaming: build(None)?, server: config.server.clone(), token: config.token.clone() })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.server)
+    }
+
+    /// Sends a request; the JSON answer (Null for an empty body).
+    pub async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Value, Failure> {
+        let mut request = self.http.request(method, self.url(path)).bearer_auth(&self.token);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.map_err(|e| self.transport(e))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| self.transport(e))?;
+        if !status.is_success() {
+            return Err(api_error(status.as_u16(), &bytes));
+        }
+        if bytes.is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_slice(&bytes).map_err(|e| Failure::Action(format!("the server's answer is not JSON: {e}")))
+    }
+
+    pub async fn get(&self, path: &str) -> Result<Value, Failure> {
+        self.call(Method::GET, path, None).await
+    }
+
+    /// Opens a server-sent event stream.
+    pub async fn stream(&self, path: &str) -> Result<reqwest::Response, Failure> {
+        let response = self
+            .streaming
+            .get(self.url(path))
+            .bearer_auth(&self.token)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .map_err(|e| self.transport(e))?;
+        let status = response.status();
+        if !status.is_success() {
+            let bytes = response.bytes().await.unwrap_or_default();
+            return Err(api_error(status.as_u16(), &bytes));
+        }
+        Ok(response)
+    }
+
+    fn transport(&self, err: reqwest::Error) -> Failure {
+        let mut text = err.to_string();
+        let mut source = std::error::Error::source(&err);
+        while let Some(inner) = source {
+            text.push_str(": ");
+            text.push_str(&inner.to_string());
+            source = inner.source();
+        }
+        Failure::Action(format!("cannot reach {}: {text}", self.server))
+    }
+}
+
+/// The server's `{"error": ...}` text with the status.
+fn api_error(status: u16, body: &[u8]) -> Failure {
+    let message = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_else(|| crate::render::clean(&String::from_utf8_lossy(&body[..body.len().min(300)])));
+    let hint = match status {
+        401 => " (run `cloudweb login` with a valid API token)",
+        _ => "",
+    };
+    Failure::Action(format!("{message}{hint} (HTTP {status})"))
+}
+
+/// A path segment, percent-encoded (names are validated by the server;
+/// this keeps a stray `/` or `?` from changing the route).
+pub fn segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}

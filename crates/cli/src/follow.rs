@@ -1,0 +1,173 @@
+//! Following a deployment (its state and build log until it settles) and
+//! an app's runtime log, over the user API's server-sent events.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use eventsource_stream::Eventsource;
+use futures_util::StreamExt;
+use serde_json::Value;
+
+use crate::client::{segment, Api};
+use crate::render::clean;
+use crate::Failure;
+
+/// The deployment states after which nothing changes any more, plus
+/// `running` (the goal).
+fn settled(state: &str) -> bool {
+    matches!(state, "running" | "failed" | "superseded")
+}
+
+const SPINNER: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+
+/// The status line of a terminal: rewritten in place below the log lines.
+struct Progress {
+    tty: bool,
+    id: String,
+    state: String,
+    started: Instant,
+    frame: usize,
+    shown: bool,
+}
+
+impl Progress {
+    fn clear(&mut self, out: &mut impl Write) {
+        if self.tty && self.shown {
+            let _ = write!(out, "\r\x1b[2K");
+            // Before anything goes to stderr (the failure message).
+            let _ = out.flush();
+            self.shown = false;
+        }
+    }
+
+    fn draw(&mut self, out: &mut impl Write) {
+        if !self.tty {
+            return;
+        }
+        let seconds = self.started.elapsed().as_secs();
+        self.frame = (self.frame + 1) % SPINNER.len();
+        let _ = write!(out, "\r\x1b[2K{} {} {} {}:{:02}", SPINNER[self.frame], self.id, self.state, seconds / 60, seconds % 60);
+        let _ = out.flush();
+        self.shown = true;
+    }
+
+    /// A log line above the status line.
+    fn line(&mut self, text: &str) {
+        let mut out = std::io::stdout().lock();
+        self.clear(&mut out);
+        let _ = writeln!(out, "{text}");
+        self.draw(&mut out);
+    }
+
+    fn state(&mut self, state: &str) {
+        if state == self.state {
+            return;
+        }
+        self.state = state.to_string();
+        if self.tty {
+            let mut out = std::io::stdout().lock();
+            self.draw(&mut out);
+        } else {
+            println!("state: {state}");
+        }
+    }
+}
+
+/// Streams a deployment's build log and shows its state until it settles;
+/// gives the deployment and whether it runs (or ran: superseded). With
+/// `quiet` (for `--json`) it prints nothing and only waits.
+pub async fn deployment(api: &Api, id: &str, quiet: bool) -> Result<(Value, bool), Failure> {
+    let tty = !quiet && std::io::stdout().is_terminal();
+    let mut progress = Progress { tty, id: id.to_string(), state: String::new(), started: Instant::now(), frame: 0, shown: false };
+    let path = format!("/api/deployments/{}", segment(id));
+    let mut events = match api.stream(&format!("{path}/logs")).await {
+        Ok(response) => Some(response.bytes_stream().eventsource()),
+        Err(err) => {
+            // The state can still be followed by polling.
+            if !quiet {
+                eprintln!("warning: no log stream ({err}); following the state only");
+            }
+            None
+        }
+    };
+    let mut poll = tokio::time::interval(Duration::from_secs(1));
+    let mut spin = tokio::time::interval(Duration::from_millis(120));
+    loop {
+        tokio::select! {
+            event = async { events.as_mut().expect("guarded").next().await }, if events.is_some() => match event {
+                Some(Ok(event)) if event.event == "log" => {
+                    if !quiet {
+                        if let Ok(line) = serde_json::from_str::<Value>(&event.data) {
+                            let stream = line["stream"].as_str().unwrap_or("log");
+                            progress.line(&format!("{stream:<6} {}", clean(line["line"].as_str().unwrap_or_default())));
+                        }
+                    }
+                }
+                Some(Ok(event)) if event.event == "end" => break,
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => {
+                    // Stream lost: go on with the state alone.
+                    events = None;
+                }
+            },
+            _ = poll.tick() => {
+                let deployment = api.get(&path).await?;
+                let state = deployment["state"].as_str().unwrap_or_default().to_string();
+                if !quiet {
+                    progress.state(&state);
+                }
+                if events.is_none() && settled(&state) {
+                    break;
+                }
+            }
+            _ = spin.tick(), if tty => {
+                let mut out = std::io::stdout().lock();
+                progress.draw(&mut out);
+            }
+        }
+    }
+    let deployment = api.get(&path).await?;
+    {
+        let mut out = std::io::stdout().lock();
+        progress.clear(&mut out);
+    }
+    let state = deployment["state"].as_str().unwrap_or_default();
+    let ok = matches!(state, "running" | "superseded");
+    Ok((deployment.clone(), ok))
+}
+
+/// One runtime log line for people.
+pub fn runtime_line(line: &Value) -> String {
+    format!(
+        "{} {} {:<6} {}",
+        line["ts"].as_str().unwrap_or("-"),
+        clean(line["container"].as_str().unwrap_or("-")),
+        line["stream"].as_str().unwrap_or("-"),
+        clean(line["line"].as_str().unwrap_or_default())
+    )
+}
+
+/// Follows an app's runtime log until the app is deleted (exit 0) or the
+/// stream is lost (exit 1). With `json`, one JSON object per line.
+pub async fn app_logs(api: &Api, path: &str, json: bool) -> Result<(), Failure> {
+    let mut events = api.stream(path).await?.bytes_stream().eventsource();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(event) if event.event == "log" => {
+                let Ok(line) = serde_json::from_str::<Value>(&event.data) else { continue };
+                if json {
+                    println!("{}", serde_json::to_string(&line).expect("JSON serializes"));
+                } else {
+                    println!("{}", runtime_line(&line));
+                }
+            }
+            Ok(event) if event.event == "end" => {
+                eprintln!("the app was deleted");
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(err) => return Err(Failure::Action(format!("the log stream broke: {err}"))),
+        }
+    }
+    Err(Failure::Action("the server closed the log stream".into()))
+}
