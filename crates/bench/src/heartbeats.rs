@@ -44,7 +44,7 @@ pub struct Args {
     server_bin: Option<std::path::PathBuf>,
 }
 
-struct Enrolled {
+pub(crate) struct Enrolled {
     cert_pem: String,
     key_pem: String,
 }
@@ -150,7 +150,7 @@ pub async fn run(args: Args) -> Result<()> {
 }
 
 /// Creates a join token and joins, `count` times, with real keys and CSRs.
-async fn enroll(server: &Arc<Server>, count: usize, concurrency: usize) -> Result<Vec<Enrolled>> {
+pub(crate) async fn enroll(server: &Arc<Server>, count: usize, concurrency: usize) -> Result<Vec<Enrolled>> {
     let anonymous = {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
@@ -189,6 +189,44 @@ async fn enroll(server: &Arc<Server>, count: usize, concurrency: usize) -> Resul
         .collect()
         .await;
     results.into_iter().collect()
+}
+
+/// Starts `agents` heartbeating every `interval` (a usage sample every
+/// sixth heartbeat) and waits until every one is connected; the tasks run
+/// until aborted.
+pub(crate) async fn heartbeat_forever(server: &Server, agents: Vec<Enrolled>, interval: Duration) -> Result<Vec<tokio::task::JoinHandle<()>>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(server.ca_pem.as_bytes())?)?;
+    let roots = Arc::new(roots);
+    let port: u16 = server.agent_url.rsplit(':').next().context("port")?.parse()?;
+    let connected = Arc::new(AtomicU64::new(0));
+    let count = agents.len();
+    let first = Instant::now() + Duration::from_millis(500);
+    let tasks: Vec<_> = agents
+        .into_iter()
+        .enumerate()
+        .map(|(index, agent)| {
+            let task = AgentTask {
+                roots: roots.clone(),
+                port,
+                counters: Arc::new(Counters::default()),
+                latencies: Arc::new(Mutex::new(Vec::new())),
+                recording: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                connected: connected.clone(),
+                interval,
+                first: first + interval.mul_f64(index as f64 / count.max(1) as f64),
+            };
+            tokio::spawn(async move { task.run(agent).await })
+        })
+        .collect();
+    let start = Instant::now();
+    while (connected.load(Ordering::Relaxed) as usize) < count {
+        if start.elapsed() > Duration::from_secs(120) {
+            bail!("only {} of {count} agents connected in 120 s", connected.load(Ordering::Relaxed));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(tasks)
 }
 
 struct AgentTask {

@@ -17,6 +17,7 @@ pub mod registry_credentials;
 pub mod routes;
 pub mod secrets;
 pub mod store;
+pub mod web;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -67,6 +68,8 @@ pub struct AppState {
     pub agent_binary: Option<agent_api::installer::AgentBinary>,
     /// curl `--pinnedpubkey` value of the agent listener's key.
     pub listener_pin: String,
+    /// Dashboard sessions.
+    pub web_sessions: web::session::Sessions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -259,6 +262,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         sealer,
         agent_binary,
         listener_pin,
+        web_sessions: Default::default(),
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());

@@ -1,12 +1,12 @@
 //! The user API on `--api-listen`: bearer-token authenticated JSON, plus
 //! `/healthz` (open) and Prometheus `/metrics`.
 
-mod apps;
-mod deployments;
-mod join_tokens;
+pub(crate) mod apps;
+pub(crate) mod deployments;
+pub(crate) mod join_tokens;
 mod metrics;
-mod nodes;
-mod traffic;
+pub(crate) mod nodes;
+pub(crate) mod traffic;
 
 use std::sync::Arc;
 
@@ -48,6 +48,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .merge(authenticated)
+        .merge(crate::web::router())
         .fallback(|| async { ApiError::NotFound("no such endpoint".to_string()) })
         .layer(middleware::from_fn(run_to_completion))
         .layer(DefaultBodyLimit::max(crate::error::MAX_BODY_BYTES))
