@@ -1,8 +1,9 @@
 //! `cloudweb-bench dashboard`: the dashboard's page weight (HTML + CSS +
 //! JS bytes) per page, and the time to first byte of the Nodes page with
 //! many nodes in the database, against a real control plane on loopback.
-//! The nodes join through the real join endpoint and heartbeat (with usage
-//! samples) over mTLS, so each table row is as full as in production.
+//! The nodes join through the real join endpoint and each sends a heartbeat
+//! with a usage sample over mTLS, so each table row is as full as in
+//! production (the Nodes page is read within their 30 s of being ready).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,7 +13,7 @@ use reqwest::header::{COOKIE, LOCATION, SET_COOKIE};
 use reqwest::Method;
 use serde_json::json;
 
-use crate::heartbeats::{enroll, heartbeat_forever};
+use crate::heartbeats::{enroll, one_heartbeat_each};
 use crate::server::{sibling_binary, Server};
 use crate::stats::{ms, summarize};
 
@@ -36,9 +37,7 @@ pub async fn run(args: Args) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let server = Arc::new(Server::start(&sibling_binary("cloudweb-server", args.server_bin.clone())?, dir.path(), &["--base-domain", "test"]).await?);
     let agents = enroll(&server, args.nodes, 32).await?;
-    // One heartbeat a second; the sixth carries a usage sample.
-    let tasks = heartbeat_forever(&server, agents, Duration::from_secs(1)).await?;
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    one_heartbeat_each(&server, &agents, 16).await?;
 
     let (status, answer) = server.call(Method::POST, "/api/apps", Some(&json!({"name": "web", "repo_url": "https://git.example.com/team/web.git", "port": 8080}))).await?;
     if status != 201 {
@@ -92,9 +91,6 @@ pub async fn run(args: Args) -> Result<()> {
     for (page, html) in pages {
         let shown = if page.starts_with("/deployments/") { "/deployments/{id}".to_string() } else { page };
         println!("{shown:<28} {html:>10} {:>12}", html + css + js);
-    }
-    for task in tasks {
-        task.abort();
     }
     Ok(())
 }

@@ -191,42 +191,57 @@ pub(crate) async fn enroll(server: &Arc<Server>, count: usize, concurrency: usiz
     results.into_iter().collect()
 }
 
-/// Starts `agents` heartbeating every `interval` (a usage sample every
-/// sixth heartbeat) and waits until every one is connected; the tasks run
-/// until aborted.
-pub(crate) async fn heartbeat_forever(server: &Server, agents: Vec<Enrolled>, interval: Duration) -> Result<Vec<tokio::task::JoinHandle<()>>> {
+/// Sends one heartbeat with a usage sample for each of `agents`, `concurrency`
+/// at a time, each on its own mTLS connection, so every node has a full row
+/// (state, capacity, health, usage) on the control plane.
+pub(crate) async fn one_heartbeat_each(server: &Server, agents: &[Enrolled], concurrency: usize) -> Result<()> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from_pem_slice(server.ca_pem.as_bytes())?)?;
     let roots = Arc::new(roots);
     let port: u16 = server.agent_url.rsplit(':').next().context("port")?.parse()?;
-    let connected = Arc::new(AtomicU64::new(0));
-    let count = agents.len();
-    let first = Instant::now() + Duration::from_millis(500);
-    let tasks: Vec<_> = agents
-        .into_iter()
-        .enumerate()
-        .map(|(index, agent)| {
-            let task = AgentTask {
-                roots: roots.clone(),
-                port,
-                counters: Arc::new(Counters::default()),
-                latencies: Arc::new(Mutex::new(Vec::new())),
-                recording: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-                connected: connected.clone(),
-                interval,
-                first: first + interval.mul_f64(index as f64 / count.max(1) as f64),
-            };
-            tokio::spawn(async move { task.run(agent).await })
+    let results: Vec<Result<()>> = stream::iter(agents)
+        .map(|agent| {
+            let roots = roots.clone();
+            async move {
+                let mut sender = connect(&roots, port, agent).await?;
+                let request = hyper::Request::post("/agent/v1/heartbeat")
+                    .header("host", "127.0.0.1")
+                    .header("content-type", "application/json")
+                    .header(HEADER_PROTOCOL, "1")
+                    .header(HEADER_AGENT_VERSION, "0.1.0")
+                    .body(Full::new(heartbeat_body(6)))?;
+                sender.ready().await?;
+                let response = sender.send_request(request).await?;
+                if !response.status().is_success() {
+                    bail!("heartbeat answered {}", response.status());
+                }
+                Ok(())
+            }
         })
-        .collect();
-    let start = Instant::now();
-    while (connected.load(Ordering::Relaxed) as usize) < count {
-        if start.elapsed() > Duration::from_secs(120) {
-            bail!("only {} of {count} agents connected in 120 s", connected.load(Ordering::Relaxed));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(tasks)
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// An HTTP/1.1 connection to the agent listener with the agent's certificate.
+async fn connect(roots: &Arc<rustls::RootCertStore>, port: u16, agent: &Enrolled) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots.clone())
+        .with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(agent.cert_pem.as_bytes())?],
+            PrivateKeyDer::from_pem_slice(agent.key_pem.as_bytes())?,
+        )?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
+    tcp.set_nodelay(true)?;
+    let tls = connector.connect(ServerName::try_from("127.0.0.1")?.to_owned(), tcp).await?;
+    let (sender, connection) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tls)).await?;
+    tokio::spawn(connection);
+    Ok(sender)
 }
 
 struct AgentTask {
@@ -248,21 +263,7 @@ impl AgentTask {
     }
 
     async fn run_inner(&self, agent: Enrolled) -> Result<()> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS13])?
-            .with_root_certificates(self.roots.clone())
-            .with_client_auth_cert(
-                vec![CertificateDer::from_pem_slice(agent.cert_pem.as_bytes())?],
-                PrivateKeyDer::from_pem_slice(agent.key_pem.as_bytes())?,
-            )?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let connector = TlsConnector::from(Arc::new(config));
-        let tcp = TcpStream::connect(("127.0.0.1", self.port)).await?;
-        tcp.set_nodelay(true)?;
-        let tls = connector.connect(ServerName::try_from("127.0.0.1")?.to_owned(), tcp).await?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tls)).await?;
-        tokio::spawn(connection);
+        let mut sender = connect(&self.roots, self.port, &agent).await?;
         self.connected.fetch_add(1, Ordering::Relaxed);
 
         let mut next = self.first;

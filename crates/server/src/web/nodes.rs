@@ -98,7 +98,7 @@ pub fn rows(lang: Lang, nodes: &[Value], instances: &HashMap<String, usize>, now
                 td { (node.get("version").and_then(Value::as_str).unwrap_or("–")) }
                 td {
                     @match heartbeat {
-                        Some(at) => { time datetime=(text(node, "last_heartbeat")) title=(format::datetime(at)) { (format::age(now_ms - at)) " " (lang.t("nodes.ago")) } },
+                        Some(at) => { time datetime=(text(node, "last_heartbeat")) title=(format::datetime(at)) { (lang.t("nodes.ago").replace("{age}", &format::age(now_ms - at))) } },
                         None => { (lang.t("nodes.never")) },
                     }
                 }
@@ -161,7 +161,7 @@ pub async fn page(ctx: Ctx) -> Response {
             (csrf_field(&ctx))
             button type="submit" { (ctx.t("nodes.join_token")) }
         }
-        @if nodes.is_empty() { p.empty { (ctx.t("nodes.empty")) } }
+        @if nodes.is_empty() { p.empty id="nodes-empty" { (ctx.t("nodes.empty")) } }
         (table(&ctx, rows(ctx.lang, &nodes, &instances, now_ms)))
     };
     layout::page(&ctx, ctx.t("nodes.title"), Nav::Nodes, "/nodes", body).into_response()

@@ -8,7 +8,11 @@
   if (rows && window.EventSource) {
     var lang = document.documentElement.lang || "en";
     var source = new EventSource(rows.getAttribute("data-live") + "?lang=" + encodeURIComponent(lang));
-    source.addEventListener("rows", function (event) { rows.innerHTML = event.data; });
+    source.addEventListener("rows", function (event) {
+      rows.innerHTML = event.data;
+      var empty = document.getElementById("nodes-empty");
+      if (empty && rows.children.length > 0) { empty.remove(); }
+    });
   }
 
   // A deployment's build log: follow new lines, reload once it settles so
