@@ -12,7 +12,9 @@ need=()
 # smoke test (scripts/smoke-install.sh) finds everything in place.
 # wireguard-go, wireguard-tools, iproute2, iputils-ping and iptables are for
 # the mesh (userspace WireGuard) and its network-namespace tests.
-for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables; do
+# chromium and chromium-driver run the dashboard's browser test (headless,
+# driven over WebDriver).
+for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables chromium chromium-driver; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

@@ -44,7 +44,7 @@ pub struct Args {
     server_bin: Option<std::path::PathBuf>,
 }
 
-struct Enrolled {
+pub(crate) struct Enrolled {
     cert_pem: String,
     key_pem: String,
 }
@@ -150,7 +150,7 @@ pub async fn run(args: Args) -> Result<()> {
 }
 
 /// Creates a join token and joins, `count` times, with real keys and CSRs.
-async fn enroll(server: &Arc<Server>, count: usize, concurrency: usize) -> Result<Vec<Enrolled>> {
+pub(crate) async fn enroll(server: &Arc<Server>, count: usize, concurrency: usize) -> Result<Vec<Enrolled>> {
     let anonymous = {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
@@ -191,6 +191,59 @@ async fn enroll(server: &Arc<Server>, count: usize, concurrency: usize) -> Resul
     results.into_iter().collect()
 }
 
+/// Sends one heartbeat with a usage sample for each of `agents`, `concurrency`
+/// at a time, each on its own mTLS connection, so every node has a full row
+/// (state, capacity, health, usage) on the control plane.
+pub(crate) async fn one_heartbeat_each(server: &Server, agents: &[Enrolled], concurrency: usize) -> Result<()> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(server.ca_pem.as_bytes())?)?;
+    let roots = Arc::new(roots);
+    let port: u16 = server.agent_url.rsplit(':').next().context("port")?.parse()?;
+    let results: Vec<Result<()>> = stream::iter(agents)
+        .map(|agent| {
+            let roots = roots.clone();
+            async move {
+                let mut sender = connect(&roots, port, agent).await?;
+                let request = hyper::Request::post("/agent/v1/heartbeat")
+                    .header("host", "127.0.0.1")
+                    .header("content-type", "application/json")
+                    .header(HEADER_PROTOCOL, "1")
+                    .header(HEADER_AGENT_VERSION, "0.1.0")
+                    .body(Full::new(heartbeat_body(6)))?;
+                sender.ready().await?;
+                let response = sender.send_request(request).await?;
+                if !response.status().is_success() {
+                    bail!("heartbeat answered {}", response.status());
+                }
+                Ok(())
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// An HTTP/1.1 connection to the agent listener with the agent's certificate.
+async fn connect(roots: &Arc<rustls::RootCertStore>, port: u16, agent: &Enrolled) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots.clone())
+        .with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(agent.cert_pem.as_bytes())?],
+            PrivateKeyDer::from_pem_slice(agent.key_pem.as_bytes())?,
+        )?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
+    tcp.set_nodelay(true)?;
+    let tls = connector.connect(ServerName::try_from("127.0.0.1")?.to_owned(), tcp).await?;
+    let (sender, connection) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tls)).await?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
 struct AgentTask {
     roots: Arc<rustls::RootCertStore>,
     port: u16,
@@ -210,21 +263,7 @@ impl AgentTask {
     }
 
     async fn run_inner(&self, agent: Enrolled) -> Result<()> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_protocol_versions(&[&rustls::version::TLS13])?
-            .with_root_certificates(self.roots.clone())
-            .with_client_auth_cert(
-                vec![CertificateDer::from_pem_slice(agent.cert_pem.as_bytes())?],
-                PrivateKeyDer::from_pem_slice(agent.key_pem.as_bytes())?,
-            )?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let connector = TlsConnector::from(Arc::new(config));
-        let tcp = TcpStream::connect(("127.0.0.1", self.port)).await?;
-        tcp.set_nodelay(true)?;
-        let tls = connector.connect(ServerName::try_from("127.0.0.1")?.to_owned(), tcp).await?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tls)).await?;
-        tokio::spawn(connection);
+        let mut sender = connect(&self.roots, self.port, &agent).await?;
         self.connected.fetch_add(1, Ordering::Relaxed);
 
         let mut next = self.first;

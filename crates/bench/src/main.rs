@@ -3,10 +3,12 @@
 //! `heartbeats` measures the agent protocol under load; `deploy` measures
 //! the time from a deploy request to a running instance; `ingress` measures
 //! route changes, blue/green switches and the latency Caddy adds; `mesh`
-//! measures what WireGuard costs between two nodes.
+//! measures what WireGuard costs between two nodes; `dashboard` measures
+//! the dashboard's page weight and the Nodes page's time to first byte.
 
 mod agent_rss;
 mod apps;
+mod dashboard;
 mod deploy;
 mod docker;
 mod flood;
@@ -62,6 +64,9 @@ enum Commands {
     /// `POST /api/apps` answer times at growing route table sizes, against
     /// a real control plane on loopback.
     Apps(apps::Args),
+    /// The dashboard's page weight per page, and the time to first byte of
+    /// the Nodes page with 1,000 heartbeating nodes in the database.
+    Dashboard(dashboard::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -76,6 +81,7 @@ fn main() -> std::process::ExitCode {
             Commands::Agent(args) => agent_rss::run(args).await,
             Commands::Flood(args) => flood::run(args).await,
             Commands::Apps(args) => apps::run(args).await,
+            Commands::Dashboard(args) => dashboard::run(args).await,
             Commands::Mesh(args) => mesh::run(args).await,
         }
     });

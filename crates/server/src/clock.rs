@@ -45,3 +45,9 @@ pub fn rfc3339_ms(ms: i64) -> String {
     let at = OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000).unwrap_or(OffsetDateTime::UNIX_EPOCH);
     at.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
 }
+
+/// Unix milliseconds of an RFC 3339 time, as [`rfc3339_ms`] writes it.
+pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
+    let at = OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()?;
+    i64::try_from(at.unix_timestamp_nanos() / 1_000_000).ok()
+}

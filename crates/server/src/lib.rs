@@ -19,6 +19,7 @@ pub mod routes;
 pub mod runtime_logs;
 pub mod secrets;
 pub mod store;
+pub mod web;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -73,6 +74,8 @@ pub struct AppState {
     pub listener_pin: String,
     /// Login limits and password hashing slots.
     pub auth: auth::AuthState,
+    /// Dashboard sessions.
+    pub web_sessions: web::session::Sessions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -267,6 +270,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         agent_binary,
         listener_pin,
         auth: auth::AuthState::new(&config.auth),
+        web_sessions: Default::default(),
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());
@@ -298,7 +302,13 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
     }
 
     let agent_router = agent_api::router(state.clone());
-    let api_router = api::router(state.clone());
+    // The dashboard's pages share the listener but not the API's route list
+    // (they are HTML, not in the OpenAPI document), so they are merged here.
+    let api_router = web::router()
+        .layer(axum::middleware::from_fn(api::run_to_completion))
+        .layer(axum::extract::DefaultBodyLimit::max(error::MAX_BODY_BYTES))
+        .with_state(state.clone())
+        .merge(api::router(state.clone()));
     tasks.extend([
         tokio::spawn(agent_api::listener::serve(agent_listener, tls, agent_router, state.config.agent_connections.clone())),
         tokio::spawn(async move {

@@ -283,16 +283,18 @@ impl NodeRegistry {
                 }));
             }
             if metrics.node.is_some() || metrics.containers.is_some() {
-                let mut apps: Vec<(String, Option<f64>, Option<i64>)> = Vec::new();
+                let mut apps: Vec<crate::store::AppUsage> = Vec::new();
                 for container in metrics.containers.iter().flatten() {
                     let Some(app) = app_of_container(&container.container) else { continue };
                     let mem = container.mem_bytes.map(|m| m.min(i64::MAX as u64) as i64);
-                    match apps.iter_mut().find(|(name, _, _)| name == app) {
+                    let restarts = container.restarts.map(i64::from);
+                    match apps.iter_mut().find(|entry| entry.app == app) {
                         Some(entry) => {
-                            entry.1 = match (entry.1, container.cpu_cores) { (Some(a), Some(b)) => Some(a + b), (a, b) => a.or(b) };
-                            entry.2 = match (entry.2, mem) { (Some(a), Some(b)) => Some(a + b), (a, b) => a.or(b) };
+                            entry.cpu_cores = match (entry.cpu_cores, container.cpu_cores) { (Some(a), Some(b)) => Some(a + b), (a, b) => a.or(b) };
+                            entry.mem_bytes = match (entry.mem_bytes, mem) { (Some(a), Some(b)) => Some(a + b), (a, b) => a.or(b) };
+                            entry.restarts = match (entry.restarts, restarts) { (Some(a), Some(b)) => Some(a + b), (a, b) => a.or(b) };
                         }
-                        None => apps.push((app.to_string(), container.cpu_cores, mem)),
+                        None => apps.push(crate::store::AppUsage { app: app.to_string(), cpu_cores: container.cpu_cores, mem_bytes: mem, restarts }),
                     }
                 }
                 let usage = metrics.node.as_ref();

@@ -105,9 +105,15 @@ pub async fn logs(
     if state.store.deployment(&id).await?.is_none() {
         return Err(ApiError::NotFound(format!("no deployment {id:?}")));
     }
+    Ok(Sse::new(log_events(state, id, 0)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+/// The log stream of [`logs`], starting after line `after_seq` (the
+/// dashboard renders the stored lines itself and follows from there).
+pub(crate) fn log_events(state: Arc<AppState>, id: String, after_seq: i64) -> impl Stream<Item = Result<Event, Infallible>> {
     let wake = state.log_hub.subscribe(&id);
-    let cursor = Cursor { state, id, last_seq: 0, quiet_since: None, wake, done: false };
-    let events = stream::unfold(cursor, |mut cursor| async move {
+    let cursor = Cursor { state, id, last_seq: after_seq, quiet_since: None, wake, done: false };
+    stream::unfold(cursor, |mut cursor| async move {
         if cursor.done {
             return None;
         }
@@ -138,6 +144,5 @@ pub async fn logs(
             }
         }
     })
-    .flat_map(|events| stream::iter(events.into_iter().map(Ok)));
-    Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    .flat_map(|events| stream::iter(events.into_iter().map(Ok)))
 }

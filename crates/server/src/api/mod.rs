@@ -8,14 +8,14 @@
 //! router and the OpenAPI document come from the same list, and the
 //! `openapi` tests check that nothing is registered around it.
 
-mod apps;
-mod deployments;
-mod join_tokens;
+pub(crate) mod apps;
+pub(crate) mod deployments;
+pub(crate) mod join_tokens;
 mod metrics;
+pub(crate) mod nodes;
 pub mod openapi;
-mod nodes;
 mod runtime_logs;
-mod traffic;
+pub(crate) mod traffic;
 
 use std::sync::Arc;
 

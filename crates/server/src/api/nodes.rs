@@ -148,6 +148,12 @@ pub struct RemoveQuery {
     force: Option<String>,
 }
 
+impl RemoveQuery {
+    pub fn new(force: bool) -> RemoveQuery {
+        RemoveQuery { force: force.then(|| "1".to_string()) }
+    }
+}
+
 /// Removes a node that runs nothing. A node that still has instances can
 /// only be removed when it is unreachable and `force=1` is given; its
 /// instances become failed.

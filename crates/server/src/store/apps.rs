@@ -214,7 +214,7 @@ impl Store {
     /// log lines (an app's output may hold its secrets: nothing of it stays).
     pub async fn delete_app(&self, name: &str) -> Result<bool, StoreError> {
         let mut tx = self.write_transaction().await?;
-        for table in ["deployment_logs", "deployment_reports"] {
+        for table in ["deployment_logs", "deployment_reports", "deployment_events"] {
             sqlx::query(&format!("DELETE FROM {table} WHERE deployment_id IN (SELECT id FROM deployments WHERE app = $1)"))
                 .bind(name)
                 .execute(&mut *tx)

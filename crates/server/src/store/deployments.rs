@@ -95,6 +95,12 @@ impl Store {
         .bind(deployment.updated_at)
         .execute(&mut *tx)
         .await?;
+        sqlx::query("INSERT INTO deployment_events (deployment_id, state, at) VALUES ($1, $2, $3)")
+            .bind(&deployment.id)
+            .bind(&deployment.state)
+            .bind(deployment.created_at)
+            .execute(&mut *tx)
+            .await?;
         for instance in 1..=instances {
             sqlx::query("INSERT INTO instances (deployment_id, instance, state, updated_at) VALUES ($1, $2, 'pending', $3)")
                 .bind(&deployment.id)
@@ -149,7 +155,28 @@ impl Store {
         .execute(&self.pool)
         .await?;
         self.count_commit();
-        Ok(result.rows_affected() == 1)
+        let moved = result.rows_affected() == 1;
+        if moved {
+            // Only the compare-and-set winner records the step, so each
+            // state appears once.
+            sqlx::query("INSERT INTO deployment_events (deployment_id, state, at) VALUES ($1, $2, $3)")
+                .bind(id)
+                .bind(to)
+                .bind(now_ms)
+                .execute(&self.pool)
+                .await?;
+            self.count_commit();
+        }
+        Ok(moved)
+    }
+
+    /// The states a deployment went through, oldest first: `(state, at_ms)`.
+    pub async fn deployment_events(&self, id: &str) -> Result<Vec<(String, i64)>, StoreError> {
+        let rows = sqlx::query("SELECT state, at FROM deployment_events WHERE deployment_id = $1 ORDER BY at, seq")
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(|r| (r.get("state"), r.get("at"))).collect())
     }
 
     pub async fn set_deployment_commit(&self, id: &str, commit: &str, now_ms: i64) -> Result<(), StoreError> {

@@ -31,7 +31,7 @@ pub use idempotency::IdempotencyClaim;
 pub use nodes::{HeartbeatRow, JoinAnswer, JoinRefusal, NewNode, NodeRow};
 pub use open::DATABASE_FILE;
 pub use tokens::TokenRejection;
-pub use usage::NodeUsageRow;
+pub use usage::{AppUsage, AppUsageRow, NodeUsageRow, FINE as USAGE_FINE_SECONDS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -19,8 +19,32 @@ pub struct NodeUsageRow {
     pub cpu_pct: Option<f64>,
     pub mem_used: Option<i64>,
     pub disk_used: Option<i64>,
-    /// `(app, cpu_cores, mem_bytes)` summed over the app's containers.
-    pub apps: Vec<(String, Option<f64>, Option<i64>)>,
+    /// Per app, summed over its containers on the node.
+    pub apps: Vec<AppUsage>,
+}
+
+/// One app's containers on one node in one sample. A figure no container
+/// reported is `None`, never zero.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppUsage {
+    pub app: String,
+    pub cpu_cores: Option<f64>,
+    pub mem_bytes: Option<i64>,
+    /// Restarts of the app's containers there (Docker's count, since each
+    /// container was created).
+    pub restarts: Option<i64>,
+}
+
+/// A stored sample of one app on one node.
+#[derive(Debug, Clone)]
+pub struct AppUsageRow {
+    pub node_id: String,
+    pub at_ms: i64,
+    /// Seconds the row covers (30, or 300 once averaged).
+    pub resolution: i64,
+    pub cpu_cores: Option<f64>,
+    pub mem_bytes: Option<i64>,
+    pub restarts: Option<i64>,
 }
 
 impl Store {
@@ -35,14 +59,15 @@ impl Store {
                 .bind(row.disk_used)
                 .execute(&mut **tx)
                 .await?;
-            for (app, cpu, mem) in &row.apps {
-                sqlx::query("INSERT INTO app_usage (app, node_id, at, resolution, cpu_cores, mem_bytes) VALUES ($1, $2, $3, $4, $5, $6)")
-                    .bind(app)
+            for app in &row.apps {
+                sqlx::query("INSERT INTO app_usage (app, node_id, at, resolution, cpu_cores, mem_bytes, restarts) VALUES ($1, $2, $3, $4, $5, $6, $7)")
+                    .bind(&app.app)
                     .bind(&row.node_id)
                     .bind(row.at_ms)
                     .bind(FINE)
-                    .bind(cpu)
-                    .bind(mem)
+                    .bind(app.cpu_cores)
+                    .bind(app.mem_bytes)
+                    .bind(app.restarts)
                     .execute(&mut **tx)
                     .await?;
             }
@@ -68,8 +93,8 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         sqlx::query(
-            "INSERT INTO app_usage (app, node_id, at, resolution, cpu_cores, mem_bytes) \
-             SELECT app, node_id, (at / $1) * $1, $2, AVG(cpu_cores), CAST(AVG(mem_bytes) AS BIGINT) \
+            "INSERT INTO app_usage (app, node_id, at, resolution, cpu_cores, mem_bytes, restarts) \
+             SELECT app, node_id, (at / $1) * $1, $2, AVG(cpu_cores), CAST(AVG(mem_bytes) AS BIGINT), MAX(restarts) \
              FROM app_usage WHERE resolution = $3 AND at < $4 GROUP BY app, node_id, at / $1",
         )
         .bind(bucket)
@@ -99,5 +124,27 @@ impl Store {
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.iter().map(|r| (r.get("at"), r.get("resolution"), r.get("cpu_pct"), r.get("mem_used"), r.get("disk_used"))).collect())
+    }
+
+    /// An app's usage since `since_ms`, per node, in time order.
+    pub async fn app_usage(&self, app: &str, since_ms: i64) -> Result<Vec<AppUsageRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT node_id, at, resolution, cpu_cores, mem_bytes, restarts FROM app_usage WHERE app = $1 AND at >= $2 ORDER BY node_id, at",
+        )
+        .bind(app)
+        .bind(since_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| AppUsageRow {
+                node_id: r.get("node_id"),
+                at_ms: r.get("at"),
+                resolution: r.get("resolution"),
+                cpu_cores: r.get("cpu_cores"),
+                mem_bytes: r.get("mem_bytes"),
+                restarts: r.get("restarts"),
+            })
+            .collect())
     }
 }

@@ -1,0 +1,239 @@
+//! The dashboard in headless Chromium, driven over WebDriver (chromedriver
+//! started by the test on a free port), against the real control plane and
+//! a real agent with Docker, the registry, git and Caddy: log in, generate a
+//! join token and join with its command's token, see the node ready and
+//! healthy, create and deploy an app and watch its build log to running,
+//! open it through the ingress, see a chart with a gap, drain (the app has
+//! nowhere to go, so the page names it) and reactivate, switch to Spanish.
+//! A screenshot of every page goes to `target/screenshots/`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cloudweb_e2e::{free_port, start_platform, unique_name, wait_for, AgentNode, Platform, Process};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\n\
+CMD [\"sh\", \"-c\", \"echo serving-dashboard-app && exec httpd -f -p 8080 -h /www\"]\n";
+
+/// Where the screenshots go: `target/screenshots/` of this workspace.
+fn screenshot_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+struct Browser {
+    client: Client,
+    base: String,
+    _driver: Process,
+}
+
+impl Browser {
+    async fn start(base: String, log_dir: &Path) -> Browser {
+        let port = free_port();
+        let driver = Process::spawn(Path::new("/usr/bin/chromedriver"), &[format!("--port={port}")], log_dir.join("chromedriver.log")).unwrap();
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": "/usr/bin/chromium",
+                "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900",
+                         "--host-resolver-rules=MAP *.test 127.0.0.1", "--ignore-certificate-errors", "--lang=en-US"]
+            }),
+        );
+        let client = wait_for(Duration::from_secs(30), "chromedriver to open a session", || {
+            let capabilities = capabilities.clone();
+            async move {
+                let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+                ClientBuilder::new(connector).capabilities(capabilities).connect(&format!("http://127.0.0.1:{port}")).await.ok()
+            }
+        })
+        .await
+        .unwrap();
+        Browser { client, base, _driver: driver }
+    }
+
+    async fn goto(&self, path: &str) {
+        self.client.goto(&format!("{}{path}", self.base)).await.unwrap();
+    }
+
+    async fn text(&self, css: &str) -> String {
+        self.client.find(Locator::Css(css)).await.unwrap().text().await.unwrap()
+    }
+
+    async fn click(&self, css: &str) {
+        self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).click().await.unwrap();
+    }
+
+    /// Waits until `css` matches an element whose text contains `wanted`.
+    async fn wait_text(&self, css: &str, wanted: &str, timeout: Duration) -> String {
+        let found = wait_for(timeout, &format!("{css} to show {wanted:?}"), || async {
+            let elements = self.client.find_all(Locator::Css(css)).await.ok()?;
+            for element in elements {
+                if let Ok(text) = element.text().await {
+                    if text.contains(wanted) {
+                        return Some(text);
+                    }
+                }
+            }
+            None
+        })
+        .await;
+        match found {
+            Ok(text) => text,
+            Err(err) => panic!("{err}\npage:\n{}", self.client.source().await.unwrap_or_default()),
+        }
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let png = self.client.screenshot().await.unwrap();
+        std::fs::write(screenshot_dir().join(format!("{name}.png")), png).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() {
+    let Platform { tmp, git, server } = start_platform(&["--base-domain", "test", "--heartbeat-flush-seconds", "1"]).await.unwrap();
+    let browser = Browser::start(format!("http://127.0.0.1:{}", server.api_port), tmp.path()).await;
+
+    // Log in with the admin token.
+    browser.goto("/nodes").await;
+    assert!(browser.client.current_url().await.unwrap().path().ends_with("/login"), "pages need a session");
+    browser.screenshot("01-login").await;
+    browser.client.find(Locator::Id("token")).await.unwrap().send_keys(&server.admin_token).await.unwrap();
+    browser.click("form[action='/login'] button[type=submit]").await;
+    browser.wait_text("h1", "Nodes", Duration::from_secs(10)).await;
+
+    // Generate a join token; the command it shows is what joins the node.
+    browser.click("form[action='/nodes/join-token'] button").await;
+    let command = browser.wait_text("#join-command", "--token cwj_", Duration::from_secs(10)).await;
+    browser.screenshot("02-join-token").await;
+    let word_after = |flag: &str| command.split_whitespace().skip_while(|w| *w != flag).nth(1).unwrap().to_string();
+    let (token, ca) = (word_after("--token"), word_after("--ca-sha256"));
+    assert!(command.contains(&format!("--join https://127.0.0.1:{}", server.agent_port)), "{command}");
+    let mut agent = AgentNode::join(&server, &tmp.path().join("edge"), "edge", &token, &ca, &["--ingress"]).unwrap().unwrap();
+    let (http_port, https_port) = (free_port(), free_port());
+    let agent_args = [
+        "--heartbeat-interval-seconds".to_string(), "1".into(), "--metrics-interval-seconds".into(), "2".into(),
+        "--publish-ip".into(), "127.0.0.1".into(), "--advertise-host".into(), "127.0.0.1".into(),
+        "--http-port".into(), http_port.to_string(), "--https-port".into(), https_port.to_string(),
+        "--caddy-bin".into(), cloudweb_e2e::caddy_bin().display().to_string(),
+    ];
+    let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
+    agent.start(&agent_args).unwrap();
+
+    // The table follows live (no reload): the node turns ready and healthy.
+    let row = format!("tr[data-node='{}']", agent.node_id);
+    let ready = format!("{row}[data-state='ready'][data-health='healthy']");
+    wait_for(Duration::from_secs(60), "the node to show ready and healthy", || async {
+        browser.client.find(Locator::Css(&ready)).await.ok()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
+    let row_text = browser.text(&row).await;
+    assert!(row_text.contains("edge") && row_text.contains("healthy") && row_text.contains("ready"), "{row_text}");
+    browser.screenshot("03-nodes").await;
+
+    // Create an app from a git URL, deploy it, watch the build log to running.
+    let app = unique_name("hello");
+    git.commit(&app, &[("Dockerfile", DOCKERFILE), ("index.html", "hello from the dashboard")], "first").unwrap();
+    browser.goto("/apps").await;
+    let form = browser.client.form(Locator::Css("form.create")).await.unwrap();
+    form.set_by_name("name", &app).await.unwrap();
+    form.set_by_name("repo_url", &git.url(&app)).await.unwrap();
+    form.set_by_name("port", "8080").await.unwrap();
+    browser.client.find(Locator::Css("#strategy")).await.unwrap().select_by_value("dockerfile").await.unwrap();
+    browser.screenshot("04-apps").await;
+    form.submit().await.unwrap();
+    browser.wait_text("h1", &app, Duration::from_secs(10)).await;
+    browser.click("form[action$='/deploy'] button").await;
+    browser.wait_text("h1", "Deployment", Duration::from_secs(10)).await;
+    // Build lines arrive while the page is open.
+    wait_for(Duration::from_secs(120), "build log lines", || async { browser.client.find(Locator::Css("#log span.line")).await.ok() }).await.unwrap();
+    browser.screenshot("05-deployment-building").await;
+    browser.wait_text("#deployment-state", "running", Duration::from_secs(180)).await;
+    let timeline = browser.text("ol.timeline").await;
+    assert!(timeline.contains("queued") && timeline.contains("building") && timeline.contains("running"), "{timeline}");
+    browser.screenshot("06-deployment-running").await;
+    browser.goto(&format!("/apps/{app}")).await;
+    browser.screenshot("07-app").await;
+
+    // The app through the ingress, at the URL the dashboard shows.
+    let url = browser.client.find(Locator::Css("main p a")).await.unwrap().attr("href").await.unwrap().unwrap();
+    assert_eq!(url, format!("https://{app}.test/"));
+    let through_ingress = format!("https://{app}.test:{https_port}/");
+    let served = wait_for(Duration::from_secs(30), "the app to answer through the ingress", || async {
+        browser.client.goto(&through_ingress).await.ok()?;
+        let body = browser.client.find(Locator::Css("body")).await.ok()?.text().await.ok()?;
+        body.contains("hello from the dashboard").then_some(body)
+    })
+    .await;
+    served.unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
+    browser.screenshot("08-app-through-ingress").await;
+
+    // A gap: the agent stops for longer than a few sample periods.
+    wait_for(Duration::from_secs(30), "two usage samples", || async {
+        let (_, usage) = server.call(reqwest::Method::GET, &format!("/api/nodes/{}/usage", agent.node_id), None).await.ok()?;
+        (usage["samples"].as_array()?.len() >= 2).then_some(())
+    })
+    .await
+    .unwrap();
+    agent.kill();
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    agent.start(&agent_args).unwrap();
+    let samples_before = server.call(reqwest::Method::GET, &format!("/api/nodes/{}/usage", agent.node_id), None).await.unwrap().1["samples"].as_array().unwrap().len();
+    wait_for(Duration::from_secs(60), "usage samples after the restart", || async {
+        let (_, usage) = server.call(reqwest::Method::GET, &format!("/api/nodes/{}/usage", agent.node_id), None).await.ok()?;
+        (usage["samples"].as_array()?.len() >= samples_before + 2).then_some(())
+    })
+    .await
+    .unwrap();
+    browser.goto("/monitoring?range=1h").await;
+    let cpu_chart = browser.client.find(Locator::Css("section[data-node='edge'] figure.chart svg")).await.unwrap();
+    let points: usize = cpu_chart.attr("data-points").await.unwrap().unwrap().parse().unwrap();
+    let segments: usize = cpu_chart.attr("data-segments").await.unwrap().unwrap().parse().unwrap();
+    assert!(points >= 4 && segments >= 2, "a line with a gap: {points} points in {segments} runs");
+    browser.screenshot("09-monitoring").await;
+
+    // Drain: the only node, so the app cannot move and the page says so.
+    wait_for(Duration::from_secs(30), "the node to be back", || async {
+        browser.goto("/nodes").await;
+        browser.client.find(Locator::Css(&ready)).await.ok()
+    })
+    .await
+    .unwrap();
+    browser.click(&format!("{row} a[href$='/drain']")).await;
+    browser.wait_text("form.confirm p", "Drain this node?", Duration::from_secs(10)).await;
+    browser.screenshot("10-drain-confirm").await;
+    browser.click("form.confirm button[type=submit]").await;
+    let waiting = browser.wait_text(".flash", &app, Duration::from_secs(20)).await;
+    assert!(waiting.contains("Could not be moved"), "{waiting}");
+    browser.wait_text(&row, "draining", Duration::from_secs(10)).await;
+    browser.screenshot("11-drained").await;
+    browser.click(&format!("{row} a[href$='/undrain']")).await;
+    browser.click("form.confirm button[type=submit]").await;
+    browser.wait_text(&row, "ready", Duration::from_secs(20)).await;
+
+    // Spanish, remembered across pages.
+    browser.client.find(Locator::Css("#lang-select")).await.unwrap().select_by_value("es").await.unwrap();
+    browser.click("form.lang button[type=submit]").await;
+    browser.wait_text("h1", "Nodos", Duration::from_secs(10)).await;
+    browser.wait_text(&row, "sana", Duration::from_secs(20)).await;
+    browser.screenshot("12-nodos-es").await;
+    browser.goto("/apps").await;
+    browser.wait_text("h1", "Apps", Duration::from_secs(10)).await;
+    assert!(browser.text("body").await.contains("Crear app"), "the choice is remembered");
+
+    // At 360 px the pages still fit: no horizontal scroll of the page itself.
+    browser.client.set_window_size(360, 800).await.unwrap();
+    browser.goto("/nodes").await;
+    let overflow = browser.client.execute("return document.documentElement.scrollWidth - window.innerWidth;", vec![]).await.unwrap();
+    assert!(overflow.as_i64().unwrap_or(0) <= 0, "the page is wider than 360 px by {overflow}");
+    browser.screenshot("13-nodos-360px").await;
+
+    browser.client.clone().close().await.unwrap();
+    agent.kill();
+    agent.remove_containers();
+}

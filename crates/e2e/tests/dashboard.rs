@@ -1,0 +1,297 @@
+//! The dashboard over HTTP, with the control plane in-process so a test
+//! can put hostile text straight into the store: login and sessions, CSRF,
+//! language choice, security headers, escaping, and the monitoring charts'
+//! gaps. The browser test (`browser.rs`) drives the same pages in Chromium
+//! with a real agent.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cloudweb_e2e::{key_and_csr, RawClient};
+use cloudweb_protocol::{LogLine, Report};
+use cloudweb_server::clock::ShiftedClock;
+use cloudweb_server::config::Config;
+use cloudweb_server::store::{AppRow, DeploymentRow, NodeUsageRow};
+use cloudweb_server::RunningServer;
+use reqwest::header::{ACCEPT_LANGUAGE, CONTENT_SECURITY_POLICY, COOKIE, LOCATION, SET_COOKIE};
+use reqwest::redirect::Policy;
+
+const HOSTILE: &str = "<script>alert(1)</script>";
+
+struct Dashboard {
+    _dir: tempfile::TempDir,
+    server: RunningServer,
+    admin: String,
+    http: reqwest::Client,
+}
+
+impl Dashboard {
+    async fn start() -> Dashboard {
+        let dir = tempfile::tempdir().unwrap();
+        let server = cloudweb_server::start(Config::local(dir.path().to_path_buf()), Arc::new(ShiftedClock::default())).await.unwrap();
+        let admin = std::fs::read_to_string(dir.path().join("admin-token")).unwrap().trim().to_string();
+        let http = reqwest::Client::builder().redirect(Policy::none()).build().unwrap();
+        Dashboard { _dir: dir, server, admin, http }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.server.api_addr)
+    }
+
+    /// Logs in with `token`; returns the session cookie (`name=value`).
+    async fn login(&self, token: &str) -> Option<String> {
+        let response = self.http.post(self.url("/login")).form(&[("token", token)]).send().await.unwrap();
+        let cookie = response.headers().get(SET_COOKIE)?.to_str().unwrap().split(';').next().unwrap().to_string();
+        assert_eq!(response.status(), 303, "a good login redirects");
+        Some(cookie)
+    }
+
+    async fn get(&self, cookie: &str, path: &str) -> (u16, String) {
+        let response = self.http.get(self.url(path)).header(COOKIE, cookie).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap())
+    }
+
+    /// Joins a node by hand through the agent listener; returns its id.
+    async fn join(&self, name: &str) -> String {
+        let token = {
+            let response = self.http.post(self.url("/api/join-tokens")).bearer_auth(&self.admin).send().await.unwrap();
+            response.json::<serde_json::Value>().await.unwrap()["token"].as_str().unwrap().to_string()
+        };
+        let (_, csr) = key_and_csr(|_| {});
+        let body = serde_json::json!({"token": token, "csr": csr, "hostname": "h", "name": name}).to_string();
+        let agent_url = format!("https://127.0.0.1:{}/agent/v1/join", self.server.agent_addr.port());
+        let (status, text) = RawClient::new(self.server.state.ca.cert_pem(), None).send(reqwest::Method::POST, &agent_url, &[], Some(&body)).await.unwrap();
+        assert_eq!(status, 200, "{text}");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["node_id"].as_str().unwrap().to_string()
+    }
+
+    /// The CSRF token in a page's forms.
+    fn csrf(page: &str) -> String {
+        let at = page.find("name=\"csrf\" value=\"").expect("a form with a CSRF token") + 19;
+        page[at..at + 64].to_string()
+    }
+}
+
+#[tokio::test]
+async fn pages_need_a_session_that_only_a_valid_token_opens() {
+    let dashboard = Dashboard::start().await;
+    let response = dashboard.http.get(dashboard.url("/nodes")).send().await.unwrap();
+    assert_eq!(response.status(), 303);
+    assert_eq!(response.headers()[LOCATION], "/login");
+    let refused = dashboard.http.post(dashboard.url("/login")).form(&[("token", "cw_wrong")]).send().await.unwrap();
+    assert_eq!(refused.status(), 401);
+    assert!(refused.headers().get(SET_COOKIE).is_none());
+    assert!(refused.text().await.unwrap().contains("not valid"));
+
+    let cookie = dashboard.login(&dashboard.admin).await.expect("a session cookie");
+    let response = dashboard.http.get(dashboard.url("/nodes")).header(COOKIE, &cookie).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let csp = response.headers()[CONTENT_SECURITY_POLICY].to_str().unwrap().to_string();
+    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
+    let page = response.text().await.unwrap();
+    assert!(page.contains("Generate join token"), "{page}");
+    assert!(!page.contains("<script>") && page.contains(r#"<script src="/assets/app.js" defer></script>"#), "only the external script");
+
+    // A form without the session's CSRF token changes nothing.
+    let forged = dashboard.http.post(dashboard.url("/apps")).header(COOKIE, &cookie).form(&[("name", "web"), ("repo_url", "https://example.com/x.git"), ("port", "80")]).send().await.unwrap();
+    assert_eq!(forged.status(), 403);
+    assert!(dashboard.server.state.store.app("web").await.unwrap().is_none());
+
+    // Logging out ends the session.
+    let csrf = Dashboard::csrf(&page);
+    let out = dashboard.http.post(dashboard.url("/logout")).header(COOKIE, &cookie).form(&[("csrf", csrf.as_str())]).send().await.unwrap();
+    assert_eq!(out.status(), 303);
+    let (status, _) = dashboard.get(&cookie, "/nodes").await;
+    assert_eq!(status, 303, "the old cookie no longer opens pages");
+}
+
+#[tokio::test]
+async fn the_language_follows_accept_language_until_the_switch_is_used() {
+    let dashboard = Dashboard::start().await;
+    let cookie = dashboard.login(&dashboard.admin).await.unwrap();
+    let spanish = dashboard.http.get(dashboard.url("/nodes")).header(COOKIE, &cookie).header(ACCEPT_LANGUAGE, "es-ES,es;q=0.9").send().await.unwrap();
+    let page = spanish.text().await.unwrap();
+    assert!(page.contains("Generar token de unión") && page.contains("<html lang=\"es\">"), "{page}");
+
+    let switch = dashboard.http.post(dashboard.url("/lang")).form(&[("lang", "en"), ("back", "/apps")]).send().await.unwrap();
+    assert_eq!(switch.status(), 303);
+    assert_eq!(switch.headers()[LOCATION], "/apps");
+    let remembered = switch.headers()[SET_COOKIE].to_str().unwrap().split(';').next().unwrap().to_string();
+    let both = format!("{cookie}; {remembered}");
+    let english = dashboard.http.get(dashboard.url("/nodes")).header(COOKIE, &both).header(ACCEPT_LANGUAGE, "es").send().await.unwrap();
+    assert!(english.text().await.unwrap().contains("Generate join token"), "the remembered choice wins over the header");
+
+    // The switch only goes back to a local page.
+    let away = dashboard.http.post(dashboard.url("/lang")).form(&[("lang", "es"), ("back", "//evil.example/")]).send().await.unwrap();
+    assert_eq!(away.headers()[LOCATION], "/nodes");
+}
+
+#[tokio::test]
+async fn an_env_name_a_log_line_and_a_commit_holding_script_render_as_text() {
+    let dashboard = Dashboard::start().await;
+    let state = &dashboard.server.state;
+    let now = state.clock.now_ms();
+    let app = AppRow {
+        name: "web".into(),
+        repo_url: "https://example.com/web.git".into(),
+        branch: "main".into(),
+        port: 8080,
+        domains: "[]".into(),
+        build: None,
+        strategy: "auto".into(),
+        instances: 1,
+        cpu: None,
+        memory_bytes: None,
+        health_path: "/".into(),
+        health_timeout_s: 60,
+        build_timeout_s: None,
+        env_sealed: None,
+        git_credentials_sealed: None,
+        created_at: now,
+    };
+    state.store.insert_app(&app, "web.localhost").await.unwrap().unwrap();
+    // The API refuses such a name; the store is written directly so the
+    // page's own escaping is what is tested.
+    let env: BTreeMap<String, String> = [(HOSTILE.to_string(), "value-never-shown".to_string())].into();
+    let sealed = state.sealer.seal_json(&cloudweb_server::deploy::env_context("web"), &env);
+    state.store.set_app_env("web", &sealed).await.unwrap();
+    let deployment = DeploymentRow {
+        id: "dep_hostile".into(),
+        seq: 0,
+        app: "web".into(),
+        kind: "source".into(),
+        commit_sha: Some(format!("fix: {HOSTILE}")),
+        rollback_of: None,
+        state: "failed".into(),
+        image: None,
+        error: Some(HOSTILE.into()),
+        created_at: now,
+        updated_at: now,
+    };
+    state.store.insert_deployment(&deployment, 1).await.unwrap();
+    let report = Report {
+        deployment_id: "dep_hostile".into(),
+        state: None,
+        message: None,
+        image: None,
+        instance: None,
+        address: None,
+        commit: None,
+        logs: vec![LogLine { ts: "2026-01-01T00:00:00Z".into(), stream: "build".into(), line: format!("step 1 {HOSTILE}") }],
+    };
+    state.store.save_report("n-1", &report, now).await.unwrap();
+
+    let cookie = dashboard.login(&dashboard.admin).await.unwrap();
+    let (status, app_page) = dashboard.get(&cookie, "/apps/web").await;
+    assert_eq!(status, 200);
+    let (status, deployment_page) = dashboard.get(&cookie, "/deployments/dep_hostile").await;
+    assert_eq!(status, 200);
+    for (what, page) in [("app page", &app_page), ("deployment page", &deployment_page)] {
+        assert!(!page.contains("<script>alert"), "{what} printed a raw script tag:\n{page}");
+        assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{what} lost the text:\n{page}");
+    }
+    assert!(!app_page.contains("value-never-shown"), "env values are write-only");
+    assert!(deployment_page.contains("step 1 &lt;script&gt;"), "the log line is shown as text");
+}
+
+#[tokio::test]
+async fn forms_create_an_app_set_env_and_domains_and_delete_it() {
+    let dashboard = Dashboard::start().await;
+    let cookie = dashboard.login(&dashboard.admin).await.unwrap();
+    let (_, page) = dashboard.get(&cookie, "/apps").await;
+    let csrf = Dashboard::csrf(&page);
+    let post = |path: &str, form: Vec<(&str, &str)>| {
+        let mut form = form;
+        form.push(("csrf", csrf.as_str()));
+        dashboard.http.post(dashboard.url(path)).header(COOKIE, &cookie).form(&form).send()
+    };
+    let created = post("/apps", vec![("name", "shop"), ("repo_url", "https://example.com/shop.git"), ("branch", "main"), ("port", "3000"), ("strategy", "static"), ("build_cmd", "npm run build"), ("output_dir", "dist"), ("spa", "yes"), ("instances", "2"), ("memory", "128")]).await.unwrap();
+    assert_eq!(created.status(), 303);
+    if created.headers()[LOCATION] != "/apps/shop" {
+        panic!("not created: {}", dashboard.get(&cookie, "/apps").await.1);
+    }
+    let app = dashboard.server.state.store.app("shop").await.unwrap().expect("created");
+    assert_eq!((app.strategy.as_str(), app.instances, app.memory_bytes), ("static", 2, Some(128 << 20)));
+    assert!(app.build.as_deref().unwrap().contains("\"spa\":\"yes\""), "{:?}", app.build);
+
+    // A bad form comes back with the API's reason on the next page.
+    let refused = post("/apps", vec![("name", "Bad Name"), ("repo_url", "https://example.com/x.git"), ("port", "80")]).await.unwrap();
+    assert_eq!(refused.headers()[LOCATION], "/apps");
+    let (_, page) = dashboard.get(&cookie, "/apps").await;
+    assert!(page.contains("role=\"alert\"") && page.contains("invalid name"), "{page}");
+
+    assert_eq!(post("/apps/shop/env", vec![("name", "API_KEY"), ("value", "s3cret")]).await.unwrap().status(), 303);
+    assert_eq!(post("/apps/shop/env", vec![("name", "MODE"), ("value", "prod")]).await.unwrap().status(), 303);
+    assert_eq!(post("/apps/shop/env", vec![("unset", "MODE")]).await.unwrap().status(), 303);
+    let (_, page) = dashboard.get(&cookie, "/apps/shop").await;
+    assert!(page.contains("API_KEY") && !page.contains("s3cret") && !page.contains(">MODE<"), "{page}");
+    let (status, app_json) = {
+        let response = dashboard.http.get(dashboard.url("/api/apps/shop")).bearer_auth(&dashboard.admin).send().await.unwrap();
+        (response.status(), response.json::<serde_json::Value>().await.unwrap())
+    };
+    assert_eq!(status, 200);
+    assert_eq!(app_json["env"], serde_json::json!(["API_KEY"]));
+
+    assert_eq!(post("/apps/shop/domains", vec![("domains", "shop.example.com\nwww.shop.example.com")]).await.unwrap().status(), 303);
+    let app = dashboard.server.state.store.app("shop").await.unwrap().unwrap();
+    assert_eq!(app.domains, r#"["shop.example.com","www.shop.example.com"]"#);
+
+    let (status, confirm) = dashboard.get(&cookie, "/apps/shop/delete").await;
+    assert_eq!(status, 200);
+    assert!(confirm.contains("Delete this app?"), "{confirm}");
+    assert_eq!(post("/apps/shop/delete", vec![]).await.unwrap().headers()[LOCATION], "/apps");
+    assert!(dashboard.server.state.store.app("shop").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_missing_usage_sample_is_a_gap_in_the_chart() {
+    let dashboard = Dashboard::start().await;
+    let state = &dashboard.server.state;
+    let now = state.clock.now_ms();
+    // A node joins (by hand, as an agent would); it has samples every 30 s
+    // with two missing in the middle.
+    let node_id = dashboard.join("gap-node").await;
+    let sample = |ago_s: i64| NodeUsageRow { node_id: node_id.clone(), at_ms: now - ago_s * 1000, cpu_pct: Some(20.0), mem_used: Some(1 << 30), disk_used: Some(2 << 30), apps: vec![] };
+    let rows: Vec<NodeUsageRow> = [300, 270, 240, 150, 120, 90].into_iter().map(sample).collect();
+    state.store.save_heartbeats(&[], &[], &rows).await.unwrap();
+
+    let cookie = dashboard.login(&dashboard.admin).await.unwrap();
+    let (status, page) = dashboard.get(&cookie, "/monitoring?range=1h").await;
+    assert_eq!(status, 200);
+    let node = &page[page.find("data-node=\"gap-node\"").expect("the node's charts")..];
+    assert!(node.contains(r#"data-points="6" data-segments="2""#), "six points in two runs: {node}");
+}
+
+#[tokio::test]
+async fn nodes_are_drained_reactivated_and_removed_after_confirmation() {
+    let dashboard = Dashboard::start().await;
+    let node_id = dashboard.join("n1").await;
+    let cookie = dashboard.login(&dashboard.admin).await.unwrap();
+    let (_, page) = dashboard.get(&cookie, "/nodes").await;
+    assert!(page.contains(&format!("data-node=\"{node_id}\"")) && page.contains(">n1<"), "{page}");
+    let csrf = Dashboard::csrf(&page);
+    let post = |path: String, form: Vec<(&'static str, &'static str)>| {
+        let mut form: Vec<(&str, &str)> = form;
+        form.push(("csrf", csrf.as_str()));
+        dashboard.http.post(dashboard.url(&path)).header(COOKIE, &cookie).form(&form).send()
+    };
+
+    let (status, confirm) = dashboard.get(&cookie, &format!("/nodes/{node_id}/drain")).await;
+    assert_eq!(status, 200);
+    assert!(confirm.contains("Drain this node?") && confirm.contains("<form class=\"confirm\" method=\"post\""), "{confirm}");
+    assert_eq!(dashboard.server.state.store.node(&node_id).await.unwrap().unwrap().draining, false, "showing the question changes nothing");
+    assert_eq!(post(format!("/nodes/{node_id}/drain"), vec![]).await.unwrap().status(), 303);
+    assert!(dashboard.server.state.store.node(&node_id).await.unwrap().unwrap().draining);
+    let (_, page) = dashboard.get(&cookie, "/nodes").await;
+    assert!(page.contains(&format!("href=\"/nodes/{node_id}/undrain\"")), "a drained node offers Reactivate: {page}");
+    assert_eq!(post(format!("/nodes/{node_id}/undrain"), vec![]).await.unwrap().status(), 303);
+    assert!(!dashboard.server.state.store.node(&node_id).await.unwrap().unwrap().draining);
+
+    let (_, confirm) = dashboard.get(&cookie, &format!("/nodes/{node_id}/remove")).await;
+    assert!(confirm.contains("name=\"force\"") && confirm.contains("become failed"), "the force option and its warning: {confirm}");
+    assert_eq!(post(format!("/nodes/{node_id}/remove"), vec![]).await.unwrap().status(), 303);
+    assert!(dashboard.server.state.store.node(&node_id).await.unwrap().is_none());
+    let (_, page) = dashboard.get(&cookie, "/nodes").await;
+    assert!(page.contains("Done.") && !page.contains(&node_id), "{page}");
+}

@@ -1,0 +1,383 @@
+//! The Apps pages: the list with status and URL, the create form (git URL
+//! and build settings), and one app's page: settings, domains, write-only
+//! environment, deploy, deployments with rollback, delete.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Form;
+use maud::{html, Markup};
+use serde_json::{json, Map, Value};
+
+use super::layout::{self, Nav};
+use super::{csrf_field, deployments, Ctx};
+use crate::api;
+use crate::error::ApiError;
+use crate::store::{AppRow, DeploymentRow};
+use crate::AppState;
+
+/// The address an app answers on by default.
+pub fn default_url(state: &AppState, app: &str) -> String {
+    format!("https://{app}.{}/", state.config.base_domain)
+}
+
+/// The state an app is in, from its newest deployments: `running` when one
+/// runs, else the newest one's state; `None` before the first deploy.
+fn status(deployments: &[DeploymentRow]) -> Option<&str> {
+    if deployments.iter().any(|d| d.state == "running") && !deployments.first().is_some_and(|d| matches!(d.state.as_str(), "queued" | "building" | "deploying")) {
+        return Some("running");
+    }
+    deployments.first().map(|d| d.state.as_str())
+}
+
+pub fn list_body(ctx: &Ctx, apps: &[(AppRow, Vec<DeploymentRow>)]) -> Markup {
+    html! {
+        @if apps.is_empty() { p.empty { (ctx.t("apps.empty")) } }
+        @else {
+            div.scroll { table {
+                thead { tr {
+                    th scope="col" { (ctx.t("apps.name")) }
+                    th scope="col" { (ctx.t("apps.status")) }
+                    th scope="col" { (ctx.t("apps.url")) }
+                    th scope="col" { (ctx.t("apps.instances")) }
+                } }
+                tbody {
+                    @for (app, deployments) in apps {
+                        @let url = default_url(&ctx.state, &app.name);
+                        tr data-app=(app.name) {
+                            th scope="row" { a href=(format!("/apps/{}", app.name)) { (app.name) } }
+                            td { @match status(deployments) { Some(s) => { (deployments::state_badge(ctx.lang, s)) }, None => { (ctx.t("apps.no_deployments")) } } }
+                            td { a href=(url) { (url) } }
+                            td.num { (app.instances) }
+                        }
+                    }
+                }
+            } }
+        }
+        h2 { (ctx.t("apps.create")) }
+        (create_form(ctx))
+    }
+}
+
+fn field(id: &str, label: &str, input: Markup) -> Markup {
+    html! { p.field { label for=(id) { (label) } (input) } }
+}
+
+fn create_form(ctx: &Ctx) -> Markup {
+    html! {
+        form.create method="post" action="/apps" {
+            (csrf_field(ctx))
+            (field("name", ctx.t("apps.name"), html! { input id="name" name="name" required pattern="[a-z0-9]([a-z0-9-]*[a-z0-9])?" maxlength="63"; }))
+            (field("repo_url", ctx.t("apps.repo"), html! { input id="repo_url" name="repo_url" required placeholder="https://gitlab.example.com/team/app.git"; }))
+            (field("branch", ctx.t("apps.branch"), html! { input id="branch" name="branch" value="main"; }))
+            (field("port", ctx.t("apps.port"), html! { input id="port" name="port" type="number" min="1" max="65535" value="8080" required; }))
+            (field("strategy", ctx.t("apps.strategy"), html! {
+                select id="strategy" name="strategy" {
+                    option value="auto" { (ctx.t("apps.strategy.auto")) }
+                    option value="dockerfile" { (ctx.t("apps.strategy.dockerfile")) }
+                    option value="static" { (ctx.t("apps.strategy.static")) }
+                    option value="buildpacks" { (ctx.t("apps.strategy.buildpacks")) }
+                }
+            }))
+            (field("install_cmd", ctx.t("apps.install_cmd"), html! { input id="install_cmd" name="install_cmd" placeholder="npm ci"; }))
+            (field("build_cmd", ctx.t("apps.build_cmd"), html! { input id="build_cmd" name="build_cmd" placeholder="npm run build"; }))
+            (field("output_dir", ctx.t("apps.output_dir"), html! { input id="output_dir" name="output_dir" placeholder="dist"; }))
+            (field("spa", ctx.t("apps.spa"), html! {
+                select id="spa" name="spa" {
+                    option value="auto" { (ctx.t("apps.spa.auto")) }
+                    option value="yes" { (ctx.t("common.yes")) }
+                    option value="no" { (ctx.t("common.no")) }
+                }
+            }))
+            (field("instances", ctx.t("apps.instances"), html! { input id="instances" name="instances" type="number" min="1" max="20" value="1"; }))
+            (field("cpu", ctx.t("apps.cpu"), html! { input id="cpu" name="cpu" type="number" min="0.01" step="0.01" placeholder="0.5"; }))
+            (field("memory", ctx.t("apps.memory"), html! { input id="memory" name="memory" type="number" min="16" placeholder="256"; }))
+            (field("domains", ctx.t("apps.domains"), html! { textarea id="domains" name="domains" rows="2" {} }))
+            button type="submit" { (ctx.t("apps.create")) }
+        }
+    }
+}
+
+async fn load_all(state: &AppState) -> Result<Vec<(AppRow, Vec<DeploymentRow>)>, ApiError> {
+    let mut out = Vec::new();
+    for app in state.store.apps().await? {
+        let deployments = state.store.app_deployments(&app.name).await?;
+        out.push((app, deployments));
+    }
+    Ok(out)
+}
+
+pub async fn list(ctx: Ctx) -> Response {
+    match load_all(&ctx.state).await {
+        Ok(apps) => layout::page(&ctx, ctx.t("apps.title"), Nav::Apps, "/apps", list_body(&ctx, &apps)).into_response(),
+        Err(err) => err.into_response(),
+    }
+}
+
+fn non_empty<'a>(form: &'a HashMap<String, String>, key: &str) -> Option<&'a str> {
+    form.get(key).map(|v| v.trim()).filter(|v| !v.is_empty())
+}
+
+fn lines(text: &str) -> Vec<String> {
+    text.split(|c: char| c == '\n' || c == ',' || c.is_whitespace()).map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect()
+}
+
+/// The API's create request from the form's fields.
+fn create_request(form: &HashMap<String, String>) -> Result<Value, ApiError> {
+    let number = |key: &str| -> Result<Option<f64>, ApiError> {
+        non_empty(form, key).map(|v| v.parse::<f64>().map_err(|_| ApiError::BadRequest(format!("invalid {key}: not a number")))).transpose()
+    };
+    let mut request = Map::new();
+    request.insert("name".into(), json!(non_empty(form, "name").unwrap_or("")));
+    request.insert("repo_url".into(), json!(non_empty(form, "repo_url").unwrap_or("")));
+    if let Some(branch) = non_empty(form, "branch") {
+        request.insert("branch".into(), json!(branch));
+    }
+    let port = non_empty(form, "port").unwrap_or("").parse::<u16>().map_err(|_| ApiError::BadRequest("invalid port: must be 1 to 65535".into()))?;
+    request.insert("port".into(), json!(port));
+    let strategy = non_empty(form, "strategy").unwrap_or("auto");
+    let mut build = Map::new();
+    for key in ["install_cmd", "build_cmd", "output_dir"] {
+        if let Some(value) = non_empty(form, key) {
+            build.insert(key.into(), json!(value));
+        }
+    }
+    if let Some(spa) = non_empty(form, "spa").filter(|v| *v != "auto") {
+        build.insert("spa".into(), json!(spa));
+    }
+    if strategy != "auto" || !build.is_empty() {
+        request.insert("strategy".into(), json!(if strategy == "auto" { "static" } else { strategy }));
+    }
+    if !build.is_empty() {
+        request.insert("build".into(), Value::Object(build));
+    }
+    if let Some(instances) = number("instances")? {
+        request.insert("instances".into(), json!(instances as u32));
+    }
+    if let Some(cpu) = number("cpu")? {
+        request.insert("cpu".into(), json!(cpu));
+    }
+    if let Some(memory) = number("memory")? {
+        request.insert("memory".into(), json!((memory * 1024.0 * 1024.0) as u64));
+    }
+    let domains = lines(form.get("domains").map(String::as_str).unwrap_or(""));
+    if !domains.is_empty() {
+        request.insert("domains".into(), json!(domains));
+    }
+    Ok(Value::Object(request))
+}
+
+pub async fn create(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Err(refused) = ctx.check(&form) {
+        return refused;
+    }
+    let result = match create_request(&form) {
+        Ok(request) => api::apps::create(State(ctx.state.clone()), Ok(Bytes::from(request.to_string()))).await,
+        Err(err) => Err(err),
+    };
+    match result {
+        Ok(_) => {
+            let name = non_empty(&form, "name").unwrap_or("");
+            ctx.outcome(Ok::<(), ApiError>(()), &format!("/apps/{name}"))
+        }
+        Err(err) => ctx.outcome(Err::<(), _>(err), "/apps"),
+    }
+}
+
+/// One app's page body. `env_names` are the names only: values are never
+/// read back for display.
+pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[DeploymentRow]) -> Markup {
+    let domains: Vec<String> = serde_json::from_str(&app.domains).unwrap_or_default();
+    let build: Option<Value> = app.build.as_deref().and_then(|b| serde_json::from_str(b).ok());
+    let url = default_url(&ctx.state, &app.name);
+    let base = format!("/apps/{}", app.name);
+    html! {
+        p { a href=(url) { (url) } @for domain in &domains { " · " a href=(format!("https://{domain}/")) { (domain) } } }
+        section {
+            form.inline method="post" action=(format!("{base}/deploy")) {
+                (csrf_field(ctx))
+                label for="commit" { (ctx.t("apps.commit")) }
+                input id="commit" name="commit" size="12" maxlength="64";
+                button type="submit" { @if deployments.is_empty() { (ctx.t("apps.deploy")) } @else { (ctx.t("apps.redeploy")) } }
+            }
+        }
+        section {
+            h2 { (ctx.t("apps.deployments")) }
+            (deployments::list(ctx, &app.name, deployments))
+        }
+        section {
+            h2 { (ctx.t("apps.runtime_logs")) }
+            p.help { (ctx.t("apps.runtime_logs_missing")) }
+        }
+        section {
+            h2 { (ctx.t("apps.settings")) }
+            dl.settings {
+                dt { (ctx.t("apps.repo")) } dd { code { (app.repo_url) } }
+                dt { (ctx.t("apps.branch")) } dd { (app.branch) }
+                dt { (ctx.t("apps.port")) } dd { (app.port) }
+                dt { (ctx.t("apps.strategy")) } dd { (app.strategy)
+                    @if let Some(build) = &build {
+                        @for (key, value) in build.as_object().into_iter().flatten() { br; small { (key) ": " code { (value.as_str().map(str::to_string).unwrap_or_else(|| value.to_string())) } } }
+                    }
+                }
+                dt { (ctx.t("apps.health_path")) } dd { code { (app.health_path) } }
+                dt { (ctx.t("apps.instances")) } dd { (app.instances) }
+                dt { (ctx.t("apps.resources")) } dd {
+                    (ctx.t("apps.cpu")) ": " (app.cpu.map(|c| c.to_string()).unwrap_or_else(|| ctx.t("apps.unlimited").to_string()))
+                    br;
+                    (ctx.t("apps.memory")) ": " (app.memory_bytes.map(|m| (m >> 20).to_string()).unwrap_or_else(|| ctx.t("apps.unlimited").to_string()))
+                }
+            }
+        }
+        section {
+            h2 { (ctx.t("apps.domains")) }
+            form method="post" action=(format!("{base}/domains")) {
+                (csrf_field(ctx))
+                label for="domains" { (ctx.t("apps.domains_help")) }
+                textarea id="domains" name="domains" rows="3" { (domains.join("\n")) }
+                button type="submit" { (ctx.t("apps.save")) }
+            }
+        }
+        section {
+            h2 { (ctx.t("apps.env")) }
+            p.help { (ctx.t("apps.env_help")) }
+            @if env_names.is_empty() { p { (ctx.t("apps.env_none")) } }
+            ul.env {
+                @for name in env_names {
+                    li {
+                        code { (name) }
+                        form.inline method="post" action=(format!("{base}/env")) {
+                            (csrf_field(ctx))
+                            input type="hidden" name="unset" value=(name);
+                            button type="submit" aria-label=(format!("{} {name}", ctx.t("apps.env_unset"))) { (ctx.t("apps.env_unset")) }
+                        }
+                    }
+                }
+            }
+            form.inline method="post" action=(format!("{base}/env")) {
+                (csrf_field(ctx))
+                label for="env-name" { (ctx.t("apps.env_name")) }
+                input id="env-name" name="name" required maxlength="128" autocomplete="off";
+                label for="env-value" { (ctx.t("apps.env_value")) }
+                input id="env-value" name="value" type="password" autocomplete="off";
+                button type="submit" { (ctx.t("apps.env_set")) }
+            }
+        }
+        section {
+            a.button.danger href=(format!("{base}/delete")) { (ctx.t("apps.delete")) }
+        }
+    }
+}
+
+async fn load(state: &Arc<AppState>, name: &str) -> Result<Option<(AppRow, Vec<DeploymentRow>)>, ApiError> {
+    let Some(app) = state.store.app(name).await? else { return Ok(None) };
+    let deployments = state.store.app_deployments(name).await?;
+    Ok(Some((app, deployments)))
+}
+
+pub async fn show(ctx: Ctx, Path(name): Path<String>) -> Response {
+    match load(&ctx.state, &name).await {
+        Ok(Some((app, deployments))) => {
+            let env_names: Vec<String> = crate::deploy::app_env(&ctx.state, &app).map(|env| env.into_keys().collect()).unwrap_or_default();
+            let body = app_body(&ctx, &app, &env_names, &deployments);
+            layout::page(&ctx, &app.name, Nav::Apps, &format!("/apps/{}", app.name), body).into_response()
+        }
+        Ok(None) => super::not_found(&ctx),
+        Err(err) => err.into_response(),
+    }
+}
+
+/// Sets or unsets one variable: the API replaces the whole environment, so
+/// the others are read (sealed values, opened here only) and sent back.
+pub async fn set_env(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Err(refused) = ctx.check(&form) {
+        return refused;
+    }
+    let back = format!("/apps/{name}");
+    let result = async {
+        let app = ctx.state.store.app(&name).await?.ok_or_else(|| ApiError::NotFound(format!("no app {name:?}")))?;
+        let mut env: BTreeMap<String, String> = crate::deploy::app_env(&ctx.state, &app)?;
+        if let Some(unset) = form.get("unset") {
+            env.remove(unset);
+        } else {
+            let key = form.get("name").map(|n| n.trim()).unwrap_or("");
+            env.insert(key.to_string(), form.get("value").cloned().unwrap_or_default());
+        }
+        let body = serde_json::to_string(&env).expect("strings serialize");
+        api::apps::set_env(State(ctx.state.clone()), Path(name.clone()), Ok(Bytes::from(body))).await
+    }
+    .await;
+    ctx.outcome(result, &back)
+}
+
+pub async fn set_domains(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Err(refused) = ctx.check(&form) {
+        return refused;
+    }
+    let domains = lines(form.get("domains").map(String::as_str).unwrap_or(""));
+    let body = serde_json::to_string(&domains).expect("strings serialize");
+    let result = api::apps::set_domains(State(ctx.state.clone()), Path(name.clone()), Ok(Bytes::from(body))).await;
+    ctx.outcome(result, &format!("/apps/{name}"))
+}
+
+/// The id of the deployment a deploy or rollback answer names.
+async fn created_id(response: Response) -> Option<String> {
+    let bytes = axum::body::to_bytes(response.into_body(), 64 * 1024).await.ok()?;
+    let value: Value = serde_json::from_slice(&bytes).ok()?;
+    value.get("id").and_then(Value::as_str).map(str::to_string)
+}
+
+pub async fn deploy(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Err(refused) = ctx.check(&form) {
+        return refused;
+    }
+    let body = match non_empty(&form, "commit") {
+        Some(commit) => json!({ "commit": commit }).to_string(),
+        None => String::new(),
+    };
+    match api::apps::deploy(State(ctx.state.clone()), Path(name.clone()), HeaderMap::new(), Ok(Bytes::from(body))).await {
+        Ok(response) => match created_id(response).await {
+            Some(id) => Redirect::to(&format!("/deployments/{id}")).into_response(),
+            None => Redirect::to(&format!("/apps/{name}")).into_response(),
+        },
+        Err(err) => ctx.outcome(Err::<(), _>(err), &format!("/apps/{name}")),
+    }
+}
+
+pub async fn rollback(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Err(refused) = ctx.check(&form) {
+        return refused;
+    }
+    let body = json!({ "deployment_id": form.get("deployment_id").map(String::as_str).unwrap_or("") }).to_string();
+    match api::apps::rollback(State(ctx.state.clone()), Path(name.clone()), HeaderMap::new(), Ok(Bytes::from(body))).await {
+        Ok(response) => match created_id(response).await {
+            Some(id) => Redirect::to(&format!("/deployments/{id}")).into_response(),
+            None => Redirect::to(&format!("/apps/{name}")).into_response(),
+        },
+        Err(err) => ctx.outcome(Err::<(), _>(err), &format!("/apps/{name}")),
+    }
+}
+
+pub async fn confirm_delete(ctx: Ctx, Path(name): Path<String>) -> Response {
+    if !matches!(ctx.state.store.app(&name).await, Ok(Some(_))) {
+        return super::not_found(&ctx);
+    }
+    let here = format!("/apps/{name}/delete");
+    let title = format!("{}: {name}", ctx.t("apps.delete"));
+    layout::confirm(&ctx, &title, Nav::Apps, &here, ctx.t("apps.confirm_delete"), &here, html! {}, &format!("/apps/{name}")).into_response()
+}
+
+pub async fn delete(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Err(refused) = ctx.check(&form) {
+        return refused;
+    }
+    match api::apps::remove(State(ctx.state.clone()), Path(name.clone())).await {
+        Ok(_) => ctx.outcome(Ok::<(), ApiError>(()), "/apps"),
+        Err(err) => ctx.outcome(Err::<(), _>(err), &format!("/apps/{name}")),
+    }
+}
+

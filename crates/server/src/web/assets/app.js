@@ -1,0 +1,47 @@
+// cloud-web dashboard: makes pages live. Without it every page still works.
+// Everything arriving from the server is either HTML the server rendered
+// and escaped (the node table) or text put in with textContent (log lines).
+"use strict";
+(function () {
+  // The node table: the server sends the rendered rows when they change.
+  var rows = document.getElementById("node-rows");
+  if (rows && window.EventSource) {
+    var lang = document.documentElement.lang || "en";
+    var source = new EventSource(rows.getAttribute("data-live") + "?lang=" + encodeURIComponent(lang));
+    source.addEventListener("rows", function (event) {
+      rows.innerHTML = event.data;
+      var empty = document.getElementById("nodes-empty");
+      if (empty && rows.children.length > 0) { empty.remove(); }
+    });
+  }
+
+  // A deployment's build log: follow new lines, reload once it settles so
+  // the state and timeline are current.
+  var log = document.getElementById("log");
+  if (log && log.getAttribute("data-stream") && window.EventSource) {
+    var stream = new EventSource(log.getAttribute("data-stream"));
+    stream.addEventListener("log", function (event) {
+      var entry = JSON.parse(event.data);
+      var empty = document.getElementById("log-empty");
+      if (empty) { empty.remove(); }
+      var line = document.createElement("span");
+      line.className = "line " + (entry.stream === "stderr" ? "stderr" : "stdout");
+      line.title = entry.ts;
+      line.textContent = entry.line + "\n";
+      var atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 8;
+      log.appendChild(line);
+      if (atBottom) { log.scrollTop = log.scrollHeight; }
+    });
+    stream.addEventListener("end", function () { stream.close(); window.location.reload(); });
+  }
+
+  // Copy buttons (the join command).
+  Array.prototype.forEach.call(document.querySelectorAll("button.copy[data-copy]"), function (button) {
+    if (!navigator.clipboard) { return; }
+    button.hidden = false;
+    button.addEventListener("click", function () {
+      var target = document.getElementById(button.getAttribute("data-copy"));
+      if (target) { navigator.clipboard.writeText(target.textContent); }
+    });
+  });
+})();

@@ -1,0 +1,404 @@
+//! The dashboard's words: one catalogue per language, keyed by a short
+//! identifier. Every string a page shows comes from here (or from the
+//! data it displays), so a translation is a change to one file.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+/// A language the dashboard speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lang {
+    En,
+    Es,
+}
+
+impl Lang {
+    pub fn code(self) -> &'static str {
+        match self {
+            Lang::En => "en",
+            Lang::Es => "es",
+        }
+    }
+
+    pub fn parse(code: &str) -> Option<Lang> {
+        match code.trim().to_ascii_lowercase().as_str() {
+            "en" => Some(Lang::En),
+            "es" => Some(Lang::Es),
+            _ => None,
+        }
+    }
+
+    /// The best match for an `Accept-Language` header: the first listed
+    /// language (by quality, then order) we speak; English otherwise.
+    pub fn from_accept_language(header: &str) -> Lang {
+        let mut choices: Vec<(f32, usize, Lang)> = header
+            .split(',')
+            .enumerate()
+            .filter_map(|(order, part)| {
+                let mut pieces = part.split(';');
+                let tag = pieces.next()?.trim();
+                let quality = pieces
+                    .find_map(|p| p.trim().strip_prefix("q=").and_then(|q| q.parse::<f32>().ok()))
+                    .unwrap_or(1.0);
+                let primary = tag.split('-').next()?;
+                Lang::parse(primary).map(|lang| (quality, order, lang))
+            })
+            .filter(|(quality, _, _)| *quality > 0.0)
+            .collect();
+        choices.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)));
+        choices.first().map(|c| c.2).unwrap_or(Lang::En)
+    }
+
+    /// The word for `key`. A key missing from the catalogue shows as
+    /// itself (the catalogue test keeps that from shipping).
+    pub fn t(self, key: &'static str) -> &'static str {
+        static TABLES: OnceLock<[HashMap<&'static str, &'static str>; 2]> = OnceLock::new();
+        let tables = TABLES.get_or_init(|| [EN.iter().copied().collect(), ES.iter().copied().collect()]);
+        let table = match self {
+            Lang::En => &tables[0],
+            Lang::Es => &tables[1],
+        };
+        table.get(key).copied().unwrap_or(key)
+    }
+}
+
+pub const EN: &[(&str, &str)] = &[
+    ("product", "cloud-web"),
+    ("nav.nodes", "Nodes"),
+    ("nav.apps", "Apps"),
+    ("nav.monitoring", "Monitoring"),
+    ("nav.logout", "Log out"),
+    ("nav.language", "Language"),
+    ("nav.switch", "Switch"),
+    ("nav.skip", "Skip to content"),
+    ("login.title", "Log in"),
+    ("login.token", "API token"),
+    ("login.help", "Paste the admin token (the installer printed it, and it is in the data dir's admin-token file) or a personal API token."),
+    ("login.submit", "Log in"),
+    ("login.invalid", "That token is not valid."),
+    ("csrf.invalid", "The form expired; reload the page and try again."),
+    ("nodes.title", "Nodes"),
+    ("nodes.empty", "No node has joined yet. Generate a join token and run its command on the machine you want to add."),
+    ("nodes.name", "Name"),
+    ("nodes.address", "Cluster address"),
+    ("nodes.state", "State"),
+    ("nodes.cpu", "CPU"),
+    ("nodes.memory", "Memory"),
+    ("nodes.disk", "Disk"),
+    ("nodes.instances", "Instances"),
+    ("nodes.health", "Health"),
+    ("nodes.version", "Agent version"),
+    ("nodes.heartbeat", "Last heartbeat"),
+    ("nodes.actions", "Actions"),
+    ("nodes.join_token", "Generate join token"),
+    ("nodes.join_command", "Run this command on the new machine:"),
+    ("nodes.join_expires", "The token works once and expires at"),
+    ("nodes.drain", "Drain"),
+    ("nodes.reactivate", "Reactivate"),
+    ("nodes.remove", "Remove"),
+    ("nodes.force", "Force: the node is unreachable"),
+    ("nodes.force_warning", "Its instances become failed and are started elsewhere where there is room."),
+    ("nodes.confirm_drain", "Drain this node? No new instances are placed on it and its instances move to other nodes; each old one stops once its replacement runs."),
+    ("nodes.confirm_reactivate", "Reactivate this node? It takes new instances again."),
+    ("nodes.confirm_remove", "Remove this node from the cluster? Its agent stops and the node must join again to come back."),
+    ("nodes.waiting", "Could not be moved (no room):"),
+    ("nodes.never", "never"),
+    ("nodes.ago", "{age} ago"),
+    ("nodes.ingress", "ingress"),
+    ("nodes.cores", "cores"),
+    ("state.ready", "ready"),
+    ("state.draining", "draining"),
+    ("state.unreachable", "unreachable"),
+    ("health.healthy", "healthy"),
+    ("health.degraded", "degraded"),
+    ("health.unknown", "unknown"),
+    ("health.mesh", "mesh"),
+    ("apps.title", "Apps"),
+    ("apps.empty", "No app yet. Create one from a git repository below."),
+    ("apps.name", "Name"),
+    ("apps.status", "Status"),
+    ("apps.url", "URL"),
+    ("apps.repo", "Git URL"),
+    ("apps.branch", "Branch"),
+    ("apps.port", "Port the app listens on"),
+    ("apps.create", "Create app"),
+    ("apps.strategy", "Build"),
+    ("apps.strategy.auto", "Detect (Dockerfile, else static site)"),
+    ("apps.strategy.dockerfile", "Dockerfile"),
+    ("apps.strategy.static", "Static site"),
+    ("apps.strategy.buildpacks", "Buildpacks"),
+    ("apps.install_cmd", "Install command (static)"),
+    ("apps.build_cmd", "Build command (static)"),
+    ("apps.output_dir", "Output directory (static)"),
+    ("apps.spa", "Single-page app: serve index.html for unknown paths (static)"),
+    ("apps.spa.auto", "detect"),
+    ("apps.instances", "Instances"),
+    ("apps.cpu", "CPU cores per instance"),
+    ("apps.memory", "Memory per instance (MiB)"),
+    ("apps.health_path", "Health check path"),
+    ("apps.settings", "Settings"),
+    ("apps.domains", "Domains"),
+    ("apps.domains_help", "Custom domains, one per line. The default address always works."),
+    ("apps.save", "Save"),
+    ("apps.env", "Environment variables"),
+    ("apps.env_help", "Values are write-only: they are stored sealed and never shown again."),
+    ("apps.env_name", "Name"),
+    ("apps.env_value", "Value"),
+    ("apps.env_set", "Set"),
+    ("apps.env_unset", "Unset"),
+    ("apps.env_none", "No variables."),
+    ("apps.deploy", "Deploy"),
+    ("apps.redeploy", "Redeploy"),
+    ("apps.commit", "Commit (optional)"),
+    ("apps.delete", "Delete app"),
+    ("apps.confirm_delete", "Delete this app? Its instances stop, its addresses stop answering, and its deployments are forgotten."),
+    ("apps.deployments", "Deployments"),
+    ("apps.no_deployments", "Not deployed yet."),
+    ("apps.none", "none"),
+    ("apps.resources", "Resources"),
+    ("apps.unlimited", "not limited"),
+    ("apps.runtime_logs", "Runtime logs"),
+    ("apps.runtime_logs_missing", "Runtime logs are not available from this control plane yet."),
+    ("deploy.title", "Deployment"),
+    ("deploy.state", "State"),
+    ("deploy.created", "Started"),
+    ("deploy.updated", "Last change"),
+    ("deploy.commit", "Commit"),
+    ("deploy.image", "Image"),
+    ("deploy.nodes", "Nodes"),
+    ("deploy.kind", "Kind"),
+    ("deploy.error", "Error"),
+    ("deploy.timeline", "Timeline"),
+    ("deploy.logs", "Build log"),
+    ("deploy.logs_empty", "No log lines yet."),
+    ("deploy.rollback", "Roll back to this"),
+    ("deploy.cancel", "Cancel"),
+    ("deploy.live", "live"),
+    ("deploy.view", "View"),
+    ("dstate.queued", "queued"),
+    ("dstate.building", "building"),
+    ("dstate.deploying", "deploying"),
+    ("dstate.running", "running"),
+    ("dstate.failed", "failed"),
+    ("dstate.superseded", "superseded"),
+    ("mon.title", "Monitoring"),
+    ("mon.range", "Range"),
+    ("mon.cpu", "CPU (%)"),
+    ("mon.memory", "Memory"),
+    ("mon.disk", "Disk"),
+    ("mon.app_cpu", "CPU (cores)"),
+    ("mon.restarts", "Container restarts"),
+    ("mon.requests", "Requests by status class"),
+    ("mon.latency", "Mean latency (ms)"),
+    ("mon.slow", "Slow requests"),
+    ("mon.no_data", "no data"),
+    ("mon.gap_note", "Gaps mean no sample was stored for that time."),
+    ("mon.nodes", "Nodes"),
+    ("mon.apps", "Apps"),
+    ("common.confirm", "Confirm"),
+    ("common.cancel", "Cancel"),
+    ("common.back", "Back"),
+    ("common.error", "Error"),
+    ("common.done", "Done."),
+    ("common.yes", "yes"),
+    ("common.no", "no"),
+    ("common.copy", "Copy"),
+    ("common.not_found", "Not found."),
+];
+
+pub const ES: &[(&str, &str)] = &[
+    ("product", "cloud-web"),
+    ("nav.nodes", "Nodos"),
+    ("nav.apps", "Apps"),
+    ("nav.monitoring", "Monitorización"),
+    ("nav.logout", "Cerrar sesión"),
+    ("nav.language", "Idioma"),
+    ("nav.switch", "Cambiar"),
+    ("nav.skip", "Saltar al contenido"),
+    ("login.title", "Iniciar sesión"),
+    ("login.token", "Token de API"),
+    ("login.help", "Pega el token de administración (lo mostró el instalador y está en el archivo admin-token del directorio de datos) o un token personal de API."),
+    ("login.submit", "Entrar"),
+    ("login.invalid", "Ese token no es válido."),
+    ("csrf.invalid", "El formulario caducó; recarga la página e inténtalo de nuevo."),
+    ("nodes.title", "Nodos"),
+    ("nodes.empty", "Aún no se ha unido ningún nodo. Genera un token de unión y ejecuta su comando en la máquina que quieras añadir."),
+    ("nodes.name", "Nombre"),
+    ("nodes.address", "Dirección de clúster"),
+    ("nodes.state", "Estado"),
+    ("nodes.cpu", "CPU"),
+    ("nodes.memory", "Memoria"),
+    ("nodes.disk", "Disco"),
+    ("nodes.instances", "Instancias"),
+    ("nodes.health", "Salud"),
+    ("nodes.version", "Versión del agente"),
+    ("nodes.heartbeat", "Último latido"),
+    ("nodes.actions", "Acciones"),
+    ("nodes.join_token", "Generar token de unión"),
+    ("nodes.join_command", "Ejecuta este comando en la máquina nueva:"),
+    ("nodes.join_expires", "El token sirve una vez y caduca el"),
+    ("nodes.drain", "Drenar"),
+    ("nodes.reactivate", "Reactivar"),
+    ("nodes.remove", "Quitar"),
+    ("nodes.force", "Forzar: el nodo no responde"),
+    ("nodes.force_warning", "Sus instancias pasan a fallidas y se arrancan en otros nodos donde haya sitio."),
+    ("nodes.confirm_drain", "¿Drenar este nodo? No recibe instancias nuevas y las suyas se mueven a otros nodos; cada una se detiene cuando su sustituta funciona."),
+    ("nodes.confirm_reactivate", "¿Reactivar este nodo? Vuelve a recibir instancias nuevas."),
+    ("nodes.confirm_remove", "¿Quitar este nodo del clúster? Su agente se detiene y el nodo tendrá que unirse de nuevo para volver."),
+    ("nodes.waiting", "No se pudieron mover (no hay sitio):"),
+    ("nodes.never", "nunca"),
+    ("nodes.ago", "hace {age}"),
+    ("nodes.ingress", "ingress"),
+    ("nodes.cores", "núcleos"),
+    ("state.ready", "listo"),
+    ("state.draining", "drenando"),
+    ("state.unreachable", "inalcanzable"),
+    ("health.healthy", "sana"),
+    ("health.degraded", "degradada"),
+    ("health.unknown", "desconocida"),
+    ("health.mesh", "malla"),
+    ("apps.title", "Apps"),
+    ("apps.empty", "Aún no hay apps. Crea una desde un repositorio git más abajo."),
+    ("apps.name", "Nombre"),
+    ("apps.status", "Estado"),
+    ("apps.url", "URL"),
+    ("apps.repo", "URL de git"),
+    ("apps.branch", "Rama"),
+    ("apps.port", "Puerto en el que escucha la app"),
+    ("apps.create", "Crear app"),
+    ("apps.strategy", "Construcción"),
+    ("apps.strategy.auto", "Detectar (Dockerfile, si no sitio estático)"),
+    ("apps.strategy.dockerfile", "Dockerfile"),
+    ("apps.strategy.static", "Sitio estático"),
+    ("apps.strategy.buildpacks", "Buildpacks"),
+    ("apps.install_cmd", "Comando de instalación (estático)"),
+    ("apps.build_cmd", "Comando de construcción (estático)"),
+    ("apps.output_dir", "Directorio de salida (estático)"),
+    ("apps.spa", "App de una página: servir index.html en rutas desconocidas (estático)"),
+    ("apps.spa.auto", "detectar"),
+    ("apps.instances", "Instancias"),
+    ("apps.cpu", "Núcleos de CPU por instancia"),
+    ("apps.memory", "Memoria por instancia (MiB)"),
+    ("apps.health_path", "Ruta de comprobación de salud"),
+    ("apps.settings", "Configuración"),
+    ("apps.domains", "Dominios"),
+    ("apps.domains_help", "Dominios propios, uno por línea. La dirección por defecto siempre funciona."),
+    ("apps.save", "Guardar"),
+    ("apps.env", "Variables de entorno"),
+    ("apps.env_help", "Los valores son de solo escritura: se guardan sellados y no se vuelven a mostrar."),
+    ("apps.env_name", "Nombre"),
+    ("apps.env_value", "Valor"),
+    ("apps.env_set", "Definir"),
+    ("apps.env_unset", "Quitar"),
+    ("apps.env_none", "Sin variables."),
+    ("apps.deploy", "Desplegar"),
+    ("apps.redeploy", "Volver a desplegar"),
+    ("apps.commit", "Commit (opcional)"),
+    ("apps.delete", "Borrar app"),
+    ("apps.confirm_delete", "¿Borrar esta app? Sus instancias se detienen, sus direcciones dejan de responder y se olvidan sus despliegues."),
+    ("apps.deployments", "Despliegues"),
+    ("apps.no_deployments", "Aún sin desplegar."),
+    ("apps.none", "ninguno"),
+    ("apps.resources", "Recursos"),
+    ("apps.unlimited", "sin límite"),
+    ("apps.runtime_logs", "Logs de ejecución"),
+    ("apps.runtime_logs_missing", "Este plano de control aún no ofrece logs de ejecución."),
+    ("deploy.title", "Despliegue"),
+    ("deploy.state", "Estado"),
+    ("deploy.created", "Inicio"),
+    ("deploy.updated", "Último cambio"),
+    ("deploy.commit", "Commit"),
+    ("deploy.image", "Imagen"),
+    ("deploy.nodes", "Nodos"),
+    ("deploy.kind", "Tipo"),
+    ("deploy.error", "Error"),
+    ("deploy.timeline", "Cronología"),
+    ("deploy.logs", "Log de construcción"),
+    ("deploy.logs_empty", "Aún no hay líneas de log."),
+    ("deploy.rollback", "Volver a este"),
+    ("deploy.cancel", "Cancelar"),
+    ("deploy.live", "en vivo"),
+    ("deploy.view", "Ver"),
+    ("dstate.queued", "en cola"),
+    ("dstate.building", "construyendo"),
+    ("dstate.deploying", "desplegando"),
+    ("dstate.running", "en marcha"),
+    ("dstate.failed", "fallido"),
+    ("dstate.superseded", "reemplazado"),
+    ("mon.title", "Monitorización"),
+    ("mon.range", "Periodo"),
+    ("mon.cpu", "CPU (%)"),
+    ("mon.memory", "Memoria"),
+    ("mon.disk", "Disco"),
+    ("mon.app_cpu", "CPU (núcleos)"),
+    ("mon.restarts", "Reinicios de contenedores"),
+    ("mon.requests", "Peticiones por clase de estado"),
+    ("mon.latency", "Latencia media (ms)"),
+    ("mon.slow", "Peticiones lentas"),
+    ("mon.no_data", "sin datos"),
+    ("mon.gap_note", "Los huecos indican que no se guardó ninguna muestra en ese momento."),
+    ("mon.nodes", "Nodos"),
+    ("mon.apps", "Apps"),
+    ("common.confirm", "Confirmar"),
+    ("common.cancel", "Cancelar"),
+    ("common.back", "Volver"),
+    ("common.error", "Error"),
+    ("common.done", "Hecho."),
+    ("common.yes", "sí"),
+    ("common.no", "no"),
+    ("common.copy", "Copiar"),
+    ("common.not_found", "No encontrado."),
+];
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn both_catalogues_have_the_same_keys_and_no_duplicates() {
+        let en: BTreeSet<&str> = EN.iter().map(|(k, _)| *k).collect();
+        let es: BTreeSet<&str> = ES.iter().map(|(k, _)| *k).collect();
+        assert_eq!(en.len(), EN.len(), "a key appears twice in the English catalogue");
+        assert_eq!(es.len(), ES.len(), "a key appears twice in the Spanish catalogue");
+        let only_en: Vec<_> = en.difference(&es).collect();
+        let only_es: Vec<_> = es.difference(&en).collect();
+        assert!(only_en.is_empty() && only_es.is_empty(), "only in English: {only_en:?}; only in Spanish: {only_es:?}");
+        assert!(EN.iter().chain(ES).all(|(_, v)| !v.trim().is_empty()), "an empty translation");
+    }
+
+    #[test]
+    fn every_key_the_pages_use_is_in_the_catalogue() {
+        // The pages name keys as string literals `t("…")`; scan the sources
+        // so a typo cannot render as a raw key.
+        let keys: BTreeSet<&str> = EN.iter().map(|(k, _)| *k).collect();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/web");
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "rs") || path.ends_with("i18n.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for piece in text.split(".t(\"").skip(1) {
+                let key = &piece[..piece.find('"').unwrap()];
+                assert!(keys.contains(key), "{} uses unknown key {key:?}", path.display());
+            }
+        }
+    }
+
+    #[test]
+    fn accept_language_picks_the_best_language_we_speak() {
+        let check = |header: &str, want: Lang| assert_eq!(Lang::from_accept_language(header), want, "{header}");
+        check("es-ES,es;q=0.9,en;q=0.8", Lang::Es);
+        check("en-US,en;q=0.9,es;q=0.8", Lang::En);
+        check("fr-FR,fr;q=0.9,es;q=0.5", Lang::Es);
+        check("de, en;q=0.1, es;q=0.4", Lang::Es);
+        check("es;q=0", Lang::En);
+        check("", Lang::En);
+        check("*", Lang::En);
+        assert_eq!(Lang::Es.t("health.healthy"), "sana");
+        assert_eq!(Lang::Es.t("health.mesh"), "malla");
+        assert_eq!(Lang::Es.t("nodes.join_token"), "Generar token de unión");
+    }
+}

@@ -1,0 +1,151 @@
+//! The frame around every page: head, navigation, language switch,
+//! flash message.
+
+use maud::{html, Markup, DOCTYPE};
+
+use super::i18n::Lang;
+use super::session::Flash;
+use super::{csrf_field, Ctx};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Nav {
+    Nodes,
+    Apps,
+    Monitoring,
+}
+
+fn head(lang: Lang, title: &str) -> Markup {
+    html! {
+        (DOCTYPE)
+        head {
+            meta charset="utf-8";
+            meta name="viewport" content="width=device-width, initial-scale=1";
+            title { (title) " · " (lang.t("product")) }
+            link rel="stylesheet" href="/assets/app.css";
+            script src="/assets/app.js" defer {}
+        }
+    }
+}
+
+/// A full page. `here` is the page's own path, for the language switch
+/// to come back to.
+pub fn page(ctx: &Ctx, title: &str, nav: Nav, here: &str, body: Markup) -> Markup {
+    let link = |target: Nav, href: &str, key: &'static str| {
+        html! { a href=(href) aria-current=[(target == nav).then_some("page")] { (ctx.lang.t(key)) } }
+    };
+    html! {
+        html lang=(ctx.lang.code()) {
+            (head(ctx.lang, title))
+            body {
+                a.skip href="#main" { (ctx.t("nav.skip")) }
+                header.top {
+                    strong.brand { (ctx.t("product")) }
+                    nav {
+                        (link(Nav::Nodes, "/nodes", "nav.nodes"))
+                        (link(Nav::Apps, "/apps", "nav.apps"))
+                        (link(Nav::Monitoring, "/monitoring", "nav.monitoring"))
+                    }
+                    form.lang method="post" action="/lang" {
+                        input type="hidden" name="back" value=(here);
+                        label for="lang-select" { (ctx.t("nav.language")) }
+                        select id="lang-select" name="lang" {
+                            option value="en" selected[ctx.lang == Lang::En] { "English" }
+                            option value="es" selected[ctx.lang == Lang::Es] { "Español" }
+                        }
+                        button type="submit" { (ctx.t("nav.switch")) }
+                    }
+                    form.logout method="post" action="/logout" {
+                        (csrf_field(ctx))
+                        button type="submit" { (ctx.t("nav.logout")) }
+                    }
+                }
+                main id="main" {
+                    h1 { (title) }
+                    (flash(ctx))
+                    (body)
+                }
+            }
+        }
+    }
+}
+
+fn flash(ctx: &Ctx) -> Markup {
+    match &ctx.flash {
+        None => html! {},
+        Some(Flash::Done) => html! { p.flash.ok role="status" { (ctx.t("common.done")) } },
+        Some(Flash::Error(text)) => html! { p.flash.error role="alert" { strong { (ctx.t("common.error")) ": " } (text) } },
+        Some(Flash::JoinCommand { command, expires_at }) => html! {
+            section.flash.ok role="status" id="join" {
+                p { (ctx.t("nodes.join_command")) }
+                pre.command { code id="join-command" { (command) } }
+                button type="button" class="copy" data-copy="join-command" hidden { (ctx.t("common.copy")) }
+                p { (ctx.t("nodes.join_expires")) " " time { (expires_at) } }
+            }
+        },
+        Some(Flash::Waiting(apps)) => html! {
+            section.flash.error role="alert" {
+                p { (ctx.t("nodes.waiting")) }
+                ul { @for (app, reason) in apps { li { strong { (app) } ": " (reason) } } }
+            }
+        },
+    }
+}
+
+/// A page with just a message (errors, not found).
+pub fn message(ctx: &Ctx, text: &str) -> Markup {
+    html! {
+        html lang=(ctx.lang.code()) {
+            (head(ctx.lang, text))
+            body { main id="main" { p { (text) } p { a href="/nodes" { (ctx.t("common.back")) } } } }
+        }
+    }
+}
+
+pub fn login(lang: Lang, error: Option<&str>) -> Markup {
+    html! {
+        html lang=(lang.code()) {
+            (head(lang, lang.t("login.title")))
+            body.login {
+                main id="main" {
+                    h1 { (lang.t("product")) }
+                    form method="post" action="/login" {
+                        @if let Some(error) = error { p.flash.error role="alert" { (error) } }
+                        label for="token" { (lang.t("login.token")) }
+                        input id="token" name="token" type="password" autocomplete="current-password" required autofocus;
+                        p.help { (lang.t("login.help")) }
+                        button type="submit" { (lang.t("login.submit")) }
+                    }
+                    form.lang method="post" action="/lang" {
+                        input type="hidden" name="back" value="/login";
+                        label for="lang-select" { (lang.t("nav.language")) }
+                        select id="lang-select" name="lang" {
+                            option value="en" selected[lang == Lang::En] { "English" }
+                            option value="es" selected[lang == Lang::Es] { "Español" }
+                        }
+                        button type="submit" { (lang.t("nav.switch")) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A confirmation page: the question, and a form that posts to `action`.
+pub fn confirm(ctx: &Ctx, title: &str, nav: Nav, here: &str, question: &str, action: &str, extra: Markup, cancel_to: &str) -> Markup {
+    page(
+        ctx,
+        title,
+        nav,
+        here,
+        html! {
+            form.confirm method="post" action=(action) {
+                (csrf_field(ctx))
+                p { (question) }
+                (extra)
+                button.danger type="submit" { (ctx.t("common.confirm")) }
+                " "
+                a href=(cancel_to) { (ctx.t("common.cancel")) }
+            }
+        },
+    )
+}

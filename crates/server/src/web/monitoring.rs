@@ -1,0 +1,164 @@
+//! The Monitoring page: per node and per app charts over 1 h, 24 h or 7 d
+//! from the stored history (usage samples and ingress traffic).
+
+use std::collections::BTreeMap;
+
+use axum::extract::Query;
+use axum::response::{IntoResponse, Response};
+use maud::{html, Markup};
+
+use super::chart::{self, Series, Unit};
+use super::layout::{self, Nav};
+use super::Ctx;
+use crate::error::ApiError;
+use crate::store::AppUsageRow;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_gap_threshold_follows_the_sample_period() {
+        // Samples every 2 s: a 10 s hole is a gap.
+        assert_eq!(super::max_step_ms(&[0, 2000, 4000, 6000, 16_000], [30].into_iter()), 5000);
+        // Nothing to measure: the agent's default 30 s period.
+        assert_eq!(super::max_step_ms(&[0], [30].into_iter()), 75_000);
+        // Averaged rows in the window: their 5-minute period.
+        assert_eq!(super::max_step_ms(&[0, 30_000], [30, 300].into_iter()), 750_000);
+    }
+}
+
+#[derive(serde::Deserialize)]
+pub struct RangeQuery {
+    range: Option<String>,
+}
+
+const RANGES: [(&str, i64); 3] = [("1h", 3600), ("24h", 86_400), ("7d", 7 * 86_400)];
+
+/// How far apart two samples may be and still be joined by a line: two
+/// and a half sample periods, so one late sample is not a gap but a lost
+/// one is. The period is what the samples show (the median distance: an
+/// agent may sample more often than every 30 s); once averaged rows (5 min)
+/// are in the window, their period, as finer gaps would not show at that
+/// scale anyway.
+fn max_step_ms(times: &[i64], resolutions: impl Iterator<Item = i64>) -> i64 {
+    let coarsest = resolutions.max().unwrap_or(crate::store::USAGE_FINE_SECONDS);
+    if coarsest > crate::store::USAGE_FINE_SECONDS {
+        return coarsest * 2500;
+    }
+    let mut steps: Vec<i64> = times.windows(2).map(|w| w[1] - w[0]).filter(|d| *d > 0).collect();
+    steps.sort_unstable();
+    let period = steps.get(steps.len() / 2).copied().unwrap_or(crate::store::USAGE_FINE_SECONDS * 1000);
+    period.max(1000) * 5 / 2
+}
+
+pub async fn page(ctx: Ctx, Query(query): Query<RangeQuery>) -> Response {
+    let range = query.range.as_deref().and_then(|r| RANGES.iter().find(|(name, _)| *name == r)).copied().unwrap_or(RANGES[0]);
+    match body(&ctx, range).await {
+        Ok(body) => layout::page(&ctx, ctx.t("mon.title"), Nav::Monitoring, &format!("/monitoring?range={}", range.0), body).into_response(),
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn body(ctx: &Ctx, (range_name, seconds): (&str, i64)) -> Result<Markup, ApiError> {
+    let state = &ctx.state;
+    let to = state.clock.now_ms();
+    let from = to - seconds * 1000;
+    let no_data = ctx.t("mon.no_data");
+    let nodes = state.store.nodes().await?;
+    let node_names: BTreeMap<String, String> = nodes.iter().map(|n| (n.id.clone(), n.name.clone())).collect();
+    let mut node_charts = Vec::new();
+    for node in &nodes {
+        let samples = state.store.node_usage(&node.id, from).await?;
+        let times: Vec<i64> = samples.iter().map(|s| s.0).collect();
+        let step = max_step_ms(&times, samples.iter().map(|s| s.1));
+        let series = |name: &str, pick: &dyn Fn(&(i64, i64, Option<f64>, Option<i64>, Option<i64>)) -> Option<f64>| Series {
+            name: name.to_string(),
+            points: samples.iter().map(|s| (s.0, pick(s))).collect(),
+            max_step_ms: step,
+        };
+        node_charts.push(html! {
+            section.charts data-node=(node.name) {
+                h3 { (node.name) }
+                div.grid {
+                    (chart::render(ctx.t("mon.cpu"), no_data, &[series(&node.name, &|s| s.2)], from, to, Unit::Percent))
+                    (chart::render(ctx.t("mon.memory"), no_data, &[series(&node.name, &|s| s.3.map(|v| v as f64))], from, to, Unit::Bytes))
+                    (chart::render(ctx.t("mon.disk"), no_data, &[series(&node.name, &|s| s.4.map(|v| v as f64))], from, to, Unit::Bytes))
+                }
+            }
+        });
+    }
+    let mut app_charts = Vec::new();
+    for app in state.store.apps().await? {
+        let usage = state.store.app_usage(&app.name, from).await?;
+        let mut per_node: BTreeMap<&str, Vec<&AppUsageRow>> = BTreeMap::new();
+        for row in &usage {
+            per_node.entry(row.node_id.as_str()).or_default().push(row);
+        }
+        let usage_series = |pick: &dyn Fn(&AppUsageRow) -> Option<f64>| -> Vec<Series> {
+            per_node
+                .iter()
+                .map(|(node, rows)| Series {
+                    name: node_names.get(*node).cloned().unwrap_or_else(|| node.to_string()),
+                    points: rows.iter().map(|r| (r.at_ms, pick(r))).collect(),
+                    max_step_ms: max_step_ms(&rows.iter().map(|r| r.at_ms).collect::<Vec<_>>(), rows.iter().map(|r| r.resolution)),
+                })
+                .collect()
+        };
+        let cpu = usage_series(&|r| r.cpu_cores);
+        let memory = usage_series(&|r| r.mem_bytes.map(|v| v as f64));
+        let restarts = usage_series(&|r| r.restarts.map(|v| v as f64));
+        let mut hosts = vec![format!("{}.{}", app.name, state.config.base_domain)];
+        hosts.extend(serde_json::from_str::<Vec<String>>(&app.domains).unwrap_or_default());
+        let mut traffic_charts = Vec::new();
+        for host in hosts {
+            let samples = state.store.traffic(&host, from).await?;
+            let times: Vec<i64> = samples.iter().map(|s| s.0).collect();
+            let step = max_step_ms(&times, std::iter::empty());
+            let series = |name: &str, pick: &dyn Fn(&(i64, i64, i64, i64, i64, i64, f64, i64)) -> Option<f64>| Series {
+                name: name.to_string(),
+                points: samples.iter().map(|s| (s.0, pick(s))).collect(),
+                max_step_ms: step,
+            };
+            let by_class = [
+                series("2xx", &|s| Some(s.2 as f64)),
+                series("3xx", &|s| Some(s.3 as f64)),
+                series("4xx", &|s| Some(s.4 as f64)),
+                series("5xx", &|s| Some(s.5 as f64)),
+            ];
+            // No requests in a sample: the mean latency is unknown, not 0 ms.
+            let latency = [series(&host, &|s| (s.1 > 0).then(|| s.6 / s.1 as f64))];
+            let slow = [series(&host, &|s| Some(s.7 as f64))];
+            traffic_charts.push(html! {
+                h4 { code { (host) } }
+                div.grid {
+                    (chart::render(ctx.t("mon.requests"), no_data, &by_class, from, to, Unit::Plain))
+                    (chart::render(ctx.t("mon.latency"), no_data, &latency, from, to, Unit::Plain))
+                    (chart::render(ctx.t("mon.slow"), no_data, &slow, from, to, Unit::Plain))
+                }
+            });
+        }
+        app_charts.push(html! {
+            section.charts data-app=(app.name) {
+                h3 { a href=(format!("/apps/{}", app.name)) { (app.name) } }
+                div.grid {
+                    (chart::render(ctx.t("mon.app_cpu"), no_data, &cpu, from, to, Unit::Plain))
+                    (chart::render(ctx.t("mon.memory"), no_data, &memory, from, to, Unit::Bytes))
+                    (chart::render(ctx.t("mon.restarts"), no_data, &restarts, from, to, Unit::Plain))
+                }
+                @for chart in traffic_charts { (chart) }
+            }
+        });
+    }
+    Ok(html! {
+        nav.ranges aria-label=(ctx.t("mon.range")) {
+            (ctx.t("mon.range")) ": "
+            @for (name, _) in RANGES {
+                a href=(format!("/monitoring?range={name}")) aria-current=[(name == range_name).then_some("page")] { (name) } " "
+            }
+        }
+        p.help { (ctx.t("mon.gap_note")) }
+        h2 { (ctx.t("mon.nodes")) }
+        @for chart in node_charts { (chart) }
+        h2 { (ctx.t("mon.apps")) }
+        @for chart in app_charts { (chart) }
+    })
+}

@@ -1,0 +1,269 @@
+//! The Nodes page: the node table (live over server-sent events), the
+//! join token, and drain / reactivate / remove with confirmation.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Form, Json};
+use futures_util::stream::{self, Stream};
+use maud::{html, Markup};
+use serde_json::Value;
+
+use super::format;
+use super::i18n::Lang;
+use super::layout::{self, Nav};
+use super::session::Flash;
+use super::{csrf_field, error_text, Ctx};
+use crate::api;
+use crate::error::ApiError;
+use crate::AppState;
+
+/// The nodes as the API shows them, with their active instance counts.
+async fn load(state: &Arc<AppState>) -> Result<(Vec<Value>, HashMap<String, usize>), ApiError> {
+    let Json(list) = api::nodes::list(State(state.clone())).await?;
+    let nodes = list.get("nodes").and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut instances: HashMap<String, usize> = HashMap::new();
+    for instance in state.store.active_instances().await? {
+        if let Some(node) = instance.node_id {
+            *instances.entry(node).or_default() += 1;
+        }
+    }
+    Ok((nodes, instances))
+}
+
+fn state_key(state: &str) -> &'static str {
+    match state {
+        "ready" => "state.ready",
+        "draining" => "state.draining",
+        _ => "state.unreachable",
+    }
+}
+
+fn health_key(health: &str) -> &'static str {
+    match health {
+        "healthy" => "health.healthy",
+        "degraded" => "health.degraded",
+        _ => "health.unknown",
+    }
+}
+
+fn used_of(used: Option<u64>, total: Option<u64>) -> String {
+    match (used, total) {
+        (Some(used), Some(total)) => format!("{} / {}", format::bytes(used), format::bytes(total)),
+        (Some(used), None) => format::bytes(used),
+        (None, Some(total)) => format!("? / {}", format::bytes(total)),
+        (None, None) => "–".to_string(),
+    }
+}
+
+/// The table body: one row per node (and a row of apps a drain could not
+/// move, under its node).
+pub fn rows(lang: Lang, nodes: &[Value], instances: &HashMap<String, usize>, now_ms: i64) -> Markup {
+    let text = |node: &Value, key: &str| node.get(key).and_then(Value::as_str).unwrap_or("").to_string();
+    html! {
+        @for node in nodes {
+            @let id = text(node, "id");
+            @let state = text(node, "state");
+            @let health = text(node, "health");
+            @let sample = node.pointer("/metrics/sample/node");
+            @let cpu = sample.and_then(|s| s.get("cpu_pct")).and_then(Value::as_f64);
+            @let cores = node.pointer("/capacity/cpu_cores").and_then(Value::as_f64);
+            @let mem = sample.and_then(|s| s.get("mem_used")).and_then(Value::as_u64);
+            @let mem_total = node.pointer("/capacity/mem_bytes").and_then(Value::as_u64);
+            @let disk = sample.and_then(|s| s.get("disk_used")).and_then(Value::as_u64);
+            @let disk_total = node.pointer("/capacity/disk_bytes").and_then(Value::as_u64);
+            @let mesh = node.pointer("/health_report/mesh");
+            @let heartbeat = node.get("last_heartbeat").and_then(Value::as_str).and_then(crate::clock::parse_rfc3339_ms);
+            tr data-node=(id) data-state=(state) data-health=(health) {
+                th scope="row" { (text(node, "name")) @if node.get("ingress").and_then(Value::as_bool) == Some(true) { " " small.tag { (lang.t("nodes.ingress")) } } }
+                td { code { (text(node, "mesh_address")) } br; small { (text(node, "hostname")) } }
+                td { span class=(format!("badge {state}")) { (lang.t(state_key(&state))) } }
+                td.num { @match cpu { Some(cpu) => { (format!("{cpu:.0}%")) }, None => { "–" } } @if let Some(cores) = cores { br; small { (cores) " " (lang.t("nodes.cores")) } } }
+                td.num { (used_of(mem, mem_total)) }
+                td.num { (used_of(disk, disk_total)) }
+                td.num { (instances.get(&id).copied().unwrap_or(0)) }
+                td {
+                    span class=(format!("badge {health}")) { (lang.t(health_key(&health))) }
+                    @if let Some(reason) = node.get("health_reason").and_then(Value::as_str) { " (" (reason) ")" }
+                    @if let Some(mesh) = mesh {
+                        " · " (lang.t("health.mesh")) " "
+                        (mesh.get("connected").and_then(Value::as_u64).unwrap_or(0)) "/" (mesh.get("peers").and_then(Value::as_u64).unwrap_or(0))
+                    }
+                }
+                td { (node.get("version").and_then(Value::as_str).unwrap_or("–")) }
+                td {
+                    @match heartbeat {
+                        Some(at) => { time datetime=(text(node, "last_heartbeat")) title=(format::datetime(at)) { (lang.t("nodes.ago").replace("{age}", &format::age(now_ms - at))) } },
+                        None => { (lang.t("nodes.never")) },
+                    }
+                }
+                td.actions {
+                    @if state == "draining" {
+                        a.button href=(format!("/nodes/{id}/undrain")) { (lang.t("nodes.reactivate")) }
+                    } @else {
+                        a.button href=(format!("/nodes/{id}/drain")) { (lang.t("nodes.drain")) }
+                    }
+                    " "
+                    a.button.danger href=(format!("/nodes/{id}/remove")) { (lang.t("nodes.remove")) }
+                }
+            }
+            @if let Some(waiting) = node.get("waiting").and_then(Value::as_array).filter(|w| !w.is_empty()) {
+                tr.waiting {
+                    td colspan="11" {
+                        (lang.t("nodes.waiting")) " "
+                        @for (i, entry) in waiting.iter().enumerate() {
+                            @if i > 0 { "; " }
+                            strong { (entry.get("app").and_then(Value::as_str).unwrap_or("")) } ": " (entry.get("reason").and_then(Value::as_str).unwrap_or(""))
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn table(ctx: &Ctx, body: Markup) -> Markup {
+    html! {
+        div.scroll {
+            table.nodes {
+                thead { tr {
+                    th scope="col" { (ctx.t("nodes.name")) }
+                    th scope="col" { (ctx.t("nodes.address")) }
+                    th scope="col" { (ctx.t("nodes.state")) }
+                    th scope="col" { (ctx.t("nodes.cpu")) }
+                    th scope="col" { (ctx.t("nodes.memory")) }
+                    th scope="col" { (ctx.t("nodes.disk")) }
+                    th scope="col" { (ctx.t("nodes.instances")) }
+                    th scope="col" { (ctx.t("nodes.health")) }
+                    th scope="col" { (ctx.t("nodes.version")) }
+                    th scope="col" { (ctx.t("nodes.heartbeat")) }
+                    th scope="col" { (ctx.t("nodes.actions")) }
+                } }
+                tbody id="node-rows" data-live="/nodes/table" { (body) }
+            }
+        }
+    }
+}
+
+pub async fn page(ctx: Ctx) -> Response {
+    let (nodes, instances) = match load(&ctx.state).await {
+        Ok(loaded) => loaded,
+        Err(err) => return err.into_response(),
+    };
+    let now_ms = ctx.state.clock.now_ms();
+    let body = html! {
+        form.inline method="post" action="/nodes/join-token" {
+            (csrf_field(&ctx))
+            button type="submit" { (ctx.t("nodes.join_token")) }
+        }
+        @if nodes.is_empty() { p.empty id="nodes-empty" { (ctx.t("nodes.empty")) } }
+        (table(&ctx, rows(ctx.lang, &nodes, &instances, now_ms)))
+    };
+    layout::page(&ctx, ctx.t("nodes.title"), Nav::Nodes, "/nodes", body).into_response()
+}
+
+#[derive(serde::Deserialize)]
+pub struct LangQuery {
+    lang: Option<String>,
+}
+
+/// `event: rows` with the table body, whenever it changes (checked every
+/// two seconds); the page's script swaps it in. The rows are rendered
+/// here like on the page, so the script never builds HTML.
+pub async fn table_stream(ctx: Ctx, Query(query): Query<LangQuery>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let lang = query.lang.as_deref().and_then(Lang::parse).unwrap_or(ctx.lang);
+    let state = ctx.state.clone();
+    let events = stream::unfold((state, String::new(), false), move |(state, last, wait)| async move {
+        let mut wait = wait;
+        loop {
+            if wait {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            wait = true;
+            let Ok((nodes, instances)) = load(&state).await else { continue };
+            let html = rows(lang, &nodes, &instances, state.clock.now_ms()).into_string();
+            if html != last {
+                let event = Event::default().event("rows").data(html.clone());
+                return Some((Ok(event), (state, html, true)));
+            }
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}
+
+pub async fn join_token(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Err(refused) = ctx.check(&form) {
+        return refused;
+    }
+    match api::join_tokens::create(State(ctx.state.clone())).await {
+        Ok((_, Json(created))) => {
+            let created = serde_json::to_value(created).unwrap_or(Value::Null);
+            let field = |k: &str| created.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+            ctx.flash(Flash::JoinCommand { command: field("command"), expires_at: field("expires_at") });
+        }
+        Err(err) => ctx.flash(Flash::Error(error_text(&err))),
+    }
+    Redirect::to("/nodes#join").into_response()
+}
+
+fn action_words(action: &str) -> Option<(&'static str, &'static str)> {
+    match action {
+        "drain" => Some(("nodes.drain", "nodes.confirm_drain")),
+        "undrain" => Some(("nodes.reactivate", "nodes.confirm_reactivate")),
+        "remove" => Some(("nodes.remove", "nodes.confirm_remove")),
+        _ => None,
+    }
+}
+
+pub async fn confirm(ctx: Ctx, Path((id, action)): Path<(String, String)>) -> Response {
+    let Some((title, question)) = action_words(&action) else { return super::not_found(&ctx) };
+    let Ok(Some(node)) = ctx.state.store.node(&id).await else { return super::not_found(&ctx) };
+    let extra = if action == "remove" {
+        html! {
+            p {
+                input id="force" type="checkbox" name="force" value="1";
+                " " label for="force" { (ctx.t("nodes.force")) }
+            }
+            p.warning { (ctx.t("nodes.force_warning")) }
+        }
+    } else {
+        html! {}
+    };
+    let title = format!("{}: {}", ctx.t(title), node.name);
+    let here = format!("/nodes/{id}/{action}");
+    layout::confirm(&ctx, &title, Nav::Nodes, &here, ctx.t(question), &here, extra, "/nodes").into_response()
+}
+
+pub async fn act(ctx: Ctx, Path((id, action)): Path<(String, String)>, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Err(refused) = ctx.check(&form) {
+        return refused;
+    }
+    let state = State(ctx.state.clone());
+    let result = match action.as_str() {
+        "drain" => api::nodes::drain(state, Path(id.clone())).await.map(|Json(view)| serde_json::to_value(view).unwrap_or(Value::Null)),
+        "undrain" => api::nodes::undrain(state, Path(id.clone())).await.map(|_| Value::Null),
+        "remove" => {
+            let force = form.get("force").map(|f| f == "1").unwrap_or(false);
+            api::nodes::remove(state, Path(id.clone()), Query(api::nodes::RemoveQuery::new(force))).await.map(|_| Value::Null)
+        }
+        _ => return super::not_found(&ctx),
+    };
+    let waiting: Vec<(String, String)> = result
+        .as_ref()
+        .ok()
+        .and_then(|view| view.get("waiting").and_then(Value::as_array).cloned())
+        .unwrap_or_default()
+        .iter()
+        .map(|w| (w.get("app").and_then(Value::as_str).unwrap_or("").to_string(), w.get("reason").and_then(Value::as_str).unwrap_or("").to_string()))
+        .collect();
+    if !waiting.is_empty() {
+        ctx.flash(Flash::Waiting(waiting));
+        return Redirect::to("/nodes").into_response();
+    }
+    ctx.outcome(result, "/nodes")
+}
