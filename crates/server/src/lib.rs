@@ -3,6 +3,7 @@
 //! user API until the returned [`RunningServer`] is dropped. `main.rs` only
 //! parses flags and calls it; tests call it in-process with their own clock.
 
+pub mod acme;
 pub mod agent_api;
 pub mod api;
 pub mod ca;
@@ -67,6 +68,8 @@ pub struct AppState {
     pub agent_binary: Option<agent_api::installer::AgentBinary>,
     /// curl `--pinnedpubkey` value of the agent listener's key.
     pub listener_pin: String,
+    /// ACME certificates and pending challenges.
+    pub acme: acme::Acme,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -259,6 +262,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         sealer,
         agent_binary,
         listener_pin,
+        acme: acme::Acme::default(),
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());
@@ -290,6 +294,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         }),
         tokio::spawn(heartbeat_writer(state.clone())),
         tokio::spawn(deploy::reconciler(state.clone())),
+        tokio::spawn(acme::run(state.clone())),
     ]);
     tracing::info!(%agent_addr, %api_addr, ca_sha256 = %state.ca.fingerprint(), "control plane listening");
     Ok(RunningServer { agent_addr, api_addr, state, tasks })

@@ -6,6 +6,7 @@
 //! heartbeat benchmark reads to prove heartbeats are persisted in batches.
 
 mod apps;
+mod certificates;
 mod commands;
 mod deployments;
 mod idempotency;
@@ -23,6 +24,7 @@ use std::sync::Arc;
 use sqlx::SqlitePool;
 
 pub use apps::{AppRefusal, AppRow};
+pub use certificates::CertificateRow;
 pub use commands::{CommandRow, NewCommand};
 pub use deployments::{DeploymentRow, InstanceRow};
 pub use idempotency::IdempotencyClaim;
