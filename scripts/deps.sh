@@ -11,8 +11,10 @@ need=()
 # python3-pip and util-linux are what scripts/install.sh needs, so its
 # smoke test (scripts/smoke-install.sh) finds everything in place.
 # wireguard-go, wireguard-tools, iproute2, iputils-ping and iptables are for
-# the mesh (userspace WireGuard) and its network-namespace tests.
-for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables; do
+# the mesh (userspace WireGuard) and its network-namespace tests. pebble
+# (Let's Encrypt's test CA, with pebble-challtestsrv as its mock DNS) issues
+# real ACME certificates in the certificate tests.
+for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables pebble; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
