@@ -44,6 +44,8 @@ pub struct Config {
     pub placement_wait: Duration,
     /// The ACME CA public hosts get their certificates from.
     pub acme: crate::acme::AcmeSettings,
+    /// Session lifetimes and login limits.
+    pub auth: crate::auth::AuthSettings,
 }
 
 impl Config {
@@ -68,6 +70,7 @@ impl Config {
             agent_connections: Default::default(),
             placement_wait: Duration::from_secs(60),
             acme: Default::default(),
+            auth: crate::auth::AuthSettings::default(),
         }
     }
 }
