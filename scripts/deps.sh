@@ -14,7 +14,9 @@ need=()
 # the mesh (userspace WireGuard) and its network-namespace tests.
 # chromium and chromium-driver run the dashboard's browser test (headless,
 # driven over WebDriver).
-for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables chromium chromium-driver; do
+# pebble (Let's Encrypt's test CA, with pebble-challtestsrv as its mock DNS)
+# issues real ACME certificates in the certificate tests.
+for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables chromium chromium-driver pebble; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

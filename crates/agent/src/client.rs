@@ -405,6 +405,28 @@ impl ControlPlane {
         Self::json(self.send(self.http.get(self.url(paths::ROUTES))).await?).await
     }
 
+    /// The ACME certificates, or only their version when `known` is it.
+    pub async fn certificates(&self, known: Option<&str>) -> Result<cloudweb_protocol::CertificateSet, ClientError> {
+        let mut request = self.http.get(self.url(paths::CERTIFICATES));
+        if let Some(known) = known {
+            request = request.query(&[("known", known)]);
+        }
+        Self::json(self.send(request).await?).await
+    }
+
+    /// The key authorization of a pending HTTP-01 challenge; `None` when
+    /// the control plane has no challenge with this token.
+    pub async fn acme_challenge(&self, token: &str) -> Result<Option<String>, ClientError> {
+        match self.send(self.http.get(self.url(&paths::acme_challenge(token)))).await {
+            Ok(response) => {
+                let bytes = response.bytes().await.map_err(|e| ClientError::Transport(e.to_string()))?;
+                String::from_utf8(bytes.to_vec()).map(Some).map_err(|_| ClientError::Decode("a key authorization that is not UTF-8".to_string()))
+            }
+            Err(ClientError::Status { status: 404, .. }) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
     pub async fn registry(&self) -> Result<RegistryConfig, ClientError> {
         Self::json(self.send(self.http.get(self.url(paths::REGISTRY))).await?).await
     }

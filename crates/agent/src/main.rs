@@ -137,6 +137,10 @@ struct RunArgs {
     /// Port of the ingress's HTTPS server.
     #[arg(long, default_value_t = 443)]
     https_port: u16,
+    /// The one address the ingress's HTTP and HTTPS servers listen on
+    /// (default: every address of the host).
+    #[arg(long)]
+    ingress_ip: Option<std::net::IpAddr>,
     /// Seconds between two checks of the cluster registry.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     health_interval_seconds: u64,
@@ -240,7 +244,7 @@ fn real_main() -> anyhow::Result<()> {
                         Some(image) => Launch::Image { image, docker_host: args.docker_host.clone(), node_id: identity.info.node_id.clone() },
                         None => Launch::Binary(resolve_binary(&args.caddy_bin)),
                     },
-                    ports: Ports { http: args.http_port, https: args.https_port },
+                    ports: Ports { http: args.http_port, https: args.https_port, ip: args.ingress_ip },
                     dir: cli.data_dir.join("caddy"),
                 });
                 let mesh = match args.mesh_mode {

@@ -296,7 +296,7 @@ async fn command_loop(
                     tokio::select! {
                         event = events.next_event() => match event {
                             Some(name) if name == cloudweb_protocol::events::COMMANDS => sync(&client, &mut executor, &options).await,
-                            Some(name) if name == cloudweb_protocol::events::ROUTES => routes_changed.notify_one(),
+                            Some(name) if name == cloudweb_protocol::events::ROUTES || name == cloudweb_protocol::events::CERTIFICATES => routes_changed.notify_one(),
                             Some(name) if name == cloudweb_protocol::events::PEERS => peers_changed.notify_one(),
                             Some(other) => tracing::debug!(event = %other, "event"),
                             None => break,

@@ -12,6 +12,7 @@
 
 pub mod control;
 pub mod netns;
+pub mod pebble;
 
 use std::ffi::OsString;
 use std::fs::File;

@@ -5,6 +5,7 @@
 //! apart. The crate does no I/O: it holds types, the protocol-version decision
 //! (including the 426 body) and the input checks both sides share.
 
+pub mod certificates;
 pub mod commands;
 pub mod deploy;
 pub mod heartbeat;
@@ -14,6 +15,7 @@ pub mod misc;
 pub mod validate;
 pub mod version;
 
+pub use certificates::{CertificateSet, HostCertificate};
 pub use commands::{Command, CommandKind, CommandList, StopPayload};
 pub use deploy::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Source, Spa, SshAccess, Strategy};
 pub use heartbeat::{
@@ -37,6 +39,16 @@ pub mod paths {
     pub const REGISTRY: &str = "/agent/v1/registry";
     pub const STREAM: &str = "/agent/v1/stream";
     pub const LOGS: &str = "/agent/v1/logs";
+    /// The ACME certificates an ingress node serves.
+    pub const CERTIFICATES: &str = "/agent/v1/certificates";
+    /// `GET /agent/v1/acme-challenge/{token}`: the key authorization of a
+    /// pending HTTP-01 challenge.
+    pub const ACME_CHALLENGE: &str = "/agent/v1/acme-challenge";
+
+    /// `GET /agent/v1/acme-challenge/{token}`.
+    pub fn acme_challenge(token: &str) -> String {
+        format!("{ACME_CHALLENGE}/{token}")
+    }
 
     /// `POST /agent/v1/commands/{id}/ack`.
     pub fn ack(command_id: &str) -> String {
@@ -50,6 +62,8 @@ pub mod events {
     pub const COMMANDS: &str = "commands";
     pub const ROUTES: &str = "routes";
     pub const PEERS: &str = "peers";
+    /// The set of ACME certificates changed (issued, renewed or removed).
+    pub const CERTIFICATES: &str = "certificates";
 }
 
 /// Optional capabilities an agent lists in `health.features`.

@@ -42,6 +42,8 @@ pub struct Config {
     /// How long a deployment that finds no node for an instance stays
     /// queued (retried every second) before it fails with the reasons.
     pub placement_wait: Duration,
+    /// The ACME CA public hosts get their certificates from.
+    pub acme: crate::acme::AcmeSettings,
     /// Session lifetimes and login limits.
     pub auth: crate::auth::AuthSettings,
 }
@@ -67,6 +69,7 @@ impl Config {
             base_domain: "localhost".to_string(),
             agent_connections: Default::default(),
             placement_wait: Duration::from_secs(60),
+            acme: Default::default(),
             auth: crate::auth::AuthSettings::default(),
         }
     }

@@ -3,6 +3,7 @@
 //! user API until the returned [`RunningServer`] is dropped. `main.rs` only
 //! parses flags and calls it; tests call it in-process with their own clock.
 
+pub mod acme;
 pub mod agent_api;
 pub mod api;
 pub mod auth;
@@ -72,6 +73,8 @@ pub struct AppState {
     pub agent_binary: Option<agent_api::installer::AgentBinary>,
     /// curl `--pinnedpubkey` value of the agent listener's key.
     pub listener_pin: String,
+    /// ACME certificates and pending challenges.
+    pub acme: acme::Acme,
     /// Login limits and password hashing slots.
     pub auth: auth::AuthState,
     /// Dashboard sessions.
@@ -269,6 +272,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         sealer,
         agent_binary,
         listener_pin,
+        acme: acme::Acme::default(),
         auth: auth::AuthState::new(&config.auth),
         web_sessions: Default::default(),
         config,
@@ -320,6 +324,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         }),
         tokio::spawn(heartbeat_writer(state.clone())),
         tokio::spawn(deploy::reconciler(state.clone())),
+        tokio::spawn(acme::run(state.clone())),
     ]);
     tracing::info!(%agent_addr, %api_addr, ca_sha256 = %state.ca.fingerprint(), "control plane listening");
     Ok(RunningServer { agent_addr, api_addr, state, tasks })

@@ -113,6 +113,17 @@ struct ServeArgs {
     /// before it fails with the scheduler's reasons (0: fail at once).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=3600))]
     placement_wait_seconds: u64,
+    /// ACME directory URL of the CA that issues certificates for public
+    /// host names (one order per host for the whole cluster).
+    #[arg(long, default_value = cloudweb_server::acme::LETS_ENCRYPT)]
+    acme_ca: String,
+    /// Contact address of the ACME account (the CA's expiry notices).
+    #[arg(long)]
+    acme_email: Option<String>,
+    /// PEM file with the root certificate the --acme-ca directory is served
+    /// under, instead of the system's roots (a private or test CA).
+    #[arg(long)]
+    acme_ca_root: Option<PathBuf>,
     /// Minutes without a request after which a browser session ends.
     #[arg(long, default_value_t = 480, value_parser = clap::value_parser!(u64).range(1..=43_200))]
     session_idle_minutes: u64,
@@ -200,6 +211,8 @@ fn real_main() -> anyhow::Result<()> {
             ..ConnectionLimits::default()
         },
         placement_wait: Duration::from_secs(args.placement_wait_seconds),
+        acme: cloudweb_server::acme::AcmeSettings::parse(&args.acme_ca, args.acme_email.as_deref(), args.acme_ca_root)
+            .map_err(anyhow::Error::msg)?,
         auth: AuthSettings {
             session_idle: Duration::from_secs(args.session_idle_minutes * 60),
             session_absolute: Duration::from_secs(args.session_max_hours * 3600),

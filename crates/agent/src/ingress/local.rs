@@ -7,7 +7,9 @@
 //! Both read a bounded request head and close the connection after one
 //! answer.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
+use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -34,7 +36,7 @@ impl Allowed {
 /// Serves the 503 upstream on `preferred` when it is free; returns its
 /// address.
 pub async fn serve_unavailable(preferred: u16) -> std::io::Result<SocketAddr> {
-    serve(preferred, |_target| (503, "no healthy instance\n")).await
+    serve(preferred, |_target| async { (503, Cow::Borrowed("no healthy instance\n")) }).await
 }
 
 /// Serves the on-demand TLS permission check on `preferred` when it is
@@ -42,17 +44,20 @@ pub async fn serve_unavailable(preferred: u16) -> std::io::Result<SocketAddr> {
 pub async fn serve_permission(allowed: Allowed, preferred: u16) -> std::io::Result<SocketAddr> {
     serve(preferred, move |target| {
         let domain = target.split_once('?').map(|(_, query)| query).unwrap_or("").split('&').find_map(|pair| pair.strip_prefix("domain="));
-        match domain {
-            Some(domain) if allowed.permits(domain) => (200, "ok\n"),
-            _ => (403, "not a host of this ingress\n"),
-        }
+        let answer = match domain {
+            Some(domain) if allowed.permits(domain) => (200, Cow::Borrowed("ok\n")),
+            _ => (403, Cow::Borrowed("not a host of this ingress\n")),
+        };
+        async move { answer }
     })
     .await
 }
 
-async fn serve<F>(preferred: u16, answer: F) -> std::io::Result<SocketAddr>
+/// Serves `answer(request target)` on loopback, one answer per connection.
+pub(super) async fn serve<F, Fut>(preferred: u16, answer: F) -> std::io::Result<SocketAddr>
 where
-    F: Fn(&str) -> (u16, &'static str) + Send + Sync + 'static,
+    F: Fn(String) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = (u16, Cow<'static, str>)> + Send + 'static,
 {
     let listener = match TcpListener::bind((Ipv4Addr::LOCALHOST, preferred)).await {
         Ok(listener) => listener,
@@ -74,7 +79,11 @@ where
     Ok(address)
 }
 
-async fn respond(mut stream: TcpStream, answer: &(dyn Fn(&str) -> (u16, &'static str) + Send + Sync)) {
+async fn respond<F, Fut>(mut stream: TcpStream, answer: &F)
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = (u16, Cow<'static, str>)>,
+{
     let mut head = Vec::new();
     let mut buffer = [0u8; 2048];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -87,11 +96,13 @@ async fn respond(mut stream: TcpStream, answer: &(dyn Fn(&str) -> (u16, &'static
         }
     }
     let line = head.split(|b| *b == b'\r').next().unwrap_or_default();
-    let target = std::str::from_utf8(line).ok().and_then(|l| l.split(' ').nth(1)).unwrap_or("");
-    let (status, body) = answer(target);
+    let target = std::str::from_utf8(line).ok().and_then(|l| l.split(' ').nth(1)).unwrap_or("").to_string();
+    let (status, body) = answer(target).await;
     let reason = match status {
         200 => "OK",
         403 => "Forbidden",
+        404 => "Not Found",
+        502 => "Bad Gateway",
         _ => "Service Unavailable",
     };
     let response = format!(

@@ -9,6 +9,7 @@
 //! an older answer, and the control plane stops a replaced instance only
 //! once every ingress serves a table without it.
 
+pub mod acme;
 pub mod caddy;
 pub mod config;
 pub mod dns;
@@ -70,14 +71,16 @@ pub async fn run(
     // The ports of the last run when they are free again: a Caddy container
     // that outlived the agent keeps calling them.
     let ports_file = options.dir.join("local-ports.json");
-    let previous: [u16; 3] = std::fs::read(&ports_file).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or([0; 3]);
+    let mut previous: Vec<u16> = std::fs::read(&ports_file).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+    previous.resize(4, 0);
     let bound = async {
         let resolver = dns::serve(directory.clone(), previous[0]).await?;
         let permission = local::serve_permission(allowed.clone(), previous[1]).await?;
         let unavailable = local::serve_unavailable(previous[2]).await?;
-        let ports = [resolver.port(), permission.port(), unavailable.port()];
+        let challenges = acme::serve_challenges(client.clone(), previous[3]).await?;
+        let ports = [resolver.port(), permission.port(), unavailable.port(), challenges.port()];
         std::fs::write(&ports_file, serde_json::to_vec(&ports).expect("json"))?;
-        std::io::Result::Ok((config::Local { resolver, permission }, unavailable))
+        std::io::Result::Ok((config::Local { resolver, permission, challenges }, unavailable))
     };
     let (local, unavailable) = match bound.await {
         Ok(bound) => bound,
@@ -87,7 +90,7 @@ pub async fn run(
             return;
         }
     };
-    let mut state = Applied { directory, allowed, local, unavailable, table: None, loaded: None };
+    let mut state = Applied { directory, allowed, local, unavailable, table: None, loaded: None, certificates: acme::Certificates::default(), certificates_changed: false };
     {
         let counter = shared.counter.clone();
         let socket = access_socket.clone();
@@ -127,6 +130,17 @@ pub async fn run(
             apply(&caddy, &options, &access_socket, &shared, &mut state, table).await;
         }
         loop {
+            // Certificates first: a host's certificate, once issued, goes
+            // into the same load as a table change.
+            match state.certificates.refresh(&client).await {
+                Ok(true) => state.certificates_changed = true,
+                Ok(false) => {}
+                // Held by the 426 gate, or a control plane older than ACME.
+                Err(err @ (crate::client::ClientError::Held { .. } | crate::client::ClientError::Status { status: 404, .. })) => {
+                    tracing::debug!(error = %err, "certificates not read")
+                }
+                Err(err) => tracing::warn!(error = %err, "cannot read the ACME certificates"),
+            }
             match client.routes().await {
                 Ok(table) => {
                     last_table = Some(table.clone());
@@ -180,6 +194,10 @@ struct Applied {
     table: Option<RouteTable>,
     /// The configuration Caddy runs, to skip identical loads.
     loaded: Option<serde_json::Value>,
+    /// The control plane's ACME certificates, as last fetched.
+    certificates: acme::Certificates,
+    /// They changed since Caddy last loaded them.
+    certificates_changed: bool,
 }
 
 async fn apply(caddy: &Caddy, options: &IngressOptions, access_socket: &std::path::Path, shared: &Arc<IngressShared>, state: &mut Applied, mut table: RouteTable) {
@@ -193,24 +211,28 @@ async fn apply(caddy: &Caddy, options: &IngressOptions, access_socket: &std::pat
         }
     });
     let routes_changed = state.table.as_ref().is_none_or(|current| current.routes != table.routes);
-    if routes_changed {
+    if routes_changed || state.certificates_changed {
         let previous_zone = state.table.as_ref().map(|t| t.routes.clone());
         let zone = directory_zone(&table, state.unavailable).await;
         // Names first: a host Caddy is about to serve must already resolve
         // and be allowed a certificate.
         state.directory.replace(zone.clone());
         let hosts: Vec<String> = table.routes.iter().map(|r| r.host.clone()).collect();
-        let mut allowed: HashSet<String> = hosts.iter().cloned().collect();
+        // Only internal hosts: a public host's certificate comes from the
+        // control plane, and Caddy must never order one itself.
+        let mut allowed: HashSet<String> = hosts.iter().filter(|h| config::internal_host(h)).cloned().collect();
         if let Some(current) = &state.table {
             // Until the new configuration loads, the old one still serves.
-            allowed.extend(current.routes.iter().map(|r| r.host.clone()));
+            allowed.extend(current.routes.iter().map(|r| r.host.clone()).filter(|h| config::internal_host(h)));
         }
         state.allowed.replace(allowed);
-        let rendered = config::render(&hosts, &options.ports, caddy.admin_socket(), access_socket, state.local);
+        let rendered = config::render(&hosts, &state.certificates.list, &options.ports, caddy.admin_socket(), access_socket, state.local);
+        state.certificates_changed = false;
         if state.loaded.as_ref() != Some(&rendered) {
             if let Err(err) = caddy.load(&rendered).await {
                 // Caddy keeps serving the previous configuration; keep the
                 // names it refers to resolving too.
+                state.certificates_changed = true;
                 if let Some(previous) = previous_zone {
                     let old = directory_zone(&RouteTable { version: 0, routes: previous }, state.unavailable).await;
                     let mut merged = old;
@@ -222,7 +244,7 @@ async fn apply(caddy: &Caddy, options: &IngressOptions, access_socket: &std::pat
                 return;
             }
             state.loaded = Some(rendered);
-            state.allowed.replace(hosts.iter().cloned().collect());
+            state.allowed.replace(hosts.iter().filter(|h| config::internal_host(h)).cloned().collect());
             tracing::info!(version = table.version, routes = table.routes.len(), reloaded = true, "route table applied");
         } else {
             tracing::info!(version = table.version, routes = table.routes.len(), reloaded = false, "route table applied");

@@ -4,6 +4,7 @@
 //! join and the installer requires a client certificate of a node that is
 //! still registered.
 
+mod certificates;
 mod cluster;
 pub mod commands;
 mod heartbeat;
@@ -66,6 +67,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(paths::ROUTES, get(cluster::routes))
         .route(paths::REGISTRY, get(cluster::registry))
         .route(paths::STREAM, get(stream::stream))
+        .route(paths::CERTIFICATES, get(certificates::certificates))
+        .route("/agent/v1/acme-challenge/{token}", get(certificates::challenge))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_node));
     Router::new()
         .route(paths::JOIN, post(join::join))

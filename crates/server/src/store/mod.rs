@@ -7,6 +7,7 @@
 
 mod accounts;
 mod apps;
+mod certificates;
 mod commands;
 mod deployments;
 mod idempotency;
@@ -25,6 +26,7 @@ use sqlx::SqlitePool;
 
 pub use accounts::{ApiTokenRow, SessionRow, UserRow};
 pub use apps::{AppRefusal, AppRow};
+pub use certificates::CertificateRow;
 pub use commands::{CommandRow, NewCommand};
 pub use deployments::{DeploymentRow, InstanceRow};
 pub use idempotency::IdempotencyClaim;

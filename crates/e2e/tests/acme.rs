@@ -1,0 +1,180 @@
+//! Real ACME end to end: Debian's pebble issues certificates to the control
+//! plane through HTTP-01 challenges answered by real Caddy on two ingress
+//! nodes, and both nodes serve the one certificate per host.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cloudweb_e2e::pebble::{Pebble, PebblePorts};
+use cloudweb_e2e::{caddy_bin, free_port, start_platform, unique_name, wait_for, AgentNode, Platform, ServerProcess};
+use reqwest::Method;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const HOST: &str = "shop.example.com";
+/// Lifetime of pebble's certificates: renewal is due after two thirds.
+const VALIDITY_S: u64 = 90;
+const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n";
+
+/// The leaf certificate (DER) an ingress at `ip:port` presents for `HOST`,
+/// verified against `root`; `None` while the handshake fails.
+async fn served_leaf(ip: &str, port: u16, root: &rustls::RootCertStore) -> Option<Vec<u8>> {
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(root.clone())
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect((ip, port))).await.ok()?.ok()?;
+    let name = rustls::pki_types::ServerName::try_from(HOST).ok()?;
+    let mut tls = tokio::time::timeout(Duration::from_secs(5), connector.connect(name, stream)).await.ok()?.ok()?;
+    let leaf = tls.get_ref().1.peer_certificates()?.first()?.to_vec();
+    let _ = tls.shutdown().await;
+    Some(leaf)
+}
+
+fn serial_and_issuer(der: &[u8]) -> (String, String) {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).unwrap();
+    (cert.raw_serial_as_string(), cert.issuer().to_string())
+}
+
+fn logs(server: &ServerProcess, nodes: &[(AgentNode, &str)], pebble: &Pebble) -> String {
+    let mut text = format!("server:\n{}\n", server.process.log_text());
+    for (node, ip) in nodes {
+        text.push_str(&format!("ingress {ip}:\n{}\n", node.log_text()));
+    }
+    text.push_str(&format!("pebble:\n{}", pebble.process.log_text()));
+    text
+}
+
+/// GET over plain HTTP to `ip:port` with `Host: HOST`.
+async fn plain_get(ip: &str, port: u16, path: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect((ip, port)).await.unwrap();
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nhost: {HOST}\r\nconnection: close\r\n\r\n").as_bytes()).await.unwrap();
+    let mut response = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut response)).await;
+    response
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_pebble_certificate_per_host_served_and_renewed_by_two_ingress_nodes() {
+    let (http_port, https_port) = (free_port(), free_port());
+    let pebble_dir = tempfile::tempdir().unwrap();
+    let pebble = Pebble::start(pebble_dir.path(), PebblePorts { http: http_port, tls: https_port }, VALIDITY_S).await.unwrap();
+    // The CA reaches the name at ingress A first.
+    pebble.point(HOST, "127.0.0.2").await.unwrap();
+    let ca_root = pebble.ca_root.display().to_string();
+    let Platform { tmp, git, server } = start_platform(&[
+        "--base-domain", "test", "--heartbeat-flush-seconds", "1",
+        "--acme-ca", &pebble.directory, "--acme-ca-root", &ca_root, "--acme-email", "ops@example.com",
+    ])
+    .await
+    .unwrap();
+    let (http, https, caddy) = (http_port.to_string(), https_port.to_string(), caddy_bin().display().to_string());
+    let mut nodes = Vec::new();
+    for (name, ip) in [("edge-a", "127.0.0.2"), ("edge-b", "127.0.0.3")] {
+        let (token, ca) = server.join_token().await.unwrap();
+        let mut agent = AgentNode::join(&server, &tmp.path().join(name), name, &token, &ca, &["--ingress"]).unwrap().unwrap();
+        agent
+            .start(&[
+                "--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1",
+                "--caddy-bin", &caddy, "--http-port", &http, "--https-port", &https, "--ingress-ip", ip,
+            ])
+            .unwrap();
+        nodes.push((agent, ip));
+    }
+    for (agent, _) in &nodes {
+        let node_id = agent.node_id.clone();
+        wait_for(Duration::from_secs(30), "the ingress to run", || async {
+            let node = server.node(&node_id).await.ok()?;
+            node["features"].as_array()?.contains(&json!("traffic-metrics")).then_some(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
+    }
+
+    // An app with a public-looking domain: the control plane orders its
+    // certificate as soon as the host is in the route table.
+    let app = unique_name("shop");
+    git.commit(&app, &[("Dockerfile", DOCKERFILE), ("index.html", "hello from the shop\n")], "first").unwrap();
+    let created = Instant::now();
+    let (status, body) = server
+        .call(Method::POST, "/api/apps", Some(json!({"name": app, "repo_url": git.url(&app), "port": 8080, "domains": [HOST], "health_timeout_seconds": 10})))
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "{body}");
+
+    let mut roots = rustls::RootCertStore::empty();
+    let root_pem = pebble.issuing_root().await.unwrap();
+    for cert in <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(root_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let first = wait_for(Duration::from_secs(90), "ingress A to serve a pebble certificate", || served_leaf("127.0.0.2", https_port, &roots))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs(&server, &nodes, &pebble)));
+    let time_to_first = created.elapsed();
+    println!("figure: time to first certificate from pebble: {:.1} s", time_to_first.as_secs_f64());
+    let on_b = wait_for(Duration::from_secs(30), "ingress B to serve the certificate", || served_leaf("127.0.0.3", https_port, &roots))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", logs(&server, &nodes, &pebble)));
+    assert_eq!(first, on_b, "both ingress nodes serve the same certificate");
+    let (serial, issuer) = serial_and_issuer(&first);
+    assert!(issuer.to_lowercase().contains("pebble"), "issued by pebble: {issuer}");
+    // A few more seconds give a second order the time to show up.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let orders = pebble.orders();
+    println!("figure: pebble orders for {HOST} with two ingress nodes: {orders}");
+    assert_eq!(orders, 1, "one order for the host, whatever the number of ingress nodes\n{}", pebble.process.log_text());
+    // The challenge route answers only tokens the control plane holds.
+    let unknown = plain_get("127.0.0.3", http_port, "/.well-known/acme-challenge/unknown-token").await;
+    assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
+
+    // Ingress A goes away and the name now reaches B only: B keeps serving,
+    // and the renewal's challenge is answered by B.
+    let (mut a, _) = nodes.remove(0);
+    let a_pid = a.process.as_ref().unwrap().pid();
+    a.process.as_ref().unwrap().signal("TERM");
+    assert!(a.process.as_mut().unwrap().wait_exit(Duration::from_secs(20)).await.is_some(), "agent A stops");
+    wait_for(Duration::from_secs(10), "ingress A's Caddy to stop", || async { served_leaf("127.0.0.2", https_port, &roots).await.is_none().then_some(()) })
+        .await
+        .unwrap();
+    pebble.point(HOST, "127.0.0.3").await.unwrap();
+    assert_eq!(served_leaf("127.0.0.3", https_port, &roots).await.as_deref(), Some(&first[..]), "B serves with A gone (agent {a_pid})");
+
+    let renewed = wait_for(Duration::from_secs(VALIDITY_S + 30), "ingress B to serve a renewed certificate", || async {
+        let leaf = served_leaf("127.0.0.3", https_port, &roots).await?;
+        (serial_and_issuer(&leaf).0 != serial).then_some(leaf)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&server, &nodes, &pebble)));
+    assert_ne!(renewed, first);
+    assert_eq!(pebble.orders(), 2, "the renewal is one more order\n{}", pebble.process.log_text());
+    assert!(nodes[0].0.log_text().contains("answered an ACME HTTP-01 challenge"), "B answered the renewal's challenge");
+
+    // The app, deployed, is served over HTTPS with pebble's chain.
+    let (status, body) = server.call(Method::POST, &format!("/api/apps/{app}/deploy"), None).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    let deployment = wait_for(Duration::from_secs(180), "the deployment to settle", || async {
+        let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        matches!(d["state"].as_str(), Some("running" | "failed")).then_some(d)
+    })
+    .await
+    .unwrap();
+    assert_eq!(deployment["state"], "running", "{deployment}");
+    let client = reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(root_pem.as_bytes()).unwrap())
+        .resolve(HOST, format!("127.0.0.3:{https_port}").parse().unwrap())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let page = wait_for(Duration::from_secs(30), "the app over HTTPS", || async {
+        let response = client.get(format!("https://{HOST}:{https_port}/")).send().await.ok()?;
+        (response.status() == 200).then_some(response.text().await.ok()?)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&server, &nodes, &pebble)));
+    assert_eq!(page, "hello from the shop\n");
+    drop(a);
+}

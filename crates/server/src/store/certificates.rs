@@ -1,0 +1,83 @@
+//! ACME accounts and the certificates issued for public hosts. Keys arrive
+//! here already sealed; this module never sees them in the clear.
+
+use sqlx::Row;
+
+use super::{Store, StoreError};
+
+/// One stored certificate; `key_sealed` is opened by the caller.
+#[derive(Clone)]
+pub struct CertificateRow {
+    pub host: String,
+    pub chain_pem: String,
+    pub key_sealed: String,
+    pub not_before_ms: i64,
+    pub not_after_ms: i64,
+    pub issued_at_ms: i64,
+}
+
+impl Store {
+    pub async fn acme_account(&self, directory: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT credentials_sealed FROM acme_accounts WHERE directory = $1")
+            .bind(directory)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.get("credentials_sealed")))
+    }
+
+    pub async fn save_acme_account(&self, directory: &str, credentials_sealed: &str, now_ms: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO acme_accounts (directory, credentials_sealed, created_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (directory) DO UPDATE SET credentials_sealed = excluded.credentials_sealed",
+        )
+        .bind(directory)
+        .bind(credentials_sealed)
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?;
+        self.count_commit();
+        Ok(())
+    }
+
+    pub async fn certificates(&self) -> Result<Vec<CertificateRow>, StoreError> {
+        let rows = sqlx::query("SELECT host, chain_pem, key_sealed, not_before, not_after, issued_at FROM certificates ORDER BY host")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| CertificateRow {
+                host: r.get("host"),
+                chain_pem: r.get("chain_pem"),
+                key_sealed: r.get("key_sealed"),
+                not_before_ms: r.get("not_before"),
+                not_after_ms: r.get("not_after"),
+                issued_at_ms: r.get("issued_at"),
+            })
+            .collect())
+    }
+
+    /// Stores a host's certificate, replacing the one it renews.
+    pub async fn save_certificate(&self, row: &CertificateRow) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO certificates (host, chain_pem, key_sealed, not_before, not_after, issued_at) VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (host) DO UPDATE SET chain_pem = excluded.chain_pem, key_sealed = excluded.key_sealed, \
+             not_before = excluded.not_before, not_after = excluded.not_after, issued_at = excluded.issued_at",
+        )
+        .bind(&row.host)
+        .bind(&row.chain_pem)
+        .bind(&row.key_sealed)
+        .bind(row.not_before_ms)
+        .bind(row.not_after_ms)
+        .bind(row.issued_at_ms)
+        .execute(&self.pool)
+        .await?;
+        self.count_commit();
+        Ok(())
+    }
+
+    pub async fn delete_certificate(&self, host: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM certificates WHERE host = $1").bind(host).execute(&self.pool).await?;
+        self.count_commit();
+        Ok(())
+    }
+}
