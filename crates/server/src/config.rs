@@ -42,6 +42,14 @@ pub struct Config {
     /// How long a deployment that finds no node for an instance stays
     /// queued (retried every second) before it fails with the reasons.
     pub placement_wait: Duration,
+    /// Where GitLab, browsers and git hosts reach the user API (OAuth
+    /// redirect URI, webhook URLs, commit status links); the address it
+    /// listens on when unset.
+    pub public_api_url: Option<String>,
+    /// GitLab settings from the `--gitlab-*` flags, written at start.
+    pub gitlab: Option<crate::git::api::SettingsInput>,
+    /// An extra CA certificate (PEM) for a self-hosted GitLab.
+    pub gitlab_ca_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -65,6 +73,9 @@ impl Config {
             base_domain: "localhost".to_string(),
             agent_connections: Default::default(),
             placement_wait: Duration::from_secs(60),
+            public_api_url: None,
+            gitlab: None,
+            gitlab_ca_file: None,
         }
     }
 }

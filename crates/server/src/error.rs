@@ -33,6 +33,9 @@ pub enum ApiError {
     /// later; nothing about the request was wrong.
     #[error("{0}")]
     Unavailable(String),
+    /// An upstream service (GitLab) failed or answered nonsense.
+    #[error("{0}")]
+    BadGateway(String),
     #[error("internal error")]
     Internal(String),
 }
@@ -48,6 +51,7 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -44,9 +44,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/nodes/{id}/last-heartbeat", get(traffic::last_heartbeat))
         .route("/api/nodes/{id}/usage", get(traffic::node_usage))
         .route("/metrics", get(metrics::prometheus))
+        .route("/api/gitlab/settings", get(crate::git::api::get_settings).put(crate::git::api::put_settings))
+        .route("/api/gitlab/accounts", get(crate::git::api::accounts))
+        .route("/api/gitlab/projects", get(crate::git::api::projects))
+        .route("/api/gitlab/projects/{id}/branches", get(crate::git::api::branches))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        // Public: GitLab login, and webhooks that authenticate themselves
+        // (X-Gitlab-Token, an HMAC signature).
+        .route("/api/auth/gitlab/login", get(crate::git::oauth::login))
+        .route("/api/auth/gitlab/callback", get(crate::git::oauth::callback))
+        .route("/api/webhooks/gitlab", post(crate::git::webhooks::gitlab))
+        .route("/api/webhooks/generic/{app}", post(crate::git::webhooks::generic))
         .merge(authenticated)
         .fallback(|| async { ApiError::NotFound("no such endpoint".to_string()) })
         .layer(middleware::from_fn(run_to_completion))

@@ -8,6 +8,7 @@
 mod apps;
 mod commands;
 mod deployments;
+mod git;
 mod idempotency;
 mod nodes;
 mod open;
@@ -25,6 +26,7 @@ use sqlx::SqlitePool;
 pub use apps::{AppRefusal, AppRow};
 pub use commands::{CommandRow, NewCommand};
 pub use deployments::{DeploymentRow, InstanceRow};
+pub use git::{AppGitLinkRow, DeploymentGitRow, GitlabAccountRow, GitlabSettingsRow};
 pub use idempotency::IdempotencyClaim;
 pub use nodes::{HeartbeatRow, JoinAnswer, JoinRefusal, NewNode, NodeRow};
 pub use open::DATABASE_FILE;
