@@ -20,6 +20,7 @@ mod scheduler;
 mod server;
 mod stats;
 mod timestamp;
+mod webhook;
 
 use clap::{Parser, Subcommand};
 
@@ -62,6 +63,10 @@ enum Commands {
     /// `POST /api/apps` answer times at growing route table sizes, against
     /// a real control plane on loopback.
     Apps(apps::Args),
+    /// Time from a GitLab push webhook received to the deployment running,
+    /// for a cached build, next to POST /deploy of the same commit (GitLab
+    /// is the test stand-in on loopback; everything else is real).
+    Webhook(webhook::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -76,6 +81,7 @@ fn main() -> std::process::ExitCode {
             Commands::Agent(args) => agent_rss::run(args).await,
             Commands::Flood(args) => flood::run(args).await,
             Commands::Apps(args) => apps::run(args).await,
+            Commands::Webhook(args) => webhook::run(args).await,
             Commands::Mesh(args) => mesh::run(args).await,
         }
     });
