@@ -15,7 +15,7 @@ use rand::Rng;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::deploy::cluster::{BinaryArgs, Cluster, ExtraFlags};
+use crate::deploy::cluster::{BinaryArgs, Cluster};
 use crate::docker;
 use crate::stats::spread;
 
@@ -50,8 +50,9 @@ pub async fn run(args: Args) -> Result<()> {
     let mut cluster = None;
     let outcome = tokio::select! {
         outcome = async {
-            let extra = ExtraFlags { server: &["--allow-private-git-hosts"], ..ExtraFlags::default() };
-            let cluster = cluster.insert(Cluster::start_with(dir.path(), &binaries, &app, &extra).await?);
+            // The benchmark's control plane already allows private git hosts,
+            // which the stand-in on loopback needs.
+            let cluster = cluster.insert(Cluster::start(dir.path(), &binaries, &app).await?);
             measure(cluster, &args, dir.path()).await
         } => outcome,
         _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
