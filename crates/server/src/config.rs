@@ -50,6 +50,8 @@ pub struct Config {
     pub gitlab: Option<crate::git::api::SettingsInput>,
     /// An extra CA certificate (PEM) for a self-hosted GitLab.
     pub gitlab_ca_file: Option<PathBuf>,
+    /// Session lifetimes and login limits.
+    pub auth: crate::auth::AuthSettings,
 }
 
 impl Config {
@@ -76,6 +78,7 @@ impl Config {
             public_api_url: None,
             gitlab: None,
             gitlab_ca_file: None,
+            auth: crate::auth::AuthSettings::default(),
         }
     }
 }

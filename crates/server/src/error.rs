@@ -29,6 +29,9 @@ pub enum ApiError {
     TooLarge(String),
     #[error("{0}")]
     Unprocessable(String),
+    /// 429 with `Retry-After: <seconds>`.
+    #[error("{message}")]
+    TooManyRequests { message: String, retry_after_s: u64 },
     /// The control plane cannot take writes now (its disk is full): retry
     /// later; nothing about the request was wrong.
     #[error("{0}")]
@@ -50,6 +53,7 @@ impl ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -63,7 +67,15 @@ impl IntoResponse for ApiError {
             tracing::error!(error = %detail, "request failed");
         }
         let code = matches!(self, ApiError::NodeNotRegistered(_)).then(|| cloudweb_protocol::error_codes::NODE_NOT_REGISTERED.to_string());
-        (self.status(), Json(ErrorBody { error: self.to_string(), code })).into_response()
+        let retry_after = match &self {
+            ApiError::TooManyRequests { retry_after_s, .. } => Some(*retry_after_s),
+            _ => None,
+        };
+        let mut response = (self.status(), Json(ErrorBody { error: self.to_string(), code })).into_response();
+        if let Some(seconds) = retry_after {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(seconds));
+        }
+        response
     }
 }
 
@@ -90,6 +102,18 @@ impl From<CaError> for ApiError {
             other => ApiError::Internal(other.to_string()),
         }
     }
+}
+
+/// The error answer every route gives, as the OpenAPI document shows it
+/// (the same fields as `cloudweb_protocol::ErrorBody`).
+#[derive(utoipa::ToSchema)]
+#[schema(as = Error)]
+#[allow(dead_code)]
+pub struct ErrorDoc {
+    /// What went wrong, for a person.
+    error: String,
+    /// A machine-readable code, for the few errors that have one.
+    code: Option<String>,
 }
 
 /// Parses a JSON body into `T`, answering 400 with serde's reason (which

@@ -36,6 +36,7 @@ fn settings_view(state: &AppState, row: &GitlabSettingsRow) -> Value {
     })
 }
 
+#[utoipa::path(get, path = "/api/gitlab/settings", tag = "git", responses((status = 200, description = "The GitLab connection (never the client secret)", body = serde_json::Value), (status = 404, description = "GitLab is not configured", body = crate::error::ErrorDoc)))]
 pub async fn get_settings(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let row = state.store.gitlab_settings().await?.ok_or_else(|| ApiError::NotFound("GitLab is not configured".into()))?;
     Ok(Json(settings_view(&state, &row)))
@@ -110,12 +111,14 @@ pub async fn apply_settings(state: &AppState, input: SettingsInput) -> Result<Gi
     Ok(row)
 }
 
+#[utoipa::path(put, path = "/api/gitlab/settings", tag = "git", request_body = serde_json::Value, responses((status = 200, description = "Saved; the client secret is sealed", body = serde_json::Value), (status = 400, description = "Invalid settings", body = crate::error::ErrorDoc)))]
 pub async fn put_settings(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
     let input: SettingsInput = parse_json(&body_bytes(body)?)?;
     let row = apply_settings(&state, input).await?;
     Ok(Json(settings_view(&state, &row)))
 }
 
+#[utoipa::path(get, path = "/api/gitlab/accounts", tag = "git", responses((status = 200, description = "GitLab identities that logged in (never a token)", body = serde_json::Value)))]
 pub async fn accounts(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let accounts: Vec<Value> = state
         .store
@@ -146,6 +149,7 @@ pub struct ProjectsQuery {
     search: Option<String>,
 }
 
+#[utoipa::path(get, path = "/api/gitlab/projects", tag = "git", params(("search" = Option<String>, Query, description = "Part of the project path"), ("account" = Option<i64>, Query, description = "GitLab user id acting (when several logged in)")), responses((status = 200, description = "The user's projects", body = serde_json::Value), (status = 400, description = "Several accounts: name one", body = crate::error::ErrorDoc), (status = 404, description = "No GitLab account or not configured", body = crate::error::ErrorDoc), (status = 502, description = "GitLab failed", body = crate::error::ErrorDoc)))]
 pub async fn projects(State(state): State<Arc<AppState>>, Query(query): Query<ProjectsQuery>) -> Result<Json<Value>, ApiError> {
     if let Some(search) = &query.search {
         cloudweb_protocol::validate::bounded_text("search", search, 100)?;
@@ -161,6 +165,7 @@ pub struct AccountQuery {
     account: Option<i64>,
 }
 
+#[utoipa::path(get, path = "/api/gitlab/projects/{id}/branches", tag = "git", params(("id" = i64, Path, description = "GitLab project id"), ("account" = Option<i64>, Query, description = "GitLab user id acting")), responses((status = 200, description = "The project's branches", body = serde_json::Value), (status = 404, description = "No such project or account", body = crate::error::ErrorDoc), (status = 502, description = "GitLab failed", body = crate::error::ErrorDoc)))]
 pub async fn branches(State(state): State<Arc<AppState>>, Path(project): Path<i64>, Query(query): Query<AccountQuery>) -> Result<Json<Value>, ApiError> {
     let account = account_for(&state, query.account).await?;
     let gitlab = super::gitlab_as(&state, account).await?;

@@ -48,6 +48,7 @@ fn random_url_safe(bytes: usize) -> String {
 }
 
 /// Sends the browser to GitLab's authorize endpoint.
+#[utoipa::path(get, path = "/api/auth/gitlab/login", tag = "git", security(()), responses((status = 302, description = "To GitLab's authorize page, with a one-use state and a PKCE S256 challenge"), (status = 404, description = "GitLab is not configured", body = crate::error::ErrorDoc)))]
 pub async fn login(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
     let settings = super::settings(&state).await?;
     let login_state = random_url_safe(32);
@@ -106,6 +107,7 @@ pub fn allowed(user: &gitlab::GitlabUser, groups: &[String], allowed_users: &[St
     by_user || by_group
 }
 
+#[utoipa::path(get, path = "/api/auth/gitlab/callback", tag = "git", security(()), params(("code" = Option<String>, Query, description = "GitLab's authorization code"), ("state" = Option<String>, Query, description = "The login's state"), ("error" = Option<String>, Query, description = "GitLab's refusal")), responses((status = 200, description = "Logged in", body = serde_json::Value), (status = 400, description = "Missing, unknown, expired or reused state, or no code", body = crate::error::ErrorDoc), (status = 401, description = "GitLab refused the code (wrong PKCE verifier)", body = crate::error::ErrorDoc), (status = 403, description = "Not on the allow-list (an HTML page for a browser)", body = crate::error::ErrorDoc), (status = 502, description = "GitLab failed", body = crate::error::ErrorDoc)))]
 pub async fn callback(State(state): State<Arc<AppState>>, headers: HeaderMap, Query(query): Query<Callback>) -> Response {
     match finish(&state, &headers, query).await {
         Ok(response) => response,

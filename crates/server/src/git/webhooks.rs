@@ -82,6 +82,7 @@ async fn deploy_once(state: &AppState, app_name: &str, delivery: &str, commit: &
     Ok((StatusCode::ACCEPTED, Json(json!({ "deployment": deployment.id, "commit": commit, "state": deployment.state }))))
 }
 
+#[utoipa::path(post, path = "/api/webhooks/gitlab", tag = "git", security(()), request_body(content = serde_json::Value, description = "GitLab's push event; X-Gitlab-Token authenticates it"), responses((status = 200, description = "Ignored (tag push, other branch, redelivery, not a push)", body = serde_json::Value), (status = 202, description = "One deployment of checkout_sha queued", body = serde_json::Value), (status = 400, description = "Malformed event", body = crate::error::ErrorDoc), (status = 401, description = "Missing, empty or wrong X-Gitlab-Token", body = crate::error::ErrorDoc), (status = 403, description = "The token belongs to another project", body = crate::error::ErrorDoc), (status = 413, description = "Body over 1 MiB", body = crate::error::ErrorDoc)))]
 pub async fn gitlab(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<Value>), ApiError> {
     let received = std::time::Instant::now();
     let body = body_bytes(body)?;
@@ -148,6 +149,7 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
+#[utoipa::path(post, path = "/api/webhooks/generic/{app}", tag = "git", security(()), params(("app" = String, Path, description = "The app's name")), request_body(content = serde_json::Value, description = "{\"ref\": \"refs/heads/<branch>\", \"after\": \"<commit>\"}, signed in X-Cloudweb-Signature: sha256=<hex HMAC-SHA256 of the body>"), responses((status = 200, description = "Ignored (tag push, other branch, redelivery)", body = serde_json::Value), (status = 202, description = "One deployment queued", body = serde_json::Value), (status = 400, description = "Malformed body", body = crate::error::ErrorDoc), (status = 401, description = "Missing or wrong signature", body = crate::error::ErrorDoc), (status = 413, description = "Body over 1 MiB", body = crate::error::ErrorDoc)))]
 pub async fn generic(
     State(state): State<Arc<AppState>>,
     Path(app_name): Path<String>,
