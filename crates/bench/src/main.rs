@@ -22,6 +22,7 @@ mod scheduler;
 mod server;
 mod stats;
 mod timestamp;
+mod webhook;
 
 use clap::{Parser, Subcommand};
 
@@ -67,6 +68,10 @@ enum Commands {
     /// The dashboard's page weight per page, and the time to first byte of
     /// the Nodes page with 1,000 heartbeating nodes in the database.
     Dashboard(dashboard::Args),
+    /// Time from a GitLab push webhook received to the deployment running,
+    /// for a cached build, next to POST /deploy of the same commit (GitLab
+    /// is the test stand-in on loopback; everything else is real).
+    Webhook(webhook::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -82,6 +87,7 @@ fn main() -> std::process::ExitCode {
             Commands::Flood(args) => flood::run(args).await,
             Commands::Apps(args) => apps::run(args).await,
             Commands::Dashboard(args) => dashboard::run(args).await,
+            Commands::Webhook(args) => webhook::run(args).await,
             Commands::Mesh(args) => mesh::run(args).await,
         }
     });

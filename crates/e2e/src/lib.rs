@@ -11,6 +11,7 @@
 //! [`GitServer`] serves throwaway repositories over `git://`.
 
 pub mod control;
+pub mod gitlab;
 pub mod netns;
 pub mod pebble;
 

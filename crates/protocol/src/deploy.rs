@@ -326,6 +326,7 @@ pub fn repo_url(url: &str, allow_file: bool) -> Result<(), ValidationError> {
         return Err(ValidationError::new(FIELD, "must be a URL"));
     }
     let allowed = url.starts_with("https://")
+        || url.starts_with("http://")
         || url.starts_with("ssh://")
         || url.starts_with("git://")
         || (allow_file && url.starts_with("file:///"));
@@ -333,7 +334,7 @@ pub fn repo_url(url: &str, allow_file: bool) -> Result<(), ValidationError> {
     if !(allowed || scp_like) {
         return Err(ValidationError::new(FIELD, "scheme must be https, ssh or git"));
     }
-    if let Some(rest) = url.strip_prefix("https://") {
+    if let Some(rest) = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://")) {
         if rest.split('/').next().is_some_and(|authority| authority.contains('@')) {
             return Err(ValidationError::new(FIELD, "must not carry credentials; set them on the app instead"));
         }
@@ -348,6 +349,9 @@ pub fn repo_url(url: &str, allow_file: bool) -> Result<(), ValidationError> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RepoScheme {
     Https,
+    /// Plain HTTP: only to a git server on loopback or a private network
+    /// that the control plane allows (see [`plain_http_address`]).
+    Http,
     Ssh,
     Git,
 }
@@ -357,6 +361,7 @@ impl RepoScheme {
     pub fn default_port(self) -> u16 {
         match self {
             RepoScheme::Https => 443,
+            RepoScheme::Http => 80,
             RepoScheme::Ssh => 22,
             RepoScheme::Git => 9418,
         }
@@ -376,11 +381,7 @@ pub struct RepoHost {
 impl RepoHost {
     /// The port git connects to.
     pub fn port_or_default(&self) -> u16 {
-        self.port.unwrap_or(match self.scheme {
-            RepoScheme::Https => 443,
-            RepoScheme::Ssh => 22,
-            RepoScheme::Git => 9418,
-        })
+        self.port.unwrap_or(self.scheme.default_port())
     }
 }
 
@@ -393,6 +394,7 @@ pub fn repo_host(url: &str) -> Result<Option<RepoHost>, ValidationError> {
     let (scheme, authority) = if let Some((scheme, rest)) = url.split_once("://") {
         let scheme = match scheme {
             "https" => RepoScheme::Https,
+            "http" => RepoScheme::Http,
             "ssh" => RepoScheme::Ssh,
             "git" => RepoScheme::Git,
             "file" => return Ok(None),
@@ -503,6 +505,12 @@ pub fn refused_git_address(ip: std::net::IpAddr, allow_private: bool) -> Option<
     }
 }
 
+/// Whether plain-HTTP git may go to `ip`: only loopback and private
+/// addresses (credentials in clear never cross the internet).
+pub fn plain_http_address(ip: std::net::IpAddr) -> bool {
+    refused_git_address(ip, false).is_some() && refused_git_address(ip, true).is_none()
+}
+
 /// The control plane's check of where a repository URL points, before any
 /// name is resolved: IP address hosts through [`refused_git_address`], and
 /// `localhost` names as loopback. The agent checks the resolved addresses
@@ -512,6 +520,15 @@ pub fn repo_destination(url: &str, allow_private: bool) -> Result<(), Validation
         return Ok(());
     };
     let host = target.host.to_ascii_lowercase();
+    if target.scheme == RepoScheme::Http {
+        let private_literal = host.parse::<std::net::IpAddr>().map(plain_http_address).unwrap_or(true);
+        if !allow_private || !private_literal {
+            return Err(ValidationError::new(
+                "repo_url",
+                "plain http:// is only for a git server on loopback or a private network allowed by --allow-private-git-hosts or --allow-git-host; use https://",
+            ));
+        }
+    }
     let reason = match host.parse::<std::net::IpAddr>() {
         Ok(ip) => refused_git_address(ip, allow_private),
         Err(_) if (host == "localhost" || host.ends_with(".localhost")) && !allow_private => Some("a loopback address"),
@@ -677,7 +694,9 @@ mod tests {
         for good in ["https://gitlab.com/a/b.git", "ssh://git@host/a.git", "git://host/a", "git@gitlab.com:a/b.git"] {
             repo_url(good, false).unwrap();
         }
-        for bad in ["file:///tmp/x", "http://host/a", "-uhttps://x", "ext::sh -c id", "https://user:pw@host/a"] {
+        // Plain http is well-formed; where it may go is repo_destination's call.
+        repo_url("http://10.0.0.5:8080/group/app.git", false).unwrap();
+        for bad in ["file:///tmp/x", "ftp://host/a", "-uhttps://x", "ext::sh -c id", "https://user:pw@host/a", "http://user:pw@10.0.0.5/a"] {
             assert!(repo_url(bad, false).is_err(), "{bad}");
         }
         repo_url("file:///tmp/x", true).unwrap();
@@ -735,6 +754,13 @@ mod tests {
             ("https://224.0.0.1/a.git", false, false),
             ("https://255.255.255.255/a.git", false, false),
             ("file:///tmp/x", true, true),
+            // Plain http: only to private hosts, and only when they are allowed.
+            ("http://127.0.0.1:8080/a.git", false, true),
+            ("http://10.1.2.3/a.git", false, true),
+            ("http://93.184.216.34/a.git", false, false),
+            ("http://169.254.169.254/a.git", false, false),
+            // A name is checked again by the agent once resolved.
+            ("http://git.lan/a.git", false, true),
         ];
         for (url, public, private) in table {
             assert_eq!(repo_destination(url, false).is_ok(), public, "{url} by default");

@@ -44,6 +44,14 @@ pub struct Config {
     pub placement_wait: Duration,
     /// The ACME CA public hosts get their certificates from.
     pub acme: crate::acme::AcmeSettings,
+    /// Where GitLab, browsers and git hosts reach the user API (OAuth
+    /// redirect URI, webhook URLs, commit status links); the address it
+    /// listens on when unset.
+    pub public_api_url: Option<String>,
+    /// GitLab settings from the `--gitlab-*` flags, written at start.
+    pub gitlab: Option<crate::git::api::SettingsInput>,
+    /// An extra CA certificate (PEM) for a self-hosted GitLab.
+    pub gitlab_ca_file: Option<PathBuf>,
     /// Session lifetimes and login limits.
     pub auth: crate::auth::AuthSettings,
 }
@@ -70,6 +78,9 @@ impl Config {
             agent_connections: Default::default(),
             placement_wait: Duration::from_secs(60),
             acme: Default::default(),
+            public_api_url: None,
+            gitlab: None,
+            gitlab_ca_file: None,
             auth: crate::auth::AuthSettings::default(),
         }
     }

@@ -36,6 +36,9 @@ pub enum ApiError {
     /// later; nothing about the request was wrong.
     #[error("{0}")]
     Unavailable(String),
+    /// An upstream service (GitLab) failed or answered nonsense.
+    #[error("{0}")]
+    BadGateway(String),
     #[error("internal error")]
     Internal(String),
 }
@@ -52,6 +55,7 @@ impl ApiError {
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

@@ -12,6 +12,7 @@ pub mod clock;
 pub mod config;
 pub mod deploy;
 pub mod error;
+pub mod git;
 pub mod hub;
 pub mod live;
 pub mod registry;
@@ -75,6 +76,8 @@ pub struct AppState {
     pub listener_pin: String,
     /// ACME certificates and pending challenges.
     pub acme: acme::Acme,
+    /// GitLab login, push-to-deploy and commit statuses.
+    pub git: git::GitState,
     /// Login limits and password hashing slots.
     pub auth: auth::AuthState,
     /// Dashboard sessions.
@@ -102,6 +105,8 @@ pub enum StartError {
     /// The database could not be opened; the text says why and what to do.
     #[error("{0}")]
     Database(String),
+    #[error("{0}")]
+    Git(String),
 }
 
 /// Opens the state database, refusing to start a new cluster over an old
@@ -253,6 +258,8 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         ))),
         None => None,
     };
+    let git_http = git::gitlab::http_client(config.gitlab_ca_file.as_deref()).map_err(StartError::Git)?;
+    let git_state = git::GitState::new(git_http, config.public_api_url.clone());
     let state = Arc::new(AppState {
         store: store.clone(),
         ca,
@@ -273,6 +280,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         agent_binary,
         listener_pin,
         acme: acme::Acme::default(),
+        git: git_state,
         auth: auth::AuthState::new(&config.auth),
         web_sessions: Default::default(),
         config,
@@ -286,6 +294,11 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
     let api_listener = bind(state.config.api_listen).await?;
     let agent_addr = agent_listener.local_addr().map_err(|source| StartError::Listen { addr: state.config.agent_listen, source })?;
     let api_addr = api_listener.local_addr().map_err(|source| StartError::Listen { addr: state.config.api_listen, source })?;
+
+    let _ = state.git.public_api_url.set(format!("http://{api_addr}"));
+    if let Some(settings) = state.config.gitlab.clone() {
+        git::api::apply_settings(&state, settings).await.map_err(|e| StartError::Git(format!("--gitlab-* flags: {e}")))?;
+    }
 
     let mut tasks = Vec::new();
     tokio::task::spawn_blocking(auth::users::warm_up);
@@ -325,6 +338,8 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         tokio::spawn(heartbeat_writer(state.clone())),
         tokio::spawn(deploy::reconciler(state.clone())),
         tokio::spawn(acme::run(state.clone())),
+        tokio::spawn(git::status_poster(state.clone())),
+        tokio::spawn(git::refresher(state.clone())),
     ]);
     tracing::info!(%agent_addr, %api_addr, ca_sha256 = %state.ca.fingerprint(), "control plane listening");
     Ok(RunningServer { agent_addr, api_addr, state, tasks })

@@ -124,6 +124,31 @@ struct ServeArgs {
     /// under, instead of the system's roots (a private or test CA).
     #[arg(long)]
     acme_ca_root: Option<PathBuf>,
+    /// Where GitLab, browsers and git hosts reach the user API, e.g.
+    /// https://cloud.example.com (OAuth redirect URI, webhook URLs, links
+    /// in commit statuses). Default: http://<api-listen>.
+    #[arg(long)]
+    public_api_url: Option<String>,
+    /// GitLab base URL for login and push-to-deploy (https://gitlab.com or
+    /// a self-hosted instance). Also settable with PUT /api/gitlab/settings.
+    #[arg(long, requires_all = ["gitlab_client_id", "gitlab_client_secret_file"])]
+    gitlab_url: Option<String>,
+    /// The GitLab OAuth application's id.
+    #[arg(long, requires = "gitlab_url")]
+    gitlab_client_id: Option<String>,
+    /// File holding the GitLab OAuth application's secret (kept off the
+    /// command line; stored sealed).
+    #[arg(long, requires = "gitlab_url")]
+    gitlab_client_secret_file: Option<PathBuf>,
+    /// GitLab username allowed to log in (repeatable).
+    #[arg(long = "gitlab-allow-user", value_name = "USERNAME")]
+    gitlab_allow_user: Vec<String>,
+    /// GitLab group (full path) whose members may log in (repeatable).
+    #[arg(long = "gitlab-allow-group", value_name = "GROUP")]
+    gitlab_allow_group: Vec<String>,
+    /// Extra CA certificate (PEM) for a self-hosted GitLab.
+    #[arg(long)]
+    gitlab_ca_file: Option<PathBuf>,
     /// Minutes without a request after which a browser session ends.
     #[arg(long, default_value_t = 480, value_parser = clap::value_parser!(u64).range(1..=43_200))]
     session_idle_minutes: u64,
@@ -225,6 +250,30 @@ fn real_main() -> anyhow::Result<()> {
         },
         allow_private_git_hosts: args.allow_private_git_hosts,
         allowed_git_hosts: args.allow_git_host,
+        public_api_url: match args.public_api_url {
+            Some(text) => {
+                let url = url::Url::parse(&text).map_err(|e| anyhow::anyhow!("--public-api-url {text:?}: {e}"))?;
+                if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() || url.query().is_some() {
+                    anyhow::bail!("--public-api-url must be http(s)://host[:port][/path]");
+                }
+                Some(url.as_str().trim_end_matches('/').to_string())
+            }
+            None => None,
+        },
+        gitlab: match (args.gitlab_url, args.gitlab_client_id, args.gitlab_client_secret_file) {
+            (Some(base_url), Some(client_id), Some(secret_file)) => {
+                let secret = std::fs::read_to_string(&secret_file).with_context(|| format!("reading {}", secret_file.display()))?;
+                Some(cloudweb_server::git::api::SettingsInput {
+                    base_url,
+                    client_id,
+                    client_secret: Some(secret.trim().to_string()),
+                    allowed_users: args.gitlab_allow_user,
+                    allowed_groups: args.gitlab_allow_group,
+                })
+            }
+            _ => None,
+        },
+        gitlab_ca_file: args.gitlab_ca_file,
         registry: match args.registry_bin {
             Some(binary) => {
                 let advertise = args.registry_advertise.unwrap_or_else(|| args.registry_listen.to_string());

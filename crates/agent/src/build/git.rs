@@ -72,6 +72,7 @@ fn allowed_protocol(target: Option<&RepoHost>) -> &'static str {
     match target.map(|t| t.scheme) {
         None => "file",
         Some(RepoScheme::Https) => "https",
+        Some(RepoScheme::Http) => "http",
         Some(RepoScheme::Ssh) => "ssh",
         Some(RepoScheme::Git) => "git",
     }
@@ -204,6 +205,12 @@ pub(super) async fn route(source: &Source, home: &Path) -> Result<Route, GitErro
         return Ok(Route { target: None, url: source.repo_url.clone(), config: Vec::new() });
     };
     let address = checked_address(&target, source.allow_private_hosts).await?;
+    if target.scheme == RepoScheme::Http && !cloudweb_protocol::deploy::plain_http_address(address) {
+        return Err(GitError::Host {
+            host: target.host.clone(),
+            message: format!("resolves to {address}: plain http:// only goes to loopback or private addresses"),
+        });
+    }
     let port = target.port_or_default();
     let literal = match address {
         IpAddr::V4(v4) => v4.to_string(),
@@ -212,7 +219,7 @@ pub(super) async fn route(source: &Source, home: &Path) -> Result<Route, GitErro
     let mut config = Vec::new();
     let mut url = source.repo_url.clone();
     match target.scheme {
-        RepoScheme::Https => {
+        RepoScheme::Https | RepoScheme::Http => {
             config.push(("http.curloptResolve".into(), format!("{}:{port}:{literal}", target.host)));
             // A redirect would lead to a host nobody checked.
             config.push(("http.followRedirects".into(), "false".into()));
@@ -325,10 +332,30 @@ mod tests {
         assert!(err.contains("loopback"), "{err}");
         assert!(checked_address(&target, true).await.unwrap().is_loopback());
         // The same check for a literal the API would have refused.
-        let metadata = repo_host("http://169.254.169.254/x").ok().flatten();
-        assert!(metadata.is_none(), "http:// is not a repository scheme");
+        let metadata = repo_host("http://169.254.169.254/x").unwrap().unwrap();
+        assert!(checked_address(&metadata, true).await.unwrap_err().to_string().contains("link-local"));
         let metadata = repo_host("https://169.254.169.254/x").unwrap().unwrap();
         assert!(checked_address(&metadata, true).await.unwrap_err().to_string().contains("link-local"));
+    }
+
+    #[tokio::test]
+    async fn plain_http_goes_only_to_private_addresses() {
+        let home = tempfile::tempdir().unwrap();
+        let source = |url: &str| Source {
+            repo_url: url.into(),
+            branch: "main".into(),
+            commit: None,
+            credentials: Some(GitCredentials { username: "oauth2".into(), password: "t".into() }),
+            ssh: None,
+            allow_private_hosts: true,
+        };
+        let err = route(&source("http://93.184.216.34/a.git"), home.path()).await.err().unwrap().to_string();
+        assert!(err.contains("plain http"), "{err}");
+        let local = route(&source("http://127.0.0.1:8080/a.git"), home.path()).await.unwrap();
+        assert!(local.config.contains(&("http.curloptResolve".into(), "127.0.0.1:8080:127.0.0.1".into())));
+        assert!(local.config.contains(&("http.followRedirects".into(), "false".into())));
+        let command = git(home.path(), &local, None);
+        assert_eq!(env_of(&command, "GIT_ALLOW_PROTOCOL").as_deref(), Some("http"));
     }
 
     #[tokio::test]

@@ -211,6 +211,17 @@ impl Cluster {
         Ok(())
     }
 
+    /// Creates the app from a full `POST /api/apps` body (its name must be
+    /// this cluster's app).
+    pub async fn create_app_from(&mut self, body: &serde_json::Value) -> Result<()> {
+        let (status, answer) = self.server.call(Method::POST, "/api/apps", Some(body)).await?;
+        if status != 201 {
+            bail!("creating app {} answered {status}: {answer}", self.app);
+        }
+        self.app_created = true;
+        Ok(())
+    }
+
     /// Waits until the node runs nothing but `current` and has acked every
     /// command, so that the next deploy finds the agent idle: a superseded
     /// deployment is stopped after the drain period, and the agent's stop

@@ -42,9 +42,20 @@ struct BuildInput {
 #[serde(deny_unknown_fields)]
 struct CreateApp {
     name: String,
+    /// Any git URL; absent for an app made from a GitLab project.
+    #[serde(default)]
     repo_url: String,
-    #[serde(default = "default_branch")]
-    branch: String,
+    /// The branch to deploy: `main`, or the GitLab project's default branch.
+    branch: Option<String>,
+    /// Make the app from this GitLab project (id or `group/name`): its
+    /// clone URL, a push webhook, clone credentials per deploy.
+    gitlab_project: Option<crate::git::api::ProjectRef>,
+    /// Which logged-in GitLab identity acts for the app (when several).
+    gitlab_account: Option<i64>,
+    /// For an app from any other git URL: make a webhook URL and secret
+    /// for the generic, HMAC-signed push webhook.
+    #[serde(default)]
+    webhook: bool,
     port: u16,
     #[serde(default)]
     domains: Vec<String>,
@@ -67,15 +78,11 @@ struct CreateApp {
     git_known_hosts: Option<String>,
 }
 
-fn default_branch() -> String {
-    "main".to_string()
-}
-
 fn validate_create(request: &CreateApp, allow_file_repos: bool, allow_private_git_hosts: bool) -> Result<(), ApiError> {
     validate::node_name("name", &request.name)?;
     deploy::repo_url(&request.repo_url, allow_file_repos)?;
     deploy::repo_destination(&request.repo_url, allow_private_git_hosts)?;
-    deploy::branch(&request.branch)?;
+    deploy::branch(request.branch.as_deref().unwrap_or_default())?;
     if request.port == 0 {
         return Err(ApiError::BadRequest("invalid port: must be 1 to 65535".into()));
     }
@@ -166,7 +173,31 @@ pub async fn create(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let request: CreateApp = parse_json(&body_bytes(body)?)?;
+    let mut request: CreateApp = parse_json(&body_bytes(body)?)?;
+    let plan = match &request.gitlab_project {
+        Some(project) => {
+            if !request.repo_url.is_empty() || request.webhook {
+                return Err(ApiError::BadRequest("give gitlab_project or repo_url (with webhook), not both".into()));
+            }
+            if request.git_username.is_some() || request.git_ssh_key.is_some() {
+                return Err(ApiError::BadRequest("an app from a GitLab project gets its clone credentials from GitLab; drop git_username, git_password and git_ssh_key".into()));
+            }
+            validate::node_name("name", &request.name)?;
+            let (account, project) = crate::git::api::resolve_project(&state, project, request.gitlab_account).await?;
+            request.repo_url = project.clone_url.clone();
+            if request.branch.is_none() {
+                request.branch = project.default_branch.clone();
+            }
+            Some(crate::git::api::LinkPlan::Gitlab { account, project })
+        }
+        None if request.gitlab_account.is_some() => return Err(ApiError::BadRequest("gitlab_account only goes with gitlab_project".into())),
+        None if request.webhook => Some(crate::git::api::LinkPlan::Generic),
+        None => None,
+    };
+    if request.repo_url.is_empty() {
+        return Err(ApiError::BadRequest("repo_url is required (or gitlab_project)".into()));
+    }
+    let branch = request.branch.get_or_insert_with(|| "main".to_string()).clone();
     validate_create(&request, state.config.allow_file_repos, state.config.allows_private_git(&request.repo_url))?;
     let build = request.build.map(|b| BuildSettings { install_cmd: b.install_cmd, build_cmd: b.build_cmd, output_dir: b.output_dir, spa: b.spa });
     if let Some(build) = &build {
@@ -187,7 +218,7 @@ pub async fn create(
     let app = AppRow {
         name: request.name.clone(),
         repo_url: request.repo_url,
-        branch: request.branch,
+        branch: branch.clone(),
         port: i64::from(request.port),
         domains: serde_json::to_string(&request.domains.iter().map(|d| d.to_ascii_lowercase()).collect::<Vec<_>>()).expect("strings serialize"),
         build: build.as_ref().map(|b| serde_json::to_string(b).expect("settings serialize")),
@@ -208,9 +239,20 @@ pub async fn create(
         Err(AppRefusal::NameTaken) => return Err(ApiError::Conflict(format!("an app named {} already exists", app.name))),
         Err(refusal) => return Err(refusal_error(&app.name, refusal)),
     }
+    let mut answer = view(&state, &app);
+    if let Some(plan) = plan {
+        match crate::git::api::link_app(&state, &app.name, &branch, plan).await {
+            Ok(git) => answer["git"] = git,
+            Err(err) => {
+                // No half-made app: without its webhook it would never deploy on push.
+                state.store.delete_app(&app.name).await?;
+                return Err(err);
+            }
+        }
+    }
     tracing::info!(app = %app.name, "app created");
     crate::routes::app_changed(&state, &app.name).await?;
-    Ok((StatusCode::CREATED, Json(view(&state, &app))))
+    Ok((StatusCode::CREATED, Json(answer)))
 }
 
 #[utoipa::path(get, path = "/api/apps", tag = "apps", responses((status = 200, description = "Every app", body = serde_json::Value)))]
@@ -225,13 +267,18 @@ async fn load(state: &AppState, name: &str) -> Result<AppRow, ApiError> {
 
 #[utoipa::path(get, path = "/api/apps/{name}", tag = "apps", params(("name" = String, Path, description = "The app's name")), responses((status = 200, description = "The app", body = serde_json::Value), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
 pub async fn show(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(view(&state, &load(&state, &name).await?)))
+    let mut answer = view(&state, &load(&state, &name).await?);
+    if let Some(link) = state.store.app_git_link(&name).await? {
+        answer["git"] = crate::git::link_view(&link);
+    }
+    Ok(Json(answer))
 }
 
 /// Deletes an app after queueing a stop for every instance it still runs.
 #[utoipa::path(delete, path = "/api/apps/{name}", tag = "apps", params(("name" = String, Path, description = "The app's name")), responses((status = 204, description = "Deleted"), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
 pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     load(&state, &name).await?;
+    crate::git::api::app_removed(&state, &name).await;
     crate::deploy::stop_app(&state, &name).await?;
     state.store.delete_app(&name).await?;
     state.runtime_logs.forget(&name);

@@ -63,13 +63,26 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(traffic::last_heartbeat))
         .routes(routes!(traffic::node_usage))
         .routes(routes!(metrics::prometheus))
+        .routes(routes!(crate::git::api::get_settings, crate::git::api::put_settings))
+        .routes(routes!(crate::git::api::accounts))
+        .routes(routes!(crate::git::api::projects))
+        .routes(routes!(crate::git::api::branches))
 }
 
 /// Routes anyone may call. Each must say `security(())` in its annotation
 /// (the document then shows it needs no credential) and be listed in
 /// [`openapi::PUBLIC_OPERATIONS`].
 fn public_routes() -> OpenApiRouter<Arc<AppState>> {
-    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(auth::routes::login)).routes(routes!(openapi::document))
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(auth::routes::login))
+        .routes(routes!(openapi::document))
+        // GitLab login, and webhooks that authenticate themselves
+        // (X-Gitlab-Token, an HMAC signature).
+        .routes(routes!(crate::git::oauth::login))
+        .routes(routes!(crate::git::oauth::callback))
+        .routes(routes!(crate::git::webhooks::gitlab))
+        .routes(routes!(crate::git::webhooks::generic))
 }
 
 /// The router and the document, from one list.

@@ -129,6 +129,7 @@ pub async fn create(state: &AppState, app: &AppRow, origin: Origin) -> Result<De
     };
     let deployment = state.store.insert_deployment(&row, app.instances).await?;
     tracing::info!(deployment = %deployment.id, app = %app.name, kind, "deployment queued");
+    crate::git::deployment_moved(state, &deployment, DeploymentState::Queued);
     // From code only instance 1 starts (it builds); a built image goes to
     // every instance at once.
     let first_wave: Vec<i64> = match origin {
@@ -193,6 +194,18 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
         features,
         avoid: Vec::new(),
     };
+    // An app from a git provider clones with credentials made for this
+    // deployment (they travel only in the sealed command).
+    let clone = match &deployment.image {
+        Some(_) => None,
+        None => match crate::git::clone_credentials(state, app, deployment).await {
+            Ok(clone) => clone,
+            Err(err) => {
+                fail(state, deployment, &format!("cannot get clone credentials from the git provider: {err}")).await?;
+                return Ok(());
+            }
+        },
+    };
     for &instance in instances {
         // Each placement sees the reservations of the ones before it.
         let nodes = snapshot(state).await?;
@@ -202,6 +215,9 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
                 let container = state.store.assign_instance(&deployment.id, &app.name, instance, &node_id, now).await?;
                 let mut payload = deploy_payload(state, app, deployment, instance, build.clone())?;
                 payload.container = Some(container);
+                if let (Some(clone), Some(source)) = (&clone, payload.source.as_mut()) {
+                    source.credentials = Some(clone.clone());
+                }
                 crate::queue_command(state, &node_id, cloudweb_protocol::CommandKind::Deploy, &serde_json::to_value(&payload).expect("payload serializes")).await?;
                 tracing::info!(deployment = %deployment.id, instance, node_id = %node_id, "instance placed");
             }
@@ -301,6 +317,7 @@ async fn transition(state: &AppState, deployment: &DeploymentRow, to: Deployment
     let moved = state.store.transition_deployment(&deployment.id, from.as_str(), to.as_str(), error, image, state.clock.now_ms()).await?;
     if moved {
         tracing::info!(deployment = %deployment.id, app = %deployment.app, from = %from, to = %to, "deployment state");
+        crate::git::deployment_moved(state, deployment, to);
     }
     Ok(moved)
 }

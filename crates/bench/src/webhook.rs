@@ -1,0 +1,173 @@
+//! `cloudweb-bench webhook`: the time from a GitLab push webhook received
+//! to the deployment `running`, for a build whose layers are all cached,
+//! next to `POST /api/apps/{app}/deploy` of the same commit. Real control
+//! plane (with its registry), agent, Docker Engine and git; GitLab is the
+//! test stand-in (`cloudweb_e2e::gitlab`) on loopback, serving the
+//! repository over smart HTTP with per-deploy deploy tokens, so the
+//! webhook path includes everything a real push does: the token check,
+//! the delivery record, a deploy token made at GitLab, commit statuses.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use cloudweb_e2e::gitlab::{FakeGitlab, CLIENT_ID, CLIENT_SECRET};
+use rand::Rng;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::deploy::cluster::{BinaryArgs, Cluster};
+use crate::docker;
+use crate::stats::spread;
+
+const DOCKERFILE: &str = "FROM {base}\nCOPY index.html /www/index.html\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n";
+const QUIET_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Repetitions of each measurement (1 to 50).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=50))]
+    runs: u32,
+    /// Seconds one deployment may take to reach running (10 to 3600).
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(10..=3600))]
+    settle_timeout_seconds: u64,
+    /// Base image of the app's Dockerfile (busybox httpd; scripts/images.sh builds the default).
+    #[arg(long, default_value = "cloudweb-test/busybox:latest")]
+    base_image: String,
+    #[command(flatten)]
+    binaries: BinaryArgs,
+}
+
+pub async fn run(args: Args) -> Result<()> {
+    crate::deploy::check_image_reference(&args.base_image)?;
+    let binaries = args.binaries.resolve()?;
+    docker::docker(&["version", "--format", "{{.Server.Version}}"]).context("the Docker Engine is not reachable")?;
+    if !docker::image_exists(&args.base_image) {
+        bail!("image {} is missing; build it with scripts/images.sh", args.base_image);
+    }
+    let app = format!("bench-{:06x}", rand::rng().random_range(0..0x100_0000u32));
+    let dir = tempfile::Builder::new().prefix("cloudweb-bench-webhook-").tempdir()?;
+    println!("webhook: {} run(s) of each; app {app} from a GitLab project (stand-in on loopback), FROM {}", args.runs, args.base_image);
+    let mut cluster = None;
+    let outcome = tokio::select! {
+        outcome = async {
+            // The benchmark's control plane already allows private git hosts,
+            // which the stand-in on loopback needs.
+            let cluster = cluster.insert(Cluster::start(dir.path(), &binaries, &app).await?);
+            measure(cluster, &args, dir.path()).await
+        } => outcome,
+        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
+    };
+    if let Some(mut cluster) = cluster {
+        if let Err(err) = cluster.delete_app().await {
+            eprintln!("warning: clean-up: {err:#}");
+        }
+    }
+    let (webhook, deploy) = outcome?;
+    println!();
+    println!("time to running, cached build of the same commit ({} runs):", webhook.len());
+    for (name, values) in [("push webhook received → running", &webhook), ("POST /deploy → running", &deploy)] {
+        if let Some(s) = spread(values) {
+            println!("  {name:<34} median {:>8.1} ms   min {:>8.1} ms   max {:>8.1} ms", s.median, s.min, s.max);
+        }
+    }
+    if let (Some(w), Some(d)) = (spread(&webhook), spread(&deploy)) {
+        println!("  webhook − deploy (medians): {:+.1} ms", w.median - d.median);
+    }
+    Ok(())
+}
+
+fn no_redirects() -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).timeout(Duration::from_secs(20)).build()?)
+}
+
+async fn location(http: &reqwest::Client, url: &str) -> Result<String> {
+    let response = http.get(url).send().await?;
+    if response.status().as_u16() != 302 {
+        bail!("{url} answered {} instead of a redirect", response.status());
+    }
+    Ok(response.headers().get("location").context("no Location")?.to_str()?.to_string())
+}
+
+/// Configures GitLab and logs in through the stand-in's OAuth flow.
+async fn login(cluster: &Cluster, gitlab: &FakeGitlab) -> Result<()> {
+    let settings = json!({"base_url": gitlab.url(), "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET, "allowed_users": ["bench"]});
+    let (status, body) = cluster.server.call(Method::PUT, "/api/gitlab/settings", Some(&settings)).await?;
+    if status != 200 {
+        bail!("PUT /api/gitlab/settings answered {status}: {body}");
+    }
+    let http = no_redirects()?;
+    let authorize = location(&http, &format!("{}/api/auth/gitlab/login", cluster.server.api_url)).await?;
+    let callback = location(&http, &authorize).await?;
+    let response = http.get(&callback).send().await?;
+    if !response.status().is_success() {
+        bail!("the GitLab login answered {}: {}", response.status(), response.text().await?);
+    }
+    Ok(())
+}
+
+/// Polls the deployment until it runs; the time since `started`.
+async fn until_running(cluster: &Cluster, id: &str, started: Instant, timeout: Duration) -> Result<f64> {
+    loop {
+        let (_, body) = cluster.server.call(Method::GET, &format!("/api/deployments/{id}"), None).await?;
+        match body["state"].as_str() {
+            Some("running") => return Ok(started.elapsed().as_secs_f64() * 1000.0),
+            Some("failed") => bail!("deployment {id} failed: {}", body["error"]),
+            _ => {}
+        }
+        if started.elapsed() > timeout {
+            bail!("deployment {id} did not run within {} s", timeout.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn push(cluster: &Cluster, gitlab: &FakeGitlab, project: i64, commit: &str, run: &str, timeout: Duration) -> Result<(String, f64)> {
+    let body = gitlab.push_body(project, "refs/heads/main", "0000000000000000000000000000000000000000", &[commit]);
+    let started = Instant::now();
+    let answers = gitlab.deliver(project, &body, &format!("bench-{run}-{:08x}", rand::rng().random::<u32>())).await?;
+    let (status, answer): &(u16, Value) = answers.first().context("no hook answered")?;
+    if *status != 202 {
+        bail!("the webhook answered {status}: {answer}");
+    }
+    let id = answer["deployment"].as_str().context("no deployment in the webhook's answer")?.to_string();
+    let ms = until_running(cluster, &id, started, timeout).await?;
+    Ok((id, ms))
+}
+
+async fn measure(cluster: &mut Cluster, args: &Args, dir: &std::path::Path) -> Result<(Vec<f64>, Vec<f64>)> {
+    let timeout = Duration::from_secs(args.settle_timeout_seconds);
+    let gitlab = FakeGitlab::start(&dir.join("gitlab")).await?;
+    gitlab.add_user(1, "bench", "bench@example.com", true, &[]);
+    gitlab.login_as(1);
+    let project = gitlab.add_project("bench/app")?;
+    let dockerfile = DOCKERFILE.replace("{base}", &args.base_image);
+    let commit = gitlab.commit("bench/app", "main", &[("Dockerfile", &dockerfile), ("index.html", "cloudweb-bench webhook\n")], "bench app")?;
+    login(cluster, &gitlab).await?;
+    let body = json!({"name": cluster.app, "gitlab_project": "bench/app", "port": 8080, "health_timeout_seconds": 30});
+    cluster.create_app_from(&body).await?;
+
+    // Warm-up, not measured: fills the layer cache.
+    let (mut current, ms) = push(cluster, &gitlab, project, &commit, "warm-up", timeout).await?;
+    println!("warm-up: commit {} built and running in {:.0} ms", &commit[..12], ms);
+    let (mut webhook, mut deploy) = (Vec::new(), Vec::new());
+    for run in 1..=args.runs {
+        cluster.wait_quiet(&current, QUIET_TIMEOUT).await?;
+        let (id, by_webhook) = push(cluster, &gitlab, project, &commit, &run.to_string(), timeout).await?;
+        current = id;
+        cluster.wait_quiet(&current, QUIET_TIMEOUT).await?;
+        let started = Instant::now();
+        let (status, answer) = cluster.server.call(Method::POST, &format!("/api/apps/{}/deploy", cluster.app), Some(&json!({"commit": commit}))).await?;
+        if status != 201 {
+            bail!("POST /deploy answered {status}: {answer}");
+        }
+        let id = answer["id"].as_str().context("no id")?.to_string();
+        let by_deploy = until_running(cluster, &id, started, timeout).await?;
+        current = id;
+        println!("run {run}/{}: webhook → running {by_webhook:.0} ms, POST /deploy → running {by_deploy:.0} ms", args.runs);
+        webhook.push(by_webhook);
+        deploy.push(by_deploy);
+    }
+    let statuses = gitlab.statuses(&commit);
+    println!("commit statuses posted for {}: {}", &commit[..12], statuses.len());
+    Ok((webhook, deploy))
+}

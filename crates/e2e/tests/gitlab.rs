@@ -1,0 +1,431 @@
+//! GitLab login and push-to-deploy against a GitLab stand-in
+//! (`cloudweb_e2e::gitlab`) with real git underneath: the OAuth flow with
+//! `state` and PKCE, the allow-list, tokens sealed and refreshed; a push
+//! webhook that deploys exactly its `checkout_sha` through the real agent,
+//! Docker and registry, with commit statuses posted back and the clone
+//! credentials made for that one deploy; every refused or ignored webhook;
+//! and the generic, HMAC-signed webhook.
+
+use std::path::Path;
+use std::time::Duration;
+
+use cloudweb_e2e::gitlab::{FakeGitlab, CLIENT_ID, CLIENT_SECRET};
+use cloudweb_e2e::{start_platform, unique_name, wait_for, AgentNode, Platform, ServerProcess};
+use reqwest::Method;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n";
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).timeout(Duration::from_secs(20)).build().unwrap()
+}
+
+async fn configure(server: &ServerProcess, gitlab: &FakeGitlab, users: &[&str], groups: &[&str]) {
+    let (status, body) = server
+        .call(
+            Method::PUT,
+            "/api/gitlab/settings",
+            Some(json!({"base_url": gitlab.url(), "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET, "allowed_users": users, "allowed_groups": groups})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.to_string().contains(CLIENT_SECRET), "the client secret must not come back: {body}");
+}
+
+/// Starts a login at the control plane: the authorize URL it redirects to.
+async fn start_login(server: &ServerProcess) -> url::Url {
+    let response = no_redirects().get(server.api("/api/auth/gitlab/login")).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 302);
+    url::Url::parse(response.headers()["location"].to_str().unwrap()).unwrap()
+}
+
+fn param(url: &url::Url, name: &str) -> Option<String> {
+    url.query_pairs().find(|(k, _)| k == name).map(|(_, v)| v.into_owned())
+}
+
+/// Follows an authorize URL at the stand-in: the callback URL it sends the browser to.
+async fn authorize(authorize_url: &url::Url) -> String {
+    let response = no_redirects().get(authorize_url.as_str()).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 302, "{}", response.text().await.unwrap());
+    response.headers()["location"].to_str().unwrap().to_string()
+}
+
+async fn get_json(url: &str, accept: &str) -> (u16, String) {
+    let response = no_redirects().get(url).header("accept", accept).send().await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+/// A whole login as the stand-in's current user: the callback's answer.
+async fn login(server: &ServerProcess) -> (u16, String) {
+    let authorize_url = start_login(server).await;
+    let callback = authorize(&authorize_url).await;
+    get_json(&callback, "application/json").await
+}
+
+fn grep_dir(dir: &Path, needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else { continue };
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_file() {
+                if let Ok(bytes) = std::fs::read(&path) {
+                    if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                        found.push(path.display().to_string());
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn oauth_login_with_state_pkce_and_allow_list() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gitlab = FakeGitlab::start(&tmp.path().join("gitlab")).await.unwrap();
+    gitlab.add_user(11, "alice", "alice@example.com", true, &[]);
+    gitlab.add_user(12, "bob", "bob@example.com", true, &["other"]);
+    gitlab.add_user(13, "carol", "carol@example.com", true, &["acme/deployers"]);
+    gitlab.add_user(14, "mallory", "alice@example.com", false, &["acme/deployers"]);
+    let project = gitlab.add_project("acme/site").unwrap();
+    gitlab.commit("acme/site", "main", &[("README", "hello")], "first").unwrap();
+    let server = ServerProcess::start_with(tmp.path(), &["--allow-private-git-hosts"]).await.unwrap();
+
+    // Not configured yet: a clear 404.
+    let (status, body) = get_json(&server.api("/api/auth/gitlab/login"), "application/json").await;
+    assert_eq!(status, 404, "{body}");
+    configure(&server, &gitlab, &["alice"], &["acme/deployers"]).await;
+
+    // The redirect carries state and an S256 challenge.
+    let authorize_url = start_login(&server).await;
+    assert!(authorize_url.as_str().starts_with(&format!("{}/oauth/authorize?", gitlab.url())), "{authorize_url}");
+    assert_eq!(param(&authorize_url, "client_id").as_deref(), Some(CLIENT_ID));
+    assert_eq!(param(&authorize_url, "code_challenge_method").as_deref(), Some("S256"));
+    assert_eq!(param(&authorize_url, "redirect_uri").unwrap(), server.api("/api/auth/gitlab/callback"));
+    let state = param(&authorize_url, "state").unwrap();
+    let challenge = param(&authorize_url, "code_challenge").unwrap();
+    assert!(state.len() >= 32 && challenge.len() == 43, "{authorize_url}");
+
+    // Alice logs in: the server sent the verifier that matches the challenge.
+    gitlab.login_as(11);
+    let callback = authorize(&authorize_url).await;
+    let (status, body) = get_json(&callback, "application/json").await;
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["gitlab_user"]["id"], 11);
+    let exchange = gitlab.token_requests().last().cloned().unwrap();
+    assert_eq!(exchange.grant_type, "authorization_code");
+    assert_eq!(exchange.outcome, "ok");
+    assert_eq!(exchange.client_secret, CLIENT_SECRET);
+    let verifier = exchange.code_verifier.clone().unwrap();
+    assert!(verifier.len() >= 43, "RFC 7636: 43 to 128 characters");
+    let digest = Sha256::digest(verifier.as_bytes());
+    use base64::Engine;
+    assert_eq!(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest), challenge);
+
+    // The same callback again: the state was used.
+    let (status, body) = get_json(&callback, "application/json").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("state"), "{body}");
+    // Missing and made-up states.
+    let mut without_state = url::Url::parse(&callback).unwrap();
+    let code = param(&without_state, "code").unwrap();
+    without_state.set_query(Some(&format!("code={code}")));
+    let (status, body) = get_json(without_state.as_str(), "application/json").await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = get_json(&server.api(&format!("/api/auth/gitlab/callback?code={code}&state=made-up")), "application/json").await;
+    assert_eq!(status, 400, "{body}");
+
+    // A code bound to another challenge (an attacker's): the server's
+    // verifier does not match and GitLab's refusal is the answer.
+    let mut swapped = start_login(&server).await;
+    let pairs: Vec<(String, String)> = swapped
+        .query_pairs()
+        .map(|(k, v)| {
+            let value = if k == "code_challenge" { "A".repeat(43) } else { v.into_owned() };
+            (k.into_owned(), value)
+        })
+        .collect();
+    swapped.query_pairs_mut().clear().extend_pairs(pairs);
+    let (status, body) = get_json(&authorize(&swapped).await, "application/json").await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(gitlab.token_requests().last().unwrap().outcome, "invalid_grant");
+
+    // Bob is neither listed nor in an allowed group: a clear refusal, as a
+    // page for a browser.
+    gitlab.login_as(12);
+    let callback = authorize(&start_login(&server).await).await;
+    let (status, body) = get_json(&callback, "text/html").await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("<html") && body.contains("not allowed to log in"), "{body}");
+    gitlab.login_as(12);
+    let (status, body) = login(&server).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("bob") && body.contains("allow-list"), "{body}");
+
+    // Carol comes in through her group.
+    gitlab.login_as(13);
+    let (status, body) = login(&server).await;
+    assert_eq!(status, 200, "{body}");
+
+    // Mallory's unconfirmed email is Alice's: she gets her own identity,
+    // linked by her GitLab id, never to Alice's.
+    gitlab.login_as(14);
+    let (status, body) = login(&server).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["gitlab_user"]["id"], 14);
+    assert_eq!(answer["linked_user"], Value::Null);
+    let (_, accounts) = server.call(Method::GET, "/api/gitlab/accounts", None).await.unwrap();
+    let ids: Vec<i64> = accounts["accounts"].as_array().unwrap().iter().map(|a| a["gitlab_user_id"].as_i64().unwrap()).collect();
+    assert_eq!(ids, vec![11, 13, 14], "{accounts}");
+
+    // Tokens are sealed at rest and never answered.
+    for token in gitlab.access_tokens() {
+        assert!(grep_dir(&tmp.path().join("server"), &token).is_empty(), "an access token is stored in clear");
+        assert!(!accounts.to_string().contains(&token));
+        assert!(!server.process.log_text().contains(&token), "an access token is in the log");
+    }
+    assert!(grep_dir(&tmp.path().join("server"), CLIENT_SECRET).is_empty(), "the client secret is stored in clear");
+
+    // Projects and branches through Alice's token; a token about to expire
+    // is refreshed first.
+    gitlab.set_expires_in(60);
+    gitlab.login_as(11);
+    assert_eq!(login(&server).await.0, 200);
+    let refreshes_before = gitlab.token_requests().iter().filter(|r| r.grant_type == "refresh_token").count();
+    let (status, body) = server.call(Method::GET, "/api/gitlab/projects?account=11", None).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["projects"][0]["path"], "acme/site");
+    assert_eq!(body["projects"][0]["id"], project);
+    let refreshes: Vec<_> = gitlab.token_requests().into_iter().filter(|r| r.grant_type == "refresh_token").collect();
+    assert_eq!(refreshes.len(), refreshes_before + 1, "the token expiring within 10 minutes was refreshed");
+    assert_eq!(refreshes.last().unwrap().outcome, "ok");
+    let (status, body) = server.call(Method::GET, &format!("/api/gitlab/projects/{project}/branches?account=11"), None).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["branches"][0]["name"], "main");
+    // Several accounts: which one must be said.
+    let (status, _) = server.call(Method::GET, "/api/gitlab/projects", None).await.unwrap();
+    assert_eq!(status, 400);
+}
+
+const AGENT_FLAGS: [&str; 6] = ["--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1"];
+
+async fn deployments(server: &ServerProcess, app: &str) -> Vec<Value> {
+    let (status, body) = server.call(Method::GET, &format!("/api/apps/{app}/deployments"), None).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    body["deployments"].as_array().unwrap().clone()
+}
+
+async fn settle(server: &ServerProcess, agent: &AgentNode, id: &str) -> Value {
+    let result = wait_for(Duration::from_secs(180), "the deployment to settle", || async {
+        let (_, body) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        matches!(body["state"].as_str(), Some("running" | "failed")).then_some(body)
+    })
+    .await;
+    match result {
+        Ok(body) => body,
+        Err(err) => panic!("{err}\nagent log:\n{}\nserver log:\n{}", agent.log_text(), server.process.log_text()),
+    }
+}
+
+async fn post_webhook(server: &ServerProcess, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> (u16, Value) {
+    let mut request = reqwest::Client::new().post(server.api(path)).header("content-type", "application/json").body(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+fn hmac_sha256(key: &[u8], body: &[u8]) -> String {
+    // HMAC (RFC 2104) over SHA-256, written out so the test does not share
+    // the server's implementation.
+    let mut block = [0u8; 64];
+    if key.len() > 64 {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let inner_key: Vec<u8> = block.iter().map(|b| b ^ 0x36).collect();
+    let outer_key: Vec<u8> = block.iter().map(|b| b ^ 0x5c).collect();
+    let inner = Sha256::new().chain_update(&inner_key).chain_update(body).finalize();
+    let outer = Sha256::new().chain_update(&outer_key).chain_update(inner).finalize();
+    format!("sha256={}", hex::encode(outer))
+}
+
+#[tokio::test]
+async fn a_push_deploys_its_checkout_sha_with_statuses_and_one_time_credentials() {
+    let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
+    let gitlab = FakeGitlab::start(&tmp.path().join("gitlab")).await.unwrap();
+    gitlab.add_user(21, "alice", "alice@example.com", true, &[]);
+    let project = gitlab.add_project("acme/site").unwrap();
+    let first = gitlab.commit("acme/site", "main", &[("Dockerfile", DOCKERFILE), ("index.html", "first\n")], "first").unwrap();
+    configure(&server, &gitlab, &["alice"], &[]).await;
+    gitlab.login_as(21);
+    assert_eq!(login(&server).await.0, 200);
+
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "builder", &token, &ca, &[]).unwrap().unwrap();
+    agent.start(&AGENT_FLAGS).unwrap();
+    let node_id = agent.node_id.clone();
+    wait_for(Duration::from_secs(20), "node ready", || async { (server.node(&node_id).await.ok()?["state"] == "ready").then_some(()) }).await.unwrap();
+
+    // The app from the GitLab project: clone URL and branch from GitLab, a
+    // push webhook with its own secret registered there.
+    let app = unique_name("gl");
+    let (status, created) = server.call(Method::POST, "/api/apps", Some(json!({"name": app, "gitlab_project": "acme/site", "port": 8080}))).await.unwrap();
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["repo_url"], format!("{}/acme/site.git", gitlab.url()));
+    assert_eq!(created["branch"], "main");
+    assert_eq!(created["git"]["provider"], "gitlab");
+    let hooks = gitlab.hooks();
+    assert_eq!(hooks.len(), 1);
+    let hook = hooks[0].clone();
+    assert_eq!(hook.url, server.api("/api/webhooks/gitlab"));
+    assert_eq!(hook.branch_filter.as_deref(), Some("main"));
+    assert!(hook.token.len() >= 32);
+    assert!(!created.to_string().contains(&hook.token), "the webhook secret is not in the answer");
+    assert!(deployments(&server, &app).await.is_empty());
+
+    // One push of two commits deploys the last one, once.
+    let second = gitlab.commit("acme/site", "main", &[("index.html", "second\n")], "second").unwrap();
+    let third = gitlab.commit("acme/site", "main", &[("index.html", "third\n")], "third").unwrap();
+    let push = gitlab.push_body(project, "refs/heads/main", &first, &[&second, &third]);
+    let answers = gitlab.deliver(project, &push, "7b0b4c4e-1f7a-4a2e-9d7c-2b6c1f0e9a11").await.unwrap();
+    assert_eq!(answers[0].0, 202, "{:?}", answers);
+    let id = answers[0].1["deployment"].as_str().unwrap().to_string();
+    let deployment = settle(&server, &agent, &id).await;
+    assert_eq!(deployment["state"], "running", "{deployment}");
+    assert_eq!(deployment["commit"], third.as_str());
+    let address = deployment["instances"][0]["address"].as_str().unwrap().to_string();
+    let served = reqwest::get(format!("http://{address}/index.html")).await.unwrap().text().await.unwrap();
+    assert_eq!(served, "third\n");
+
+    // Statuses pending → running → success, linking to the deployment.
+    let statuses = wait_for(Duration::from_secs(20), "the success status", || async {
+        let statuses = gitlab.statuses(&third);
+        statuses.iter().any(|s| s.state == "success").then_some(statuses)
+    })
+    .await
+    .unwrap();
+    let states: Vec<&str> = statuses.iter().map(|s| s.state.as_str()).collect();
+    assert_eq!(states, vec!["pending", "running", "success"], "{statuses:?}");
+    assert!(statuses.iter().all(|s| s.target_url.ends_with(&format!("/api/deployments/{id}")) && s.reference == "main" && s.project == project));
+
+    // The clone used a deploy token made for this deploy, now revoked.
+    let tokens = wait_for(Duration::from_secs(20), "the deploy token revoked", || async {
+        let tokens = gitlab.deploy_tokens();
+        (tokens.len() == 1 && tokens[0].revoked).then_some(tokens)
+    })
+    .await
+    .unwrap();
+    let clone_token = tokens[0].token.clone();
+    assert!(tokens[0].expires_at.is_some());
+    assert_eq!(gitlab.git_clones().iter().filter(|u| **u == tokens[0].username).count(), gitlab.git_clones().len(), "every clone used the deploy token");
+    assert!(!gitlab.git_clones().is_empty());
+    // Nowhere on the node's disk, in any log or API answer.
+    assert!(grep_dir(&agent.dir, &clone_token).is_empty(), "the clone token stayed on the node's disk");
+    assert!(grep_dir(&tmp.path().join("server"), &clone_token).is_empty(), "the clone token is stored in clear");
+    assert!(!agent.log_text().contains(&clone_token), "the clone token is in the agent's log");
+    assert!(!server.process.log_text().contains(&clone_token), "the clone token is in the server's log");
+    let (_, app_view) = server.call(Method::GET, &format!("/api/apps/{app}"), None).await.unwrap();
+    let logs = server.http.get(server.api(&format!("/api/deployments/{id}/logs"))).bearer_auth(&server.admin_token).send().await.unwrap().text().await.unwrap();
+    assert!(logs.contains("event: end"), "{logs}");
+    let (_, commands) = server.call(Method::GET, &format!("/api/nodes/{node_id}/commands"), None).await.unwrap();
+    for answer in [app_view.to_string(), deployment.to_string(), logs.to_string(), commands.to_string(), json!(deployments(&server, &app).await).to_string()] {
+        assert!(!answer.contains(&clone_token) && !answer.contains(&hook.token));
+        for access in gitlab.access_tokens() {
+            assert!(!answer.contains(&access));
+        }
+    }
+
+    // The same delivery again: nothing more.
+    let answers = gitlab.deliver(project, &push, "7b0b4c4e-1f7a-4a2e-9d7c-2b6c1f0e9a11").await.unwrap();
+    assert_eq!(answers[0].0, 200, "{:?}", answers);
+    assert_eq!(answers[0].1["ignored"], "redelivery");
+    assert_eq!(answers[0].1["deployment"], id.as_str());
+    // Another branch and a tag: acknowledged, ignored.
+    let other = gitlab.commit("acme/site", "feature", &[("index.html", "feature\n")], "feature").unwrap();
+    let answers = gitlab.deliver(project, &gitlab.push_body(project, "refs/heads/feature", &third, &[&other]), "uuid-other-branch").await.unwrap();
+    assert_eq!((answers[0].0, answers[0].1["ignored"].as_str()), (200, Some("push to another branch")));
+    let tagged = gitlab.tag("acme/site", "v1").unwrap();
+    let answers = gitlab.deliver(project, &gitlab.push_body(project, "refs/tags/v1", "0000000000000000000000000000000000000000", &[&tagged]), "uuid-tag").await.unwrap();
+    assert_eq!((answers[0].0, answers[0].1["ignored"].as_str()), (200, Some("tag push")));
+    // Wrong and empty tokens.
+    let body = serde_json::to_vec(&push).unwrap();
+    let event = [("x-gitlab-event", "Push Hook"), ("x-gitlab-event-uuid", "uuid-bad-token")];
+    let (status, answer) = post_webhook(&server, "/api/webhooks/gitlab", &[event[0], event[1], ("x-gitlab-token", "not-the-secret")], body.clone()).await;
+    assert_eq!(status, 401, "{answer}");
+    let (status, answer) = post_webhook(&server, "/api/webhooks/gitlab", &[event[0], event[1], ("x-gitlab-token", "")], body.clone()).await;
+    assert_eq!(status, 401, "{answer}");
+    let (status, _) = post_webhook(&server, "/api/webhooks/gitlab", &event, body.clone()).await;
+    assert_eq!(status, 401);
+    // 1 MiB + 1 and 2 MiB bodies, even with the right token. Sent with
+    // curl, which asks `Expect: 100-continue` for a large body as GitLab's
+    // HTTP client and other real senders do, so the early 413 is read
+    // instead of the connection being cut mid-upload.
+    for size in [(1 << 20) + 1, 2 << 20] {
+        let mut big = body.clone();
+        big.resize(size, b' ');
+        let file = tmp.path().join("big.json");
+        std::fs::write(&file, &big).unwrap();
+        let output = std::process::Command::new("curl")
+            .args(["-sS", "-X", "POST", "-H", "content-type: application/json", "-H", "x-gitlab-event: Push Hook", "-H", "x-gitlab-event-uuid: uuid-big"])
+            .args(["-H", &format!("x-gitlab-token: {}", hook.token)])
+            .args(["--data-binary", &format!("@{}", file.display()), "-w", "\n%{http_code}", &server.api("/api/webhooks/gitlab")])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let (answer, status) = text.rsplit_once('\n').unwrap();
+        assert_eq!(status, "413", "{size} bytes: {text} {}", String::from_utf8_lossy(&output.stderr));
+        assert!(answer.contains("larger than 1 MiB"), "{answer}");
+    }
+    let all = deployments(&server, &app).await;
+    assert_eq!(all.len(), 1, "exactly one deployment: {all:?}");
+
+    // The generic provider: any git URL, a signed webhook.
+    let generic = unique_name("gen");
+    let commit = git.commit(&generic, &[("Dockerfile", DOCKERFILE), ("index.html", "generic\n")], "first").unwrap();
+    let (status, created) = server.call(Method::POST, "/api/apps", Some(json!({"name": generic, "repo_url": git.url(&generic), "port": 8080, "webhook": true}))).await.unwrap();
+    assert_eq!(status, 201, "{created}");
+    let url = created["git"]["webhook"]["url"].as_str().unwrap().to_string();
+    let secret = created["git"]["webhook"]["secret"].as_str().unwrap().to_string();
+    assert_eq!(url, server.api(&format!("/api/webhooks/generic/{generic}")));
+    let (_, shown) = server.call(Method::GET, &format!("/api/apps/{generic}"), None).await.unwrap();
+    assert!(!shown.to_string().contains(&secret), "the secret is shown once only");
+    let path = format!("/api/webhooks/generic/{generic}");
+    let body = serde_json::to_vec(&json!({"ref": "refs/heads/main", "after": commit})).unwrap();
+    let (status, answer) = post_webhook(&server, &path, &[("x-cloudweb-signature", hmac_sha256(b"wrong", &body).as_str())], body.clone()).await;
+    assert_eq!(status, 401, "{answer}");
+    let (status, _) = post_webhook(&server, &path, &[], body.clone()).await;
+    assert_eq!(status, 401);
+    let signature = hmac_sha256(secret.as_bytes(), &body);
+    let (status, answer) = post_webhook(&server, &path, &[("x-cloudweb-signature", signature.as_str()), ("x-cloudweb-delivery", "d-1")], body.clone()).await;
+    assert_eq!(status, 202, "{answer}");
+    let generic_id = answer["deployment"].as_str().unwrap().to_string();
+    let (status, answer) = post_webhook(&server, &path, &[("x-cloudweb-signature", signature.as_str()), ("x-cloudweb-delivery", "d-1")], body.clone()).await;
+    assert_eq!((status, answer["ignored"].as_str()), (200, Some("redelivery")));
+    let tag = serde_json::to_vec(&json!({"ref": "refs/tags/v1", "after": commit})).unwrap();
+    let (status, answer) = post_webhook(&server, &path, &[("x-hub-signature-256", hmac_sha256(secret.as_bytes(), &tag).as_str())], tag).await;
+    assert_eq!((status, answer["ignored"].as_str()), (200, Some("tag push")));
+    let deployment = settle(&server, &agent, &generic_id).await;
+    assert_eq!(deployment["state"], "running", "{deployment}");
+    assert_eq!(deployment["commit"], commit.as_str());
+    assert_eq!(deployments(&server, &generic).await.len(), 1);
+
+    // Deleting the GitLab app removes its hook at GitLab.
+    let (status, _) = server.call(Method::DELETE, &format!("/api/apps/{app}"), None).await.unwrap();
+    assert_eq!(status, 204);
+    assert!(gitlab.hooks()[0].removed);
+    agent.remove_containers();
+}

@@ -1,0 +1,229 @@
+//! Push-to-deploy webhooks.
+//!
+//! `POST /api/webhooks/gitlab`: GitLab's push hook. The `X-Gitlab-Token`
+//! names the app (each app's hook has its own random secret, kept as a
+//! SHA-256 digest and compared in constant time); tag pushes, other
+//! events and pushes to other branches are acknowledged and ignored; a
+//! redelivery (same `X-Gitlab-Event-UUID`) deploys nothing more; a push
+//! queues exactly one deployment of its `checkout_sha` (the last commit
+//! of the push).
+//!
+//! `POST /api/webhooks/generic/{app}`: any git host. The body is signed
+//! with the app's secret: header `X-Cloudweb-Signature` (or GitHub's and
+//! Gitea's `X-Hub-Signature-256`) is `sha256=` and the lowercase hex
+//! HMAC-SHA256 of the raw body. The body is JSON with `ref`
+//! (`refs/heads/<branch>`) and the commit in `after` (GitHub, Gitea,
+//! Forgejo, Gogs) or `commit`. A delivery id in `X-Cloudweb-Delivery`,
+//! `X-GitHub-Delivery` or `X-Gitea-Delivery` deduplicates redeliveries;
+//! without one, an identical body is taken for a redelivery.
+//!
+//! Bodies over 1 MiB are refused with 413 by the API's body limit.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use hmac::{Hmac, Mac};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::ca::sha256_hex;
+use crate::deploy::Origin;
+use crate::error::{body_bytes, ApiError};
+use crate::AppState;
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
+}
+
+fn ignored(reason: &str) -> (StatusCode, Json<Value>) {
+    (StatusCode::OK, Json(json!({ "ignored": reason })))
+}
+
+/// A full commit id: 40 (SHA-1) or 64 (SHA-256) lowercase hex digits.
+fn commit_id(text: &str) -> bool {
+    (text.len() == 40 || text.len() == 64) && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The delivery id: the sender's, or the body's digest.
+fn delivery_id(given: Option<&str>, body: &[u8]) -> Result<String, ApiError> {
+    match given {
+        Some(id) if id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') => Ok(id.to_string()),
+        Some(_) => Err(ApiError::BadRequest("invalid delivery id header".into())),
+        None => Ok(format!("body-sha256:{}", hex::encode(Sha256::digest(body)))),
+    }
+}
+
+/// Queues the deployment of `commit` once per delivery.
+async fn deploy_once(state: &AppState, app_name: &str, delivery: &str, commit: &str, received: std::time::Instant) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let now = state.clock.now_ms();
+    if !state.store.claim_webhook_delivery(app_name, delivery, now).await? {
+        let deployment = state.store.webhook_delivery_deployment(app_name, delivery).await?;
+        tracing::info!(app = %app_name, delivery, "ignored a redelivered webhook");
+        return Ok((StatusCode::OK, Json(json!({ "ignored": "redelivery", "deployment": deployment }))));
+    }
+    let app = match state.store.app(app_name).await? {
+        Some(app) => app,
+        None => return Err(ApiError::NotFound(format!("no app {app_name:?}"))),
+    };
+    let deployment = match crate::deploy::create(state, &app, Origin::Source { commit: Some(commit.to_string()) }).await {
+        Ok(deployment) => deployment,
+        Err(err) => {
+            // Not handled: the sender's retry must not count as a redelivery.
+            let _ = state.store.release_webhook_delivery(app_name, delivery).await;
+            return Err(err);
+        }
+    };
+    state.store.set_webhook_delivery_deployment(app_name, delivery, &deployment.id).await?;
+    tracing::info!(app = %app_name, deployment = %deployment.id, commit, delivery, queued_after_ms = received.elapsed().as_millis() as u64, "webhook push queued a deployment");
+    Ok((StatusCode::ACCEPTED, Json(json!({ "deployment": deployment.id, "commit": commit, "state": deployment.state }))))
+}
+
+#[utoipa::path(post, path = "/api/webhooks/gitlab", tag = "git", security(()), request_body(content = serde_json::Value, description = "GitLab's push event; X-Gitlab-Token authenticates it"), responses((status = 200, description = "Ignored (tag push, other branch, redelivery, not a push)", body = serde_json::Value), (status = 202, description = "One deployment of checkout_sha queued", body = serde_json::Value), (status = 400, description = "Malformed event", body = crate::error::ErrorDoc), (status = 401, description = "Missing, empty or wrong X-Gitlab-Token", body = crate::error::ErrorDoc), (status = 403, description = "The token belongs to another project", body = crate::error::ErrorDoc), (status = 413, description = "Body over 1 MiB", body = crate::error::ErrorDoc)))]
+pub async fn gitlab(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let received = std::time::Instant::now();
+    let body = body_bytes(body)?;
+    let Some(token) = header(&headers, "x-gitlab-token") else {
+        return Err(ApiError::Unauthorized("missing X-Gitlab-Token".into()));
+    };
+    let digest = sha256_hex(token.as_bytes());
+    let link = state.store.app_git_link_by_secret("gitlab", &digest).await?;
+    // The lookup found the row by digest; the comparison that decides is
+    // this constant-time one.
+    let Some(link) = link.filter(|l| super::constant_time_eq(l.webhook_secret_sha256.as_bytes(), digest.as_bytes())) else {
+        tracing::warn!("refused a GitLab webhook with an unknown token");
+        return Err(ApiError::Unauthorized("invalid X-Gitlab-Token".into()));
+    };
+    let payload: Value = crate::error::parse_json(&body)?;
+    let kind = payload.get("object_kind").and_then(Value::as_str).unwrap_or_default();
+    if kind == "tag_push" || header(&headers, "x-gitlab-event") == Some("Tag Push Hook") {
+        return Ok(ignored("tag push"));
+    }
+    if kind != "push" {
+        return Ok(ignored("not a push event"));
+    }
+    let project = payload.get("project_id").and_then(Value::as_i64).or_else(|| payload.get("project").and_then(|p| p.get("id")).and_then(Value::as_i64));
+    if project != link.project_id {
+        return Err(ApiError::Forbidden("the token belongs to another project".into()));
+    }
+    let reference = payload.get("ref").and_then(Value::as_str).unwrap_or_default();
+    let app = state.store.app(&link.app).await?.ok_or_else(|| ApiError::NotFound(format!("no app {:?}", link.app)))?;
+    if reference.starts_with("refs/tags/") {
+        return Ok(ignored("tag push"));
+    }
+    if reference != format!("refs/heads/{}", app.branch) {
+        return Ok(ignored("push to another branch"));
+    }
+    // A deleted branch has no checkout_sha.
+    let Some(commit) = payload.get("checkout_sha").and_then(Value::as_str) else {
+        return Ok(ignored("branch deleted"));
+    };
+    if !commit_id(commit) {
+        return Err(ApiError::BadRequest("checkout_sha is not a commit id".into()));
+    }
+    let delivery = delivery_id(header(&headers, "x-gitlab-event-uuid"), &body)?;
+    deploy_once(&state, &app.name, &delivery, commit, received).await
+}
+
+/// Checks `sha256=<hex>` against the HMAC-SHA256 of `body` under `secret`,
+/// in constant time.
+pub fn signature_valid(secret: &[u8], body: &[u8], header_value: &str) -> bool {
+    let Some(hex_signature) = header_value.strip_prefix("sha256=") else {
+        return false;
+    };
+    let Ok(given) = hex::decode(hex_signature) else {
+        return false;
+    };
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(body);
+    mac.verify_slice(&given).is_ok()
+}
+
+/// The signature header value for `body`, as a sender computes it.
+pub fn sign(secret: &[u8], body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(body);
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+#[utoipa::path(post, path = "/api/webhooks/generic/{app}", tag = "git", security(()), params(("app" = String, Path, description = "The app's name")), request_body(content = serde_json::Value, description = "{\"ref\": \"refs/heads/<branch>\", \"after\": \"<commit>\"}, signed in X-Cloudweb-Signature: sha256=<hex HMAC-SHA256 of the body>"), responses((status = 200, description = "Ignored (tag push, other branch, redelivery)", body = serde_json::Value), (status = 202, description = "One deployment queued", body = serde_json::Value), (status = 400, description = "Malformed body", body = crate::error::ErrorDoc), (status = 401, description = "Missing or wrong signature", body = crate::error::ErrorDoc), (status = 413, description = "Body over 1 MiB", body = crate::error::ErrorDoc)))]
+pub async fn generic(
+    State(state): State<Arc<AppState>>,
+    Path(app_name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let received = std::time::Instant::now();
+    let body = body_bytes(body)?;
+    let Some(signature) = header(&headers, "x-cloudweb-signature").or_else(|| header(&headers, "x-hub-signature-256")) else {
+        return Err(ApiError::Unauthorized("missing X-Cloudweb-Signature (sha256=<hex HMAC-SHA256 of the body>)".into()));
+    };
+    // An unknown app and a wrong signature answer the same.
+    let refused = || ApiError::Unauthorized("invalid signature".into());
+    let link = state.store.app_git_link(&app_name).await?.filter(|l| l.provider == "generic");
+    let Some(sealed) = link.and_then(|l| l.webhook_secret_sealed) else {
+        return Err(refused());
+    };
+    let secret = state.sealer.open(&super::webhook_context(&app_name), &sealed).map_err(|e| ApiError::Internal(format!("webhook secret of {app_name}: {e}")))?;
+    if !signature_valid(&secret, &body, signature) {
+        tracing::warn!(app = %app_name, "refused a webhook with a bad signature");
+        return Err(refused());
+    }
+    let payload: Value = crate::error::parse_json(&body)?;
+    let reference = payload.get("ref").and_then(Value::as_str).unwrap_or_default();
+    let app = state.store.app(&app_name).await?.ok_or_else(|| ApiError::NotFound(format!("no app {app_name:?}")))?;
+    if reference.starts_with("refs/tags/") {
+        return Ok(ignored("tag push"));
+    }
+    if reference != format!("refs/heads/{}", app.branch) {
+        return Ok(ignored("push to another branch"));
+    }
+    let Some(commit) = payload.get("after").or_else(|| payload.get("commit")).and_then(Value::as_str) else {
+        return Err(ApiError::BadRequest("the body has no commit (after or commit)".into()));
+    };
+    if commit.bytes().all(|b| b == b'0') {
+        return Ok(ignored("branch deleted"));
+    }
+    if !commit_id(commit) {
+        return Err(ApiError::BadRequest("the commit is not a full commit id".into()));
+    }
+    let given = header(&headers, "x-cloudweb-delivery").or_else(|| header(&headers, "x-github-delivery")).or_else(|| header(&headers, "x-gitea-delivery"));
+    let delivery = delivery_id(given, &body)?;
+    deploy_once(&state, &app.name, &delivery, commit, received).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures() {
+        let body = br#"{"ref":"refs/heads/main"}"#;
+        let good = sign(b"secret", body);
+        assert!(signature_valid(b"secret", body, &good));
+        assert!(!signature_valid(b"other", body, &good));
+        assert!(!signature_valid(b"secret", b"{}", &good));
+        assert!(!signature_valid(b"secret", body, good.trim_start_matches("sha256=")));
+        assert!(!signature_valid(b"secret", body, "sha256=zz"));
+        // RFC 4231 test case 2.
+        assert_eq!(
+            sign(b"Jefe", b"what do ya want for nothing?"),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn commit_ids_and_delivery_ids() {
+        assert!(commit_id(&"a".repeat(40)));
+        assert!(commit_id(&"0123456789abcdef".repeat(4)));
+        assert!(!commit_id(&"A".repeat(40)));
+        assert!(!commit_id("abc"));
+        assert_eq!(delivery_id(Some("4c4e1bd8-1f7a-4a2e-9d7c-2b6c1f0e9a11"), b"").unwrap(), "4c4e1bd8-1f7a-4a2e-9d7c-2b6c1f0e9a11");
+        assert!(delivery_id(Some("a b"), b"").is_err());
+        assert_eq!(delivery_id(None, b"x").unwrap(), delivery_id(None, b"x").unwrap());
+        assert_ne!(delivery_id(None, b"x").unwrap(), delivery_id(None, b"y").unwrap());
+    }
+}
