@@ -13,6 +13,7 @@ pub mod ingress;
 pub mod join;
 pub mod mesh;
 pub mod redact;
+pub mod renew;
 pub mod run;
 pub mod runtime;
 pub mod shutdown;

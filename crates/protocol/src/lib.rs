@@ -10,6 +10,7 @@ pub mod deploy;
 pub mod heartbeat;
 pub mod join;
 pub mod misc;
+pub mod renew;
 pub mod validate;
 pub mod version;
 
@@ -19,6 +20,7 @@ pub use heartbeat::{
     ContainerUsage, Health, Heartbeat, HostTraffic, IngressStatus, MeshHealth, Metrics, NodeUsage, RegistryHealth,
 };
 pub use join::{JoinRequest, JoinResponse, Peer, PeerList};
+pub use renew::{RenewRequest, RenewResponse};
 pub use misc::{error_codes, ErrorBody, LeaveConflict, LeaveResponse, LogLine, RegistryConfig, Report, Route, RouteTable};
 pub use validate::ValidationError;
 pub use version::{negotiate, Negotiation, SupportedRange, Upgrade, UpgradeRequired};
@@ -34,6 +36,7 @@ pub mod paths {
     pub const ROUTES: &str = "/agent/v1/routes";
     pub const REGISTRY: &str = "/agent/v1/registry";
     pub const STREAM: &str = "/agent/v1/stream";
+    pub const RENEW: &str = "/agent/v1/renew";
 
     /// `POST /agent/v1/commands/{id}/ack`.
     pub fn ack(command_id: &str) -> String {

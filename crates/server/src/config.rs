@@ -42,6 +42,9 @@ pub struct Config {
     /// How long a deployment that finds no node for an instance stays
     /// queued (retried every second) before it fails with the reasons.
     pub placement_wait: Duration,
+    /// How long a node's client certificate is valid (agents renew it at
+    /// two thirds of that).
+    pub node_cert_lifetime: Duration,
 }
 
 impl Config {
@@ -65,6 +68,7 @@ impl Config {
             base_domain: "localhost".to_string(),
             agent_connections: Default::default(),
             placement_wait: Duration::from_secs(60),
+            node_cert_lifetime: Duration::from_secs(365 * 24 * 3600),
         }
     }
 }
