@@ -45,6 +45,8 @@ pub struct Config {
     /// How long a node's client certificate is valid (agents renew it at
     /// two thirds of that).
     pub node_cert_lifetime: Duration,
+    /// Session lifetimes and login limits.
+    pub auth: crate::auth::AuthSettings,
 }
 
 impl Config {
@@ -69,6 +71,7 @@ impl Config {
             agent_connections: Default::default(),
             placement_wait: Duration::from_secs(60),
             node_cert_lifetime: Duration::from_secs(365 * 24 * 3600),
+            auth: crate::auth::AuthSettings::default(),
         }
     }
 }

@@ -33,6 +33,9 @@ pub enum ApiError {
     TooLarge(String),
     #[error("{0}")]
     Unprocessable(String),
+    /// 429 with `Retry-After: <seconds>`.
+    #[error("{message}")]
+    TooManyRequests { message: String, retry_after_s: u64 },
     /// The control plane cannot take writes now (its disk is full): retry
     /// later; nothing about the request was wrong.
     #[error("{0}")]
@@ -51,6 +54,7 @@ impl ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -62,12 +66,20 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(detail) = &self {
             tracing::error!(error = %detail, "request failed");
         }
-        let code = match self {
+        let code = match &self {
             ApiError::NodeNotRegistered(_) => Some(cloudweb_protocol::error_codes::NODE_NOT_REGISTERED.to_string()),
             ApiError::CertificateReplaced(_) => Some(cloudweb_protocol::error_codes::CERTIFICATE_REPLACED.to_string()),
             _ => None,
         };
-        (self.status(), Json(ErrorBody { error: self.to_string(), code })).into_response()
+        let retry_after = match &self {
+            ApiError::TooManyRequests { retry_after_s, .. } => Some(*retry_after_s),
+            _ => None,
+        };
+        let mut response = (self.status(), Json(ErrorBody { error: self.to_string(), code })).into_response();
+        if let Some(seconds) = retry_after {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(seconds));
+        }
+        response
     }
 }
 
@@ -94,6 +106,18 @@ impl From<CaError> for ApiError {
             other => ApiError::Internal(other.to_string()),
         }
     }
+}
+
+/// The error answer every route gives, as the OpenAPI document shows it
+/// (the same fields as `cloudweb_protocol::ErrorBody`).
+#[derive(utoipa::ToSchema)]
+#[schema(as = Error)]
+#[allow(dead_code)]
+pub struct ErrorDoc {
+    /// What went wrong, for a person.
+    error: String,
+    /// A machine-readable code, for the few errors that have one.
+    code: Option<String>,
 }
 
 /// Parses a JSON body into `T`, answering 400 with serde's reason (which

@@ -5,6 +5,7 @@
 
 pub mod agent_api;
 pub mod api;
+pub mod auth;
 pub mod ca;
 pub mod clock;
 pub mod config;
@@ -67,6 +68,8 @@ pub struct AppState {
     pub agent_binary: Option<agent_api::installer::AgentBinary>,
     /// curl `--pinnedpubkey` value of the agent listener's key.
     pub listener_pin: String,
+    /// Login limits and password hashing slots.
+    pub auth: auth::AuthState,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -259,6 +262,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         sealer,
         agent_binary,
         listener_pin,
+        auth: auth::AuthState::new(&config.auth),
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());
@@ -284,7 +288,9 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
     tasks.extend([
         tokio::spawn(agent_api::listener::serve(agent_listener, tls, agent_router, state.config.agent_connections.clone())),
         tokio::spawn(async move {
-            if let Err(err) = axum::serve(api_listener, api_router).await {
+            // The peer address is what login attempts are limited by.
+            let service = api_router.into_make_service_with_connect_info::<SocketAddr>();
+            if let Err(err) = axum::serve(api_listener, service).await {
                 tracing::error!(error = %err, "user API server stopped");
             }
         }),
@@ -331,6 +337,10 @@ async fn heartbeat_writer(state: Arc<AppState>) {
             last_downsample = tokio::time::Instant::now();
             if let Err(err) = state.store.downsample_usage(state.clock.now_ms()).await {
                 tracing::error!(error = %err, "could not downsample the usage history");
+            }
+            match auth::sessions::prune(&state).await {
+                Ok(ended) => tracing::debug!(ended, "deleted expired sessions"),
+                Err(err) => tracing::error!(error = ?err, "could not delete expired sessions"),
             }
             match state.store.prune(state.clock.now_ms()).await {
                 Ok(pruned) => tracing::debug!(?pruned, "pruned old rows"),

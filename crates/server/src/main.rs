@@ -1,6 +1,7 @@
 //! `cloudweb-server`: flag parsing and process wiring around
 //! [`cloudweb_server::start`], and `join-token` for scripts.
 
+mod admin_cli;
 mod join_token_cli;
 
 use std::net::SocketAddr;
@@ -10,6 +11,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use cloudweb_server::auth::limiter::Limits;
+use cloudweb_server::auth::AuthSettings;
 use cloudweb_server::clock::SystemClock;
 use cloudweb_server::config::{public_url::HttpsUrl, Config};
 use cloudweb_server::agent_api::listener::ConnectionLimits;
@@ -30,6 +33,9 @@ enum Commands {
     /// Create a join token through a running control plane's user API and
     /// print the fields asked for, one per line.
     JoinToken(join_token_cli::JoinTokenArgs),
+    /// Account chores on this machine's database (no API needed).
+    #[command(subcommand)]
+    Admin(admin_cli::AdminCommand),
 }
 
 #[derive(Parser)]
@@ -106,6 +112,21 @@ struct ServeArgs {
     /// For compatibility tests that need two sides whose ranges do not meet.
     #[arg(long, hide = true, value_parser = parse_protocol_range)]
     agent_protocols: Option<SupportedRange>,
+    /// Minutes without a request after which a browser session ends.
+    #[arg(long, default_value_t = 480, value_parser = clap::value_parser!(u64).range(1..=43_200))]
+    session_idle_minutes: u64,
+    /// Hours after login at which a browser session ends, used or not.
+    #[arg(long, default_value_t = 168, value_parser = clap::value_parser!(u64).range(1..=8_760))]
+    session_max_hours: u64,
+    /// Failed logins per account, and per address (IPv6: per /64), allowed
+    /// in each window before logins answer 429.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    login_attempts_per_account: u32,
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    login_attempts_per_address: u32,
+    /// The window of those limits, in seconds.
+    #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    login_window_seconds: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -131,6 +152,11 @@ fn real_main() -> anyhow::Result<()> {
         Commands::JoinToken(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             return runtime.block_on(join_token_cli::run(args));
+        }
+        Commands::Admin(command) => {
+            nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            return runtime.block_on(admin_cli::run(command));
         }
     };
     raise_open_file_limit();
@@ -172,6 +198,16 @@ fn real_main() -> anyhow::Result<()> {
         },
         placement_wait: Duration::from_secs(args.placement_wait_seconds),
         node_cert_lifetime: Duration::from_secs(args.node_cert_seconds),
+        auth: AuthSettings {
+            session_idle: Duration::from_secs(args.session_idle_minutes * 60),
+            session_absolute: Duration::from_secs(args.session_max_hours * 3600),
+            login_limits: Limits {
+                per_account: args.login_attempts_per_account,
+                per_address: args.login_attempts_per_address,
+                window: Duration::from_secs(args.login_window_seconds),
+                ..Limits::default()
+            },
+        },
         allow_private_git_hosts: args.allow_private_git_hosts,
         allowed_git_hosts: args.allow_git_host,
         registry: match args.registry_bin {

@@ -161,6 +161,7 @@ pub fn view(state: &AppState, app: &AppRow) -> Value {
     })
 }
 
+#[utoipa::path(post, path = "/api/apps", tag = "apps", request_body = serde_json::Value, responses((status = 201, description = "Created", body = serde_json::Value), (status = 400, description = "Invalid app", body = crate::error::ErrorDoc), (status = 409, description = "The name or a host is taken", body = crate::error::ErrorDoc)))]
 pub async fn create(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
@@ -212,6 +213,7 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(view(&state, &app))))
 }
 
+#[utoipa::path(get, path = "/api/apps", tag = "apps", responses((status = 200, description = "Every app", body = serde_json::Value)))]
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let apps: Vec<Value> = state.store.apps().await?.iter().map(|app| view(&state, app)).collect();
     Ok(Json(json!({ "apps": apps })))
@@ -221,11 +223,13 @@ async fn load(state: &AppState, name: &str) -> Result<AppRow, ApiError> {
     state.store.app(name).await?.ok_or_else(|| ApiError::NotFound(format!("no app {name:?}")))
 }
 
+#[utoipa::path(get, path = "/api/apps/{name}", tag = "apps", params(("name" = String, Path, description = "The app's name")), responses((status = 200, description = "The app", body = serde_json::Value), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
 pub async fn show(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
     Ok(Json(view(&state, &load(&state, &name).await?)))
 }
 
 /// Deletes an app after queueing a stop for every instance it still runs.
+#[utoipa::path(delete, path = "/api/apps/{name}", tag = "apps", params(("name" = String, Path, description = "The app's name")), responses((status = 204, description = "Deleted"), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
 pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     load(&state, &name).await?;
     crate::deploy::stop_app(&state, &name).await?;
@@ -237,6 +241,7 @@ pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>
 
 /// Replaces the app's environment. Values are sealed before they are
 /// stored and are never returned.
+#[utoipa::path(put, path = "/api/apps/{name}/env", tag = "apps", params(("name" = String, Path, description = "The app's name")), request_body(content = serde_json::Value, description = "A JSON object of string values"), responses((status = 200, description = "The names of the variables now set", body = serde_json::Value), (status = 400, description = "Invalid environment", body = crate::error::ErrorDoc), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
 pub async fn set_env(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
@@ -278,6 +283,7 @@ fn refusal_error(app: &str, refusal: AppRefusal) -> ApiError {
 }
 
 /// Replaces the app's custom domains; the ingress picks them up at once.
+#[utoipa::path(put, path = "/api/apps/{name}/domains", tag = "apps", params(("name" = String, Path, description = "The app's name")), request_body(content = Vec<String>, description = "Host names"), responses((status = 200, description = "The app", body = serde_json::Value), (status = 400, description = "Invalid domains", body = crate::error::ErrorDoc), (status = 404, description = "No such app", body = crate::error::ErrorDoc), (status = 409, description = "A host belongs to another app", body = crate::error::ErrorDoc)))]
 pub async fn set_domains(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
@@ -300,6 +306,7 @@ struct DeployRequest {
     commit: Option<String>,
 }
 
+#[utoipa::path(post, path = "/api/apps/{name}/deploy", tag = "apps", params(("name" = String, Path, description = "The app's name"), ("Idempotency-Key" = Option<String>, Header, description = "Deploy at most once per key")), request_body(content = serde_json::Value, description = "Optional: {\"commit\": \"<sha>\"}"), responses((status = 201, description = "A deployment is queued", body = serde_json::Value), (status = 400, description = "Invalid request", body = crate::error::ErrorDoc), (status = 404, description = "No such app", body = crate::error::ErrorDoc), (status = 409, description = "The same Idempotency-Key is still running", body = crate::error::ErrorDoc), (status = 422, description = "The Idempotency-Key was used with another request", body = crate::error::ErrorDoc)))]
 pub async fn deploy(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
@@ -387,6 +394,7 @@ struct RollbackRequest {
 }
 
 /// Runs an earlier deployment's image again: no build.
+#[utoipa::path(post, path = "/api/apps/{name}/rollback", tag = "apps", params(("name" = String, Path, description = "The app's name"), ("Idempotency-Key" = Option<String>, Header, description = "Roll back at most once per key")), request_body(content = serde_json::Value, description = "{\"deployment_id\": \"<id>\"}"), responses((status = 201, description = "A deployment of the earlier image is queued", body = serde_json::Value), (status = 400, description = "Invalid request", body = crate::error::ErrorDoc), (status = 404, description = "No such app or deployment", body = crate::error::ErrorDoc), (status = 409, description = "That deployment cannot be rolled back to", body = crate::error::ErrorDoc), (status = 422, description = "The Idempotency-Key was used with another request", body = crate::error::ErrorDoc)))]
 pub async fn rollback(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,

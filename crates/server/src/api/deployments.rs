@@ -40,11 +40,13 @@ async fn view(state: &AppState, deployment: &DeploymentRow) -> Result<Value, Api
     }))
 }
 
+#[utoipa::path(get, path = "/api/deployments/{id}", tag = "deployments", params(("id" = String, Path, description = "The deployment's id")), responses((status = 200, description = "The deployment and its instances", body = serde_json::Value), (status = 404, description = "No such deployment", body = crate::error::ErrorDoc)))]
 pub async fn show(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let deployment = state.store.deployment(&id).await?.ok_or_else(|| ApiError::NotFound(format!("no deployment {id:?}")))?;
     Ok(Json(view(&state, &deployment).await?))
 }
 
+#[utoipa::path(get, path = "/api/apps/{name}/deployments", tag = "deployments", params(("name" = String, Path, description = "The app's name")), responses((status = 200, description = "The app's deployments, newest first", body = serde_json::Value), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
 pub async fn of_app(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
     if state.store.app(&name).await?.is_none() {
         return Err(ApiError::NotFound(format!("no app {name:?}")));
@@ -60,6 +62,7 @@ pub async fn of_app(State(state): State<Arc<AppState>>, Path(name): Path<String>
 /// deploying deployment as `failed` ("cancelled by the user"); the node
 /// stops its build or container. 409 once it has finished or runs (a
 /// running deployment is replaced by deploying or rolling back).
+#[utoipa::path(post, path = "/api/deployments/{id}/cancel", tag = "deployments", params(("id" = String, Path, description = "The deployment's id")), responses((status = 200, description = "The deployment, failed (cancelled)", body = serde_json::Value), (status = 404, description = "No such deployment", body = crate::error::ErrorDoc), (status = 409, description = "It has finished or runs", body = crate::error::ErrorDoc)))]
 pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let deployment = state.store.deployment(&id).await?.ok_or_else(|| ApiError::NotFound(format!("no deployment {id:?}")))?;
     let unfinished = matches!(
@@ -94,6 +97,7 @@ struct Cursor {
 /// `{"ts","stream","line"}`), then new ones as agents report them; the
 /// stream ends with `event: end` (data `{"state"}`) once the deployment has
 /// settled and no line came for a few seconds.
+#[utoipa::path(get, path = "/api/deployments/{id}/logs", tag = "deployments", params(("id" = String, Path, description = "The deployment's id")), responses((status = 200, description = "Server-sent events: `log` lines, then `end`", content_type = "text/event-stream", body = String), (status = 404, description = "No such deployment", body = crate::error::ErrorDoc)))]
 pub async fn logs(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,

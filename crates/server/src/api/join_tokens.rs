@@ -21,6 +21,7 @@ pub struct CreatedJoinToken {
     command: String,
 }
 
+#[utoipa::path(post, path = "/api/join-tokens", tag = "nodes", responses((status = 201, description = "A single-use join token and the command that uses it", body = serde_json::Value)))]
 pub async fn create(State(state): State<Arc<AppState>>) -> Result<(StatusCode, Json<CreatedJoinToken>), ApiError> {
     let bytes: [u8; 32] = rand::rng().random();
     let token = format!("cwj_{}", hex::encode(bytes));

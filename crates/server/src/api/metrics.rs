@@ -164,6 +164,7 @@ pub fn encode_figures(figures: &Figures) -> Result<String, std::fmt::Error> {
     Ok(out)
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 pub async fn prometheus(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     match encode_figures(&figures(&state)) {
         Ok(out) => (StatusCode::OK, [(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out),

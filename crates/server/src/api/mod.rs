@@ -1,74 +1,99 @@
-//! The user API on `--api-listen`: bearer-token authenticated JSON, plus
-//! `/healthz` (open) and Prometheus `/metrics`.
+//! The user API on `--api-listen`: JSON authenticated by the admin token,
+//! a personal API token or a browser session (see [`crate::auth`]), plus
+//! `/healthz` (open), Prometheus `/metrics` and the OpenAPI document at
+//! `/api/openapi.json` (open).
+//!
+//! Every route is registered through [`routes`] with `utoipa_axum`'s
+//! `routes!`, which takes each handler's `#[utoipa::path]` annotation: the
+//! router and the OpenAPI document come from the same list, and the
+//! `openapi` tests check that nothing is registered around it.
 
 mod apps;
 mod deployments;
 mod join_tokens;
 mod metrics;
+pub mod openapi;
 mod nodes;
 mod traffic;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::header::AUTHORIZATION;
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::Router;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::ca::sha256_hex;
+use crate::auth;
 use crate::error::ApiError;
 use crate::AppState;
 
+/// Every route, with its documentation. Routes that need no credential
+/// are in [`public_routes`]; everything here goes through the
+/// [`auth::guard`].
+fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::new()
+        .routes(routes!(auth::routes::logout))
+        .routes(routes!(auth::routes::me))
+        .routes(routes!(auth::routes::list_tokens, auth::routes::create_token))
+        .routes(routes!(auth::routes::revoke_token))
+        .routes(routes!(join_tokens::create))
+        .routes(routes!(nodes::list))
+        .routes(routes!(nodes::show, nodes::remove))
+        .routes(routes!(nodes::commands, nodes::enqueue))
+        .routes(routes!(nodes::drain))
+        .routes(routes!(nodes::undrain))
+        .routes(routes!(apps::list, apps::create))
+        .routes(routes!(apps::show, apps::remove))
+        .routes(routes!(apps::set_env))
+        .routes(routes!(apps::set_domains))
+        .routes(routes!(apps::deploy))
+        .routes(routes!(apps::rollback))
+        .routes(routes!(deployments::of_app))
+        .routes(routes!(deployments::show))
+        .routes(routes!(deployments::logs))
+        .routes(routes!(deployments::cancel))
+        .routes(routes!(traffic::routes))
+        .routes(routes!(traffic::traffic))
+        .routes(routes!(traffic::last_heartbeat))
+        .routes(routes!(traffic::node_usage))
+        .routes(routes!(metrics::prometheus))
+}
+
+/// Routes anyone may call. Each must say `security(())` in its annotation
+/// (the document then shows it needs no credential) and be listed in
+/// [`openapi::PUBLIC_OPERATIONS`].
+fn public_routes() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::new().routes(routes!(healthz)).routes(routes!(auth::routes::login)).routes(routes!(openapi::document))
+}
+
+/// The router and the document, from one list.
+pub fn parts(state: Option<Arc<AppState>>) -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
+    let mut authenticated = authenticated_routes();
+    if let Some(state) = state {
+        authenticated = authenticated.route_layer(middleware::from_fn_with_state(state, auth::guard::require_principal));
+    }
+    let (router, document) = OpenApiRouter::with_openapi(openapi::base()).merge(public_routes()).merge(authenticated).split_for_parts();
+    (router, openapi::finish(document))
+}
+
 pub fn router(state: Arc<AppState>) -> Router {
-    let authenticated = Router::new()
-        .route("/api/join-tokens", post(join_tokens::create))
-        .route("/api/nodes", get(nodes::list))
-        .route("/api/nodes/{id}", get(nodes::show).delete(nodes::remove))
-        .route("/api/nodes/{id}/commands", get(nodes::commands).post(nodes::enqueue))
-        .route("/api/nodes/{id}/drain", post(nodes::drain))
-        .route("/api/nodes/{id}/undrain", post(nodes::undrain))
-        .route("/api/apps", get(apps::list).post(apps::create))
-        .route("/api/apps/{name}", get(apps::show).delete(apps::remove))
-        .route("/api/apps/{name}/env", axum::routing::put(apps::set_env))
-        .route("/api/apps/{name}/domains", axum::routing::put(apps::set_domains))
-        .route("/api/apps/{name}/deploy", post(apps::deploy))
-        .route("/api/apps/{name}/rollback", post(apps::rollback))
-        .route("/api/apps/{name}/deployments", get(deployments::of_app))
-        .route("/api/deployments/{id}", get(deployments::show))
-        .route("/api/deployments/{id}/logs", get(deployments::logs))
-        .route("/api/deployments/{id}/cancel", post(deployments::cancel))
-        .route("/api/routes", get(traffic::routes))
-        .route("/api/traffic/{host}", get(traffic::traffic))
-        .route("/api/nodes/{id}/last-heartbeat", get(traffic::last_heartbeat))
-        .route("/api/nodes/{id}/usage", get(traffic::node_usage))
-        .route("/metrics", get(metrics::prometheus))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .merge(authenticated)
+    let (router, document) = parts(Some(state.clone()));
+    let document = Arc::new(openapi::Served::new(&document));
+    router
         .fallback(|| async { ApiError::NotFound("no such endpoint".to_string()) })
+        .layer(axum::Extension(document))
         .layer(middleware::from_fn(run_to_completion))
         .layer(DefaultBodyLimit::max(crate::error::MAX_BODY_BYTES))
         .layer(middleware::from_fn(crate::error::refuse_declared_oversize))
         .with_state(state)
 }
 
-async fn require_admin(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let token = request
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let Some(token) = token else {
-        return ApiError::Unauthorized("missing Authorization: Bearer <token>".to_string()).into_response();
-    };
-    if !state.admin_tokens.read().expect("admin token lock").contains(&sha256_hex(token.as_bytes())) {
-        return ApiError::Unauthorized("invalid API token".to_string()).into_response();
-    }
-    next.run(request).await
+/// Liveness: answers `ok` while the control plane serves.
+#[utoipa::path(get, path = "/healthz", tag = "meta", security(()), responses((status = 200, description = "ok", content_type = "text/plain", body = String)))]
+async fn healthz() -> &'static str {
+    "ok"
 }
 
 /// Runs the handler in its own task, so a client that hangs up does not

@@ -129,15 +129,18 @@ async fn set_draining(state: &AppState, id: &str, draining: bool) -> Result<Json
 
 /// Stops placing instances on the node and moves its instances elsewhere;
 /// each old instance stops once its replacement runs.
+#[utoipa::path(post, path = "/api/nodes/{id}/drain", tag = "nodes", params(("id" = String, Path, description = "The node's id")), responses((status = 200, description = "The node, draining", body = serde_json::Value), (status = 404, description = "No such node", body = crate::error::ErrorDoc)))]
 pub async fn drain(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<NodeView>, ApiError> {
     set_draining(&state, &id, true).await
 }
 
 /// The node takes new instances again. Moves already started go on.
+#[utoipa::path(post, path = "/api/nodes/{id}/undrain", tag = "nodes", params(("id" = String, Path, description = "The node's id")), responses((status = 200, description = "The node, taking instances again", body = serde_json::Value), (status = 404, description = "No such node", body = crate::error::ErrorDoc)))]
 pub async fn undrain(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<NodeView>, ApiError> {
     set_draining(&state, &id, false).await
 }
 
+#[utoipa::path(get, path = "/api/nodes", tag = "nodes", responses((status = 200, description = "Every node", body = serde_json::Value)))]
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
     let now = Instant::now();
     let rows = state.store.nodes().await?;
@@ -145,6 +148,7 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, Api
     Ok(Json(json!({ "nodes": nodes })))
 }
 
+#[utoipa::path(get, path = "/api/nodes/{id}", tag = "nodes", params(("id" = String, Path, description = "The node's id")), responses((status = 200, description = "The node", body = serde_json::Value), (status = 404, description = "No such node", body = crate::error::ErrorDoc)))]
 pub async fn show(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<NodeView>, ApiError> {
     let row = state.store.node(&id).await?.ok_or_else(|| ApiError::NotFound(format!("no node {id:?}")))?;
     Ok(Json(view(&state, &row, Instant::now())))
@@ -158,6 +162,7 @@ pub struct RemoveQuery {
 /// Removes a node that runs nothing. A node that still has instances can
 /// only be removed when it is unreachable and `force=1` is given; its
 /// instances become failed.
+#[utoipa::path(delete, path = "/api/nodes/{id}", tag = "nodes", params(("id" = String, Path, description = "The node's id"), ("force" = Option<String>, Query, description = "1: remove an unreachable node that still has instances")), responses((status = 204, description = "Removed"), (status = 404, description = "No such node", body = crate::error::ErrorDoc), (status = 409, description = "The node still runs instances", body = crate::error::ErrorDoc)))]
 pub async fn remove(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -198,6 +203,7 @@ struct EnqueueRequest {
 
 /// Queues a command for one node. Only `stop` may be queued by hand; deploys
 /// come from the scheduler.
+#[utoipa::path(post, path = "/api/nodes/{id}/commands", tag = "nodes", params(("id" = String, Path, description = "The node's id")), request_body = serde_json::Value, responses((status = 201, description = "Queued", body = serde_json::Value), (status = 400, description = "Only stop commands may be queued by hand", body = crate::error::ErrorDoc), (status = 404, description = "No such node", body = crate::error::ErrorDoc)))]
 pub async fn enqueue(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -223,6 +229,7 @@ pub async fn enqueue(
     Ok((StatusCode::CREATED, Json(serde_json::to_value(wire).unwrap_or(Value::Null))))
 }
 
+#[utoipa::path(get, path = "/api/nodes/{id}/commands", tag = "nodes", params(("id" = String, Path, description = "The node's id")), responses((status = 200, description = "The node's queued commands", body = serde_json::Value), (status = 404, description = "No such node", body = crate::error::ErrorDoc)))]
 pub async fn commands(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     if state.store.node(&id).await?.is_none() {
         return Err(ApiError::NotFound(format!("no node {id:?}")));

@@ -14,6 +14,7 @@ use crate::clock::rfc3339_ms;
 use crate::error::ApiError;
 use crate::AppState;
 
+#[utoipa::path(get, path = "/api/routes", tag = "traffic", responses((status = 200, description = "The ingress route table", body = serde_json::Value)))]
 pub async fn routes(State(state): State<Arc<AppState>>) -> Json<Value> {
     let table = state.routes.read().expect("routes lock").clone();
     let ingress: Vec<Value> = state
@@ -43,6 +44,7 @@ fn since_ms(state: &AppState, query: &TrafficQuery) -> Result<i64, ApiError> {
 }
 
 /// A host's request counts per sample, summed over ingress nodes.
+#[utoipa::path(get, path = "/api/traffic/{host}", tag = "traffic", params(("host" = String, Path, description = "A host name"), ("seconds" = Option<u64>, Query, description = "Window, 1 to 2592000 (default 3600)")), responses((status = 200, description = "Request counts per sample", body = serde_json::Value), (status = 400, description = "Invalid window", body = crate::error::ErrorDoc)))]
 pub async fn traffic(
     State(state): State<Arc<AppState>>,
     Path(host): Path<String>,
@@ -64,6 +66,7 @@ pub async fn traffic(
 }
 
 /// The last heartbeat body a node sent, byte for byte.
+#[utoipa::path(get, path = "/api/nodes/{id}/last-heartbeat", tag = "nodes", params(("id" = String, Path, description = "The node's id")), responses((status = 200, description = "The last heartbeat body, byte for byte", body = serde_json::Value), (status = 404, description = "No heartbeat since start", body = crate::error::ErrorDoc)))]
 pub async fn last_heartbeat(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let body = state.last_bodies.lock().expect("last bodies lock").get(&id).cloned();
     match body {
@@ -74,6 +77,7 @@ pub async fn last_heartbeat(State(state): State<Arc<AppState>>, Path(id): Path<S
 
 /// A node's usage history: 30 s samples for the last day, 5-minute
 /// averages before that.
+#[utoipa::path(get, path = "/api/nodes/{id}/usage", tag = "nodes", params(("id" = String, Path, description = "The node's id"), ("seconds" = Option<u64>, Query, description = "Window, 1 to 2592000 (default 3600)")), responses((status = 200, description = "Usage samples", body = serde_json::Value), (status = 400, description = "Invalid window", body = crate::error::ErrorDoc), (status = 404, description = "No such node", body = crate::error::ErrorDoc)))]
 pub async fn node_usage(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,

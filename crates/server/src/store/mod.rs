@@ -5,6 +5,7 @@
 //! Every method that writes counts its commit in [`Store::commits`], which the
 //! heartbeat benchmark reads to prove heartbeats are persisted in batches.
 
+mod accounts;
 mod apps;
 mod commands;
 mod deployments;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 
 use sqlx::SqlitePool;
 
+pub use accounts::{ApiTokenRow, SessionRow, UserRow};
 pub use apps::{AppRefusal, AppRow};
 pub use commands::{CommandRow, NewCommand};
 pub use deployments::{DeploymentRow, InstanceRow};

@@ -1,0 +1,146 @@
+//! The OpenAPI 3.1 document of the user API, generated from the handlers'
+//! `#[utoipa::path]` annotations and served at `GET /api/openapi.json`.
+//!
+//! [`finish`] adds what every operation shares, so annotations only list
+//! their own answers: every operation may answer 500 and 503, every
+//! authenticated one 401 and 403, and every error answer has the `Error`
+//! shape (`{"error": "…", "code"?: "…"}`).
+
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use std::sync::Arc;
+use utoipa::openapi::path::{Operation, PathItem};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, OpenApi, Ref, ResponseBuilder};
+use utoipa::OpenApi as _;
+
+/// The operations that need no credential (`METHOD path`). A route that
+/// says `security(())` but is not here, or the reverse, fails the tests.
+pub const PUBLIC_OPERATIONS: &[&str] = &["GET /healthz", "POST /api/session", "GET /api/openapi.json"];
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "cloud-web user API",
+        description = "The control plane's user API. Authenticate with `Authorization: Bearer <token>` (the admin token \
+            or a personal API token), or with the `cloudweb_session` cookie from `POST /api/session`; requests made with \
+            the cookie that change anything must also send the session's CSRF token in `X-CSRF-Token`.",
+    ),
+    components(schemas(crate::error::ErrorDoc)),
+    modifiers(&SecuritySchemes),
+    security(("bearer" = []), ("session" = [])),
+    tags(
+        (name = "accounts", description = "Login, sessions and personal API tokens"),
+        (name = "apps", description = "Apps and their deployments"),
+        (name = "deployments", description = "Deployments and their logs"),
+        (name = "nodes", description = "Nodes of the cluster"),
+        (name = "traffic", description = "The route table and request counts"),
+        (name = "metrics", description = "Prometheus metrics"),
+        (name = "meta", description = "The API itself"),
+    )
+)]
+struct Doc;
+
+struct SecuritySchemes;
+
+impl utoipa::Modify for SecuritySchemes {
+    fn modify(&self, openapi: &mut OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("The admin token (cwa_…) or a personal API token (cwp_…)"))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "session",
+            SecurityScheme::ApiKey(ApiKey::Cookie(ApiKeyValue::with_description(
+                crate::auth::sessions::COOKIE_NAME,
+                "A browser session from POST /api/session; state-changing requests also need X-CSRF-Token",
+            ))),
+        );
+    }
+}
+
+/// The document before the routes are added.
+pub fn base() -> OpenApi {
+    Doc::openapi()
+}
+
+/// Each operation of a path, with its method in upper case.
+pub fn operations(item: &PathItem) -> Vec<(&'static str, &Operation)> {
+    [
+        ("GET", &item.get),
+        ("PUT", &item.put),
+        ("POST", &item.post),
+        ("DELETE", &item.delete),
+        ("OPTIONS", &item.options),
+        ("HEAD", &item.head),
+        ("PATCH", &item.patch),
+        ("TRACE", &item.trace),
+    ]
+    .into_iter()
+    .filter_map(|(method, op)| op.as_ref().map(|op| (method, op)))
+    .collect()
+}
+
+fn operations_mut(item: &mut PathItem) -> Vec<&mut Operation> {
+    [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.options, &mut item.head, &mut item.patch, &mut item.trace]
+        .into_iter()
+        .filter_map(Option::as_mut)
+        .collect()
+}
+
+/// Whether an operation needs no credential (its security is `[{}]`).
+pub fn is_public(operation: &Operation) -> bool {
+    operation.security.as_ref().is_some_and(|s| s.iter().all(|r| *r == SecurityRequirement::default()))
+}
+
+fn error_response(description: &str) -> utoipa::openapi::Response {
+    ResponseBuilder::new()
+        .description(description)
+        .content("application/json", ContentBuilder::new().schema(Some(Ref::from_schema_name("Error"))).build())
+        .build()
+}
+
+/// Adds the answers every operation shares.
+pub fn finish(mut document: OpenApi) -> OpenApi {
+    for item in document.paths.paths.values_mut() {
+        for operation in operations_mut(item) {
+            let public = is_public(operation);
+            let responses = &mut operation.responses.responses;
+            let mut add = |status: &str, description: &str| {
+                responses.entry(status.to_string()).or_insert_with(|| error_response(description).into());
+            };
+            if !public {
+                add("401", "No credential, or an invalid, expired or revoked one");
+                add("403", "A cookie-authenticated change without the session's CSRF token, or from another origin");
+            }
+            add("500", "Internal error (details are logged, not returned)");
+            add("503", "The control plane cannot take writes now (its disk is full)");
+        }
+    }
+    document
+}
+
+/// The document as served, rendered once.
+pub struct Served {
+    json: String,
+}
+
+impl Served {
+    pub fn new(document: &OpenApi) -> Served {
+        Served { json: document.to_pretty_json().unwrap_or_else(|_| "{}".to_string()) }
+    }
+}
+
+/// This document.
+#[utoipa::path(get, path = "/api/openapi.json", tag = "meta", security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", content_type = "application/json", body = serde_json::Value)))]
+pub async fn document(Extension(served): Extension<Arc<Served>>) -> Response {
+    ([(CONTENT_TYPE, "application/json")], served.json.clone()).into_response()
+}

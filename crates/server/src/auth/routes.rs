@@ -1,0 +1,313 @@
+//! The account routes: `POST /api/session` (log in), `DELETE
+//! /api/session` (log out), `GET /api/me`, and `GET/POST /api/tokens`,
+//! `DELETE /api/tokens/{id}` (personal API tokens).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::header::{CONTENT_TYPE, LOCATION, SET_COOKIE};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::{guard, sessions, tokens, users, Principal, Via};
+use crate::clock::rfc3339_ms;
+use crate::error::{parse_json, ApiError};
+use crate::store::{ApiTokenRow, UserRow};
+use crate::AppState;
+
+/// A login, as JSON or as a form.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct LoginRequest {
+    pub name: String,
+    pub password: String,
+    /// Forms only: where to send the browser after a successful login (a
+    /// path on this host; default `/`).
+    #[serde(default)]
+    pub next: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct UserView {
+    pub id: String,
+    pub name: String,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+impl From<&UserRow> for UserView {
+    fn from(user: &UserRow) -> Self {
+        UserView { id: user.id.clone(), name: user.name.clone(), created_at: rfc3339_ms(user.created_at) }
+    }
+}
+
+/// A session just started (its id is only in the `cloudweb_session` cookie).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionView {
+    pub user: UserView,
+    /// Send it in `X-CSRF-Token` with every state-changing request.
+    pub csrf_token: String,
+    /// The session's absolute end, RFC 3339.
+    pub expires_at: String,
+    /// The session also ends after this long without a request.
+    pub idle_timeout_seconds: u64,
+}
+
+/// Who is calling.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MeView {
+    /// `admin_token`, `session` or `api_token`.
+    pub auth: String,
+    /// Absent for the admin token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<UserView>,
+    /// Sessions only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub csrf_token: Option<String>,
+    /// Sessions only: the absolute end, RFC 3339.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_expires_at: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewTokenRequest {
+    pub name: String,
+}
+
+/// A personal API token, without the token itself.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TokenView {
+    pub id: String,
+    pub name: String,
+    /// The token's first characters.
+    pub prefix: String,
+    pub created_at: String,
+    /// To the minute; absent if never used.
+    pub last_used_at: Option<String>,
+    pub revoked_at: Option<String>,
+}
+
+impl From<&ApiTokenRow> for TokenView {
+    fn from(row: &ApiTokenRow) -> Self {
+        TokenView {
+            id: row.id.clone(),
+            name: row.name.clone(),
+            prefix: row.prefix.clone(),
+            created_at: rfc3339_ms(row.created_at),
+            last_used_at: row.last_used_at.map(rfc3339_ms),
+            revoked_at: row.revoked_at.map(rfc3339_ms),
+        }
+    }
+}
+
+/// A token just created: the only time `token` is shown.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CreatedTokenView {
+    pub id: String,
+    pub name: String,
+    pub prefix: String,
+    pub created_at: String,
+    /// Use as `Authorization: Bearer <token>`. Shown only now.
+    pub token: String,
+}
+
+/// Log in with a name and password. JSON answers 200 with the CSRF token;
+/// a form (`application/x-www-form-urlencoded`) is answered with a 303 to
+/// its `next` path. Both set the `cloudweb_session` (HttpOnly) and
+/// `cloudweb_csrf` cookies.
+#[utoipa::path(post, path = "/api/session", tag = "accounts", security(()),
+    request_body(content(
+        (LoginRequest = "application/json"),
+        (LoginRequest = "application/x-www-form-urlencoded"),
+    )),
+    responses(
+        (status = 200, description = "Logged in (JSON)", body = SessionView,
+            headers(("set-cookie" = String, description = "cloudweb_session and cloudweb_csrf"))),
+        (status = 303, description = "Logged in (form): go to `next`"),
+        (status = 400, description = "Malformed request", body = crate::error::ErrorDoc),
+        (status = 401, description = "Wrong name or password", body = crate::error::ErrorDoc),
+        (status = 403, description = "Sent from another origin", body = crate::error::ErrorDoc),
+        (status = 429, description = "Too many attempts for this account or address", body = crate::error::ErrorDoc,
+            headers(("retry-after" = u64, description = "Seconds until attempts are allowed again"))),
+    ))]
+pub async fn login(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
+    let address = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
+    // A cross-site login would log a victim into the attacker's account.
+    guard::same_origin(&headers)?;
+    let bytes = axum::body::to_bytes(body, crate::error::MAX_BODY_BYTES)
+        .await
+        .map_err(|_| ApiError::TooLarge("request body is larger than 1 MiB".to_string()))?;
+    let is_form = headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"));
+    let login: LoginRequest = if is_form {
+        let fields: Vec<(String, String)> = url::form_urlencoded::parse(&bytes).into_owned().collect();
+        let get = |key: &str| fields.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+        let name = get("name");
+        let password = get("password");
+        let next = get("next");
+        match (name, password) {
+            (Some(name), Some(password)) => LoginRequest { name, password, next },
+            _ => return Err(ApiError::BadRequest("the form needs the fields name and password".to_string())),
+        }
+    } else {
+        parse_json(&bytes)?
+    };
+    let next = match &login.next {
+        Some(next) if is_form => local_path(next)?,
+        _ => "/".to_string(),
+    };
+    if login.name.is_empty() || login.name.len() > users::MAX_NAME_CHARS || login.password.len() > users::MAX_PASSWORD_BYTES {
+        return Err(ApiError::Unauthorized("wrong name or password".to_string()));
+    }
+    if let Err(retry) = state.auth.limiter.begin(&login.name, address, state.clock.now_ms()) {
+        // Names are not logged before they are known to be names: people
+        // type passwords into the name field.
+        tracing::warn!(address = ?address, "login refused: too many attempts");
+        return Err(ApiError::TooManyRequests {
+            message: format!("too many login attempts; try again in {} seconds", retry.0),
+            retry_after_s: retry.0,
+        });
+    }
+    let Some(user) = users::check_password(&state, &login.name, &login.password).await? else {
+        match state.store.user_by_name(&login.name).await? {
+            Some(user) => tracing::info!(user = %user.name, address = ?address, "login failed"),
+            None => tracing::info!(address = ?address, "login failed: unknown name"),
+        }
+        return Err(ApiError::Unauthorized("wrong name or password".to_string()));
+    };
+    state.auth.limiter.succeeded(&login.name, address);
+    // A new login replaces the session this browser had.
+    if let Some(old) = sessions::session_cookie(&headers) {
+        state.store.delete_session(&crate::ca::sha256_hex(old.as_bytes())).await?;
+    }
+    let session = sessions::start(&state, &user.id).await?;
+    let cookies = sessions::set_cookie_headers(&state, &headers, &session);
+    let mut response = if is_form {
+        let mut response = StatusCode::SEE_OTHER.into_response();
+        response.headers_mut().insert(LOCATION, next.parse().map_err(|_| ApiError::BadRequest("invalid next path".to_string()))?);
+        response
+    } else {
+        Json(SessionView {
+            user: UserView::from(&user),
+            csrf_token: session.csrf_token.clone(),
+            expires_at: rfc3339_ms(session.expires_at),
+            idle_timeout_seconds: state.config.auth.session_idle.as_secs(),
+        })
+        .into_response()
+    };
+    for cookie in cookies {
+        response.headers_mut().append(SET_COOKIE, cookie);
+    }
+    Ok(response)
+}
+
+/// A path on this host (`/…`, not `//host…`), for redirects.
+fn local_path(next: &str) -> Result<String, ApiError> {
+    let ok = next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') && next.len() <= 2048 && !next.chars().any(char::is_control);
+    if ok {
+        Ok(next.to_string())
+    } else {
+        Err(ApiError::BadRequest("next must be a path on this host, starting with a single /".to_string()))
+    }
+}
+
+/// Log out: ends the session on the server and clears the cookies.
+#[utoipa::path(delete, path = "/api/session", tag = "accounts",
+    responses(
+        (status = 204, description = "The session is ended"),
+        (status = 400, description = "The request was not made with a session", body = crate::error::ErrorDoc),
+    ))]
+pub async fn logout(State(state): State<Arc<AppState>>, Extension(principal): Extension<Principal>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let Principal::User { via: Via::Session { id_sha256, .. }, user } = &principal else {
+        return Err(ApiError::BadRequest("this request is not made with a session; revoke a token with DELETE /api/tokens/{id}".to_string()));
+    };
+    sessions::end(&state, id_sha256).await?;
+    tracing::info!(user = %user.name, "session ended by logout");
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    for cookie in sessions::clear_cookie_headers(&state, &headers) {
+        response.headers_mut().append(SET_COOKIE, cookie);
+    }
+    Ok(response)
+}
+
+/// Who is calling, and (for a session) its CSRF token.
+#[utoipa::path(get, path = "/api/me", tag = "accounts", responses((status = 200, description = "The caller", body = MeView)))]
+pub async fn me(Extension(principal): Extension<Principal>) -> Json<MeView> {
+    Json(match principal {
+        Principal::Admin => MeView { auth: "admin_token".to_string(), user: None, csrf_token: None, session_expires_at: None },
+        Principal::User { user, via: Via::Token { .. } } => {
+            MeView { auth: "api_token".to_string(), user: Some(UserView::from(&user)), csrf_token: None, session_expires_at: None }
+        }
+        Principal::User { user, via: Via::Session { csrf_token, expires_at, .. } } => MeView {
+            auth: "session".to_string(),
+            user: Some(UserView::from(&user)),
+            csrf_token: Some(csrf_token),
+            session_expires_at: Some(rfc3339_ms(expires_at)),
+        },
+    })
+}
+
+fn token_owner(principal: &Principal) -> Result<&UserRow, ApiError> {
+    principal.user().ok_or_else(|| {
+        ApiError::Forbidden("personal API tokens belong to a user; the admin token has none (log in as a user)".to_string())
+    })
+}
+
+/// The caller's personal API tokens, newest first (revoked ones too).
+#[utoipa::path(get, path = "/api/tokens", tag = "accounts",
+    responses(
+        (status = 200, description = "The tokens, without their secrets", body = Vec<TokenView>),
+        (status = 403, description = "Called with the admin token", body = crate::error::ErrorDoc),
+    ))]
+pub async fn list_tokens(State(state): State<Arc<AppState>>, Extension(principal): Extension<Principal>) -> Result<Json<Vec<TokenView>>, ApiError> {
+    let user = token_owner(&principal)?;
+    Ok(Json(state.store.api_tokens_of(&user.id).await?.iter().map(TokenView::from).collect()))
+}
+
+/// Creates a personal API token; the answer is the only time it is shown.
+#[utoipa::path(post, path = "/api/tokens", tag = "accounts", request_body = NewTokenRequest,
+    responses(
+        (status = 201, description = "Created; `token` is shown only now", body = CreatedTokenView),
+        (status = 400, description = "Invalid name", body = crate::error::ErrorDoc),
+        (status = 403, description = "Called with the admin token", body = crate::error::ErrorDoc),
+        (status = 409, description = "A token of that name exists, or too many tokens", body = crate::error::ErrorDoc),
+    ))]
+pub async fn create_token(
+    State(state): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<(StatusCode, Json<CreatedTokenView>), ApiError> {
+    let user = token_owner(&principal)?;
+    let request: NewTokenRequest = parse_json(&crate::error::body_bytes(body)?)?;
+    let (row, token) = tokens::create(&state, user, &request.name).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedTokenView { id: row.id, name: row.name, prefix: row.prefix, created_at: rfc3339_ms(row.created_at), token }),
+    ))
+}
+
+/// Revokes one of the caller's tokens; it stops working at once.
+#[utoipa::path(delete, path = "/api/tokens/{id}", tag = "accounts",
+    params(("id" = String, Path, description = "The token's id")),
+    responses(
+        (status = 204, description = "Revoked (or already revoked)"),
+        (status = 403, description = "Called with the admin token", body = crate::error::ErrorDoc),
+        (status = 404, description = "The caller has no token with that id", body = crate::error::ErrorDoc),
+    ))]
+pub async fn revoke_token(
+    State(state): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let user = token_owner(&principal)?;
+    tokens::revoke(&state, user, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
