@@ -125,8 +125,9 @@ Wants=network-online.target
 ExecStart=$(printf '%q ' "$@")
 Restart=always
 RestartSec=2
-# 78: the agent's node was removed from the cluster; restarting cannot help.
-RestartPreventExitStatus=78
+# 78: the agent's node was removed from the cluster; 77: its certificate
+# expired (re-join with a new token); restarting cannot help either.
+RestartPreventExitStatus=78 77
 
 [Install]
 WantedBy=multi-user.target

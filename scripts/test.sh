@@ -6,8 +6,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The compatibility suite (crates/e2e/tests/compat.rs) runs the previous
+# release's server and agent against this tree's. They are built first
+# (cached by commit; see scripts/compat-build.sh) because their build
+# shares this target dir and leaves its binaries in target/debug, which the
+# next build replaces with this tree's.
+if [ -z "${CLOUDWEB_PREVIOUS_BIN_DIR:-}" ]; then
+    CLOUDWEB_PREVIOUS_BIN_DIR=$(bash scripts/compat-build.sh)
+fi
+export CLOUDWEB_PREVIOUS_BIN_DIR
+
 # The end-to-end tests start the binaries, so build them first.
 cargo build --workspace --bins --locked
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+if ! target/debug/cloudweb-agent --version | grep -qx "cloudweb-agent $version"; then
+    echo "test: target/debug/cloudweb-agent is not version $version after the build" >&2
+    exit 1
+fi
 # The local images the Docker tests run (built from host files, never pulled).
 bash scripts/images.sh
 
@@ -15,7 +30,10 @@ bash scripts/images.sh
 # here; the runner hides a passing test's output, so it is printed at the end.
 CLOUDWEB_FAULT_SUMMARY=$(mktemp)
 export CLOUDWEB_FAULT_SUMMARY
-trap 'rm -f "$CLOUDWEB_FAULT_SUMMARY"' EXIT
+# The same for the compatibility matrix that ran.
+CLOUDWEB_COMPAT_SUMMARY=$(mktemp)
+export CLOUDWEB_COMPAT_SUMMARY
+trap 'rm -f "$CLOUDWEB_FAULT_SUMMARY" "$CLOUDWEB_COMPAT_SUMMARY"' EXIT
 
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
@@ -43,6 +61,10 @@ if [ $# -eq 0 ]; then
     fi
 fi
 
+if [ -s "$CLOUDWEB_COMPAT_SUMMARY" ]; then
+    echo "compatibility matrix (previous release from $CLOUDWEB_PREVIOUS_BIN_DIR):"
+    sort "$CLOUDWEB_COMPAT_SUMMARY"
+fi
 if [ -s "$CLOUDWEB_FAULT_SUMMARY" ]; then
     echo "fault suite summary:"
     cat "$CLOUDWEB_FAULT_SUMMARY"

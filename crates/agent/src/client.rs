@@ -12,6 +12,10 @@
 //!   other than 426 opens the gate again;
 //! - a 403 whose body says `node_not_registered` means an administrator
 //!   removed this node: [`ControlPlane::removed`] fires so `run` can stop.
+//!
+//! The node's certificate can change while the agent runs (a renewal, see
+//! [`crate::renew`]): [`ControlPlane::set_identity`] swaps the TLS identity
+//! of every later request; requests already sent finish on the old one.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,7 +23,7 @@ use std::time::Duration;
 use cloudweb_protocol::version::{HEADER_AGENT_VERSION, HEADER_PROTOCOL};
 use cloudweb_protocol::{
     paths, CommandList, ErrorBody, Heartbeat, JoinRequest, JoinResponse, LeaveResponse, PeerList, RegistryConfig,
-    Report, RouteTable, UpgradeRequired,
+    RenewRequest, RenewResponse, Report, RouteTable, UpgradeRequired,
 };
 use reqwest::{RequestBuilder, StatusCode};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -53,6 +57,11 @@ pub enum ClientError {
     /// 403 with `node_not_registered`: this node was removed.
     #[error("this node is no longer registered with the control plane: {0}")]
     Removed(String),
+    /// 401 with `certificate_replaced`: sent with a certificate a renewal
+    /// replaced (a request that raced the switch). Sending it again uses
+    /// the new one.
+    #[error("sent with a replaced certificate: {0}")]
+    CertificateReplaced(String),
 }
 
 impl ClientError {
@@ -61,6 +70,7 @@ impl ClientError {
             ClientError::Status { status, .. } => Some(*status),
             ClientError::UpgradeRequired(_) => Some(426),
             ClientError::Removed(_) => Some(403),
+            ClientError::CertificateReplaced(_) => Some(401),
             _ => None,
         }
     }
@@ -152,14 +162,20 @@ impl ServerCertVerifier for PinnedCa {
 pub struct ControlPlane {
     base: String,
     protocol: u32,
-    http: reqwest::Client,
-    /// Same TLS identity, but no overall timeout: for the event stream.
-    stream_http: reqwest::Client,
+    clients: std::sync::RwLock<Clients>,
     pin_mismatch: Option<(String, Arc<Mutex<Option<String>>>)>,
     gate: Mutex<Gate>,
     /// Pace of requests after a 426.
     upgrade_retry: Duration,
     removed: tokio::sync::watch::Sender<bool>,
+}
+
+/// The HTTP clients of one TLS identity.
+#[derive(Clone)]
+struct Clients {
+    http: reqwest::Client,
+    /// Same TLS identity, but no overall timeout: for the event stream.
+    stream_http: reqwest::Client,
 }
 
 /// The shared 426 gate.
@@ -205,6 +221,18 @@ impl ControlPlane {
 
     /// A client for a joined node: client certificate, cluster CA as root.
     pub fn for_node(identity: &Identity, protocol: u32) -> Result<ControlPlane, ClientError> {
+        Self::build(&identity.info.server, protocol, Self::node_tls(identity)?)
+    }
+
+    /// From now on, requests present `identity`'s certificate (after a
+    /// renewal). Connections of the old identity are not reused.
+    pub fn set_identity(&self, identity: &Identity) -> Result<(), ClientError> {
+        let clients = Self::clients(Self::node_tls(identity)?)?;
+        *self.clients.write().expect("clients lock") = clients;
+        Ok(())
+    }
+
+    fn node_tls(identity: &Identity) -> Result<ClientConfig, ClientError> {
         let ca = CertificateDer::from_pem_slice(identity.ca_pem.as_bytes()).map_err(|e| ClientError::Tls(format!("ca.crt: {e}")))?;
         let cert = CertificateDer::from_pem_slice(identity.cert_pem.as_bytes()).map_err(|e| ClientError::Tls(format!("node.crt: {e}")))?;
         let key = PrivateKeyDer::from_pem_slice(identity.key_pem.as_bytes()).map_err(|e| ClientError::Tls(format!("node.key: {e}")))?;
@@ -215,10 +243,10 @@ impl ControlPlane {
             .with_client_auth_cert(vec![cert], key)
             .map_err(|e| ClientError::Tls(e.to_string()))?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Self::build(&identity.info.server, protocol, config)
+        Ok(config)
     }
 
-    fn build(server: &str, protocol: u32, config: ClientConfig) -> Result<ControlPlane, ClientError> {
+    fn clients(config: ClientConfig) -> Result<Clients, ClientError> {
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(config.clone())
             .timeout(REQUEST_TIMEOUT)
@@ -231,11 +259,14 @@ impl ControlPlane {
             .read_timeout(STREAM_READ_TIMEOUT)
             .build()
             .map_err(|e| ClientError::Tls(e.to_string()))?;
+        Ok(Clients { http, stream_http })
+    }
+
+    fn build(server: &str, protocol: u32, config: ClientConfig) -> Result<ControlPlane, ClientError> {
         Ok(ControlPlane {
             base: server.trim_end_matches('/').to_string(),
             protocol,
-            http,
-            stream_http,
+            clients: std::sync::RwLock::new(Self::clients(config)?),
             pin_mismatch: None,
             gate: Mutex::new(Gate::Open),
             upgrade_retry: DEFAULT_UPGRADE_RETRY,
@@ -295,6 +326,14 @@ impl ControlPlane {
         }
     }
 
+    fn http(&self) -> reqwest::Client {
+        self.clients.read().expect("clients lock").http.clone()
+    }
+
+    fn stream_http(&self) -> reqwest::Client {
+        self.clients.read().expect("clients lock").stream_http.clone()
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
@@ -333,6 +372,9 @@ impl ControlPlane {
             self.removed.send_replace(true);
             return Err(ClientError::Removed(message));
         }
+        if status == StatusCode::UNAUTHORIZED && code.as_deref() == Some(cloudweb_protocol::error_codes::CERTIFICATE_REPLACED) {
+            return Err(ClientError::CertificateReplaced(message));
+        }
         Err(ClientError::Status { status: status.as_u16(), message })
     }
 
@@ -358,21 +400,21 @@ impl ControlPlane {
     }
 
     pub async fn join(&self, request: &JoinRequest) -> Result<JoinResponse, ClientError> {
-        let response = self.send(self.http.post(self.url(paths::JOIN)).json(request)).await?;
+        let response = self.send(self.http().post(self.url(paths::JOIN)).json(request)).await?;
         Self::json(response).await
     }
 
     pub async fn heartbeat(&self, heartbeat: &Heartbeat) -> Result<(), ClientError> {
-        self.send(self.http.post(self.url(paths::HEARTBEAT)).json(heartbeat)).await.map(drop)
+        self.send(self.http().post(self.url(paths::HEARTBEAT)).json(heartbeat)).await.map(drop)
     }
 
     pub async fn commands(&self) -> Result<CommandList, ClientError> {
-        let response = self.send(self.http.get(self.url(paths::COMMANDS))).await?;
+        let response = self.send(self.http().get(self.url(paths::COMMANDS))).await?;
         Self::json(response).await
     }
 
     pub async fn ack(&self, command_id: &str) -> Result<(), ClientError> {
-        self.send(self.http.post(self.url(&paths::ack(command_id)))).await.map(drop)
+        self.send(self.http().post(self.url(&paths::ack(command_id)))).await.map(drop)
     }
 
     /// Sends a report with its free text made valid first (one-line,
@@ -380,7 +422,7 @@ impl ControlPlane {
     pub async fn report(&self, report: &Report) -> Result<(), ClientError> {
         let mut report = report.clone();
         report.sanitize();
-        self.send(self.http.post(self.url(paths::REPORT)).json(&report)).await.map(drop)
+        self.send(self.http().post(self.url(paths::REPORT)).json(&report)).await.map(drop)
     }
 
     /// Uploads runtime log lines (see [`crate::logs`]).
@@ -393,16 +435,16 @@ impl ControlPlane {
 
     pub async fn leave(&self, force: bool) -> Result<LeaveResponse, ClientError> {
         let path = if force { format!("{}?force=1", paths::LEAVE) } else { paths::LEAVE.to_string() };
-        let response = self.send(self.http.post(self.url(&path))).await?;
+        let response = self.send(self.http().post(self.url(&path))).await?;
         Self::json(response).await
     }
 
     pub async fn peers(&self) -> Result<PeerList, ClientError> {
-        Self::json(self.send(self.http.get(self.url(paths::PEERS))).await?).await
+        Self::json(self.send(self.http().get(self.url(paths::PEERS))).await?).await
     }
 
     pub async fn routes(&self) -> Result<RouteTable, ClientError> {
-        Self::json(self.send(self.http.get(self.url(paths::ROUTES))).await?).await
+        Self::json(self.send(self.http().get(self.url(paths::ROUTES))).await?).await
     }
 
     /// The ACME certificates, or only their version when `known` is it.
@@ -428,12 +470,18 @@ impl ControlPlane {
     }
 
     pub async fn registry(&self) -> Result<RegistryConfig, ClientError> {
-        Self::json(self.send(self.http.get(self.url(paths::REGISTRY))).await?).await
+        Self::json(self.send(self.http().get(self.url(paths::REGISTRY))).await?).await
+    }
+
+    /// Asks for a new certificate for the key of `csr` (PEM).
+    pub async fn renew(&self, csr: &str) -> Result<RenewResponse, ClientError> {
+        let request = RenewRequest { csr: csr.to_string() };
+        Self::json(self.send(self.http().post(self.url(paths::RENEW)).json(&request)).await?).await
     }
 
     /// Opens the event stream; read it with [`crate::run::SseReader`].
     pub async fn open_stream(&self) -> Result<reqwest::Response, ClientError> {
-        self.send(self.stream_http.get(self.url(paths::STREAM)).header("accept", "text/event-stream")).await
+        self.send(self.stream_http().get(self.url(paths::STREAM)).header("accept", "text/event-stream")).await
     }
 }
 

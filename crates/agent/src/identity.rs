@@ -13,6 +13,10 @@ pub const KEY_FILE: &str = "node.key";
 pub const CERT_FILE: &str = "node.crt";
 pub const CA_FILE: &str = "ca.crt";
 pub const NODE_FILE: &str = "node.json";
+/// A renewed key and certificate being put in place (see
+/// [`Identity::replace_certificate`]).
+pub const NEXT_KEY_FILE: &str = "node.key.next";
+pub const NEXT_CERT_FILE: &str = "node.crt.next";
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
@@ -22,8 +26,8 @@ pub enum IdentityError {
     Invalid { path: PathBuf, reason: String },
     #[error("this node has not joined a cluster yet (no {0}); run `cloudweb-agent join` first")]
     NotJoined(PathBuf),
-    #[error("this node already joined as {node_id}; run `cloudweb-agent leave` before joining again")]
-    AlreadyJoined { node_id: String },
+    #[error("this node already joined as {node_id} and its certificate is valid until {not_after}; run `cloudweb-agent leave` before joining again (a re-join is for a node whose certificate expired)")]
+    AlreadyJoined { node_id: String, not_after: String },
 }
 
 /// `node.json`.
@@ -52,6 +56,7 @@ impl Identity {
         if !node_path.exists() {
             return Err(IdentityError::NotJoined(node_path));
         }
+        finish_replacement(dir)?;
         let info: NodeInfo = serde_json::from_str(&read(&node_path)?)
             .map_err(|e| IdentityError::Invalid { path: node_path.clone(), reason: e.to_string() })?;
         Ok(Identity {
@@ -62,12 +67,40 @@ impl Identity {
         })
     }
 
-    /// Refuses to overwrite an existing identity.
-    pub fn ensure_absent(dir: &Path) -> Result<(), IdentityError> {
-        match Identity::load(dir) {
-            Ok(existing) => Err(IdentityError::AlreadyJoined { node_id: existing.info.node_id }),
-            Err(_) => Ok(()),
+    /// The identity a join may replace: none (a first join), or one whose
+    /// certificate has expired (a re-join of the same node, returned).
+    /// Refuses to overwrite an identity whose certificate is still valid.
+    pub fn replaceable(dir: &Path) -> Result<Option<Identity>, IdentityError> {
+        let Ok(existing) = Identity::load(dir) else { return Ok(None) };
+        let validity = existing.validity()?;
+        if validity.expired_at(std::time::SystemTime::now()) {
+            return Ok(Some(existing));
         }
+        Err(IdentityError::AlreadyJoined { node_id: existing.info.node_id, not_after: validity.not_after_text() })
+    }
+
+    /// When the node certificate starts and ends.
+    pub fn validity(&self) -> Result<Validity, IdentityError> {
+        Validity::of_pem(&self.cert_pem).ok_or_else(|| IdentityError::Invalid { path: CERT_FILE.into(), reason: "not a certificate".into() })
+    }
+
+    /// Puts a renewed key and certificate in place of the current ones.
+    /// Both are written beside the old ones first, then renamed key first:
+    /// an agent stopped in between finds the pair on its next start
+    /// ([`Identity::load`] finishes the renames, or drops an incomplete
+    /// pair, whose certificate the control plane has not seen in use).
+    pub fn replace_certificate(&mut self, dir: &Path, key_pem: String, cert_pem: String) -> Result<(), IdentityError> {
+        let next_key = dir.join(NEXT_KEY_FILE);
+        let next_cert = dir.join(NEXT_CERT_FILE);
+        // Key first: a next certificate without a next key means the key
+        // is already in place.
+        write_private(&next_key, key_pem.as_bytes())?;
+        write_private(&next_cert, cert_pem.as_bytes())?;
+        rename(&next_key, &dir.join(KEY_FILE))?;
+        rename(&next_cert, &dir.join(CERT_FILE))?;
+        self.key_pem = key_pem;
+        self.cert_pem = cert_pem;
+        Ok(())
     }
 
     pub fn save(&self, dir: &Path) -> Result<(), IdentityError> {
@@ -82,7 +115,7 @@ impl Identity {
 
     /// Deletes the identity files (after leaving the cluster).
     pub fn erase(dir: &Path) -> Result<(), IdentityError> {
-        for file in [NODE_FILE, CERT_FILE, KEY_FILE, CA_FILE, crate::mesh::key::KEY_FILE, crate::mesh::status::CACHE_FILE] {
+        for file in [NODE_FILE, CERT_FILE, KEY_FILE, CA_FILE, NEXT_KEY_FILE, NEXT_CERT_FILE, crate::mesh::key::KEY_FILE, crate::mesh::status::CACHE_FILE] {
             let path = dir.join(file);
             match fs::remove_file(&path) {
                 Ok(()) => {}
@@ -92,6 +125,68 @@ impl Identity {
         }
         Ok(())
     }
+}
+
+/// The validity of a certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    pub not_before: std::time::SystemTime,
+    pub not_after: std::time::SystemTime,
+}
+
+impl Validity {
+    pub fn of_pem(pem: &str) -> Option<Validity> {
+        use rustls::pki_types::pem::PemObject;
+        use x509_parser::prelude::{FromDer, X509Certificate};
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).ok()?;
+        let (_, cert) = X509Certificate::from_der(der.as_ref()).ok()?;
+        let at = |t: i64| std::time::UNIX_EPOCH + std::time::Duration::from_secs(t.max(0) as u64);
+        Some(Validity { not_before: at(cert.validity().not_before.timestamp()), not_after: at(cert.validity().not_after.timestamp()) })
+    }
+
+    pub fn expired_at(&self, now: std::time::SystemTime) -> bool {
+        now >= self.not_after
+    }
+
+    /// When to renew: at two thirds of the certificate's life.
+    pub fn renew_at(&self) -> std::time::SystemTime {
+        let life = self.not_after.duration_since(self.not_before).unwrap_or_default();
+        self.not_before + life * 2 / 3
+    }
+
+    pub fn not_after_text(&self) -> String {
+        let secs = self.not_after.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs() as i64;
+        time::OffsetDateTime::from_unix_timestamp(secs)
+            .ok()
+            .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+            .unwrap_or_else(|| format!("{secs} (Unix time)"))
+    }
+}
+
+/// Completes or drops a replacement that an earlier agent left halfway.
+fn finish_replacement(dir: &Path) -> Result<(), IdentityError> {
+    let next_key = dir.join(NEXT_KEY_FILE);
+    let next_cert = dir.join(NEXT_CERT_FILE);
+    match (next_key.exists(), next_cert.exists()) {
+        // The key was renamed, the certificate not yet.
+        (false, true) => rename(&next_cert, &dir.join(CERT_FILE)),
+        // Stopped before any rename: the old pair is whole; drop the new one.
+        (true, _) => {
+            for path in [next_key, next_cert] {
+                match fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(source) => return Err(IdentityError::Io { path, source }),
+                }
+            }
+            Ok(())
+        }
+        (false, false) => Ok(()),
+    }
+}
+
+fn rename(from: &Path, to: &Path) -> Result<(), IdentityError> {
+    fs::rename(from, to).map_err(|source| IdentityError::Io { path: to.to_path_buf(), source })
 }
 
 fn read(path: &Path) -> Result<String, IdentityError> {

@@ -1,5 +1,10 @@
 //! `cloudweb-agent join`: generate the TLS key and the WireGuard key pair,
 //! pin the CA, spend the token, and store the resulting identity.
+//!
+//! On a node that already joined and whose certificate has expired (it was
+//! offline through its renewal), the same command re-joins: it asks for a
+//! certificate under the old node id, so the node keeps its name, mesh
+//! address, WireGuard key and instances.
 
 use std::path::Path;
 
@@ -37,17 +42,25 @@ pub struct JoinOptions<'a> {
 }
 
 pub async fn join(options: JoinOptions<'_>) -> Result<NodeInfo, JoinError> {
-    Identity::ensure_absent(options.data_dir)?;
-    let wireguard = WireguardKey::generate();
+    let previous = Identity::replaceable(options.data_dir)?;
+    let wireguard = match &previous {
+        Some(_) => WireguardKey::load(options.data_dir).unwrap_or_else(|_| WireguardKey::generate()),
+        None => WireguardKey::generate(),
+    };
+    if let Some(previous) = &previous {
+        tracing::info!(node_id = %previous.info.node_id, name = %previous.info.name, "this node's certificate expired; re-joining as the same node");
+    }
+    let ingress = previous.as_ref().map_or(options.ingress, |p| p.info.ingress);
     let request_for_checks = JoinRequest {
         token: options.token.to_string(),
         csr: String::new(),
         hostname: options.hostname.clone(),
-        ingress: options.ingress,
+        ingress,
         // Made here, kept in the data dir; only the public half is sent.
         wireguard_public_key: Some(wireguard.public_base64()),
         endpoint: options.endpoint.clone(),
         name: options.name.clone(),
+        rejoin: previous.as_ref().map(|p| p.info.node_id.clone()),
     };
     // Same checks as the server, so a typo fails here without using the token.
     request_for_checks.validate().map_err(|e| JoinError::Input(e.to_string()))?;
@@ -81,7 +94,7 @@ pub async fn join(options: JoinOptions<'_>) -> Result<NodeInfo, JoinError> {
             name: response.name,
             server: options.server.trim_end_matches('/').to_string(),
             mesh_address: response.mesh_address,
-            ingress: options.ingress,
+            ingress,
         },
         key_pem: key.serialize_pem(),
         cert_pem: response.certificate,

@@ -14,6 +14,7 @@ pub mod join;
 pub mod logs;
 pub mod mesh;
 pub mod redact;
+pub mod renew;
 pub mod run;
 pub mod runtime;
 pub mod shutdown;

@@ -13,7 +13,7 @@ use cloudweb_agent::ingress::IngressOptions;
 use cloudweb_agent::identity::Identity;
 use cloudweb_agent::join::{join, JoinOptions};
 use cloudweb_agent::mesh::{EndpointSource, MeshMode, MeshOptions};
-use cloudweb_agent::run::{run, RunError, RunOptions, EXIT_REMOVED};
+use cloudweb_agent::run::{run, RunError, RunOptions, EXIT_CERT_EXPIRED, EXIT_REMOVED};
 
 #[derive(Parser)]
 #[command(name = "cloudweb-agent", version, about = "The cloud-web node agent")]
@@ -186,6 +186,9 @@ fn main() -> std::process::ExitCode {
             // A removed node must not be restarted by its service manager.
             if matches!(err.downcast_ref::<RunError>(), Some(RunError::Removed(_))) {
                 return std::process::ExitCode::from(EXIT_REMOVED);
+            }
+            if matches!(err.downcast_ref::<RunError>(), Some(RunError::CertificateExpired(_))) {
+                return std::process::ExitCode::from(EXIT_CERT_EXPIRED);
             }
             std::process::ExitCode::FAILURE
         }

@@ -62,7 +62,13 @@ pub enum RunError {
     Signals(std::io::Error),
     #[error("this node was removed from the cluster ({0}); join again with a new token to bring it back")]
     Removed(String),
+    #[error("this node's certificate expired at {0} (the agent was not running when it was due for renewal); create a join token and run `cloudweb-agent join --server ... --token ... --ca-sha256 ...` on this node: it re-joins as the same node, with its name and instances")]
+    CertificateExpired(String),
 }
+
+/// Exit status of `cloudweb-agent run` when the node's certificate has
+/// expired (also in the unit's `RestartPreventExitStatus`).
+pub const EXIT_CERT_EXPIRED: u8 = 77;
 
 /// Exit status of `cloudweb-agent run` when the node was removed (the
 /// systemd unit lists it in `RestartPreventExitStatus`, so it is not
@@ -77,6 +83,10 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     let mut terminate = signal(SignalKind::terminate()).map_err(RunError::Signals)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(RunError::Signals)?;
     let identity = Identity::load(&options.data_dir)?;
+    let validity = identity.validity()?;
+    if validity.expired_at(std::time::SystemTime::now()) {
+        return Err(RunError::CertificateExpired(validity.not_after_text()));
+    }
     let client = Arc::new(ControlPlane::for_node(&identity, options.protocol)?.with_upgrade_retry(options.upgrade_retry));
     let runtime = DockerRuntime::new(&options.docker_host, &identity.info.node_id)?;
     // A builder container left by an agent that was killed mid-build would
@@ -89,7 +99,8 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     }
     let executor = Executor::new(runtime.clone(), &options.data_dir, options.deploy.clone());
     let samples = Arc::new(crate::usage::Latest::default());
-    let mut tasks = vec![tokio::spawn(crate::usage::sampler(runtime.clone(), options.data_dir.clone(), options.metrics_interval, samples.clone()))];
+    let mut tasks = vec![tokio::spawn(crate::renew::renewer(client.clone(), identity.clone(), options.data_dir.clone()))];
+    tasks.push(tokio::spawn(crate::usage::sampler(runtime.clone(), options.data_dir.clone(), options.metrics_interval, samples.clone())));
     let health = Arc::new(crate::health::Latest::default());
     tasks.push(tokio::spawn(crate::health::checker(
         client.clone(),

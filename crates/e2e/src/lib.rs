@@ -12,6 +12,7 @@
 
 pub mod control;
 pub mod gitlab;
+pub mod engine;
 pub mod netns;
 pub mod pebble;
 
@@ -37,6 +38,13 @@ pub fn bin_dir() -> PathBuf {
     // target/debug/deps/<test-binary> -> target/debug
     let exe = std::env::current_exe().expect("test executable path");
     exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+}
+
+/// Directory holding the previous release's `cloudweb-server` and
+/// `cloudweb-agent` (`CLOUDWEB_PREVIOUS_BIN_DIR`, which
+/// `scripts/compat-build.sh` prints), for the compatibility suite.
+pub fn previous_bin_dir() -> Option<PathBuf> {
+    std::env::var_os("CLOUDWEB_PREVIOUS_BIN_DIR").filter(|d| !d.is_empty()).map(PathBuf::from)
 }
 
 pub fn bin(name: &str) -> PathBuf {
@@ -192,6 +200,12 @@ impl ServerProcess {
 
     /// Starts on given ports (to restart a server where agents expect it).
     pub async fn start_on(dir: &Path, agent_port: u16, api_port: u16, extra: &[&str]) -> Result<ServerProcess> {
+        Self::start_program(&bin("cloudweb-server"), dir, agent_port, api_port, extra).await
+    }
+
+    /// Starts `program` (another build of `cloudweb-server`, e.g. the
+    /// previous release) on given ports.
+    pub async fn start_program(program: &Path, dir: &Path, agent_port: u16, api_port: u16, extra: &[&str]) -> Result<ServerProcess> {
         let data = dir.join("server");
         let mut args: Vec<String> = vec![
             "serve".into(),
@@ -206,7 +220,7 @@ impl ServerProcess {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = dir.join(format!("server-{}.log", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos()));
-        let process = Process::spawn(&bin("cloudweb-server"), &args, log)?;
+        let process = Process::spawn(program, &args, log)?;
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
         let health = format!("http://127.0.0.1:{api_port}/healthz");
         let ready = wait_for(Duration::from_secs(20), "the control plane to answer /healthz", || {
@@ -278,6 +292,8 @@ pub struct AgentNode {
     pub dir: PathBuf,
     pub node_id: String,
     pub process: Option<Process>,
+    /// The `cloudweb-agent` binary this node runs.
+    pub program: PathBuf,
 }
 
 /// Output of a finished command.
@@ -287,7 +303,12 @@ pub struct Finished {
 }
 
 pub fn run_agent_command(args: &[String]) -> Result<Finished> {
-    let output = Command::new(bin("cloudweb-agent")).args(args).env("NO_COLOR", "1").stdin(Stdio::null()).output()?;
+    run_agent_program(&bin("cloudweb-agent"), args)
+}
+
+/// Runs `program` (a build of `cloudweb-agent`) to completion.
+pub fn run_agent_program(program: &Path, args: &[String]) -> Result<Finished> {
+    let output = Command::new(program).args(args).env("NO_COLOR", "1").stdin(Stdio::null()).output()?;
     Ok(Finished {
         success: output.status.success(),
         output: format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)),
@@ -297,6 +318,19 @@ pub fn run_agent_command(args: &[String]) -> Result<Finished> {
 impl AgentNode {
     /// Runs `cloudweb-agent join`; returns the joined node or the failure output.
     pub fn join(server: &ServerProcess, dir: &Path, name: &str, token: &str, ca_sha256: &str, extra: &[&str]) -> Result<std::result::Result<AgentNode, String>> {
+        Self::join_program(&bin("cloudweb-agent"), server, dir, name, token, ca_sha256, extra)
+    }
+
+    /// [`AgentNode::join`] with another build of the agent.
+    pub fn join_program(
+        program: &Path,
+        server: &ServerProcess,
+        dir: &Path,
+        name: &str,
+        token: &str,
+        ca_sha256: &str,
+        extra: &[&str],
+    ) -> Result<std::result::Result<AgentNode, String>> {
         let mut args: Vec<String> = vec![
             "--data-dir".into(),
             dir.display().to_string(),
@@ -311,12 +345,17 @@ impl AgentNode {
             name.into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        let finished = run_agent_command(&args)?;
+        let finished = run_agent_program(program, &args)?;
         if !finished.success {
             return Ok(Err(finished.output));
         }
         let info: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("node.json"))?)?;
-        Ok(Ok(AgentNode { dir: dir.to_path_buf(), node_id: info["node_id"].as_str().unwrap().to_string(), process: None }))
+        Ok(Ok(AgentNode {
+            dir: dir.to_path_buf(),
+            node_id: info["node_id"].as_str().unwrap().to_string(),
+            process: None,
+            program: program.to_path_buf(),
+        }))
     }
 
     /// Starts `cloudweb-agent run` with the given extra flags.
@@ -327,7 +366,7 @@ impl AgentNode {
             "{}.log",
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos()
         ));
-        self.process = Some(Process::spawn(&bin("cloudweb-agent"), &args, log)?);
+        self.process = Some(Process::spawn(&self.program, &args, log)?);
         Ok(())
     }
 
@@ -716,6 +755,11 @@ pub struct Platform {
 }
 
 pub async fn start_platform(extra: &[&str]) -> Result<Platform> {
+    start_platform_with(&bin("cloudweb-server"), extra).await
+}
+
+/// [`start_platform`] with another build of `cloudweb-server`.
+pub async fn start_platform_with(server_program: &Path, extra: &[&str]) -> Result<Platform> {
     ensure_images()?;
     let tmp = tempfile::tempdir()?;
     let git = GitServer::start(&tmp.path().join("git"))?;
@@ -732,7 +776,7 @@ pub async fn start_platform(extra: &[&str]) -> Result<Platform> {
         "--allow-private-git-hosts",
     ];
     flags.extend_from_slice(extra);
-    let server = ServerProcess::start_with(tmp.path(), &flags).await?;
+    let server = ServerProcess::start_program(server_program, tmp.path(), free_port(), free_port(), &flags).await?;
     Ok(Platform { tmp, git, server })
 }
 

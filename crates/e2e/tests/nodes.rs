@@ -263,6 +263,48 @@ async fn leave_with_force_fails_the_nodes_deployments() {
     assert_eq!(nodes["nodes"], json!([]));
 }
 
+/// The documented refusal of Docker Desktop (PROTOCOL.md, health): an agent
+/// whose engine says it is Docker Desktop reports the registry unreachable
+/// with that reason, the node is degraded, and no instance is placed there.
+/// The engine is a stand-in on a unix socket that answers `/info` as Docker
+/// Desktop does; the agent reaches it through its usual `--docker-host`.
+#[tokio::test]
+async fn a_node_on_docker_desktop_refuses_deployments_with_the_documented_reason() {
+    let mut cluster = cluster(1).await;
+    let node = cluster.agents[0].node_id.clone();
+    cluster.agents[0].kill();
+    let engine = cloudweb_e2e::engine::StandInEngine::start(&cluster.tmp.path().join("desktop.sock"), "Docker Desktop").unwrap();
+    let host = engine.host();
+    let mut flags: Vec<&str> = AGENT_FLAGS.to_vec();
+    flags.extend(["--health-interval-seconds", "1", "--metrics-interval-seconds", "1", "--docker-host", host.as_str()]);
+    cluster.agents[0].start(&flags).unwrap();
+    let server = &cluster.server;
+    let degraded = wait_for(Duration::from_secs(20), "the node to be degraded", || async {
+        let view = server.node(&node).await.ok()?;
+        (view["health"] == "degraded").then_some(view)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent:\n{}", cluster.agents[0].log_text()));
+    assert_eq!(degraded["eligible"], false, "{degraded}");
+    let reason = degraded["health_reason"].as_str().unwrap();
+    assert!(reason.starts_with("Docker Desktop is not supported on a node"), "{degraded}");
+    assert_eq!(degraded["health_report"]["registry"]["configured"], true, "{degraded}");
+    assert_eq!(degraded["health_report"]["registry"]["reachable"], false, "{degraded}");
+    assert!(engine.requests.lock().unwrap().iter().any(|r| r.starts_with("GET ") && r.contains("/info")));
+
+    let app = unique_name("desktop");
+    cluster.git.commit(&app, &[("Dockerfile", DOCKERFILE), ("index.html", "x\n")], "first").unwrap();
+    server.call(Method::POST, "/api/apps", Some(json!({"name": app, "repo_url": cluster.git.url(&app), "port": 8080}))).await.unwrap();
+    let (_, body) = server.call(Method::POST, &format!("/api/apps/{app}/deploy"), None).await.unwrap();
+    let id = body["id"].as_str().unwrap().to_string();
+    let body = cluster.deployment_where(&id, "failed", |d| d["state"] == "failed").await;
+    let error = body["error"].as_str().unwrap();
+    assert!(error.contains("node-0") && error.contains("degraded"), "{error}");
+    // Nothing reached the engine that would have run a build or a container.
+    let requests = engine.requests.lock().unwrap().clone();
+    assert!(!requests.iter().any(|r| r.contains("/containers/create") || r.contains("/build")), "{requests:?}");
+}
+
 #[tokio::test]
 async fn a_node_that_cannot_reach_the_registry_is_degraded_until_it_can() {
     let mut cluster = cluster(1).await;

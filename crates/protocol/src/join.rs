@@ -23,6 +23,12 @@ pub struct JoinRequest {
     /// Display name; the hostname is used when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The id of the node this machine was before, for a node whose client
+    /// certificate expired while it was offline: with a valid token it gets
+    /// a new certificate under the same id, name and instances. Absent on
+    /// a first join (and from agents older than 0.2.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejoin: Option<String>,
 }
 
 impl JoinRequest {
@@ -40,6 +46,9 @@ impl JoinRequest {
         }
         if let Some(endpoint) = &self.endpoint {
             validate::endpoint("endpoint", endpoint)?;
+        }
+        if let Some(node_id) = &self.rejoin {
+            validate::node_id("rejoin", node_id)?;
         }
         Ok(())
     }

@@ -12,6 +12,7 @@ pub mod heartbeat;
 pub mod join;
 pub mod logs;
 pub mod misc;
+pub mod renew;
 pub mod validate;
 pub mod version;
 
@@ -23,6 +24,7 @@ pub use heartbeat::{
 };
 pub use join::{JoinRequest, JoinResponse, Peer, PeerList};
 pub use logs::{ContainerLogs, LogUpload, LogUploadResponse, RefusedContainer};
+pub use renew::{RenewRequest, RenewResponse};
 pub use misc::{error_codes, ErrorBody, LeaveConflict, LeaveResponse, LogLine, RegistryConfig, Report, Route, RouteTable};
 pub use validate::ValidationError;
 pub use version::{negotiate, Negotiation, SupportedRange, Upgrade, UpgradeRequired};
@@ -49,6 +51,7 @@ pub mod paths {
     pub fn acme_challenge(token: &str) -> String {
         format!("{ACME_CHALLENGE}/{token}")
     }
+    pub const RENEW: &str = "/agent/v1/renew";
 
     /// `POST /agent/v1/commands/{id}/ack`.
     pub fn ack(command_id: &str) -> String {

@@ -21,6 +21,10 @@ pub mod error_codes {
     /// registered (an administrator removed it, or it left). An agent that
     /// gets this stops for good instead of retrying.
     pub const NODE_NOT_REGISTERED: &str = "node_not_registered";
+    /// 401: the client certificate was replaced by a renewal and the node
+    /// has since used the new one. Not a removal: the agent goes on with
+    /// its new certificate.
+    pub const CERTIFICATE_REPLACED: &str = "certificate_replaced";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

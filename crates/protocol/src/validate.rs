@@ -50,6 +50,19 @@ pub fn token(field: &str, value: &str, max: usize) -> Result<(), ValidationError
     Ok(())
 }
 
+/// A node id as the control plane makes them: `n-` and 16 lowercase hex
+/// digits.
+pub fn node_id(field: &str, value: &str) -> Result<(), ValidationError> {
+    let ok = value
+        .strip_prefix("n-")
+        .is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+    if ok {
+        Ok(())
+    } else {
+        Err(ValidationError::new(field, "must be a node id: n- and 16 lowercase hexadecimal digits"))
+    }
+}
+
 /// A node or app name: lowercase DNS label, 1 to 63 characters, starting
 /// with a letter or digit (so it can never be read as a command-line flag).
 pub fn node_name(field: &str, value: &str) -> Result<(), ValidationError> {

@@ -25,8 +25,11 @@ pub const CA_KEY_FILE: &str = "ca.key";
 /// join commands carry, stays valid across restarts.
 pub const LISTENER_KEY_FILE: &str = "listener.key";
 
-/// How long a node's client certificate is valid.
+/// How long a node's client certificate is valid unless configured
+/// otherwise (`--node-cert-seconds`). Agents renew at two thirds of it.
 pub const NODE_CERT_VALIDITY: Duration = Duration::days(365);
+/// The listener's server certificate: issued at every start.
+const LISTENER_CERT_VALIDITY: Duration = Duration::days(365);
 /// How long the CA itself is valid.
 const CA_VALIDITY: Duration = Duration::days(3650);
 
@@ -137,16 +140,17 @@ impl ClusterCa {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.not_before = now - Duration::hours(1);
-        params.not_after = now + NODE_CERT_VALIDITY;
+        params.not_after = now + LISTENER_CERT_VALIDITY;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(IssuedKeyPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }
 
-    /// Signs a node's CSR. Only the CSR's public key is used (after its
-    /// signature is verified, proving the node holds the private key);
-    /// subject, extensions and validity are set here.
-    pub fn sign_node_csr(&self, csr_pem: &str, node_id: &str, now: OffsetDateTime) -> Result<String, CaError> {
+    /// Signs a node's CSR for `lifetime`. Only the CSR's public key is used
+    /// (after its signature is verified, proving the node holds the private
+    /// key); subject, extensions and validity are set here.
+    pub fn sign_node_csr(&self, csr_pem: &str, node_id: &str, now: OffsetDateTime, lifetime: Duration) -> Result<NodeCert, CaError> {
         let csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| CaError::BadCsr(e.to_string()))?;
+        let not_after = now + lifetime;
         let mut params = CertificateParams::default();
         let mut name = DistinguishedName::new();
         name.push(DnType::CommonName, node_id);
@@ -156,11 +160,61 @@ impl ClusterCa {
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        params.not_before = now - Duration::minutes(5);
-        params.not_after = now + NODE_CERT_VALIDITY;
+        // Backdated for clocks a little behind ours, by at most a tenth of
+        // the lifetime: agents renew at two thirds of not_before..not_after.
+        params.not_before = now - Duration::minutes(5).min(lifetime / 10);
+        params.not_after = not_after;
         let cert = params.signed_by(&csr.public_key, &self.issuer)?;
-        Ok(cert.pem())
+        let der = cert.der().clone();
+        Ok(NodeCert { pem: cert.pem(), sha256: sha256_hex(&der), not_after_ms: (not_after.unix_timestamp_nanos() / 1_000_000) as i64 })
     }
+}
+
+/// A node certificate as issued.
+#[derive(Debug, Clone)]
+pub struct NodeCert {
+    pub pem: String,
+    /// What the listener sees as the node's fingerprint.
+    pub sha256: String,
+    /// End of validity, Unix milliseconds.
+    pub not_after_ms: i64,
+}
+
+/// What a CSR says about itself: the names it asks for (common names and
+/// DNS subject alternative names) and its public key (raw bytes). Its
+/// signature is checked when it is signed ([`ClusterCa::sign_node_csr`]).
+#[derive(Debug, Clone)]
+pub struct CsrClaims {
+    pub names: Vec<String>,
+    pub public_key: Vec<u8>,
+}
+
+pub fn csr_claims(csr_pem: &str) -> Result<CsrClaims, CaError> {
+    use x509_parser::prelude::{FromDer, GeneralName, ParsedExtension, X509CertificationRequest};
+    let der = rustls_pki_types::CertificateSigningRequestDer::from_pem_slice(csr_pem.as_bytes())
+        .map_err(|e| CaError::BadCsr(e.to_string()))?;
+    let (_, csr) = X509CertificationRequest::from_der(der.as_ref()).map_err(|e| CaError::BadCsr(e.to_string()))?;
+    let info = &csr.certification_request_info;
+    let mut names: Vec<String> =
+        info.subject.iter_common_name().map(|cn| cn.as_str().map(str::to_string).unwrap_or_else(|_| "?".to_string())).collect();
+    for extension in csr.requested_extensions().into_iter().flatten() {
+        if let ParsedExtension::SubjectAlternativeName(san) = extension {
+            for name in &san.general_names {
+                names.push(match name {
+                    GeneralName::DNSName(dns) => dns.to_string(),
+                    other => other.to_string(),
+                });
+            }
+        }
+    }
+    Ok(CsrClaims { names, public_key: info.subject_pki.subject_public_key.data.to_vec() })
+}
+
+/// The raw public key of a certificate (DER).
+pub fn cert_public_key(der: &[u8]) -> Option<Vec<u8>> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
+    Some(cert.public_key().subject_public_key.data.to_vec())
 }
 
 /// Lowercase hex SHA-256 of some bytes.
@@ -225,8 +279,9 @@ mod tests {
         params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         let csr = params.serialize_request(&key).unwrap().pem().unwrap();
 
-        let signed = ca.sign_node_csr(&csr, "n-0123456789abcdef", now()).unwrap();
-        let der = first_cert_der(&signed).unwrap();
+        let signed = ca.sign_node_csr(&csr, "n-0123456789abcdef", now(), NODE_CERT_VALIDITY).unwrap();
+        let der = first_cert_der(&signed.pem).unwrap();
+        assert_eq!(signed.sha256, sha256_hex(&der));
         let (_, cert) = X509Certificate::from_der(&der).unwrap();
         let cn: Vec<_> = cert.subject().iter_common_name().map(|c| c.as_str().unwrap().to_string()).collect();
         assert_eq!(cn, vec!["n-0123456789abcdef"]);
@@ -240,9 +295,31 @@ mod tests {
     }
 
     #[test]
+    fn lifetime_is_the_callers_and_claims_are_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ClusterCa::load_or_create(dir.path(), now()).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["n-00000000000000aa".to_string()]).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, "n-00000000000000bb");
+        let csr = params.serialize_request(&key).unwrap().pem().unwrap();
+        let claims = csr_claims(&csr).unwrap();
+        assert_eq!(claims.names, vec!["n-00000000000000bb".to_string(), "n-00000000000000aa".to_string()]);
+        assert_eq!(claims.public_key, key.public_key_raw());
+
+        let at = now();
+        let signed = ca.sign_node_csr(&csr, "n-00000000000000aa", at, Duration::seconds(90)).unwrap();
+        let der = first_cert_der(&signed.pem).unwrap();
+        let (_, cert) = X509Certificate::from_der(&der).unwrap();
+        assert_eq!(cert.validity().not_after.timestamp(), (at + Duration::seconds(90)).unix_timestamp());
+        assert_eq!(signed.not_after_ms / 1000, (at + Duration::seconds(90)).unix_timestamp());
+        assert_eq!(cert_public_key(&der).unwrap(), key.public_key_raw());
+        assert!(csr_claims("garbage").is_err());
+    }
+
+    #[test]
     fn garbage_csr_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let ca = ClusterCa::load_or_create(dir.path(), now()).unwrap();
-        assert!(matches!(ca.sign_node_csr("not a csr", "n-1", now()), Err(CaError::BadCsr(_))));
+        assert!(matches!(ca.sign_node_csr("not a csr", "n-1", now(), NODE_CERT_VALIDITY), Err(CaError::BadCsr(_))));
     }
 }

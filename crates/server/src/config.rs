@@ -52,6 +52,9 @@ pub struct Config {
     pub gitlab: Option<crate::git::api::SettingsInput>,
     /// An extra CA certificate (PEM) for a self-hosted GitLab.
     pub gitlab_ca_file: Option<PathBuf>,
+    /// How long a node's client certificate is valid (agents renew it at
+    /// two thirds of that).
+    pub node_cert_lifetime: Duration,
     /// Session lifetimes and login limits.
     pub auth: crate::auth::AuthSettings,
 }
@@ -81,6 +84,7 @@ impl Config {
             public_api_url: None,
             gitlab: None,
             gitlab_ca_file: None,
+            node_cert_lifetime: Duration::from_secs(365 * 24 * 3600),
             auth: crate::auth::AuthSettings::default(),
         }
     }

@@ -21,6 +21,10 @@ pub enum ApiError {
     /// carries `code: node_not_registered` so the agent can stop.
     #[error("{0}")]
     NodeNotRegistered(String),
+    /// 401 for a node certificate a renewal or re-join replaced; the body
+    /// carries `code: certificate_replaced`.
+    #[error("{0}")]
+    CertificateReplaced(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -47,7 +51,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized(_) | ApiError::CertificateReplaced(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) | ApiError::NodeNotRegistered(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
@@ -66,7 +70,11 @@ impl IntoResponse for ApiError {
         if let ApiError::Internal(detail) = &self {
             tracing::error!(error = %detail, "request failed");
         }
-        let code = matches!(self, ApiError::NodeNotRegistered(_)).then(|| cloudweb_protocol::error_codes::NODE_NOT_REGISTERED.to_string());
+        let code = match &self {
+            ApiError::NodeNotRegistered(_) => Some(cloudweb_protocol::error_codes::NODE_NOT_REGISTERED.to_string()),
+            ApiError::CertificateReplaced(_) => Some(cloudweb_protocol::error_codes::CERTIFICATE_REPLACED.to_string()),
+            _ => None,
+        };
         let retry_after = match &self {
             ApiError::TooManyRequests { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,

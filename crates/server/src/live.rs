@@ -20,6 +20,12 @@ pub struct LiveNode {
     pub id: String,
     pub name: String,
     pub cert_sha256: String,
+    /// A renewed certificate not presented yet (accepted, then current).
+    pub next_cert_sha256: Option<String>,
+    /// The certificate the last renewal or re-join replaced.
+    pub replaced_cert_sha256: Option<String>,
+    /// When the current certificate ends (Unix ms), when known.
+    pub cert_not_after: Option<i64>,
     pub draining: bool,
     pub mesh_index: i64,
     pub wireguard_public_key: Option<String>,
@@ -131,6 +137,20 @@ impl LiveNode {
     }
 }
 
+/// What a presented client certificate is to its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertStanding {
+    /// The node's current certificate.
+    Current,
+    /// The certificate its last renewal issued, used for the first time:
+    /// it becomes current and the old one is replaced.
+    Renewed,
+    /// A certificate a renewal or re-join replaced.
+    Replaced,
+    /// Not this node's, or no such node.
+    Unknown,
+}
+
 /// One host's traffic from one node's sample, waiting for the batch write.
 #[derive(Debug, Clone)]
 pub struct TrafficRow {
@@ -171,14 +191,49 @@ impl NodeRegistry {
         self.nodes.write().expect("node registry lock").remove(id)
     }
 
-    /// Whether a client certificate with this fingerprint belongs to a node
-    /// that is still registered.
-    pub fn authorize(&self, id: &str, cert_sha256: &str) -> bool {
-        self.nodes
-            .read()
-            .expect("node registry lock")
-            .get(id)
-            .is_some_and(|node| node.cert_sha256 == cert_sha256)
+    /// What a client certificate with this fingerprint is to the node it
+    /// names.
+    pub fn authorize(&self, id: &str, cert_sha256: &str) -> CertStanding {
+        let nodes = self.nodes.read().expect("node registry lock");
+        match nodes.get(id) {
+            Some(node) if node.cert_sha256 == cert_sha256 => CertStanding::Current,
+            Some(node) if node.next_cert_sha256.as_deref() == Some(cert_sha256) => CertStanding::Renewed,
+            Some(node) if node.replaced_cert_sha256.as_deref() == Some(cert_sha256) => CertStanding::Replaced,
+            _ => CertStanding::Unknown,
+        }
+    }
+
+    /// Takes the certificate fields of a stored node (after a renewal, its
+    /// first use, or a re-join), leaving the rest as it is.
+    pub fn set_certs(&self, row: &NodeRow) {
+        if let Some(node) = self.nodes.write().expect("node registry lock").get_mut(&row.id) {
+            node.cert_sha256 = row.cert_sha256.clone();
+            node.next_cert_sha256 = row.next_cert_sha256.clone();
+            node.replaced_cert_sha256 = row.replaced_cert_sha256.clone();
+            node.cert_not_after = row.cert_not_after;
+        }
+    }
+
+    /// A re-join: the node's new certificate, mesh key and endpoint, and a
+    /// sign of life; the rest stays. False when the node is not loaded.
+    pub fn rejoined(&self, row: &NodeRow, now: Instant) -> bool {
+        let mut nodes = self.nodes.write().expect("node registry lock");
+        let Some(node) = nodes.get_mut(&row.id) else { return false };
+        node.cert_sha256 = row.cert_sha256.clone();
+        node.next_cert_sha256 = row.next_cert_sha256.clone();
+        node.replaced_cert_sha256 = row.replaced_cert_sha256.clone();
+        node.cert_not_after = row.cert_not_after;
+        node.wireguard_public_key = row.wireguard_public_key.clone();
+        node.endpoint = row.endpoint.clone();
+        node.last_seen = now;
+        true
+    }
+
+    /// Records a renewal's certificate as the node's next one.
+    pub fn set_next_cert(&self, id: &str, next_sha256: &str) {
+        if let Some(node) = self.nodes.write().expect("node registry lock").get_mut(id) {
+            node.next_cert_sha256 = Some(next_sha256.to_string());
+        }
     }
 
     pub fn get(&self, id: &str) -> Option<LiveNode> {
@@ -408,6 +463,9 @@ fn live_from_row(row: &NodeRow, now: Instant) -> LiveNode {
         id: row.id.clone(),
         name: row.name.clone(),
         cert_sha256: row.cert_sha256.clone(),
+        next_cert_sha256: row.next_cert_sha256.clone(),
+        replaced_cert_sha256: row.replaced_cert_sha256.clone(),
+        cert_not_after: row.cert_not_after,
         draining: row.draining,
         mesh_index: row.mesh_index,
         wireguard_public_key: row.wireguard_public_key.clone(),
@@ -438,6 +496,9 @@ mod tests {
             id: "n-1".into(),
             name: "one".into(),
             cert_sha256: "ab".into(),
+            next_cert_sha256: None,
+            replaced_cert_sha256: None,
+            cert_not_after: None,
             draining: false,
             mesh_index: 1,
             wireguard_public_key: None,

@@ -149,6 +149,14 @@ struct ServeArgs {
     /// Extra CA certificate (PEM) for a self-hosted GitLab.
     #[arg(long)]
     gitlab_ca_file: Option<PathBuf>,
+    /// Seconds a node's client certificate is valid; agents renew it
+    /// through the agent listener at two thirds of that (default 365 days).
+    #[arg(long, default_value_t = 365 * 24 * 3600, value_parser = clap::value_parser!(u64).range(30..=10 * 365 * 24 * 3600))]
+    node_cert_seconds: u64,
+    /// Agent protocols accepted, MIN-MAX (default: this build's range).
+    /// For compatibility tests that need two sides whose ranges do not meet.
+    #[arg(long, hide = true, value_parser = parse_protocol_range)]
+    agent_protocols: Option<SupportedRange>,
     /// Minutes without a request after which a browser session ends.
     #[arg(long, default_value_t = 480, value_parser = clap::value_parser!(u64).range(1..=43_200))]
     session_idle_minutes: u64,
@@ -216,7 +224,7 @@ fn real_main() -> anyhow::Result<()> {
         heartbeat_flush_interval: Duration::from_secs(args.heartbeat_flush_seconds),
         unreachable_after: Duration::from_secs(args.unreachable_after_seconds),
         join_token_ttl: Duration::from_secs(3600),
-        protocol_range: SupportedRange::default(),
+        protocol_range: args.agent_protocols.unwrap_or_default(),
         drain_period: Duration::from_secs(args.drain_seconds),
         base_domain: {
             cloudweb_protocol::validate::hostname("--base-domain", &args.base_domain).map_err(anyhow::Error::msg)?;
@@ -238,6 +246,7 @@ fn real_main() -> anyhow::Result<()> {
         placement_wait: Duration::from_secs(args.placement_wait_seconds),
         acme: cloudweb_server::acme::AcmeSettings::parse(&args.acme_ca, args.acme_email.as_deref(), args.acme_ca_root)
             .map_err(anyhow::Error::msg)?,
+        node_cert_lifetime: Duration::from_secs(args.node_cert_seconds),
         auth: AuthSettings {
             session_idle: Duration::from_secs(args.session_idle_minutes * 60),
             session_absolute: Duration::from_secs(args.session_max_hours * 3600),
@@ -310,6 +319,17 @@ async fn wait_for_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// `MIN-MAX`, two protocol numbers with MIN <= MAX.
+fn parse_protocol_range(value: &str) -> Result<SupportedRange, String> {
+    let (min, max) = value.split_once('-').ok_or("expected MIN-MAX, e.g. 1-2")?;
+    let min: u32 = min.trim().parse().map_err(|_| "MIN must be a number")?;
+    let max: u32 = max.trim().parse().map_err(|_| "MAX must be a number")?;
+    if min > max || min == 0 {
+        return Err("expected 1 <= MIN <= MAX".into());
+    }
+    Ok(SupportedRange { min, max })
 }
 
 /// `host:port` with a host name or IP address (IPv6 in brackets) and a port.

@@ -297,6 +297,48 @@ impl DockerRuntime {
 mod tests {
     use super::*;
 
+    /// A stand-in engine whose `/info` reports `os`; anything else is a 500.
+    fn engine_reporting(socket: &std::path::Path, os: &'static str) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::UnixListener::bind(socket).unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let line = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string();
+                    let (status, body) = if line.starts_with("GET ") && line.contains("/info ") {
+                        ("200 OK", format!("{{\"OperatingSystem\":\"{os}\",\"ID\":\"x\"}}"))
+                    } else {
+                        ("500 Internal Server Error", "{\"message\":\"no\"}".to_string())
+                    };
+                    let answer = format!("HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+                    let _ = stream.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+    }
+
+    #[tokio::test]
+    async fn docker_desktop_is_recognised_from_the_engines_info() {
+        let dir = tempfile::tempdir().unwrap();
+        for (os, desktop) in [("Docker Desktop", true), ("Debian GNU/Linux 13 (trixie)", false)] {
+            let socket = dir.path().join(format!("{desktop}.sock"));
+            engine_reporting(&socket, os);
+            let runtime = DockerRuntime::new(&format!("unix://{}", socket.display()), "n-test").unwrap();
+            assert_eq!(runtime.is_docker_desktop().await.unwrap(), desktop, "{os}");
+        }
+        // No engine: an error, not a guess.
+        let runtime = DockerRuntime::new("unix:///nonexistent/docker.sock", "n-test").unwrap();
+        assert!(runtime.is_docker_desktop().await.is_err());
+    }
+
     #[test]
     fn engine_times_keep_nanoseconds() {
         assert_eq!(engine_time(1_764_500_000_123_456_789), "1764500000.123456789");

@@ -1,5 +1,11 @@
 //! `POST /agent/v1/join`: spends a join token, signs the node's CSR and
 //! registers the node. Nothing is spent when any input is wrong.
+//!
+//! A join with `rejoin` set is the way back for a node whose certificate
+//! expired while it was offline (or whose key is lost): with a new token it
+//! gets a new certificate under its old id, so it keeps its name, mesh
+//! address and instances. A node that is online with a valid certificate
+//! cannot be re-joined: it renews over mTLS instead.
 
 use std::sync::Arc;
 
@@ -11,7 +17,7 @@ use cloudweb_protocol::{events, JoinRequest, JoinResponse};
 use rand::Rng;
 
 use super::AgentInfo;
-use crate::ca::{first_cert_der, sha256_hex};
+use crate::ca::sha256_hex;
 use crate::error::{body_bytes, parse_json, ApiError};
 use crate::store::{JoinAnswer, JoinRefusal, NewNode, TokenRejection};
 use crate::AppState;
@@ -36,9 +42,12 @@ pub async fn join(
     if let Err(rejection) = state.store.check_join_token(&token_digest, now_ms).await? {
         return retry_or(&state, &token_digest, &csr_sha256, now_ms, rejection).await;
     }
+    let lifetime = lifetime(&state);
+    if let Some(node_id) = &request.rejoin {
+        return rejoin(&state, &agent, &request, node_id, &token_digest, &csr_sha256, lifetime).await;
+    }
     let node_id = new_node_id();
-    let certificate = state.ca.sign_node_csr(&request.csr, &node_id, now)?;
-    let cert_der = first_cert_der(&certificate).ok_or_else(|| ApiError::Internal("issued certificate did not parse".into()))?;
+    let issued = state.ca.sign_node_csr(&request.csr, &node_id, now, lifetime)?;
     let node = NewNode {
         id: node_id.clone(),
         name: name.clone(),
@@ -46,10 +55,12 @@ pub async fn join(
         ingress: request.ingress,
         wireguard_public_key: request.wireguard_public_key.clone(),
         endpoint: request.endpoint.clone(),
-        cert_sha256: sha256_hex(&cert_der),
+        cert_sha256: issued.sha256.clone(),
+        cert_not_after: issued.not_after_ms,
         agent_version: agent.version.clone(),
         protocol: i64::from(agent.protocol),
     };
+    let certificate = issued.pem;
     let answer = JoinAnswer { csr_sha256: &csr_sha256, certificate: &certificate };
     let row = match state.store.register_node(&token_digest, &node, &answer, now_ms).await? {
         Ok(row) => row,
@@ -62,6 +73,7 @@ pub async fn join(
                 "a node named {name} already exists; join with another --name or remove the old node first"
             )))
         }
+        Err(JoinRefusal::NoSuchNode) => return Err(ApiError::Internal("a first join found no node".into())),
     };
     state.nodes.insert(&row, tokio::time::Instant::now());
     if row.wireguard_public_key.is_some() {
@@ -69,6 +81,80 @@ pub async fn join(
     }
     tracing::info!(node_id = %row.id, name = %row.name, ingress = row.ingress, "node joined");
     Ok(Json(answer_for(&state, row, certificate)))
+}
+
+/// The configured node certificate lifetime.
+pub(super) fn lifetime(state: &AppState) -> time::Duration {
+    time::Duration::try_from(state.config.node_cert_lifetime).unwrap_or(crate::ca::NODE_CERT_VALIDITY)
+}
+
+/// A re-join of `node_id` (see the module docs). The token was checked.
+async fn rejoin(
+    state: &Arc<AppState>,
+    agent: &AgentInfo,
+    request: &JoinRequest,
+    node_id: &str,
+    token_digest: &str,
+    csr_sha256: &str,
+    lifetime: time::Duration,
+) -> Result<Json<JoinResponse>, ApiError> {
+    let now = state.clock.now();
+    let now_ms = state.clock.now_ms();
+    let Some(existing) = state.store.node(node_id).await? else {
+        return Err(ApiError::NotFound(format!(
+            "no node {node_id} is registered (it was removed); join as a new node: `cloudweb-agent leave --force`, then `cloudweb-agent join`"
+        )));
+    };
+    if let Some(name) = &request.name {
+        if *name != existing.name {
+            return Err(ApiError::Conflict(format!(
+                "node {node_id} is named {}; a re-join keeps the name (leave out --name or pass --name {})",
+                existing.name, existing.name
+            )));
+        }
+    }
+    let online = state
+        .nodes
+        .get(node_id)
+        .is_some_and(|live| live.state(tokio::time::Instant::now(), state.config.unreachable_after) != crate::live::NodeState::Unreachable);
+    let valid = existing.cert_not_after.is_none_or(|end| end > now_ms);
+    if online && valid {
+        return Err(ApiError::Conflict(format!(
+            "node {} is online with a valid certificate; a re-join is only for a node whose certificate expired or that has been unreachable",
+            existing.name
+        )));
+    }
+    let issued = state.ca.sign_node_csr(&request.csr, node_id, now, lifetime)?;
+    let node = NewNode {
+        id: node_id.to_string(),
+        name: existing.name.clone(),
+        hostname: request.hostname.clone(),
+        ingress: existing.ingress,
+        wireguard_public_key: request.wireguard_public_key.clone(),
+        endpoint: request.endpoint.clone(),
+        cert_sha256: issued.sha256.clone(),
+        cert_not_after: issued.not_after_ms,
+        agent_version: agent.version.clone(),
+        protocol: i64::from(agent.protocol),
+    };
+    let certificate = issued.pem;
+    let answer = JoinAnswer { csr_sha256, certificate: &certificate };
+    let row = match state.store.rejoin_node(token_digest, &node, &answer, now_ms).await? {
+        Ok(row) => row,
+        Err(JoinRefusal::Token(rejection)) => return retry_or(state, token_digest, csr_sha256, now_ms, rejection).await,
+        Err(JoinRefusal::NoSuchNode) => return Err(ApiError::NotFound(format!("no node {node_id} is registered (it was removed)"))),
+        Err(JoinRefusal::NameTaken | JoinRefusal::MeshFull) => return Err(ApiError::Internal("a re-join took a new name or address".into())),
+    };
+    // It may have been removed from the registry meanwhile; otherwise keep
+    // what is known about it and take the new certificate.
+    if !state.nodes.rejoined(&row, tokio::time::Instant::now()) {
+        state.nodes.insert(&row, tokio::time::Instant::now());
+    }
+    if existing.wireguard_public_key != row.wireguard_public_key || existing.endpoint != row.endpoint {
+        state.hub.notify_all(events::PEERS);
+    }
+    tracing::info!(node_id = %row.id, name = %row.name, "node re-joined with a new certificate; its old one is refused from now on");
+    Ok(Json(answer_for(state, row, certificate)))
 }
 
 fn answer_for(state: &AppState, row: crate::store::NodeRow, certificate: String) -> JoinResponse {

@@ -114,7 +114,8 @@ pub fn server_config(
 pub fn peer_cert(der: &CertificateDer<'_>) -> Option<PeerCert> {
     let (_, cert) = X509Certificate::from_der(der).ok()?;
     let node_id = cert.subject().iter_common_name().next()?.as_str().ok()?.to_string();
-    Some(PeerCert { node_id, cert_sha256: ca::sha256_hex(der) })
+    let public_key = Some(cert.public_key().subject_public_key.data.to_vec());
+    Some(PeerCert { node_id, cert_sha256: ca::sha256_hex(der), public_key })
 }
 
 /// The unauthenticated connections held, oldest first, with the signal

@@ -13,6 +13,7 @@ mod join;
 mod logs;
 pub mod leave;
 pub mod listener;
+mod renew;
 mod report;
 mod stream;
 
@@ -28,6 +29,7 @@ use cloudweb_protocol::version::{HEADER_AGENT_VERSION, HEADER_PROTOCOL};
 use cloudweb_protocol::{negotiate, paths, Negotiation};
 
 use crate::error::ApiError;
+use crate::live::CertStanding;
 use crate::AppState;
 
 /// Largest request body the agent listener reads.
@@ -39,6 +41,8 @@ pub use crate::error::MAX_BODY_BYTES;
 pub struct PeerCert {
     pub node_id: String,
     pub cert_sha256: String,
+    /// The certified public key (raw), so a renewal can insist on a new one.
+    pub public_key: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -69,6 +73,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(paths::STREAM, get(stream::stream))
         .route(paths::CERTIFICATES, get(certificates::certificates))
         .route("/agent/v1/acme-challenge/{token}", get(certificates::challenge))
+        .route(paths::RENEW, post(renew::renew))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_node));
     Router::new()
         .route(paths::JOIN, post(join::join))
@@ -118,9 +123,32 @@ async fn require_node(State(state): State<Arc<AppState>>, mut request: Request, 
         return ApiError::Unauthorized("a client certificate issued by the cluster CA is required".to_string())
             .into_response();
     };
-    if !state.nodes.authorize(&cert.node_id, &cert.cert_sha256) {
-        return ApiError::NodeNotRegistered(format!("node {} is not registered with this control plane", cert.node_id))
-            .into_response();
+    match state.nodes.authorize(&cert.node_id, &cert.cert_sha256) {
+        CertStanding::Current => {}
+        CertStanding::Renewed => {
+            // First use of a renewed certificate: it becomes the current
+            // one and the one it replaces is refused from now on.
+            match state.store.promote_next_cert(&cert.node_id, &cert.cert_sha256, state.clock.now_ms()).await {
+                Ok(Some(row)) => {
+                    state.nodes.set_certs(&row);
+                    tracing::info!(node_id = %cert.node_id, "node switched to its renewed certificate; the old one is revoked");
+                }
+                // Another request of the same node promoted it first.
+                Ok(None) => {}
+                Err(err) => return ApiError::from(err).into_response(),
+            }
+        }
+        CertStanding::Replaced => {
+            return ApiError::CertificateReplaced(format!(
+                "this certificate of node {} was replaced by a renewal or re-join; use the new one",
+                cert.node_id
+            ))
+            .into_response()
+        }
+        CertStanding::Unknown => {
+            return ApiError::NodeNotRegistered(format!("node {} is not registered with this control plane", cert.node_id))
+                .into_response()
+        }
     }
     request.extensions_mut().insert(AuthedNode(cert.node_id));
     next.run(request).await

@@ -44,6 +44,9 @@ pub struct NodeView {
     /// Apps that could not be moved off this node (draining or
     /// unreachable), with the scheduler's reason.
     waiting: Vec<Value>,
+    /// The node's client certificate: its fingerprint, when it ends, and
+    /// when the node last switched to a renewed one.
+    certificate: Value,
 }
 
 fn view(state: &AppState, row: &NodeRow, now: Instant) -> NodeView {
@@ -97,6 +100,17 @@ fn view(state: &AppState, row: &NodeRow, now: Instant) -> NodeView {
             .get(&row.id)
             .map(|apps| apps.iter().map(|(app, reason)| json!({"app": app, "reason": reason})).collect())
             .unwrap_or_default(),
+        certificate: {
+            let (sha256, not_after) = match &live {
+                Some(live) => (live.cert_sha256.clone(), live.cert_not_after),
+                None => (row.cert_sha256.clone(), row.cert_not_after),
+            };
+            json!({
+                "sha256": sha256,
+                "not_after": not_after.map(rfc3339_ms),
+                "renewed_at": row.cert_renewed_at.map(rfc3339_ms),
+            })
+        },
     }
 }
 

@@ -29,6 +29,15 @@ pub struct NodeRow {
     pub health_at: Option<i64>,
     pub metrics_json: Option<String>,
     pub metrics_at: Option<i64>,
+    /// When the current certificate ends (Unix ms); unknown for nodes that
+    /// joined before 0.2.0.
+    pub cert_not_after: Option<i64>,
+    /// A certificate a renewal issued that the node has not presented yet.
+    pub next_cert_sha256: Option<String>,
+    /// The certificate the last renewal or re-join replaced.
+    pub replaced_cert_sha256: Option<String>,
+    /// When the node last switched to a renewed certificate (Unix ms).
+    pub cert_renewed_at: Option<i64>,
 }
 
 /// What a join writes.
@@ -41,6 +50,7 @@ pub struct NewNode {
     pub wireguard_public_key: Option<String>,
     pub endpoint: Option<String>,
     pub cert_sha256: String,
+    pub cert_not_after: i64,
     pub agent_version: Option<String>,
     pub protocol: i64,
 }
@@ -63,7 +73,8 @@ pub struct HeartbeatRow {
 
 const NODE_COLUMNS: &str = "id, name, hostname, ingress, mesh_index, wireguard_public_key, endpoint, cert_sha256, \
      draining, joined_at, agent_version, protocol, last_heartbeat_at, cpu_cores, mem_bytes, disk_bytes, \
-     health_json, health_at, metrics_json, metrics_at";
+     health_json, health_at, metrics_json, metrics_at, cert_not_after, next_cert_sha256, replaced_cert_sha256, \
+     cert_renewed_at";
 
 fn node_from_row(row: &SqliteRow) -> NodeRow {
     NodeRow {
@@ -87,6 +98,10 @@ fn node_from_row(row: &SqliteRow) -> NodeRow {
         health_at: row.get("health_at"),
         metrics_json: row.get("metrics_json"),
         metrics_at: row.get("metrics_at"),
+        cert_not_after: row.get("cert_not_after"),
+        next_cert_sha256: row.get("next_cert_sha256"),
+        replaced_cert_sha256: row.get("replaced_cert_sha256"),
+        cert_renewed_at: row.get("cert_renewed_at"),
     }
 }
 
@@ -107,6 +122,8 @@ pub enum JoinRefusal {
     NameTaken,
     /// Every address of the mesh is taken.
     MeshFull,
+    /// A re-join named a node that is not registered.
+    NoSuchNode,
 }
 
 /// Highest usable index in 10.77.0.0/16 (10.77.255.254).
@@ -123,17 +140,7 @@ impl Store {
         now_ms: i64,
     ) -> Result<Result<NodeRow, JoinRefusal>, StoreError> {
         let mut tx = self.write_transaction().await?;
-        let token = sqlx::query("SELECT expires_at, used_at FROM join_tokens WHERE token_sha256 = $1")
-            .bind(token_digest)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let rejection = match token {
-            None => Some(TokenRejection::Unknown),
-            Some(row) if row.get::<Option<i64>, _>("used_at").is_some() => Some(TokenRejection::AlreadyUsed),
-            Some(row) if row.get::<i64, _>("expires_at") <= now_ms => Some(TokenRejection::Expired),
-            Some(_) => None,
-        };
-        if let Some(rejection) = rejection {
+        if let Some(rejection) = Self::token_rejection(&mut tx, token_digest, now_ms).await? {
             return Ok(Err(JoinRefusal::Token(rejection)));
         }
         let taken = sqlx::query("SELECT COUNT(*) AS n FROM nodes WHERE name = $1")
@@ -144,18 +151,7 @@ impl Store {
         if taken > 0 {
             return Ok(Err(JoinRefusal::NameTaken));
         }
-        let used = sqlx::query(
-            "UPDATE join_tokens SET used_at = $1, used_by_node = $2, csr_sha256 = $3, certificate = $4 \
-             WHERE token_sha256 = $5 AND used_at IS NULL",
-        )
-            .bind(now_ms)
-            .bind(&node.id)
-            .bind(answer.csr_sha256)
-            .bind(answer.certificate)
-            .bind(token_digest)
-            .execute(&mut *tx)
-            .await?;
-        if used.rows_affected() != 1 {
+        if !Self::spend_token(&mut tx, token_digest, &node.id, answer, now_ms).await? {
             return Ok(Err(JoinRefusal::Token(TokenRejection::AlreadyUsed)));
         }
         // Next after the highest index; when the /16 is used up to the top,
@@ -183,7 +179,7 @@ impl Store {
         };
         sqlx::query(
             "INSERT INTO nodes (id, name, hostname, ingress, mesh_index, wireguard_public_key, endpoint, cert_sha256, \
-             joined_at, agent_version, protocol) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+             joined_at, agent_version, protocol, cert_not_after) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
         .bind(&node.id)
         .bind(&node.name)
@@ -196,12 +192,136 @@ impl Store {
         .bind(now_ms)
         .bind(&node.agent_version)
         .bind(node.protocol)
+        .bind(node.cert_not_after)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
         self.count_commit();
         let row = self.node(&node.id).await?.expect("node inserted in this transaction");
         Ok(Ok(row))
+    }
+
+    /// Why a join token cannot be spent now, if it cannot.
+    async fn token_rejection(
+        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        token_digest: &str,
+        now_ms: i64,
+    ) -> Result<Option<TokenRejection>, StoreError> {
+        let token = sqlx::query("SELECT expires_at, used_at FROM join_tokens WHERE token_sha256 = $1")
+            .bind(token_digest)
+            .fetch_optional(&mut **tx)
+            .await?;
+        Ok(match token {
+            None => Some(TokenRejection::Unknown),
+            Some(row) if row.get::<Option<i64>, _>("used_at").is_some() => Some(TokenRejection::AlreadyUsed),
+            Some(row) if row.get::<i64, _>("expires_at") <= now_ms => Some(TokenRejection::Expired),
+            Some(_) => None,
+        })
+    }
+
+    /// Marks the token used by `node_id` with the answer it got; false when
+    /// another request spent it first.
+    async fn spend_token(
+        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        token_digest: &str,
+        node_id: &str,
+        answer: &JoinAnswer<'_>,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let used = sqlx::query(
+            "UPDATE join_tokens SET used_at = $1, used_by_node = $2, csr_sha256 = $3, certificate = $4 \
+             WHERE token_sha256 = $5 AND used_at IS NULL",
+        )
+        .bind(now_ms)
+        .bind(node_id)
+        .bind(answer.csr_sha256)
+        .bind(answer.certificate)
+        .bind(token_digest)
+        .execute(&mut **tx)
+        .await?;
+        Ok(used.rows_affected() == 1)
+    }
+
+    /// A re-join: spends the token and gives an existing node a new
+    /// certificate (and the mesh key and endpoint it sent), keeping its
+    /// id, name, mesh address and everything placed on it. The certificate
+    /// it had is refused from now on as replaced.
+    pub async fn rejoin_node(
+        &self,
+        token_digest: &str,
+        node: &NewNode,
+        answer: &JoinAnswer<'_>,
+        now_ms: i64,
+    ) -> Result<Result<NodeRow, JoinRefusal>, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        if let Some(rejection) = Self::token_rejection(&mut tx, token_digest, now_ms).await? {
+            return Ok(Err(JoinRefusal::Token(rejection)));
+        }
+        let updated = sqlx::query(
+            "UPDATE nodes SET replaced_cert_sha256 = cert_sha256, cert_sha256 = $1, cert_not_after = $2, \
+             next_cert_sha256 = NULL, next_cert_not_after = NULL, hostname = $3, wireguard_public_key = $4, \
+             endpoint = $5, agent_version = $6, protocol = $7 WHERE id = $8",
+        )
+        .bind(&node.cert_sha256)
+        .bind(node.cert_not_after)
+        .bind(&node.hostname)
+        .bind(&node.wireguard_public_key)
+        .bind(&node.endpoint)
+        .bind(&node.agent_version)
+        .bind(node.protocol)
+        .bind(&node.id)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() != 1 {
+            return Ok(Err(JoinRefusal::NoSuchNode));
+        }
+        if !Self::spend_token(&mut tx, token_digest, &node.id, answer, now_ms).await? {
+            return Ok(Err(JoinRefusal::Token(TokenRejection::AlreadyUsed)));
+        }
+        tx.commit().await?;
+        self.count_commit();
+        let row = self.node(&node.id).await?.expect("node updated in this transaction");
+        Ok(Ok(row))
+    }
+
+    /// Records a renewal's certificate for a node that still presents
+    /// `current_sha256`; it becomes current when the node first uses it
+    /// ([`Store::promote_next_cert`]). An earlier renewal not used yet is
+    /// forgotten. False when the node or its current certificate changed.
+    pub async fn set_next_cert(&self, id: &str, current_sha256: &str, next_sha256: &str, next_not_after: i64) -> Result<bool, StoreError> {
+        let updated = sqlx::query(
+            "UPDATE nodes SET next_cert_sha256 = $1, next_cert_not_after = $2 WHERE id = $3 AND cert_sha256 = $4",
+        )
+        .bind(next_sha256)
+        .bind(next_not_after)
+        .bind(id)
+        .bind(current_sha256)
+        .execute(&self.pool)
+        .await?;
+        self.count_commit();
+        Ok(updated.rows_affected() == 1)
+    }
+
+    /// The node presented its renewed certificate: it becomes the current
+    /// one and the old one is replaced (refused from now on). Returns the
+    /// updated node, or None when `next_sha256` is not its pending
+    /// certificate (another request promoted it first).
+    pub async fn promote_next_cert(&self, id: &str, next_sha256: &str, now_ms: i64) -> Result<Option<NodeRow>, StoreError> {
+        let updated = sqlx::query(
+            "UPDATE nodes SET replaced_cert_sha256 = cert_sha256, cert_sha256 = next_cert_sha256, \
+             cert_not_after = next_cert_not_after, next_cert_sha256 = NULL, next_cert_not_after = NULL, \
+             cert_renewed_at = $1 WHERE id = $2 AND next_cert_sha256 = $3",
+        )
+        .bind(now_ms)
+        .bind(id)
+        .bind(next_sha256)
+        .execute(&self.pool)
+        .await?;
+        self.count_commit();
+        if updated.rows_affected() != 1 {
+            return Ok(None);
+        }
+        self.node(id).await
     }
 
     /// The answer of an earlier join with this token and this CSR, while
