@@ -429,7 +429,7 @@ impl ControlPlane {
     pub async fn upload_logs(&self, upload: &cloudweb_protocol::LogUpload) -> Result<cloudweb_protocol::LogUploadResponse, ClientError> {
         let mut upload = upload.clone();
         upload.sanitize();
-        let response = self.send(self.http.post(self.url(paths::LOGS)).json(&upload)).await?;
+        let response = self.send(self.http().post(self.url(paths::LOGS)).json(&upload)).await?;
         Self::json(response).await
     }
 
@@ -449,7 +449,7 @@ impl ControlPlane {
 
     /// The ACME certificates, or only their version when `known` is it.
     pub async fn certificates(&self, known: Option<&str>) -> Result<cloudweb_protocol::CertificateSet, ClientError> {
-        let mut request = self.http.get(self.url(paths::CERTIFICATES));
+        let mut request = self.http().get(self.url(paths::CERTIFICATES));
         if let Some(known) = known {
             request = request.query(&[("known", known)]);
         }
@@ -459,7 +459,7 @@ impl ControlPlane {
     /// The key authorization of a pending HTTP-01 challenge; `None` when
     /// the control plane has no challenge with this token.
     pub async fn acme_challenge(&self, token: &str) -> Result<Option<String>, ClientError> {
-        match self.send(self.http.get(self.url(&paths::acme_challenge(token)))).await {
+        match self.send(self.http().get(self.url(&paths::acme_challenge(token)))).await {
             Ok(response) => {
                 let bytes = response.bytes().await.map_err(|e| ClientError::Transport(e.to_string()))?;
                 String::from_utf8(bytes.to_vec()).map(Some).map_err(|_| ClientError::Decode("a key authorization that is not UTF-8".to_string()))
