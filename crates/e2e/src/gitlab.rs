@@ -108,6 +108,8 @@ struct Inner {
     git_clones: Vec<String>,
     /// `Authorization` values of API calls, in order.
     api_tokens: Vec<String>,
+    /// GitLab user ids that authorized API calls were made as, in order.
+    api_callers: Vec<i64>,
     next_id: i64,
 }
 
@@ -274,6 +276,11 @@ impl FakeGitlab {
         self.inner.lock().unwrap().access.keys().cloned().collect()
     }
 
+    /// The GitLab users that API calls were made as, in order.
+    pub fn api_callers(&self) -> Vec<i64> {
+        self.inner.lock().unwrap().api_callers.clone()
+    }
+
     pub fn api_tokens(&self) -> Vec<String> {
         self.inner.lock().unwrap().api_tokens.clone()
     }
@@ -346,6 +353,7 @@ fn authorized_user(inner: &mut Inner, headers: &HeaderMap) -> Option<User> {
     inner.api_tokens.push(value.clone());
     let token = value.strip_prefix("Bearer ")?;
     let id = *inner.access.get(token)?;
+    inner.api_callers.push(id);
     inner.users.iter().find(|u| u.id == id).cloned()
 }
 

@@ -34,11 +34,49 @@ async fn configure(server: &ServerProcess, gitlab: &FakeGitlab, users: &[&str], 
     assert!(!body.to_string().contains(CLIENT_SECRET), "the client secret must not come back: {body}");
 }
 
-/// Starts a login at the control plane: the authorize URL it redirects to.
-async fn start_login(server: &ServerProcess) -> url::Url {
+/// The `Set-Cookie` line that sets cookie `name`, if any.
+fn set_cookie(headers: &reqwest::header::HeaderMap, name: &str) -> Option<String> {
+    headers.get_all("set-cookie").iter().filter_map(|v| v.to_str().ok()).find(|v| v.starts_with(&format!("{name}="))).map(str::to_string)
+}
+
+/// `name=value` of a `Set-Cookie` line, as a `Cookie` header sends it back.
+fn cookie_pair(set_cookie: &str) -> String {
+    set_cookie.split(';').next().unwrap().to_string()
+}
+
+/// Starts a login at the control plane: the authorize URL it redirects
+/// to, and the login cookie it gave this browser (`name=value`).
+async fn start_login(server: &ServerProcess) -> (url::Url, String) {
     let response = no_redirects().get(server.api("/api/auth/gitlab/login")).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 302);
-    url::Url::parse(response.headers()["location"].to_str().unwrap()).unwrap()
+    let line = set_cookie(response.headers(), "cloudweb_gitlab_login").expect("the login sets its cookie");
+    for flag in ["HttpOnly", "SameSite=Lax", "Path=/api/auth/gitlab", "Max-Age="] {
+        assert!(line.contains(flag), "{line}");
+    }
+    let url = url::Url::parse(response.headers()["location"].to_str().unwrap()).unwrap();
+    (url, cookie_pair(&line))
+}
+
+/// Calls a callback URL with these cookies: status, body, headers.
+async fn callback(url: &str, accept: &str, cookies: &[&str]) -> (u16, String, reqwest::header::HeaderMap) {
+    let mut request = no_redirects().get(url).header("accept", accept);
+    if !cookies.is_empty() {
+        request = request.header("cookie", cookies.join("; "));
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    (status, response.text().await.unwrap(), headers)
+}
+
+/// A whole login as the stand-in's current user, from a browser that
+/// sends these other cookies too: the callback's status, body, headers.
+async fn login_with(server: &ServerProcess, accept: &str, cookies: &[&str]) -> (u16, String, reqwest::header::HeaderMap) {
+    let (authorize_url, login_cookie) = start_login(server).await;
+    let callback_url = authorize(&authorize_url).await;
+    let mut all = vec![login_cookie.as_str()];
+    all.extend_from_slice(cookies);
+    callback(&callback_url, accept, &all).await
 }
 
 fn param(url: &url::Url, name: &str) -> Option<String> {
@@ -59,9 +97,8 @@ async fn get_json(url: &str, accept: &str) -> (u16, String) {
 
 /// A whole login as the stand-in's current user: the callback's answer.
 async fn login(server: &ServerProcess) -> (u16, String) {
-    let authorize_url = start_login(server).await;
-    let callback = authorize(&authorize_url).await;
-    get_json(&callback, "application/json").await
+    let (status, body, _) = login_with(server, "application/json", &[]).await;
+    (status, body)
 }
 
 fn grep_dir(dir: &Path, needle: &str) -> Vec<String> {
@@ -102,9 +139,12 @@ async fn oauth_login_with_state_pkce_and_allow_list() {
     let (status, body) = get_json(&server.api("/api/auth/gitlab/login"), "application/json").await;
     assert_eq!(status, 404, "{body}");
     configure(&server, &gitlab, &["alice"], &["acme/deployers"]).await;
+    // A local user who happens to be called alice, made with a password.
+    let (status, local_alice) = server.call(Method::POST, "/api/users", Some(json!({"name": "alice", "password": "local alice's password"}))).await.unwrap();
+    assert_eq!(status, 201, "{local_alice}");
 
     // The redirect carries state and an S256 challenge.
-    let authorize_url = start_login(&server).await;
+    let (authorize_url, login_cookie) = start_login(&server).await;
     assert!(authorize_url.as_str().starts_with(&format!("{}/oauth/authorize?", gitlab.url())), "{authorize_url}");
     assert_eq!(param(&authorize_url, "client_id").as_deref(), Some(CLIENT_ID));
     assert_eq!(param(&authorize_url, "code_challenge_method").as_deref(), Some("S256"));
@@ -115,11 +155,14 @@ async fn oauth_login_with_state_pkce_and_allow_list() {
 
     // Alice logs in: the server sent the verifier that matches the challenge.
     gitlab.login_as(11);
-    let callback = authorize(&authorize_url).await;
-    let (status, body) = get_json(&callback, "application/json").await;
+    let callback_url = authorize(&authorize_url).await;
+    let (status, body, _) = callback(&callback_url, "application/json", &[&login_cookie]).await;
     assert_eq!(status, 200, "{body}");
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["gitlab_user"]["id"], 11);
+    // GitLab's alice is not the local alice: a user of her own, by GitLab id.
+    assert_ne!(answer["linked_user"], local_alice["id"], "{body}");
+    assert_eq!(answer["user"]["name"], "alice-2", "{body}");
     let exchange = gitlab.token_requests().last().cloned().unwrap();
     assert_eq!(exchange.grant_type, "authorization_code");
     assert_eq!(exchange.outcome, "ok");
@@ -130,12 +173,12 @@ async fn oauth_login_with_state_pkce_and_allow_list() {
     use base64::Engine;
     assert_eq!(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest), challenge);
 
-    // The same callback again: the state was used.
-    let (status, body) = get_json(&callback, "application/json").await;
+    // The same callback again, cookie and all: the state was used.
+    let (status, body, _) = callback(&callback_url, "application/json", &[&login_cookie]).await;
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("state"), "{body}");
     // Missing and made-up states.
-    let mut without_state = url::Url::parse(&callback).unwrap();
+    let mut without_state = url::Url::parse(&callback_url).unwrap();
     let code = param(&without_state, "code").unwrap();
     without_state.set_query(Some(&format!("code={code}")));
     let (status, body) = get_json(without_state.as_str(), "application/json").await;
@@ -145,7 +188,7 @@ async fn oauth_login_with_state_pkce_and_allow_list() {
 
     // A code bound to another challenge (an attacker's): the server's
     // verifier does not match and GitLab's refusal is the answer.
-    let mut swapped = start_login(&server).await;
+    let (mut swapped, swapped_cookie) = start_login(&server).await;
     let pairs: Vec<(String, String)> = swapped
         .query_pairs()
         .map(|(k, v)| {
@@ -154,16 +197,16 @@ async fn oauth_login_with_state_pkce_and_allow_list() {
         })
         .collect();
     swapped.query_pairs_mut().clear().extend_pairs(pairs);
-    let (status, body) = get_json(&authorize(&swapped).await, "application/json").await;
+    let (status, body, _) = callback(&authorize(&swapped).await, "application/json", &[&swapped_cookie]).await;
     assert_eq!(status, 401, "{body}");
     assert_eq!(gitlab.token_requests().last().unwrap().outcome, "invalid_grant");
 
     // Bob is neither listed nor in an allowed group: a clear refusal, as a
     // page for a browser.
     gitlab.login_as(12);
-    let callback = authorize(&start_login(&server).await).await;
-    let (status, body) = get_json(&callback, "text/html").await;
+    let (status, body, headers) = login_with(&server, "text/html", &[]).await;
     assert_eq!(status, 403, "{body}");
+    assert!(set_cookie(&headers, "cloudweb_session").is_none(), "a refused user gets no session");
     assert!(body.contains("<html") && body.contains("not allowed to log in"), "{body}");
     gitlab.login_as(12);
     let (status, body) = login(&server).await;
@@ -175,14 +218,16 @@ async fn oauth_login_with_state_pkce_and_allow_list() {
     let (status, body) = login(&server).await;
     assert_eq!(status, 200, "{body}");
 
-    // Mallory's unconfirmed email is Alice's: she gets her own identity,
-    // linked by her GitLab id, never to Alice's.
+    // Mallory's unconfirmed email is Alice's: she gets her own user,
+    // linked by her GitLab id, never Alice's (local or GitLab).
     gitlab.login_as(14);
     let (status, body) = login(&server).await;
     assert_eq!(status, 200, "{body}");
-    let answer: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(answer["gitlab_user"]["id"], 14);
-    assert_eq!(answer["linked_user"], Value::Null);
+    let mallory: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(mallory["gitlab_user"]["id"], 14);
+    assert_eq!(mallory["user"]["name"], "mallory", "{body}");
+    assert_ne!(mallory["linked_user"], local_alice["id"]);
+    assert_ne!(mallory["linked_user"], answer["linked_user"]);
     let (_, accounts) = server.call(Method::GET, "/api/gitlab/accounts", None).await.unwrap();
     let ids: Vec<i64> = accounts["accounts"].as_array().unwrap().iter().map(|a| a["gitlab_user_id"].as_i64().unwrap()).collect();
     assert_eq!(ids, vec![11, 13, 14], "{accounts}");
@@ -214,6 +259,140 @@ async fn oauth_login_with_state_pkce_and_allow_list() {
     // Several accounts: which one must be said.
     let (status, _) = server.call(Method::GET, "/api/gitlab/projects", None).await.unwrap();
     assert_eq!(status, 400);
+}
+
+/// A request on the user API with these cookies (no token): status and JSON.
+async fn with_cookies(server: &ServerProcess, method: Method, path: &str, cookies: &[&str], csrf: Option<&str>, body: Option<Value>) -> (u16, Value) {
+    let mut request = no_redirects().request(method, server.api(path)).header("cookie", cookies.join("; "));
+    if let Some(csrf) = csrf {
+        request = request.header("x-csrf-token", csrf);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+#[tokio::test]
+async fn gitlab_login_starts_a_session_for_a_user_linked_by_gitlab_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gitlab = FakeGitlab::start(&tmp.path().join("gitlab")).await.unwrap();
+    gitlab.add_user(31, "erin", "erin@example.com", false, &[]);
+    gitlab.add_user(32, "frank", "frank@example.com", true, &[]);
+    gitlab.add_user(33, "gina", "gina@example.com", true, &[]);
+    gitlab.add_user(34, "henry", "hank@example.com", true, &[]);
+    let project = gitlab.add_project("team/app").unwrap();
+    gitlab.commit("team/app", "main", &[("README", "hello")], "first").unwrap();
+    let server = ServerProcess::start_with(tmp.path(), &["--allow-private-git-hosts"]).await.unwrap();
+    configure(&server, &gitlab, &["erin", "frank", "henry"], &[]).await;
+    let (_, local_erin) = server.call(Method::POST, "/api/users", Some(json!({"name": "erin", "password": "local erin's password"}))).await.unwrap();
+    let (_, hank) = server.call(Method::POST, "/api/users", Some(json!({"name": "hank", "password": "hank's own password"}))).await.unwrap();
+
+    // A browser: the callback sets the session and sends it to the dashboard.
+    gitlab.login_as(32);
+    let (status, body, headers) = login_with(&server, "text/html,application/xhtml+xml,*/*;q=0.8", &[]).await;
+    assert_eq!(status, 303, "{body}");
+    assert_eq!(headers["location"], "/");
+    let session_line = set_cookie(&headers, "cloudweb_session").expect("a session cookie");
+    assert!(session_line.contains("HttpOnly") && session_line.contains("SameSite=Lax"), "{session_line}");
+    let csrf_line = set_cookie(&headers, "cloudweb_csrf").expect("a CSRF cookie");
+    let cleared = set_cookie(&headers, "cloudweb_gitlab_login").expect("the login cookie is cleared");
+    assert!(cleared.contains("Max-Age=0"), "{cleared}");
+    let session = cookie_pair(&session_line);
+    let csrf = cookie_pair(&csrf_line).split_once('=').unwrap().1.to_string();
+
+    // The session opens the API as frank's new local user.
+    let (status, me) = with_cookies(&server, Method::GET, "/api/me", &[&session], None, None).await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(me["auth"], "session");
+    assert_eq!(me["user"]["name"], "frank", "{me}");
+    let frank_id = me["user"]["id"].clone();
+
+    // Erin's GitLab email is unconfirmed and her name is a local user's:
+    // neither links; she gets a user of her own.
+    gitlab.login_as(31);
+    let (status, body) = login(&server).await;
+    assert_eq!(status, 200, "{body}");
+    let erin: Value = serde_json::from_str(&body).unwrap();
+    assert_ne!(erin["linked_user"], local_erin["id"]);
+    assert_eq!(erin["user"]["name"], "erin-2", "{body}");
+
+    // Frank's projects, through frank's own GitLab identity although there
+    // are several.
+    let (status, projects) = with_cookies(&server, Method::GET, "/api/gitlab/projects", &[&session], None, None).await;
+    assert_eq!(status, 200, "{projects}");
+    assert_eq!(projects["projects"][0]["id"], project);
+    assert_eq!(gitlab.api_callers().last(), Some(&32));
+    let (status, body) = with_cookies(&server, Method::GET, "/api/gitlab/projects?account=31", &[&session], None, None).await;
+    assert_eq!(status, 403, "another user's GitLab identity: {body}");
+    // ... and an app from a project, as frank.
+    let app = unique_name("gl");
+    let (status, created) = with_cookies(&server, Method::POST, "/api/apps", &[&session], Some(&csrf), Some(json!({"name": app, "gitlab_project": "team/app", "port": 8080}))).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["git"]["account"], 32, "{created}");
+    assert_eq!(gitlab.hooks().len(), 1);
+    // The admin token with several identities must still name one.
+    let (status, _) = server.call(Method::GET, "/api/gitlab/projects", None).await.unwrap();
+    assert_eq!(status, 400);
+
+    // A second login of the same GitLab id is the same user.
+    gitlab.login_as(32);
+    let (status, body) = login(&server).await;
+    assert_eq!(status, 200, "{body}");
+    let again: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(again["linked_user"], frank_id);
+    assert_eq!(again["user"]["name"], "frank");
+
+    // A state without its browser's cookie, or with another browser's, is
+    // refused and starts no session.
+    let (authorize_url, _) = start_login(&server).await;
+    let callback_url = authorize(&authorize_url).await;
+    let (_, other_cookie) = start_login(&server).await;
+    let (status, body, headers) = callback(&callback_url, "application/json", &[]).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("cookie"), "{body}");
+    assert!(set_cookie(&headers, "cloudweb_session").is_none());
+    let (authorize_url, _) = start_login(&server).await;
+    let callback_url = authorize(&authorize_url).await;
+    let (status, body, headers) = callback(&callback_url, "application/json", &[&other_cookie]).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(set_cookie(&headers, "cloudweb_session").is_none());
+    let (status, body, _) = callback(&callback_url, "application/json", &["cloudweb_gitlab_login=forged"]).await;
+    assert_eq!(status, 400, "{body}");
+
+    // Gina is not on the allow-list: no session.
+    gitlab.login_as(33);
+    let (status, body, headers) = login_with(&server, "application/json", &[]).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(set_cookie(&headers, "cloudweb_session").is_none());
+
+    // Hank, logged in with his password, connects his GitLab identity: it
+    // links to him, not to a new user.
+    let response = no_redirects().post(server.api("/api/session")).json(&json!({"name": "hank", "password": "hank's own password"})).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let hank_session = cookie_pair(&set_cookie(response.headers(), "cloudweb_session").unwrap());
+    gitlab.login_as(34);
+    let (status, body, headers) = login_with(&server, "application/json", &[&hank_session]).await;
+    assert_eq!(status, 200, "{body}");
+    let linked: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(linked["linked_user"], hank["id"], "{body}");
+    let hank_session = cookie_pair(&set_cookie(&headers, "cloudweb_session").unwrap());
+    // Frank's identity is frank's: hank's browser cannot take it.
+    gitlab.login_as(32);
+    let (status, body, headers) = login_with(&server, "application/json", &[&hank_session]).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(set_cookie(&headers, "cloudweb_session").is_none());
+
+    // A disabled user is refused.
+    let (status, _) = server.call(Method::DELETE, &format!("/api/users/{}", frank_id.as_str().unwrap()), None).await.unwrap();
+    assert_eq!(status, 204);
+    let (status, body, headers) = login_with(&server, "application/json", &[]).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("disabled"), "{body}");
+    assert!(set_cookie(&headers, "cloudweb_session").is_none());
 }
 
 const AGENT_FLAGS: [&str; 6] = ["--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1"];

@@ -10,7 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use sha2::Digest;
 use cloudweb_protocol::deploy::{self, BuildSettings, Spa, Strategy};
 use cloudweb_protocol::validate;
@@ -169,10 +169,24 @@ pub fn view(state: &AppState, app: &AppRow) -> Value {
 }
 
 #[utoipa::path(post, path = "/api/apps", tag = "apps", request_body = serde_json::Value, responses((status = 201, description = "Created", body = serde_json::Value), (status = 400, description = "Invalid app", body = crate::error::ErrorDoc), (status = 409, description = "The name or a host is taken", body = crate::error::ErrorDoc)))]
-pub async fn create(
+pub async fn create_as_caller(
     State(state): State<Arc<AppState>>,
+    Extension(principal): Extension<crate::auth::Principal>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    create_for(state, &principal, body).await
+}
+
+/// Creates an app with no caller in hand (the dashboard's form handler):
+/// a GitLab project is then reached as the admin token would, through the
+/// identity named or the only one there is.
+pub async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<Value>), ApiError> {
+    create_for(state, &crate::auth::Principal::Admin, body).await
+}
+
+/// Creates an app for `principal`: an app from a GitLab project uses the
+/// caller's own linked GitLab identity by default.
+async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<Value>), ApiError> {
     let mut request: CreateApp = parse_json(&body_bytes(body)?)?;
     let plan = match &request.gitlab_project {
         Some(project) => {
@@ -183,7 +197,7 @@ pub async fn create(
                 return Err(ApiError::BadRequest("an app from a GitLab project gets its clone credentials from GitLab; drop git_username, git_password and git_ssh_key".into()));
             }
             validate::node_name("name", &request.name)?;
-            let (account, project) = crate::git::api::resolve_project(&state, project, request.gitlab_account).await?;
+            let (account, project) = crate::git::api::resolve_project(&state, principal, project, request.gitlab_account).await?;
             request.repo_url = project.clone_url.clone();
             if request.branch.is_none() {
                 request.branch = project.default_branch.clone();

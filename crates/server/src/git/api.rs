@@ -9,12 +9,13 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::gitlab;
 use super::provider::GitProvider;
+use crate::auth::Principal;
 use crate::ca::sha256_hex;
 use crate::error::{body_bytes, parse_json, ApiError};
 use crate::store::{AppGitLinkRow, GitlabSettingsRow};
@@ -130,8 +131,26 @@ pub async fn accounts(State(state): State<Arc<AppState>>) -> Result<Json<Value>,
     Ok(Json(json!({ "accounts": accounts })))
 }
 
-/// Which GitLab identity acts: the one named, or the only one there is.
-async fn account_for(state: &AppState, named: Option<i64>) -> Result<i64, ApiError> {
+/// Which GitLab identity acts for the caller. A user acts through the
+/// identities linked to them: the one named (it must be theirs), else
+/// their only one. The admin token may name any identity, else the only
+/// one there is.
+async fn account_for(state: &AppState, principal: &Principal, named: Option<i64>) -> Result<i64, ApiError> {
+    if let Some(user) = principal.user() {
+        let mine = state.store.gitlab_accounts_of_user(&user.id).await?;
+        if let Some(id) = named {
+            return mine
+                .iter()
+                .find(|a| a.gitlab_user_id == id)
+                .map(|a| a.gitlab_user_id)
+                .ok_or_else(|| ApiError::Forbidden(format!("the GitLab account {id} is not linked to your user")));
+        }
+        return match mine.as_slice() {
+            [only] => Ok(only.gitlab_user_id),
+            [] => Err(ApiError::NotFound("your user has no GitLab identity: log in with GitLab first (/api/auth/gitlab/login)".into())),
+            _ => Err(ApiError::BadRequest("several GitLab identities are linked to your user: name one with account (gitlab_account when creating an app)".into())),
+        };
+    }
     if let Some(id) = named {
         return state.store.gitlab_account(id).await?.map(|a| a.gitlab_user_id).ok_or_else(|| ApiError::NotFound(format!("no GitLab account {id}")));
     }
@@ -149,12 +168,12 @@ pub struct ProjectsQuery {
     search: Option<String>,
 }
 
-#[utoipa::path(get, path = "/api/gitlab/projects", tag = "git", params(("search" = Option<String>, Query, description = "Part of the project path"), ("account" = Option<i64>, Query, description = "GitLab user id acting (when several logged in)")), responses((status = 200, description = "The user's projects", body = serde_json::Value), (status = 400, description = "Several accounts: name one", body = crate::error::ErrorDoc), (status = 404, description = "No GitLab account or not configured", body = crate::error::ErrorDoc), (status = 502, description = "GitLab failed", body = crate::error::ErrorDoc)))]
-pub async fn projects(State(state): State<Arc<AppState>>, Query(query): Query<ProjectsQuery>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/gitlab/projects", tag = "git", params(("search" = Option<String>, Query, description = "Part of the project path"), ("account" = Option<i64>, Query, description = "GitLab user id acting; by default the caller's own linked identity")), responses((status = 200, description = "The user's projects", body = serde_json::Value), (status = 400, description = "Several accounts: name one", body = crate::error::ErrorDoc), (status = 403, description = "The named GitLab account is not linked to the caller", body = crate::error::ErrorDoc), (status = 404, description = "No GitLab account or not configured", body = crate::error::ErrorDoc), (status = 502, description = "GitLab failed", body = crate::error::ErrorDoc)))]
+pub async fn projects(State(state): State<Arc<AppState>>, Extension(principal): Extension<Principal>, Query(query): Query<ProjectsQuery>) -> Result<Json<Value>, ApiError> {
     if let Some(search) = &query.search {
         cloudweb_protocol::validate::bounded_text("search", search, 100)?;
     }
-    let account = account_for(&state, query.account).await?;
+    let account = account_for(&state, &principal, query.account).await?;
     let gitlab = super::gitlab_as(&state, account).await?;
     let projects = gitlab.projects(query.search.as_deref()).await.map_err(super::provider_error)?;
     Ok(Json(json!({ "projects": projects })))
@@ -166,8 +185,8 @@ pub struct AccountQuery {
 }
 
 #[utoipa::path(get, path = "/api/gitlab/projects/{id}/branches", tag = "git", params(("id" = i64, Path, description = "GitLab project id"), ("account" = Option<i64>, Query, description = "GitLab user id acting")), responses((status = 200, description = "The project's branches", body = serde_json::Value), (status = 404, description = "No such project or account", body = crate::error::ErrorDoc), (status = 502, description = "GitLab failed", body = crate::error::ErrorDoc)))]
-pub async fn branches(State(state): State<Arc<AppState>>, Path(project): Path<i64>, Query(query): Query<AccountQuery>) -> Result<Json<Value>, ApiError> {
-    let account = account_for(&state, query.account).await?;
+pub async fn branches(State(state): State<Arc<AppState>>, Extension(principal): Extension<Principal>, Path(project): Path<i64>, Query(query): Query<AccountQuery>) -> Result<Json<Value>, ApiError> {
+    let account = account_for(&state, &principal, query.account).await?;
     let gitlab = super::gitlab_as(&state, account).await?;
     let branches = gitlab.branches(project).await.map_err(super::provider_error)?;
     Ok(Json(json!({ "branches": branches })))
@@ -188,8 +207,8 @@ pub enum LinkPlan {
 }
 
 /// Looks up the GitLab project an app is created from.
-pub async fn resolve_project(state: &AppState, project: &ProjectRef, account: Option<i64>) -> Result<(i64, super::Project), ApiError> {
-    let account = account_for(state, account).await?;
+pub async fn resolve_project(state: &AppState, principal: &Principal, project: &ProjectRef, account: Option<i64>) -> Result<(i64, super::Project), ApiError> {
+    let account = account_for(state, principal, account).await?;
     let key = match project {
         ProjectRef::Id(id) => id.to_string(),
         ProjectRef::Path(path) => {

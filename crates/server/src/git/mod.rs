@@ -18,6 +18,7 @@
 pub mod api;
 pub mod generic;
 pub mod gitlab;
+pub mod login;
 pub mod oauth;
 pub mod provider;
 pub mod webhooks;

@@ -5,13 +5,26 @@
 //! GitLab user, and lets in only users on the allow-list (by username, or
 //! through membership of an allowed group). The identity is kept by its
 //! GitLab user id, the only thing that links it to a local user: an email
-//! address never links accounts.
+//! address never links accounts ([`super::login`] picks, links or creates
+//! the local user).
+//!
+//! Login CSRF: the login also gives the browser a random nonce in the
+//! `cloudweb_gitlab_login` cookie (`HttpOnly; SameSite=Lax`, path
+//! `/api/auth/gitlab`, ten minutes); the pending login keeps only its
+//! SHA-256, and the callback refuses a `state` whose browser does not
+//! send the matching cookie. Someone who starts a login and lures another
+//! browser to its callback gets nothing.
+//!
+//! A successful callback starts a session for the local user (the same
+//! cookies as a password login) and answers `303 See Other` to `/`, the
+//! dashboard. A client whose `Accept` names `application/json` and not
+//! `text/html` gets the session as JSON instead (`200`), cookies included.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{Query, State};
-use axum::http::header::{ACCEPT, CACHE_CONTROL, LOCATION};
+use axum::http::header::{ACCEPT, CACHE_CONTROL, LOCATION, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::Json;
@@ -29,10 +42,21 @@ use crate::AppState;
 const LOGIN_TTL: Duration = Duration::from_secs(600);
 /// Most logins in flight at once.
 const MAX_PENDING: usize = 1000;
+/// The cookie that binds a login's `state` to the browser that started it.
+pub const LOGIN_COOKIE: &str = "cloudweb_gitlab_login";
+const LOGIN_COOKIE_PATH: &str = "/api/auth/gitlab";
 
 pub(crate) struct PendingLogin {
     verifier: String,
+    /// SHA-256 (hex) of the nonce in the browser's [`LOGIN_COOKIE`].
+    browser_sha256: String,
     started: Instant,
+}
+
+/// The `Set-Cookie` value of the login cookie (`max_age_s` 0 clears it).
+fn login_cookie(state: &AppState, headers: &HeaderMap, value: &str, max_age_s: u64) -> Option<HeaderValue> {
+    let secure = if crate::auth::sessions::cookie_secure(state, headers) { "; Secure" } else { "" };
+    HeaderValue::from_str(&format!("{LOGIN_COOKIE}={value}; HttpOnly; SameSite=Lax; Path={LOGIN_COOKIE_PATH}; Max-Age={max_age_s}{secure}")).ok()
 }
 
 /// The PKCE S256 challenge of a verifier: base64url(SHA-256(verifier)),
@@ -48,20 +72,21 @@ fn random_url_safe(bytes: usize) -> String {
 }
 
 /// Sends the browser to GitLab's authorize endpoint.
-#[utoipa::path(get, path = "/api/auth/gitlab/login", tag = "git", security(()), responses((status = 302, description = "To GitLab's authorize page, with a one-use state and a PKCE S256 challenge"), (status = 404, description = "GitLab is not configured", body = crate::error::ErrorDoc)))]
-pub async fn login(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+#[utoipa::path(get, path = "/api/auth/gitlab/login", tag = "git", security(()), responses((status = 302, description = "To GitLab's authorize page, with a one-use state and a PKCE S256 challenge; sets the cloudweb_gitlab_login cookie the callback checks"), (status = 404, description = "GitLab is not configured", body = crate::error::ErrorDoc)))]
+pub async fn login(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Result<Response, ApiError> {
     let settings = super::settings(&state).await?;
     let login_state = random_url_safe(32);
     // 32 random bytes make a 43-character verifier (RFC 7636: 43 to 128).
     let verifier = random_url_safe(32);
     let challenge = pkce_challenge(&verifier);
+    let nonce = random_url_safe(32);
     {
         let mut pending = state.git.logins.lock().expect("logins lock");
         pending.retain(|_, login| login.started.elapsed() < LOGIN_TTL);
         if pending.len() >= MAX_PENDING {
             return Err(ApiError::Unavailable("too many GitLab logins in progress; try again in a few minutes".into()));
         }
-        pending.insert(login_state.clone(), PendingLogin { verifier, started: Instant::now() });
+        pending.insert(login_state.clone(), PendingLogin { verifier, browser_sha256: crate::ca::sha256_hex(nonce.as_bytes()), started: Instant::now() });
     }
     let mut url = url::Url::parse(&format!("{}/oauth/authorize", settings.base_url)).map_err(|e| ApiError::Internal(e.to_string()))?;
     url.query_pairs_mut()
@@ -75,6 +100,9 @@ pub async fn login(State(state): State<Arc<AppState>>) -> Result<Response, ApiEr
     let mut response = StatusCode::FOUND.into_response();
     response.headers_mut().insert(LOCATION, HeaderValue::from_str(url.as_str()).map_err(|e| ApiError::Internal(e.to_string()))?);
     response.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if let Some(cookie) = login_cookie(&state, &headers, &nonce, LOGIN_TTL.as_secs()) {
+        response.headers_mut().append(SET_COOKIE, cookie);
+    }
     Ok(response)
 }
 
@@ -107,12 +135,24 @@ pub fn allowed(user: &gitlab::GitlabUser, groups: &[String], allowed_users: &[St
     by_user || by_group
 }
 
-#[utoipa::path(get, path = "/api/auth/gitlab/callback", tag = "git", security(()), params(("code" = Option<String>, Query, description = "GitLab's authorization code"), ("state" = Option<String>, Query, description = "The login's state"), ("error" = Option<String>, Query, description = "GitLab's refusal")), responses((status = 200, description = "Logged in", body = serde_json::Value), (status = 400, description = "Missing, unknown, expired or reused state, or no code", body = crate::error::ErrorDoc), (status = 401, description = "GitLab refused the code (wrong PKCE verifier)", body = crate::error::ErrorDoc), (status = 403, description = "Not on the allow-list (an HTML page for a browser)", body = crate::error::ErrorDoc), (status = 502, description = "GitLab failed", body = crate::error::ErrorDoc)))]
+#[utoipa::path(get, path = "/api/auth/gitlab/callback", tag = "git", security(()), params(("code" = Option<String>, Query, description = "GitLab's authorization code"), ("state" = Option<String>, Query, description = "The login's state"), ("error" = Option<String>, Query, description = "GitLab's refusal")), responses((status = 303, description = "Logged in: session cookies set, to / (the dashboard)"), (status = 200, description = "Logged in (Accept: application/json): the session, cookies set", body = serde_json::Value), (status = 400, description = "Missing, unknown, expired or reused state, a state started in another browser (login cookie missing or wrong), or no code", body = crate::error::ErrorDoc), (status = 401, description = "GitLab refused the code (wrong PKCE verifier)", body = crate::error::ErrorDoc), (status = 403, description = "Not on the allow-list, or the linked user is disabled (an HTML page for a browser)", body = crate::error::ErrorDoc), (status = 409, description = "The browser is logged in as another user than the one this GitLab identity is linked to", body = crate::error::ErrorDoc), (status = 502, description = "GitLab failed", body = crate::error::ErrorDoc)))]
 pub async fn callback(State(state): State<Arc<AppState>>, headers: HeaderMap, Query(query): Query<Callback>) -> Response {
-    match finish(&state, &headers, query).await {
+    let mut response = match finish(&state, &headers, query).await {
         Ok(response) => response,
         Err(err) => err.into_response(),
+    };
+    // The nonce served its one login, whatever the outcome.
+    if let Some(clear) = login_cookie(&state, &headers, "", 0) {
+        response.headers_mut().append(SET_COOKIE, clear);
     }
+    response.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// Whether the client asked for JSON rather than a page.
+fn wants_json(headers: &HeaderMap) -> bool {
+    let accept = headers.get(ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    accept.contains("application/json") && !accept.contains("text/html")
 }
 
 async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Result<Response, ApiError> {
@@ -124,6 +164,15 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
     let Some(pending) = pending.filter(|p| p.started.elapsed() < LOGIN_TTL) else {
         return Ok(refusal(headers, StatusCode::BAD_REQUEST, "unknown, expired or already used login state; start the login again"));
     };
+    let browser = crate::auth::sessions::cookie(headers, LOGIN_COOKIE).map(|nonce| crate::ca::sha256_hex(nonce.as_bytes()));
+    if !browser.is_some_and(|b| crate::auth::constant_time_eq(b.as_bytes(), pending.browser_sha256.as_bytes())) {
+        tracing::warn!("refused a GitLab callback whose state was started in another browser");
+        return Ok(refusal(
+            headers,
+            StatusCode::BAD_REQUEST,
+            "this login state was not started in this browser (its cloudweb_gitlab_login cookie is missing or does not match); start the login again",
+        ));
+    }
     if let Some(error) = query.error {
         let mut error = error;
         cloudweb_protocol::misc::truncate_on_char(&mut error, 100);
@@ -166,15 +215,50 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
         ));
     }
     super::save_tokens(state, user.id, &user.username, &tokens).await?;
-    let account = state.store.gitlab_account(user.id).await?.ok_or_else(|| ApiError::Internal("the GitLab account was not saved".into()))?;
-    tracing::info!(gitlab_user = user.id, username = %user.username, "GitLab login");
-    let mut response = Json(json!({
-        "gitlab_user": { "id": user.id, "username": user.username, "name": user.name },
-        // Linked only by the GitLab user id, never by email.
-        "linked_user": account.local_user,
-    }))
-    .into_response();
-    response.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    // A browser that is already logged in links the identity to its user.
+    let current = match crate::auth::sessions::session_cookie(headers) {
+        Some(cookie) => crate::auth::sessions::lookup(state, cookie).await?.map(|s| s.user),
+        None => None,
+    };
+    let local = match super::login::local_user(state, user.id, &user.username, current.as_ref()).await? {
+        Ok(local) => local,
+        Err(super::login::Refusal::LinkedElsewhere) => {
+            return Ok(refusal(
+                headers,
+                StatusCode::CONFLICT,
+                &format!("the GitLab user {} is linked to another user of this control plane; log out first to log in as that user", user.username),
+            ));
+        }
+    };
+    if local.disabled_at.is_some() {
+        tracing::warn!(gitlab_user = user.id, user = %local.name, "refused a GitLab login of a disabled user");
+        return Ok(refusal(headers, StatusCode::FORBIDDEN, &format!("the user {} is disabled", local.name)));
+    }
+    // A new login replaces the session this browser had.
+    if let Some(old) = crate::auth::sessions::session_cookie(headers) {
+        state.store.delete_session(&crate::ca::sha256_hex(old.as_bytes())).await?;
+    }
+    let session = crate::auth::sessions::start(state, &local.id).await?;
+    tracing::info!(gitlab_user = user.id, username = %user.username, user = %local.name, "GitLab login");
+    let mut response = if wants_json(headers) {
+        Json(json!({
+            "gitlab_user": { "id": user.id, "username": user.username, "name": user.name },
+            // Linked only by the GitLab user id, never by email.
+            "linked_user": local.id,
+            "user": crate::auth::routes::UserView::from(&local),
+            "csrf_token": session.csrf_token,
+            "expires_at": crate::clock::rfc3339_ms(session.expires_at),
+            "idle_timeout_seconds": state.config.auth.session_idle.as_secs(),
+        }))
+        .into_response()
+    } else {
+        let mut response = StatusCode::SEE_OTHER.into_response();
+        response.headers_mut().insert(LOCATION, HeaderValue::from_static("/"));
+        response
+    };
+    for cookie in crate::auth::sessions::set_cookie_headers(state, headers, &session) {
+        response.headers_mut().append(SET_COOKIE, cookie);
+    }
     Ok(response)
 }
 

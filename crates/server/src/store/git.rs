@@ -132,6 +132,27 @@ impl Store {
         Ok(rows.iter().map(account_from_row).collect())
     }
 
+    /// The GitLab identities linked to a local user.
+    pub async fn gitlab_accounts_of_user(&self, local_user: &str) -> Result<Vec<GitlabAccountRow>, StoreError> {
+        let rows = sqlx::query(&format!("SELECT {ACCOUNT_COLUMNS} FROM gitlab_accounts WHERE local_user = $1 ORDER BY gitlab_user_id"))
+            .bind(local_user)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(account_from_row).collect())
+    }
+
+    /// Links a GitLab identity to a local user if it is linked to nobody
+    /// yet. `false` when it already was (a link never moves by itself).
+    pub async fn link_gitlab_account(&self, gitlab_user_id: i64, local_user: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE gitlab_accounts SET local_user = $1 WHERE gitlab_user_id = $2 AND local_user IS NULL")
+            .bind(local_user)
+            .bind(gitlab_user_id)
+            .execute(&self.pool)
+            .await?;
+        self.count_commit();
+        Ok(done.rows_affected() > 0)
+    }
+
     /// Saves a GitLab identity's tokens (new or refreshed). The link to a
     /// local user is kept unless `local_user` names one.
     pub async fn put_gitlab_account(&self, account: &GitlabAccountRow) -> Result<(), StoreError> {
