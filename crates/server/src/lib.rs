@@ -77,8 +77,8 @@ pub struct AppState {
     pub acme: acme::Acme,
     /// Login limits and password hashing slots.
     pub auth: auth::AuthState,
-    /// Dashboard sessions.
-    pub web_sessions: web::session::Sessions,
+    /// The dashboard's one-shot messages, per browser session.
+    pub web_flashes: web::flash::Flashes,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -274,7 +274,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         listener_pin,
         acme: acme::Acme::default(),
         auth: auth::AuthState::new(&config.auth),
-        web_sessions: Default::default(),
+        web_flashes: Default::default(),
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());
