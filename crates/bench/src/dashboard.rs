@@ -47,7 +47,13 @@ pub async fn run(args: Args) -> Result<()> {
     let deployment = deployed["id"].as_str().context("deploy answered without an id")?.to_string();
 
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).timeout(Duration::from_secs(60)).build()?;
-    let login = http.post(format!("{}/login", server.api_url)).form(&[("token", server.admin_token.as_str())]).send().await?;
+    // The dashboard is for users: make one (the admin token may), log in as them.
+    let password = "bench-dashboard-passphrase";
+    let (status, answer) = server.call(Method::POST, "/api/users", Some(&json!({"name": "bench", "password": password}))).await?;
+    if status != 201 {
+        bail!("creating a user answered {status}: {answer}");
+    }
+    let login = http.post(format!("{}/login", server.api_url)).form(&[("name", "bench"), ("password", password)]).send().await?;
     if login.headers().get(LOCATION).is_none() {
         bail!("the dashboard login answered {}", login.status());
     }

@@ -1,9 +1,11 @@
 //! The dashboard in headless Chromium, driven over WebDriver (chromedriver
 //! started by the test on a free port), against the real control plane and
-//! a real agent with Docker, the registry, git and Caddy: log in, generate a
+//! a real agent with Docker, the registry, git and Caddy: log in as a user
+//! (name and password, the accounts module's session), generate a
 //! join token and join with its command's token, see the node ready and
 //! healthy, create and deploy an app and watch its build log to running,
-//! open it through the ingress, see a chart with a gap, drain (the app has
+//! see the lines the app prints on its page (rendered, then live), open it
+//! through the ingress, see a chart with a gap, drain (the app has
 //! nowhere to go, so the page names it) and reactivate, switch to Spanish.
 //! A screenshot of every page goes to `target/screenshots/`.
 
@@ -15,7 +17,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::json;
 
 const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\n\
-CMD [\"sh\", \"-c\", \"echo serving-dashboard-app && exec httpd -f -p 8080 -h /www\"]\n";
+CMD [\"sh\", \"-c\", \"echo serving-dashboard-app; (while sleep 2; do echo still-serving; done) & exec httpd -f -p 8080 -h /www\"]\n";
 
 /// Where the screenshots go: `target/screenshots/` of this workspace.
 fn screenshot_dir() -> PathBuf {
@@ -98,13 +100,21 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     let Platform { tmp, git, server } = start_platform(&["--base-domain", "test", "--heartbeat-flush-seconds", "1"]).await.unwrap();
     let browser = Browser::start(format!("http://127.0.0.1:{}", server.api_port), tmp.path()).await;
 
-    // Log in with the admin token.
+    // A user (made through the API with the admin token) logs in.
+    let (status, user) = server.call(reqwest::Method::POST, "/api/users", Some(json!({"name": "ada", "password": "a long enough passphrase"}))).await.unwrap();
+    assert_eq!(status, 201, "{user}");
     browser.goto("/nodes").await;
     assert!(browser.client.current_url().await.unwrap().path().ends_with("/login"), "pages need a session");
-    browser.screenshot("01-login").await;
-    browser.client.find(Locator::Id("token")).await.unwrap().send_keys(&server.admin_token).await.unwrap();
+    browser.client.find(Locator::Id("name")).await.unwrap().send_keys("ada").await.unwrap();
+    browser.client.find(Locator::Id("password")).await.unwrap().send_keys("not the passphrase").await.unwrap();
     browser.click("form[action='/login'] button[type=submit]").await;
-    browser.wait_text("h1", "Nodes", Duration::from_secs(10)).await;
+    browser.wait_text("p.flash.error", "Wrong name or password", Duration::from_secs(20)).await;
+    browser.screenshot("01-login").await;
+    browser.client.find(Locator::Id("name")).await.unwrap().send_keys("ada").await.unwrap();
+    browser.client.find(Locator::Id("password")).await.unwrap().send_keys("a long enough passphrase").await.unwrap();
+    browser.click("form[action='/login'] button[type=submit]").await;
+    browser.wait_text("h1", "Nodes", Duration::from_secs(20)).await;
+    assert!(browser.text("header.top").await.contains("ada"), "the page names who is logged in");
 
     // Generate a join token; the command it shows is what joins the node.
     browser.click("form[action='/nodes/join-token'] button").await;
@@ -157,7 +167,19 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     let timeline = browser.text("ol.timeline").await;
     assert!(timeline.contains("queued") && timeline.contains("building") && timeline.contains("running"), "{timeline}");
     browser.screenshot("06-deployment-running").await;
+    // The app page shows what the app printed, and follows new lines live.
     browser.goto(&format!("/apps/{app}")).await;
+    browser.wait_text("#runtime-log", "serving-dashboard-app", Duration::from_secs(60)).await;
+    let rendered = browser.client.find_all(Locator::Css("#runtime-log span.line")).await.unwrap().len();
+    wait_for(Duration::from_secs(60), "new runtime lines to appear without a reload", || async {
+        let now = browser.client.find_all(Locator::Css("#runtime-log span.line")).await.ok()?.len();
+        (now > rendered + 1).then_some(())
+    })
+    .await
+    .unwrap();
+    let log_text = browser.text("#runtime-log").await;
+    assert!(log_text.contains("still-serving"), "{log_text}");
+    assert_eq!(log_text.matches("serving-dashboard-app").count(), 1, "a line the page shows is not appended again: {log_text}");
     browser.screenshot("07-app").await;
 
     // The app through the ingress, at the URL the dashboard shows.

@@ -1,5 +1,6 @@
 //! The dashboard over HTTP, with the control plane in-process so a test
-//! can put hostile text straight into the store: login and sessions, CSRF,
+//! can put hostile text straight into the store: login as a user (the
+//! accounts module's sessions, shared with the API), CSRF,
 //! language choice, security headers, escaping, and the monitoring charts'
 //! gaps. The browser test (`browser.rs`) drives the same pages in Chromium
 //! with a real agent.
@@ -12,6 +13,7 @@ use cloudweb_protocol::{LogLine, Report};
 use cloudweb_server::clock::ShiftedClock;
 use cloudweb_server::config::Config;
 use cloudweb_server::store::{AppRow, DeploymentRow, NodeUsageRow};
+use cloudweb_server::runtime_logs::Incoming;
 use cloudweb_server::RunningServer;
 use reqwest::header::{ACCEPT_LANGUAGE, CONTENT_SECURITY_POLICY, COOKIE, LOCATION, SET_COOKIE};
 use reqwest::redirect::Policy;
@@ -25,12 +27,17 @@ struct Dashboard {
     http: reqwest::Client,
 }
 
+/// The user every test logs in as (made through the accounts module).
+const USER: &str = "ana";
+const PASSWORD: &str = "correct horse battery";
+
 impl Dashboard {
     async fn start() -> Dashboard {
         let dir = tempfile::tempdir().unwrap();
         let server = cloudweb_server::start(Config::local(dir.path().to_path_buf()), Arc::new(ShiftedClock::default())).await.unwrap();
         let admin = std::fs::read_to_string(dir.path().join("admin-token")).unwrap().trim().to_string();
         let http = reqwest::Client::builder().redirect(Policy::none()).build().unwrap();
+        cloudweb_server::auth::users::create(&server.state.store, server.state.clock.now_ms(), USER, Some(PASSWORD)).await.unwrap();
         Dashboard { _dir: dir, server, admin, http }
     }
 
@@ -38,12 +45,21 @@ impl Dashboard {
         format!("http://{}{path}", self.server.api_addr)
     }
 
-    /// Logs in with `token`; returns the session cookie (`name=value`).
-    async fn login(&self, token: &str) -> Option<String> {
-        let response = self.http.post(self.url("/login")).form(&[("token", token)]).send().await.unwrap();
-        let cookie = response.headers().get(SET_COOKIE)?.to_str().unwrap().split(';').next().unwrap().to_string();
+    /// Logs in through the dashboard's form; returns the cookies it set
+    /// (`name=value; name=value`), `None` when refused.
+    async fn login_as(&self, name: &str, password: &str) -> Option<String> {
+        let response = self.http.post(self.url("/login")).form(&[("name", name), ("password", password)]).send().await.unwrap();
+        let cookies: Vec<String> =
+            response.headers().get_all(SET_COOKIE).iter().map(|v| v.to_str().unwrap().split(';').next().unwrap().to_string()).collect();
+        if cookies.is_empty() {
+            return None;
+        }
         assert_eq!(response.status(), 303, "a good login redirects");
-        Some(cookie)
+        Some(cookies.join("; "))
+    }
+
+    async fn login(&self) -> Option<String> {
+        self.login_as(USER, PASSWORD).await
     }
 
     async fn get(&self, cookie: &str, path: &str) -> (u16, String) {
@@ -68,48 +84,91 @@ impl Dashboard {
 
     /// The CSRF token in a page's forms.
     fn csrf(page: &str) -> String {
-        let at = page.find("name=\"csrf\" value=\"").expect("a form with a CSRF token") + 19;
+        let field = "name=\"csrf_token\" value=\"";
+        let at = page.find(field).expect("a form with a CSRF token") + field.len();
         page[at..at + 64].to_string()
     }
 }
 
 #[tokio::test]
-async fn pages_need_a_session_that_only_a_valid_token_opens() {
+async fn pages_need_a_user_session_shared_with_the_api() {
     let dashboard = Dashboard::start().await;
     let response = dashboard.http.get(dashboard.url("/nodes")).send().await.unwrap();
     assert_eq!(response.status(), 303);
     assert_eq!(response.headers()[LOCATION], "/login");
-    let refused = dashboard.http.post(dashboard.url("/login")).form(&[("token", "cw_wrong")]).send().await.unwrap();
-    assert_eq!(refused.status(), 401);
-    assert!(refused.headers().get(SET_COOKIE).is_none());
-    assert!(refused.text().await.unwrap().contains("not valid"));
+    let (_, login_page) = dashboard.get("", "/login").await;
+    assert!(login_page.contains("name=\"name\"") && login_page.contains("type=\"password\""), "{login_page}");
 
-    let cookie = dashboard.login(&dashboard.admin).await.expect("a session cookie");
+    // A wrong password, an unknown user and the admin token are refused.
+    for (name, password) in [(USER, "wrong password!"), ("nobody", PASSWORD), (USER, dashboard.admin.as_str())] {
+        let refused = dashboard.http.post(dashboard.url("/login")).form(&[("name", name), ("password", password)]).send().await.unwrap();
+        assert_eq!(refused.status(), 401, "{name}");
+        assert!(refused.headers().get(SET_COOKIE).is_none());
+        assert!(refused.text().await.unwrap().contains("Wrong name or password"));
+    }
+    // A login posted from another site is refused.
+    let cross = dashboard.http.post(dashboard.url("/login")).header("origin", "https://evil.example").form(&[("name", USER), ("password", PASSWORD)]).send().await.unwrap();
+    assert_eq!(cross.status(), 403);
+    assert!(cross.headers().get(SET_COOKIE).is_none());
+
+    let cookie = dashboard.login().await.expect("a session cookie");
+    assert!(cookie.contains("cloudweb_session=cws_") && cookie.contains("cloudweb_csrf="), "the accounts module's cookies: {cookie}");
     let response = dashboard.http.get(dashboard.url("/nodes")).header(COOKIE, &cookie).send().await.unwrap();
     assert_eq!(response.status(), 200);
     let csp = response.headers()[CONTENT_SECURITY_POLICY].to_str().unwrap().to_string();
     assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
     let page = response.text().await.unwrap();
-    assert!(page.contains("Generate join token"), "{page}");
+    assert!(page.contains("Generate join token") && page.contains(USER), "{page}");
     assert!(!page.contains("<script>") && page.contains(r#"<script src="/assets/app.js" defer></script>"#), "only the external script");
 
-    // A form without the session's CSRF token changes nothing.
+    // The same cookie opens the API, and the forms carry that session's CSRF token.
+    let me: serde_json::Value = dashboard.http.get(dashboard.url("/api/me")).header(COOKIE, &cookie).send().await.unwrap().json().await.unwrap();
+    assert_eq!((me["auth"].as_str(), me["user"]["name"].as_str()), (Some("session"), Some(USER)), "{me}");
+    let csrf = Dashboard::csrf(&page);
+    assert_eq!(me["csrf_token"].as_str(), Some(csrf.as_str()));
+
+    // A form without the session's CSRF token, or with another, changes nothing.
     let forged = dashboard.http.post(dashboard.url("/apps")).header(COOKIE, &cookie).form(&[("name", "web"), ("repo_url", "https://example.com/x.git"), ("port", "80")]).send().await.unwrap();
     assert_eq!(forged.status(), 403);
+    let wrong = "0".repeat(64);
+    let forged = dashboard.http.post(dashboard.url("/apps")).header(COOKIE, &cookie).form(&[("name", "web"), ("repo_url", "https://example.com/x.git"), ("port", "80"), ("csrf_token", wrong.as_str())]).send().await.unwrap();
+    assert_eq!(forged.status(), 403);
+    // Nor does one posted from another site, even with the token.
+    let cross = dashboard.http.post(dashboard.url("/apps")).header(COOKIE, &cookie).header("origin", "https://evil.example").form(&[("name", "web"), ("repo_url", "https://example.com/x.git"), ("port", "80"), ("csrf_token", csrf.as_str())]).send().await.unwrap();
+    assert_eq!(cross.status(), 403);
     assert!(dashboard.server.state.store.app("web").await.unwrap().is_none());
 
-    // Logging out ends the session.
-    let csrf = Dashboard::csrf(&page);
-    let out = dashboard.http.post(dashboard.url("/logout")).header(COOKIE, &cookie).form(&[("csrf", csrf.as_str())]).send().await.unwrap();
+    // Logging out ends the session on the server: neither pages nor the API open with the old cookie.
+    let out = dashboard.http.post(dashboard.url("/logout")).header(COOKIE, &cookie).form(&[("csrf_token", csrf.as_str())]).send().await.unwrap();
     assert_eq!(out.status(), 303);
+    assert!(out.headers().get_all(SET_COOKIE).iter().any(|v| v.to_str().unwrap().starts_with("cloudweb_session=;")), "the cookie is cleared");
     let (status, _) = dashboard.get(&cookie, "/nodes").await;
     assert_eq!(status, 303, "the old cookie no longer opens pages");
+    let api = dashboard.http.get(dashboard.url("/api/me")).header(COOKIE, &cookie).send().await.unwrap();
+    assert_eq!(api.status(), 401, "nor the API");
+}
+
+#[tokio::test]
+async fn dashboard_logins_count_against_the_same_limit_as_the_api() {
+    let dashboard = Dashboard::start().await;
+    let limit = dashboard.server.state.config.auth.login_limits.per_account;
+    for _ in 0..limit {
+        let refused = dashboard.http.post(dashboard.url("/login")).form(&[("name", USER), ("password", "wrong password!")]).send().await.unwrap();
+        assert_eq!(refused.status(), 401);
+    }
+    // The next attempt, even with the right password, waits, on the form and on the API alike.
+    let waiting = dashboard.http.post(dashboard.url("/login")).form(&[("name", USER), ("password", PASSWORD)]).send().await.unwrap();
+    assert_eq!(waiting.status(), 429);
+    assert!(waiting.headers().contains_key("retry-after") && waiting.headers().get(SET_COOKIE).is_none());
+    assert!(waiting.text().await.unwrap().contains("Too many login attempts"));
+    let api = dashboard.http.post(dashboard.url("/api/session")).json(&serde_json::json!({"name": USER, "password": PASSWORD})).send().await.unwrap();
+    assert_eq!(api.status(), 429);
 }
 
 #[tokio::test]
 async fn the_language_follows_accept_language_until_the_switch_is_used() {
     let dashboard = Dashboard::start().await;
-    let cookie = dashboard.login(&dashboard.admin).await.unwrap();
+    let cookie = dashboard.login().await.unwrap();
     let spanish = dashboard.http.get(dashboard.url("/nodes")).header(COOKIE, &cookie).header(ACCEPT_LANGUAGE, "es-ES,es;q=0.9").send().await.unwrap();
     let page = spanish.text().await.unwrap();
     assert!(page.contains("Generar token de unión") && page.contains("<html lang=\"es\">"), "{page}");
@@ -181,8 +240,11 @@ async fn an_env_name_a_log_line_and_a_commit_holding_script_render_as_text() {
         logs: vec![LogLine { ts: "2026-01-01T00:00:00Z".into(), stream: "build".into(), line: format!("step 1 {HOSTILE}") }],
     };
     state.store.save_report("n-1", &report, now).await.unwrap();
+    // A runtime line the app printed, as an agent's upload brings it.
+    let printed = [LogLine { ts: "2026-01-01T00:00:01Z".into(), stream: "stdout".into(), line: format!("listening {HOSTILE}") }];
+    state.runtime_logs.append(Incoming { app: "web", deployment_id: "dep_hostile", instance: 0, node_id: "n-1", container: "c1", dropped: 0, lines: &printed, now_ms: now });
 
-    let cookie = dashboard.login(&dashboard.admin).await.unwrap();
+    let cookie = dashboard.login().await.unwrap();
     let (status, app_page) = dashboard.get(&cookie, "/apps/web").await;
     assert_eq!(status, 200);
     let (status, deployment_page) = dashboard.get(&cookie, "/deployments/dep_hostile").await;
@@ -193,17 +255,23 @@ async fn an_env_name_a_log_line_and_a_commit_holding_script_render_as_text() {
     }
     assert!(!app_page.contains("value-never-shown"), "env values are write-only");
     assert!(deployment_page.contains("step 1 &lt;script&gt;"), "the log line is shown as text");
+    assert!(app_page.contains("listening &lt;script&gt;alert(1)&lt;/script&gt;"), "the runtime line, as text: {app_page}");
+    assert!(app_page.contains(r#"data-follow="/api/apps/web/logs?follow=1""#) && app_page.contains(r#"data-after="1""#), "{app_page}");
+    // The stream the page's script follows opens with the page's cookie.
+    let follow = dashboard.http.get(dashboard.url("/api/apps/web/logs?follow=1")).header(COOKIE, &cookie).send().await.unwrap();
+    assert_eq!(follow.status(), 200);
+    assert!(follow.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
 }
 
 #[tokio::test]
 async fn forms_create_an_app_set_env_and_domains_and_delete_it() {
     let dashboard = Dashboard::start().await;
-    let cookie = dashboard.login(&dashboard.admin).await.unwrap();
+    let cookie = dashboard.login().await.unwrap();
     let (_, page) = dashboard.get(&cookie, "/apps").await;
     let csrf = Dashboard::csrf(&page);
     let post = |path: &str, form: Vec<(&str, &str)>| {
         let mut form = form;
-        form.push(("csrf", csrf.as_str()));
+        form.push(("csrf_token", csrf.as_str()));
         dashboard.http.post(dashboard.url(path)).header(COOKIE, &cookie).form(&form).send()
     };
     let created = post("/apps", vec![("name", "shop"), ("repo_url", "https://example.com/shop.git"), ("branch", "main"), ("port", "3000"), ("strategy", "static"), ("build_cmd", "npm run build"), ("output_dir", "dist"), ("spa", "yes"), ("instances", "2"), ("memory", "128")]).await.unwrap();
@@ -256,7 +324,7 @@ async fn a_missing_usage_sample_is_a_gap_in_the_chart() {
     let rows: Vec<NodeUsageRow> = [300, 270, 240, 150, 120, 90].into_iter().map(sample).collect();
     state.store.save_heartbeats(&[], &[], &rows).await.unwrap();
 
-    let cookie = dashboard.login(&dashboard.admin).await.unwrap();
+    let cookie = dashboard.login().await.unwrap();
     let (status, page) = dashboard.get(&cookie, "/monitoring?range=1h").await;
     assert_eq!(status, 200);
     let node = &page[page.find("data-node=\"gap-node\"").expect("the node's charts")..];
@@ -267,13 +335,13 @@ async fn a_missing_usage_sample_is_a_gap_in_the_chart() {
 async fn nodes_are_drained_reactivated_and_removed_after_confirmation() {
     let dashboard = Dashboard::start().await;
     let node_id = dashboard.join("n1").await;
-    let cookie = dashboard.login(&dashboard.admin).await.unwrap();
+    let cookie = dashboard.login().await.unwrap();
     let (_, page) = dashboard.get(&cookie, "/nodes").await;
     assert!(page.contains(&format!("data-node=\"{node_id}\"")) && page.contains(">n1<"), "{page}");
     let csrf = Dashboard::csrf(&page);
     let post = |path: String, form: Vec<(&'static str, &'static str)>| {
         let mut form: Vec<(&str, &str)> = form;
-        form.push(("csrf", csrf.as_str()));
+        form.push(("csrf_token", csrf.as_str()));
         dashboard.http.post(dashboard.url(&path)).header(COOKIE, &cookie).form(&form).send()
     };
 

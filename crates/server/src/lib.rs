@@ -80,8 +80,8 @@ pub struct AppState {
     pub git: git::GitState,
     /// Login limits and password hashing slots.
     pub auth: auth::AuthState,
-    /// Dashboard sessions.
-    pub web_sessions: web::session::Sessions,
+    /// The dashboard's one-shot messages, per browser session.
+    pub web_flashes: web::flash::Flashes,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -282,7 +282,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         acme: acme::Acme::default(),
         git: git_state,
         auth: auth::AuthState::new(&config.auth),
-        web_sessions: Default::default(),
+        web_flashes: Default::default(),
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());

@@ -172,26 +172,7 @@ pub async fn login(State(state): State<Arc<AppState>>, request: Request) -> Resu
         Some(next) if is_form => local_path(next)?,
         _ => "/".to_string(),
     };
-    if login.name.is_empty() || login.name.len() > users::MAX_NAME_CHARS || login.password.len() > users::MAX_PASSWORD_BYTES {
-        return Err(ApiError::Unauthorized("wrong name or password".to_string()));
-    }
-    if let Err(retry) = state.auth.limiter.begin(&login.name, address, state.clock.now_ms()) {
-        // Names are not logged before they are known to be names: people
-        // type passwords into the name field.
-        tracing::warn!(address = ?address, "login refused: too many attempts");
-        return Err(ApiError::TooManyRequests {
-            message: format!("too many login attempts; try again in {} seconds", retry.0),
-            retry_after_s: retry.0,
-        });
-    }
-    let Some(user) = users::check_password(&state, &login.name, &login.password).await? else {
-        match state.store.user_by_name(&login.name).await? {
-            Some(user) => tracing::info!(user = %user.name, address = ?address, "login failed"),
-            None => tracing::info!(address = ?address, "login failed: unknown name"),
-        }
-        return Err(ApiError::Unauthorized("wrong name or password".to_string()));
-    };
-    state.auth.limiter.succeeded(&login.name, address);
+    let user = check_login(&state, &login.name, &login.password, address).await?;
     // A new login replaces the session this browser had.
     if let Some(old) = sessions::session_cookie(&headers) {
         state.store.delete_session(&crate::ca::sha256_hex(old.as_bytes())).await?;
@@ -215,6 +196,33 @@ pub async fn login(State(state): State<Arc<AppState>>, request: Request) -> Resu
         response.headers_mut().append(SET_COOKIE, cookie);
     }
     Ok(response)
+}
+
+/// Checks a name and password under the login rate limits (per account
+/// and per address): the user, or 401 (wrong name or password) / 429.
+/// Shared by `POST /api/session` and the dashboard's login form.
+pub async fn check_login(state: &AppState, name: &str, password: &str, address: Option<std::net::IpAddr>) -> Result<UserRow, ApiError> {
+    if name.is_empty() || name.len() > users::MAX_NAME_CHARS || password.len() > users::MAX_PASSWORD_BYTES {
+        return Err(ApiError::Unauthorized("wrong name or password".to_string()));
+    }
+    if let Err(retry) = state.auth.limiter.begin(name, address, state.clock.now_ms()) {
+        // Names are not logged before they are known to be names: people
+        // type passwords into the name field.
+        tracing::warn!(address = ?address, "login refused: too many attempts");
+        return Err(ApiError::TooManyRequests {
+            message: format!("too many login attempts; try again in {} seconds", retry.0),
+            retry_after_s: retry.0,
+        });
+    }
+    let Some(user) = users::check_password(state, name, password).await? else {
+        match state.store.user_by_name(name).await? {
+            Some(user) => tracing::info!(user = %user.name, address = ?address, "login failed"),
+            None => tracing::info!(address = ?address, "login failed: unknown name"),
+        }
+        return Err(ApiError::Unauthorized("wrong name or password".to_string()));
+    };
+    state.auth.limiter.succeeded(name, address);
+    Ok(user)
 }
 
 /// A path on this host (`/…`, not `//host…`), for redirects.

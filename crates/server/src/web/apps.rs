@@ -211,7 +211,7 @@ pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[De
         }
         section {
             h2 { (ctx.t("apps.runtime_logs")) }
-            p.help { (ctx.t("apps.runtime_logs_missing")) }
+            (runtime_log(ctx, &app.name))
         }
         section {
             h2 { (ctx.t("apps.settings")) }
@@ -277,6 +277,27 @@ async fn load(state: &Arc<AppState>, name: &str) -> Result<Option<(AppRow, Vec<D
     let Some(app) = state.store.app(name).await? else { return Ok(None) };
     let deployments = state.store.app_deployments(name).await?;
     Ok(Some((app, deployments)))
+}
+
+/// Runtime log lines rendered with the page.
+const PAGE_RUNTIME_LINES: usize = 200;
+
+/// The app's newest runtime log lines (escaped by maud), and where the
+/// script follows new ones: the user API's `GET /api/apps/{name}/logs?follow=1`,
+/// which the session cookie opens. The script skips lines up to
+/// `data-after` (already on the page).
+fn runtime_log(ctx: &Ctx, app: &str) -> Markup {
+    let lines = ctx.state.runtime_logs.recent(app, 0, PAGE_RUNTIME_LINES, None);
+    let last_seq = lines.last().map_or(0, |l| l.seq);
+    html! {
+        p.help { (ctx.t("apps.runtime_logs_help")) }
+        @if lines.is_empty() { p.empty id="runtime-log-empty" { (ctx.t("apps.runtime_logs_empty")) } }
+        pre.log id="runtime-log" tabindex="0" data-follow=(format!("/api/apps/{app}/logs?follow=1")) data-after=(last_seq) {
+            @for line in &lines {
+                span class=(format!("line {}", if line.stream == "stderr" { "stderr" } else { "stdout" })) title=(format!("{} · {} #{}", line.ts, line.node_id, line.instance)) { (line.line) "\n" }
+            }
+        }
+    }
 }
 
 pub async fn show(ctx: Ctx, Path(name): Path<String>) -> Response {

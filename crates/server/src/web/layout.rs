@@ -4,7 +4,7 @@
 use maud::{html, Markup, DOCTYPE};
 
 use super::i18n::Lang;
-use super::session::Flash;
+use super::flash::Flash;
 use super::{csrf_field, Ctx};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -56,6 +56,7 @@ pub fn page(ctx: &Ctx, title: &str, nav: Nav, here: &str, body: Markup) -> Marku
                     }
                     form.logout method="post" action="/logout" {
                         (csrf_field(ctx))
+                        span.user { (ctx.user_name) } " "
                         button type="submit" { (ctx.t("nav.logout")) }
                     }
                 }
@@ -110,8 +111,10 @@ pub fn login(lang: Lang, error: Option<&str>) -> Markup {
                     h1 { (lang.t("product")) }
                     form method="post" action="/login" {
                         @if let Some(error) = error { p.flash.error role="alert" { (error) } }
-                        label for="token" { (lang.t("login.token")) }
-                        input id="token" name="token" type="password" autocomplete="current-password" required autofocus;
+                        label for="name" { (lang.t("login.name")) }
+                        input id="name" name="name" autocomplete="username" maxlength="64" required autofocus;
+                        label for="password" { (lang.t("login.password")) }
+                        input id="password" name="password" type="password" autocomplete="current-password" required;
                         p.help { (lang.t("login.help")) }
                         button type="submit" { (lang.t("login.submit")) }
                     }

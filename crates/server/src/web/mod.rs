@@ -1,8 +1,14 @@
 //! The dashboard: server-rendered HTML (maud) on the user API's listener
 //! at `/`, with one stylesheet and one small script compiled into the
 //! binary. Every page works without JavaScript (forms post and redirect);
-//! the script only makes pages live (the node table and the build log
-//! follow server-sent events).
+//! the script only makes pages live (the node table, the build log and an
+//! app's runtime log follow server-sent events).
+//!
+//! Who may see the pages is the accounts module's business: the login
+//! form checks a user's name and password under the same rate limits as
+//! `POST /api/session` and starts an [`auth::sessions`] session, whose
+//! cookie opens the dashboard and the API alike; forms carry that
+//! session's CSRF token (field `csrf_token`).
 //!
 //! Pages act through the same handlers as the JSON API (`crate::api`), so
 //! validation and effects are the API's; this module only turns forms into
@@ -12,31 +18,32 @@
 mod apps;
 mod chart;
 mod deployments;
+pub mod flash;
 mod format;
 pub mod i18n;
 mod layout;
 mod monitoring;
 mod nodes;
-pub mod session;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{FromRequestParts, State};
+use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
 use axum::http::header::{self, HeaderValue};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use maud::{html, Markup};
 
-use crate::ca::sha256_hex;
+use crate::auth::{self, sessions};
 use crate::error::ApiError;
 use crate::AppState;
+use flash::Flash;
 use i18n::Lang;
-use session::{Flash, COOKIE};
 
 /// The language cookie: remembered for a year.
 const LANG_COOKIE: &str = "cw_lang";
@@ -90,19 +97,21 @@ async fn security_headers(request: axum::extract::Request, next: Next) -> Respon
 /// The language of a request: the remembered switch, else Accept-Language.
 fn language(parts: &Parts) -> Lang {
     let cookies = parts.headers.get(header::COOKIE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    if let Some(lang) = session::cookie(cookies, LANG_COOKIE).and_then(Lang::parse) {
+    if let Some(lang) = flash::cookie(cookies, LANG_COOKIE).and_then(Lang::parse) {
         return lang;
     }
     let accept = parts.headers.get(header::ACCEPT_LANGUAGE).and_then(|v| v.to_str().ok()).unwrap_or("");
     Lang::from_accept_language(accept)
 }
 
-/// What every page needs: the language, and for a logged-in user the
-/// session (its CSRF token and flash).
+/// What every page needs: the language, and the logged-in user's
+/// session (the accounts module's: its CSRF token, and the flash).
 pub struct Ctx {
     pub lang: Lang,
-    pub session_id: String,
+    /// The session's id digest (the flash is kept under it).
+    pub session_key: String,
     pub csrf: String,
+    pub user_name: String,
     pub flash: Option<Flash>,
     pub state: Arc<AppState>,
 }
@@ -112,10 +121,10 @@ impl Ctx {
         self.lang.t(key)
     }
 
-    /// Checks the CSRF token a form posted.
+    /// Checks the session's CSRF token a form posted (field `csrf_token`).
     pub fn check(&self, form: &HashMap<String, String>) -> Result<(), Response> {
-        let posted = form.get("csrf").map(String::as_str).unwrap_or("");
-        if posted.len() == self.csrf.len() && constant_time_eq(posted.as_bytes(), self.csrf.as_bytes()) {
+        let posted = form.get(sessions::CSRF_FIELD).map(String::as_str).unwrap_or("");
+        if auth::constant_time_eq(posted.as_bytes(), self.csrf.as_bytes()) {
             Ok(())
         } else {
             Err((StatusCode::FORBIDDEN, layout::message(self, self.t("csrf.invalid"))).into_response())
@@ -123,7 +132,7 @@ impl Ctx {
     }
 
     pub fn flash(&self, flash: Flash) {
-        self.state.web_sessions.flash(&self.session_id, flash);
+        self.state.web_flashes.put(&self.session_key, flash, self.state.clock.now_ms());
     }
 
     /// Redirects to `to` after a form, with the outcome as the flash.
@@ -142,21 +151,34 @@ pub fn error_text(err: &ApiError) -> String {
     err.to_string()
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
+/// Pages need the accounts module's session cookie; without a live one
+/// the browser goes to the login page. A form post must also come from
+/// this site (the same check the API makes) before its CSRF token is read.
 impl FromRequestParts<Arc<AppState>> for Ctx {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Ctx, Response> {
         let lang = language(parts);
-        let cookies = parts.headers.get(header::COOKIE).and_then(|v| v.to_str().ok()).unwrap_or("");
-        let id = session::cookie(cookies, COOKIE).unwrap_or("").to_string();
-        match state.web_sessions.touch(&id, state.clock.now_ms()) {
-            Some(session) => Ok(Ctx { lang, session_id: id, csrf: session.csrf, flash: session.flash, state: state.clone() }),
-            None => Err(Redirect::to("/login").into_response()),
+        let cookie = sessions::session_cookie(&parts.headers).unwrap_or("").to_string();
+        let session = match sessions::lookup(state, &cookie).await {
+            Ok(Some(session)) => session,
+            Ok(None) => return Err(Redirect::to("/login").into_response()),
+            Err(err) => return Err(err.into_response()),
+        };
+        if !matches!(parts.method, Method::GET | Method::HEAD) {
+            if let Err(err) = auth::guard::same_origin(&parts.headers) {
+                return Err(err.into_response());
+            }
         }
+        let flash = state.web_flashes.take(&session.id_sha256, state.clock.now_ms());
+        Ok(Ctx {
+            lang,
+            session_key: session.id_sha256,
+            csrf: session.csrf_token,
+            user_name: session.user.name,
+            flash,
+            state: state.clone(),
+        })
     }
 }
 
@@ -175,32 +197,68 @@ async fn login_page(PublicLang(lang): PublicLang) -> Markup {
     layout::login(lang, None)
 }
 
-fn session_cookie(id: &str, max_age_s: i64) -> HeaderValue {
-    HeaderValue::from_str(&format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age_s}")).expect("hex cookie")
-}
-
-/// Opens a session for a valid API token. The admin token (or, once
-/// accounts exist, a personal token) is the credential.
-async fn login(State(state): State<Arc<AppState>>, PublicLang(lang): PublicLang, Form(form): Form<HashMap<String, String>>) -> Response {
-    let token = form.get("token").map(|t| t.trim()).unwrap_or("");
-    let valid = !token.is_empty() && state.admin_tokens.read().expect("admin token lock").contains(&sha256_hex(token.as_bytes()));
-    if !valid {
-        tracing::info!("dashboard login refused");
-        return (StatusCode::UNAUTHORIZED, layout::login(lang, Some(lang.t("login.invalid")))).into_response();
+/// Logs a user in with a name and password: the accounts module's check
+/// (same rate limits as `POST /api/session`) and its session, so one
+/// cookie opens both the dashboard and the API.
+async fn login(State(state): State<Arc<AppState>>, PublicLang(lang): PublicLang, request: Request) -> Response {
+    let address = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
+    let refuse = |status: StatusCode, text: &str| (status, layout::login(lang, Some(text))).into_response();
+    // A cross-site login would log a victim into the attacker's account.
+    if auth::guard::same_origin(&headers).is_err() {
+        return refuse(StatusCode::FORBIDDEN, lang.t("csrf.invalid"));
     }
-    let id = state.web_sessions.open(state.clock.now_ms());
+    let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, lang.t("login.invalid"));
+    };
+    let form: HashMap<String, String> = url::form_urlencoded::parse(&bytes).into_owned().collect();
+    let name = form.get("name").map(|n| n.trim()).unwrap_or("");
+    let password = form.get("password").map(String::as_str).unwrap_or("");
+    let user = match auth::routes::check_login(&state, name, password, address).await {
+        Ok(user) => user,
+        Err(ApiError::TooManyRequests { retry_after_s, .. }) => {
+            let text = format!("{} ({retry_after_s} s)", lang.t("login.too_many"));
+            let mut response = refuse(StatusCode::TOO_MANY_REQUESTS, &text);
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+            return response;
+        }
+        Err(ApiError::Unauthorized(_)) => return refuse(StatusCode::UNAUTHORIZED, lang.t("login.invalid")),
+        Err(err) => return err.into_response(),
+    };
+    // A new login replaces the session this browser had.
+    if let Some(old) = sessions::session_cookie(&headers) {
+        if let Err(err) = sessions::end(&state, &crate::ca::sha256_hex(old.as_bytes())).await {
+            return err.into_response();
+        }
+    }
+    let session = match sessions::start(&state, &user.id).await {
+        Ok(session) => session,
+        Err(ApiError::Forbidden(_)) => return refuse(StatusCode::UNAUTHORIZED, lang.t("login.invalid")),
+        Err(err) => return err.into_response(),
+    };
     let mut response = Redirect::to("/nodes").into_response();
-    response.headers_mut().insert(header::SET_COOKIE, session_cookie(&id, session::IDLE_MS / 1000));
+    for cookie in sessions::set_cookie_headers(&state, &headers, &session) {
+        response.headers_mut().append(header::SET_COOKIE, cookie);
+    }
     response
 }
 
-async fn logout(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Response {
+/// Ends the session on the server (its cookie stops opening the API too)
+/// and clears the cookies.
+async fn logout(ctx: Ctx, headers: HeaderMap, Form(form): Form<HashMap<String, String>>) -> Response {
     if let Err(refused) = ctx.check(&form) {
         return refused;
     }
-    ctx.state.web_sessions.close(&ctx.session_id);
+    if let Err(err) = sessions::end(&ctx.state, &ctx.session_key).await {
+        return err.into_response();
+    }
+    ctx.state.web_flashes.forget(&ctx.session_key);
+    tracing::info!(user = %ctx.user_name, "session ended by dashboard logout");
     let mut response = Redirect::to("/login").into_response();
-    response.headers_mut().insert(header::SET_COOKIE, session_cookie("", 0));
+    for cookie in sessions::clear_cookie_headers(&ctx.state, &headers) {
+        response.headers_mut().append(header::SET_COOKIE, cookie);
+    }
     response
 }
 
@@ -226,5 +284,5 @@ pub fn not_found(ctx: &Ctx) -> Response {
 
 /// A hidden CSRF field for a form.
 pub fn csrf_field(ctx: &Ctx) -> Markup {
-    html! { input type="hidden" name="csrf" value=(ctx.csrf); }
+    html! { input type="hidden" name=(sessions::CSRF_FIELD) value=(ctx.csrf); }
 }

@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::format;
 use super::i18n::Lang;
 use super::layout::{self, Nav};
-use super::session::Flash;
+use super::flash::Flash;
 use super::{csrf_field, error_text, Ctx};
 use crate::api;
 use crate::error::ApiError;

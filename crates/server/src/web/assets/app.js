@@ -35,6 +35,29 @@
     stream.addEventListener("end", function () { stream.close(); window.location.reload(); });
   }
 
+  // An app's runtime log: follow the user API's stream (the session cookie
+  // authenticates it), skipping the lines the page already shows.
+  var runtime = document.getElementById("runtime-log");
+  if (runtime && runtime.getAttribute("data-follow") && window.EventSource) {
+    var after = parseInt(runtime.getAttribute("data-after"), 10) || 0;
+    var follow = new EventSource(runtime.getAttribute("data-follow"));
+    follow.addEventListener("log", function (event) {
+      var entry = JSON.parse(event.data);
+      if (entry.seq <= after) { return; }
+      after = entry.seq;
+      var empty = document.getElementById("runtime-log-empty");
+      if (empty) { empty.remove(); }
+      var line = document.createElement("span");
+      line.className = "line " + (entry.stream === "stderr" ? "stderr" : "stdout");
+      line.title = entry.ts + " \u00b7 " + entry.node_id + " #" + entry.instance;
+      line.textContent = entry.line + "\n";
+      var atBottom = runtime.scrollTop + runtime.clientHeight >= runtime.scrollHeight - 8;
+      runtime.appendChild(line);
+      if (atBottom) { runtime.scrollTop = runtime.scrollHeight; }
+    });
+    follow.addEventListener("end", function () { follow.close(); });
+  }
+
   // Copy buttons (the join command).
   Array.prototype.forEach.call(document.querySelectorAll("button.copy[data-copy]"), function (button) {
     if (!navigator.clipboard) { return; }
