@@ -97,8 +97,14 @@ async fn exercise(server_bin: PathBuf, agent_bin: PathBuf, agent_version: &str) 
         let page = reqwest::get(format!("http://127.0.0.1:{port}/")).await.unwrap().text().await.unwrap();
         assert_eq!(page, "compatible\n");
     }
-    let commands = acked_commands(&server, &node).await;
-    assert!(commands.iter().any(|c| c["type"] == "deploy" && c["acked_at"].is_string()), "{commands:?}");
+    // The agent acknowledges a deploy command once its last report is in,
+    // which can land just after the server saw `running`.
+    let acked = wait_for(Duration::from_secs(30), "the deploy command's ack", || async {
+        let commands = acked_commands(&server, &node).await;
+        commands.iter().any(|c| c["type"] == "deploy" && c["acked_at"].is_string()).then_some(())
+    })
+    .await;
+    assert!(acked.is_ok(), "{:?}", acked_commands(&server, &node).await);
 
     // A stop command queued by hand: delivered, run, acknowledged.
     let (status, body) = server
