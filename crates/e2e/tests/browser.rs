@@ -65,8 +65,22 @@ impl Browser {
         self.client.find(Locator::Css(css)).await.unwrap().text().await.unwrap()
     }
 
+    /// Clicks `css`. Live pages swap rows in place (the node table), so an
+    /// element found a moment ago can be replaced before the click lands:
+    /// find it again, a few times at most.
     async fn click(&self, css: &str) {
-        self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}")).click().await.unwrap();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let element = self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}"));
+            match element.click().await {
+                Ok(()) => return,
+                Err(fantoccini::error::CmdError::Standard(e)) if e.error == fantoccini::error::ErrorStatus::StaleElementReference && attempt < 5 => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("clicking {css}: {e}"),
+            }
+        }
     }
 
     /// Waits until `css` matches an element whose text contains `wanted`.
