@@ -517,6 +517,8 @@ cloud-web is running.
   agents dial:  $public_url
   ingress:      $([ "$has_ingress" = true ] && echo "this node, HTTPS on port $https_port" || echo "none (--no-ingress)")
   example app:  $example
+  dashboard:    $api/  (make your login first:
+                sudo $server_bin admin create-user --data-dir $data_dir --name YOU)
 
 Deploy your own app from a git repository:
   token=\$(sudo cat $admin_token_file)
