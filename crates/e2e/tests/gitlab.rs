@@ -395,6 +395,126 @@ async fn gitlab_login_starts_a_session_for_a_user_linked_by_gitlab_id() {
     assert!(set_cookie(&headers, "cloudweb_session").is_none());
 }
 
+/// A dashboard page (HTML) with these cookies: status and body.
+async fn page(server: &ServerProcess, path: &str, cookies: &[&str]) -> (u16, String) {
+    let response = no_redirects().get(server.api(path)).header("cookie", cookies.join("; ")).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+/// The CSRF token of a dashboard page's forms.
+fn page_csrf(page: &str) -> String {
+    let field = "name=\"csrf_token\" value=\"";
+    let start = page.find(field).expect("a form with a CSRF field") + field.len();
+    page[start..start + page[start..].find('"').unwrap()].to_string()
+}
+
+#[tokio::test]
+async fn the_dashboard_creates_an_app_from_the_users_own_gitlab_project() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gitlab = FakeGitlab::start(&tmp.path().join("gitlab")).await.unwrap();
+    gitlab.add_user(41, "ivy", "ivy@example.com", true, &[]);
+    gitlab.add_user(42, "jon", "jon@example.com", true, &[]);
+    let project = gitlab.add_project("ivy/site").unwrap();
+    gitlab.commit("ivy/site", "main", &[("index.html", "hello\n")], "first").unwrap();
+    let server = ServerProcess::start_with(tmp.path(), &["--allow-private-git-hosts"]).await.unwrap();
+    let accept = "text/html,application/xhtml+xml,*/*;q=0.8";
+
+    // Before GitLab is configured, the form asks for a git URL only.
+    let (_, password_user) = server.call(Method::POST, "/api/users", Some(json!({"name": "kim", "password": "kim's own password"}))).await.unwrap();
+    assert!(password_user["id"].is_string(), "{password_user}");
+    let response = no_redirects().post(server.api("/login")).form(&[("name", "kim"), ("password", "kim's own password")]).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 303);
+    let kim = cookie_pair(&set_cookie(response.headers(), "cloudweb_session").unwrap());
+    let (status, body) = page(&server, "/apps", &[&kim]).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("gitlab_project"), "no GitLab projects without GitLab: {body}");
+    assert!(body.contains("name=\"repo_url\" required"), "{body}");
+
+    configure(&server, &gitlab, &["ivy", "jon"], &[]).await;
+    // Jon logs in with GitLab first: two identities exist, and ivy's page
+    // must still list through ivy's own one.
+    gitlab.login_as(42);
+    assert_eq!(login(&server).await.0, 200);
+    gitlab.login_as(41);
+    let (status, body, headers) = login_with(&server, accept, &[]).await;
+    assert_eq!(status, 303, "{body}");
+    let session = cookie_pair(&set_cookie(&headers, "cloudweb_session").expect("a session cookie"));
+
+    let callers_before = gitlab.api_callers().len();
+    let (status, body) = page(&server, "/apps", &[&session]).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&format!("<option value=\"{project}\">ivy/site</option>")), "ivy's project is offered: {body}");
+    assert!(gitlab.api_callers()[callers_before..].iter().all(|c| *c == 41), "listed as ivy: {:?}", gitlab.api_callers());
+    assert!(!body.contains("name=\"repo_url\" required"), "the git URL is optional next to a project: {body}");
+    // A user with no GitLab identity still gets the git-URL form only.
+    let (_, body_kim) = page(&server, "/apps", &[&kim]).await;
+    assert!(!body_kim.contains("gitlab_project") && body_kim.contains("name=\"repo_url\" required"), "{body_kim}");
+
+    // Creating from it: the app's git account is ivy's, its webhook registered.
+    let csrf = page_csrf(&body);
+    let app = unique_name("dash");
+    let response = no_redirects()
+        .post(server.api("/apps"))
+        .header("cookie", &session)
+        .form(&[("name", app.as_str()), ("gitlab_project", project.to_string().as_str()), ("repo_url", ""), ("branch", ""), ("port", "8080"), ("csrf_token", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 303);
+    assert_eq!(response.headers()["location"], format!("/apps/{app}").as_str());
+    let (status, created) = server.call(Method::GET, &format!("/api/apps/{app}"), None).await.unwrap();
+    assert_eq!(status, 200, "{created}");
+    assert_eq!(created["git"]["provider"], "gitlab", "{created}");
+    assert_eq!(created["git"]["account"], 41, "{created}");
+    assert_eq!(created["repo_url"], format!("{}/ivy/site.git", gitlab.url()));
+    assert_eq!(created["branch"], "main", "the project's default branch");
+    let hooks = gitlab.hooks();
+    assert_eq!(hooks.len(), 1, "{hooks:?}");
+    assert_eq!(hooks[0].project, project);
+    assert_eq!(hooks[0].url, server.api("/api/webhooks/gitlab"));
+    let (status, body) = page(&server, &format!("/apps/{app}"), &[&session]).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("ivy/site.git"), "{body}");
+
+    // A project id that is not a number is refused with a clear message.
+    let response = no_redirects()
+        .post(server.api("/apps"))
+        .header("cookie", &session)
+        .form(&[("name", "other"), ("gitlab_project", "../x"), ("port", "8080"), ("csrf_token", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["location"], "/apps");
+    let (_, body) = page(&server, "/apps", &[&session]).await;
+    assert!(body.contains("invalid gitlab_project"), "{body}");
+    assert_eq!(gitlab.hooks().len(), 1);
+
+    // GitLab unreachable: the page says why and the git-URL form still works.
+    let (status, body) = server
+        .call(Method::PUT, "/api/gitlab/settings", Some(json!({"base_url": "http://127.0.0.1:9", "client_id": CLIENT_ID, "allowed_users": ["ivy", "jon"]})))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = page(&server, "/apps", &[&session]).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("id=\"gitlab-projects-error\""), "the reason is shown: {body}");
+    assert!(!body.contains("<option value=\"{project}\""), "{body}");
+    assert!(body.contains("name=\"repo_url\" required"), "{body}");
+    let plain = unique_name("url");
+    let response = no_redirects()
+        .post(server.api("/apps"))
+        .header("cookie", &session)
+        .form(&[("name", plain.as_str()), ("repo_url", "https://example.com/team/site.git"), ("branch", "main"), ("port", "8080"), ("csrf_token", page_csrf(&body).as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["location"], format!("/apps/{plain}").as_str());
+    let (status, created) = server.call(Method::GET, &format!("/api/apps/{plain}"), None).await.unwrap();
+    assert_eq!(status, 200, "{created}");
+    assert_eq!(created["repo_url"], "https://example.com/team/site.git");
+}
+
 const AGENT_FLAGS: [&str; 6] = ["--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1"];
 
 async fn deployments(server: &ServerProcess, app: &str) -> Vec<Value> {

@@ -177,16 +177,9 @@ pub async fn create_as_caller(
     create_for(state, &principal, body).await
 }
 
-/// Creates an app with no caller in hand (the dashboard's form handler):
-/// a GitLab project is then reached as the admin token would, through the
-/// identity named or the only one there is.
-pub async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<Value>), ApiError> {
-    create_for(state, &crate::auth::Principal::Admin, body).await
-}
-
 /// Creates an app for `principal`: an app from a GitLab project uses the
 /// caller's own linked GitLab identity by default.
-async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<Value>), ApiError> {
+pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<Value>), ApiError> {
     let mut request: CreateApp = parse_json(&body_bytes(body)?)?;
     let plan = match &request.gitlab_project {
         Some(project) => {

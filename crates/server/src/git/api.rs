@@ -173,10 +173,17 @@ pub async fn projects(State(state): State<Arc<AppState>>, Extension(principal): 
     if let Some(search) = &query.search {
         cloudweb_protocol::validate::bounded_text("search", search, 100)?;
     }
-    let account = account_for(&state, &principal, query.account).await?;
-    let gitlab = super::gitlab_as(&state, account).await?;
-    let projects = gitlab.projects(query.search.as_deref()).await.map_err(super::provider_error)?;
+    let projects = list_projects(&state, &principal, query.account, query.search.as_deref()).await?;
     Ok(Json(json!({ "projects": projects })))
+}
+
+/// The GitLab projects `principal` can reach through its identity (the
+/// one named, else its only one): what `GET /api/gitlab/projects` answers
+/// and the dashboard's new-app form offers.
+pub async fn list_projects(state: &AppState, principal: &Principal, account: Option<i64>, search: Option<&str>) -> Result<Vec<super::provider::Project>, ApiError> {
+    let account = account_for(state, principal, account).await?;
+    let gitlab = super::gitlab_as(state, account).await?;
+    gitlab.projects(search).await.map_err(super::provider_error)
 }
 
 #[derive(Deserialize)]

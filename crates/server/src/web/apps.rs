@@ -1,5 +1,5 @@
-//! The Apps pages: the list with status and URL, the create form (git URL
-//! and build settings), and one app's page: settings, domains, write-only
+//! The Apps pages: the list with status and URL, the create form (one of
+//! the user's GitLab projects, or a git URL, and build settings), and one app's page: settings, domains, write-only
 //! environment, deploy, deployments with rollback, delete.
 
 use std::collections::{BTreeMap, HashMap};
@@ -34,7 +34,36 @@ fn status(deployments: &[DeploymentRow]) -> Option<&str> {
     deployments.first().map(|d| d.state.as_str())
 }
 
-pub fn list_body(ctx: &Ctx, apps: &[(AppRow, Vec<DeploymentRow>)]) -> Markup {
+/// What the create form offers from GitLab for the logged-in user.
+pub enum GitlabSource {
+    /// GitLab is not configured, or no GitLab identity is linked to the user.
+    Off,
+    /// The projects the user's own GitLab identity reaches.
+    Projects(Vec<crate::git::Project>),
+    /// Listing them failed: why (the git URL still works).
+    Failed(String),
+}
+
+/// The user's GitLab projects, listed as `GET /api/gitlab/projects` does
+/// for the session's principal.
+pub async fn gitlab_source(ctx: &Ctx) -> GitlabSource {
+    let Some(user) = ctx.principal.user() else { return GitlabSource::Off };
+    let linked = async {
+        let configured = ctx.state.store.gitlab_settings().await?.is_some();
+        Ok::<bool, crate::store::StoreError>(configured && !ctx.state.store.gitlab_accounts_of_user(&user.id).await?.is_empty())
+    };
+    match linked.await {
+        Ok(false) => return GitlabSource::Off,
+        Ok(true) => {}
+        Err(err) => return GitlabSource::Failed(super::error_text(&err.into())),
+    }
+    match crate::git::api::list_projects(&ctx.state, &ctx.principal, None, None).await {
+        Ok(projects) => GitlabSource::Projects(projects),
+        Err(err) => GitlabSource::Failed(super::error_text(&err)),
+    }
+}
+
+pub fn list_body(ctx: &Ctx, apps: &[(AppRow, Vec<DeploymentRow>)], gitlab: &GitlabSource) -> Markup {
     html! {
         @if apps.is_empty() { p.empty { (ctx.t("apps.empty")) } }
         @else {
@@ -59,7 +88,7 @@ pub fn list_body(ctx: &Ctx, apps: &[(AppRow, Vec<DeploymentRow>)]) -> Markup {
             } }
         }
         h2 { (ctx.t("apps.create")) }
-        (create_form(ctx))
+        (create_form(ctx, gitlab))
     }
 }
 
@@ -67,13 +96,28 @@ fn field(id: &str, label: &str, input: Markup) -> Markup {
     html! { p.field { label for=(id) { (label) } (input) } }
 }
 
-fn create_form(ctx: &Ctx) -> Markup {
+fn create_form(ctx: &Ctx, gitlab: &GitlabSource) -> Markup {
+    let from_gitlab = matches!(gitlab, GitlabSource::Projects(projects) if !projects.is_empty());
     html! {
         form.create method="post" action="/apps" {
             (csrf_field(ctx))
             (field("name", ctx.t("apps.name"), html! { input id="name" name="name" required pattern="[a-z0-9]([a-z0-9-]*[a-z0-9])?" maxlength="63"; }))
-            (field("repo_url", ctx.t("apps.repo"), html! { input id="repo_url" name="repo_url" required placeholder="https://gitlab.example.com/team/app.git"; }))
-            (field("branch", ctx.t("apps.branch"), html! { input id="branch" name="branch" value="main"; }))
+            @match gitlab {
+                GitlabSource::Off => {}
+                GitlabSource::Projects(projects) if projects.is_empty() => { p.help id="gitlab-projects-none" { (ctx.t("apps.gitlab_none")) } }
+                GitlabSource::Projects(projects) => {
+                    (field("gitlab_project", ctx.t("apps.gitlab_project"), html! {
+                        select id="gitlab_project" name="gitlab_project" {
+                            option value="" { (ctx.t("apps.gitlab_use_url")) }
+                            @for project in projects { option value=(project.id) { (project.path) } }
+                        }
+                    }))
+                    p.help { (ctx.t("apps.gitlab_help")) }
+                }
+                GitlabSource::Failed(reason) => { p.error id="gitlab-projects-error" role="alert" { (ctx.t("apps.gitlab_failed")) ": " (reason) } }
+            }
+            (field("repo_url", ctx.t("apps.repo"), html! { input id="repo_url" name="repo_url" required[!from_gitlab] placeholder="https://gitlab.example.com/team/app.git"; }))
+            (field("branch", ctx.t("apps.branch"), html! { input id="branch" name="branch" placeholder=(if from_gitlab { ctx.t("apps.branch_default") } else { "main" }) value=[(!from_gitlab).then_some("main")]; }))
             (field("port", ctx.t("apps.port"), html! { input id="port" name="port" type="number" min="1" max="65535" value="8080" required; }))
             (field("strategy", ctx.t("apps.strategy"), html! {
                 select id="strategy" name="strategy" {
@@ -113,7 +157,10 @@ async fn load_all(state: &AppState) -> Result<Vec<(AppRow, Vec<DeploymentRow>)>,
 
 pub async fn list(ctx: Ctx) -> Response {
     match load_all(&ctx.state).await {
-        Ok(apps) => layout::page(&ctx, ctx.t("apps.title"), Nav::Apps, "/apps", list_body(&ctx, &apps)).into_response(),
+        Ok(apps) => {
+            let gitlab = gitlab_source(&ctx).await;
+            layout::page(&ctx, ctx.t("apps.title"), Nav::Apps, "/apps", list_body(&ctx, &apps, &gitlab)).into_response()
+        }
         Err(err) => err.into_response(),
     }
 }
@@ -133,7 +180,19 @@ fn create_request(form: &HashMap<String, String>) -> Result<Value, ApiError> {
     };
     let mut request = Map::new();
     request.insert("name".into(), json!(non_empty(form, "name").unwrap_or("")));
-    request.insert("repo_url".into(), json!(non_empty(form, "repo_url").unwrap_or("")));
+    // One of the user's GitLab projects (its id), else the git URL.
+    match non_empty(form, "gitlab_project") {
+        Some(project) => {
+            let id = project.parse::<i64>().map_err(|_| ApiError::BadRequest("invalid gitlab_project: not a project id".into()))?;
+            request.insert("gitlab_project".into(), json!(id));
+            if let Some(url) = non_empty(form, "repo_url") {
+                request.insert("repo_url".into(), json!(url));
+            }
+        }
+        None => {
+            request.insert("repo_url".into(), json!(non_empty(form, "repo_url").unwrap_or("")));
+        }
+    }
     if let Some(branch) = non_empty(form, "branch") {
         request.insert("branch".into(), json!(branch));
     }
@@ -176,7 +235,9 @@ pub async fn create(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Resp
         return refused;
     }
     let result = match create_request(&form) {
-        Ok(request) => api::apps::create(State(ctx.state.clone()), Ok(Bytes::from(request.to_string()))).await,
+        // As the logged-in user: a GitLab project is reached through their
+        // own linked identity, never another user's.
+        Ok(request) => api::apps::create_for(ctx.state.clone(), &ctx.principal, Ok(Bytes::from(request.to_string()))).await,
         Err(err) => Err(err),
     };
     match result {

@@ -112,6 +112,9 @@ pub struct Ctx {
     pub session_key: String,
     pub csrf: String,
     pub user_name: String,
+    /// The logged-in user as the API sees them (their session), so forms
+    /// act with the user's own rights and linked identities.
+    pub principal: auth::Principal,
     pub flash: Option<Flash>,
     pub state: Arc<AppState>,
 }
@@ -171,11 +174,13 @@ impl FromRequestParts<Arc<AppState>> for Ctx {
             }
         }
         let flash = state.web_flashes.take(&session.id_sha256, state.clock.now_ms());
+        let via = auth::Via::Session { id_sha256: session.id_sha256.clone(), csrf_token: session.csrf_token.clone(), expires_at: session.expires_at };
         Ok(Ctx {
             lang,
             session_key: session.id_sha256,
             csrf: session.csrf_token,
-            user_name: session.user.name,
+            user_name: session.user.name.clone(),
+            principal: auth::Principal::User { user: session.user, via },
             flash,
             state: state.clone(),
         })
