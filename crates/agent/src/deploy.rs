@@ -440,7 +440,28 @@ async fn start_app(runtime: &DockerRuntime, options: &DeployOptions, payload: &D
         memory_bytes: payload.limits.memory_bytes.map(|m| m as i64),
     };
     wait_publish_address(&options.publish_ip).await?;
-    let id = runtime.start_app(&spec).await?;
+    let id = match runtime.start_app(&spec).await {
+        Ok(id) => id,
+        // The name is taken by a copy of this very instance that a killed
+        // agent's last create left behind after the adoption check looked
+        // (the Engine finishes a create whose client is gone): remove that
+        // copy, never anything of another deployment, and create once more.
+        Err(err) if err.to_string().contains("is already in use") => {
+            let mut removed = false;
+            for stale in runtime.own_containers(Some(&payload.deployment_id)).await? {
+                if stale.instance == payload.instance && !stale.running {
+                    runtime.remove(&stale.id).await?;
+                    removed = true;
+                }
+            }
+            if !removed {
+                return Err(err.into());
+            }
+            logs.line("agent", format!("removed a leftover copy of {name} from before a restart"));
+            runtime.start_app(&spec).await?
+        }
+        Err(err) => return Err(err.into()),
+    };
     logs.line("agent", format!("started {name}"));
     Ok(id)
 }
