@@ -93,7 +93,7 @@ async fn serve(mut stream: tokio::net::UnixStream, seen: Arc<Mutex<Vec<String>>>
             ("GET" | "HEAD", "/_ping") => ("200 OK", "OK".to_string()),
             ("GET", "/version") => ("200 OK", r#"{"Version":"27.0.0","ApiVersion":"1.47"}"#.to_string()),
             ("GET", "/containers/json") => ("200 OK", "[]".to_string()),
-            _ => ("500 Internal Server Error", r#"{"message":"stand-in engine: not implemented"}"#.to_string()),
+            _ => ("500 Internal Server Error", r#"{"message":"stand-in engine: this request is outside what the Docker Desktop test needs (only /info, /_ping, /version and /containers/json are answered)"}"#.to_string()),
         };
         let answer = format!("HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
         if stream.write_all(answer.as_bytes()).await.is_err() {
