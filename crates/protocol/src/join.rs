@@ -77,9 +77,25 @@ pub struct Peer {
     pub wireguard_public_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+    /// Set when neither this node nor the one the list is for has an
+    /// endpoint (both behind NAT): the `node_id` of the relay node through
+    /// which it is reached. Such a peer is not a WireGuard peer of its own;
+    /// its address is one of the relay's allowed IPs. Absent from servers
+    /// older than 0.2.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+    /// On the relay's own entry: the `10.77.x.y/32` of every peer reached
+    /// through it, to be allowed on its tunnel besides its own address.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relayed_ips: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerList {
     pub peers: Vec<Peer>,
+    /// True for the relay node while two or more nodes without an
+    /// endpoint exist: it forwards between them on its mesh interface.
+    /// Absent (false) from servers older than 0.2.0.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub relay: bool,
 }

@@ -245,24 +245,22 @@ impl NodeRegistry {
     }
 
     /// Mesh peers of a node: every other node that has a WireGuard key,
-    /// ordered by mesh address.
-    pub fn mesh_peers(&self, node_id: &str) -> Vec<cloudweb_protocol::Peer> {
+    /// ordered by mesh address (see [`peer_list`]).
+    pub fn mesh_peers(&self, node_id: &str) -> cloudweb_protocol::PeerList {
         let nodes = self.nodes.read().expect("node registry lock");
-        let mut peers: Vec<_> = nodes
+        let members: Vec<MeshMember<'_>> = nodes
             .values()
-            .filter(|n| n.id != node_id && n.wireguard_public_key.is_some())
-            .map(|n| {
-                (n.mesh_index, cloudweb_protocol::Peer {
-                    node_id: n.id.clone(),
-                    name: n.name.clone(),
-                    mesh_address: crate::mesh_address(n.mesh_index),
-                    wireguard_public_key: n.wireguard_public_key.clone(),
-                    endpoint: n.endpoint.clone(),
+            .filter_map(|n| {
+                Some(MeshMember {
+                    id: &n.id,
+                    name: &n.name,
+                    mesh_index: n.mesh_index,
+                    public_key: n.wireguard_public_key.as_deref()?,
+                    endpoint: n.endpoint.as_deref(),
                 })
             })
             .collect();
-        peers.sort_by_key(|(index, _)| *index);
-        peers.into_iter().map(|(_, peer)| peer).collect()
+        peer_list(&members, node_id)
     }
 
     /// Nodes that instances must move off: `(id, lost)`, where `lost` means
@@ -485,6 +483,60 @@ fn live_from_row(row: &NodeRow, now: Instant) -> LiveNode {
     }
 }
 
+/// A node with a WireGuard key, as the peer list sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct MeshMember<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    pub mesh_index: i64,
+    pub public_key: &'a str,
+    pub endpoint: Option<&'a str>,
+}
+
+/// The peer list of node `node_id`: every other member, by mesh address.
+///
+/// Two members without an endpoint (behind NAT) cannot open a tunnel to
+/// each other, so for a node without one every other such node is listed
+/// with `via` = the relay, the member with an endpoint and the lowest mesh
+/// index (normally the control plane's host, 10.77.0.1), whose own entry
+/// carries their `/32`s in `relayed_ips`. The relay's list says `relay`
+/// while there are two or more such nodes. Nodes with an endpoint, and
+/// everyone when no member has one, get the plain full mesh.
+pub fn peer_list(members: &[MeshMember<'_>], node_id: &str) -> cloudweb_protocol::PeerList {
+    let mut members: Vec<MeshMember<'_>> = members.to_vec();
+    members.sort_by_key(|m| m.mesh_index);
+    let relay = members.iter().find(|m| m.endpoint.is_some()).map(|m| m.id);
+    let natted: Vec<&MeshMember<'_>> = members.iter().filter(|m| m.endpoint.is_none()).collect();
+    let me_natted = natted.iter().any(|m| m.id == node_id);
+    let relayed: Vec<&MeshMember<'_>> = match relay {
+        Some(_) if me_natted => natted.into_iter().filter(|m| m.id != node_id).collect(),
+        _ => Vec::new(),
+    };
+    let is_relay = relay == Some(node_id) && natted_count(&members) >= 2;
+    let peers = members
+        .iter()
+        .filter(|m| m.id != node_id)
+        .map(|m| {
+            let via = relayed.iter().any(|r| r.id == m.id).then(|| relay.expect("relayed only with a relay").to_string());
+            let relayed_ips = if Some(m.id) == relay { relayed.iter().map(|r| format!("{}/32", crate::mesh_address(r.mesh_index))).collect() } else { Vec::new() };
+            cloudweb_protocol::Peer {
+                node_id: m.id.to_string(),
+                name: m.name.to_string(),
+                mesh_address: crate::mesh_address(m.mesh_index),
+                wireguard_public_key: Some(m.public_key.to_string()),
+                endpoint: m.endpoint.map(str::to_string),
+                via,
+                relayed_ips,
+            }
+        })
+        .collect();
+    cloudweb_protocol::PeerList { peers, relay: is_relay }
+}
+
+fn natted_count(members: &[MeshMember<'_>]) -> usize {
+    members.iter().filter(|m| m.endpoint.is_none()).count()
+}
+
 #[cfg(test)]
 mod tests {
     use cloudweb_protocol::RegistryHealth;
@@ -552,5 +604,93 @@ mod tests {
         assert!(n.has_feature(start + Duration::from_secs(60), "static-sites"));
         assert_eq!(n.health_state(start + Duration::from_secs(61)), HealthState::Unknown);
         assert!(!n.has_feature(start + Duration::from_secs(61), "static-sites"));
+    }
+
+    fn member(id: &'static str, mesh_index: i64, endpoint: Option<&'static str>) -> MeshMember<'static> {
+        MeshMember { id, name: id, mesh_index, public_key: "key", endpoint }
+    }
+
+    /// `(name, via, relayed_ips)` of each entry.
+    fn shape(list: &cloudweb_protocol::PeerList) -> Vec<(String, Option<String>, Vec<String>)> {
+        list.peers.iter().map(|p| (p.name.clone(), p.via.clone(), p.relayed_ips.clone())).collect()
+    }
+
+    fn plain(names: &[&str]) -> Vec<(String, Option<String>, Vec<String>)> {
+        names.iter().map(|n| (n.to_string(), None, Vec::new())).collect()
+    }
+
+    #[test]
+    fn natted_pairs_go_through_the_lowest_node_with_an_endpoint() {
+        // Unordered on purpose: the list is by mesh index.
+        let members = [
+            member("nat-b", 5, None),
+            member("public-2", 3, Some("192.0.2.3:51820")),
+            member("hub", 1, Some("192.0.2.1:51820")),
+            member("nat-a", 4, None),
+            member("nat-c", 2, None),
+        ];
+        let for_a = peer_list(&members, "nat-a");
+        assert!(!for_a.relay);
+        assert_eq!(
+            shape(&for_a),
+            [
+                ("hub".to_string(), None, vec!["10.77.0.2/32".to_string(), "10.77.0.5/32".to_string()]),
+                ("nat-c".to_string(), Some("hub".to_string()), vec![]),
+                ("public-2".to_string(), None, vec![]),
+                ("nat-b".to_string(), Some("hub".to_string()), vec![]),
+            ]
+        );
+        assert_eq!(for_a.peers[0].endpoint.as_deref(), Some("192.0.2.1:51820"));
+        assert_eq!(for_a.peers[1].mesh_address, "10.77.0.2");
+        // The relay lists everyone directly and is told to forward.
+        let for_hub = peer_list(&members, "hub");
+        assert!(for_hub.relay);
+        assert_eq!(shape(&for_hub), plain(&["nat-c", "public-2", "nat-a", "nat-b"]));
+        // Another public node: full mesh, no forwarding.
+        let for_public = peer_list(&members, "public-2");
+        assert!(!for_public.relay);
+        assert_eq!(shape(&for_public), plain(&["hub", "nat-c", "nat-a", "nat-b"]));
+    }
+
+    #[test]
+    fn no_relay_without_a_natted_pair_or_without_a_public_node() {
+        // One NATed node: it reaches everyone directly; nobody relays.
+        let one = [member("hub", 1, Some("192.0.2.1:51820")), member("nat-a", 2, None), member("public", 3, Some("192.0.2.3:51820"))];
+        for id in ["hub", "nat-a", "public"] {
+            let list = peer_list(&one, id);
+            assert!(!list.relay, "{id}");
+            assert!(list.peers.iter().all(|p| p.via.is_none() && p.relayed_ips.is_empty()), "{id}");
+        }
+        // Nobody has an endpoint: nothing to relay through.
+        let none = [member("nat-a", 1, None), member("nat-b", 2, None)];
+        let list = peer_list(&none, "nat-a");
+        assert!(!list.relay);
+        assert_eq!(shape(&list), plain(&["nat-b"]));
+    }
+
+    #[test]
+    fn the_relay_moves_when_a_lower_node_gains_an_endpoint_and_a_node_with_one_leaves_the_relayed_set() {
+        let before = [member("nat-x", 1, None), member("public", 2, Some("192.0.2.2:51820")), member("nat-a", 3, None), member("nat-b", 4, None)];
+        let list = peer_list(&before, "nat-a");
+        assert_eq!(list.peers.iter().find(|p| p.name == "nat-b").unwrap().via.as_deref(), Some("public"));
+        assert_eq!(list.peers.iter().find(|p| p.name == "nat-x").unwrap().via.as_deref(), Some("public"));
+        assert!(peer_list(&before, "public").relay);
+        // nat-x (mesh index 1) reports an endpoint: it is the relay now,
+        // and no longer relayed.
+        let after = [member("nat-x", 1, Some("192.0.2.1:51820")), member("public", 2, Some("192.0.2.2:51820")), member("nat-a", 3, None), member("nat-b", 4, None)];
+        let list = peer_list(&after, "nat-a");
+        assert_eq!(
+            shape(&list),
+            [
+                ("nat-x".to_string(), None, vec!["10.77.0.4/32".to_string()]),
+                ("public".to_string(), None, vec![]),
+                ("nat-b".to_string(), Some("nat-x".to_string()), vec![]),
+            ]
+        );
+        assert!(peer_list(&after, "nat-x").relay);
+        assert!(!peer_list(&after, "public").relay);
+        // 0.1.0 agents read the list without the new fields.
+        let json = serde_json::to_value(peer_list(&after, "public")).unwrap();
+        assert!(json.get("relay").is_none() && json["peers"][0].get("via").is_none() && json["peers"][0].get("relayed_ips").is_none(), "{json}");
     }
 }

@@ -15,7 +15,7 @@ pub async fn peers(
     State(state): State<Arc<AppState>>,
     Extension(AuthedNode(node_id)): Extension<AuthedNode>,
 ) -> Result<Json<PeerList>, ApiError> {
-    Ok(Json(PeerList { peers: state.nodes.mesh_peers(&node_id) }))
+    Ok(Json(state.nodes.mesh_peers(&node_id)))
 }
 
 pub async fn routes(State(state): State<Arc<AppState>>) -> Json<RouteTable> {

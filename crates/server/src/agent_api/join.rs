@@ -158,7 +158,7 @@ async fn rejoin(
 }
 
 fn answer_for(state: &AppState, row: crate::store::NodeRow, certificate: String) -> JoinResponse {
-    let peers = state.nodes.mesh_peers(&row.id);
+    let peers = state.nodes.mesh_peers(&row.id).peers;
     JoinResponse {
         node_id: row.id,
         name: row.name,
