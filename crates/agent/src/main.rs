@@ -348,6 +348,7 @@ fn real_main() -> anyhow::Result<()> {
                 match client.leave(force).await {
                     Ok(left) => {
                         remove_node_containers(&docker_host, &node_id).await;
+                        remove_relay_rule(&cli.data_dir).await;
                         Identity::erase(&cli.data_dir)?;
                         println!("node {} left the cluster", left.node_id);
                         for deployment in left.failed_deployments {
@@ -362,6 +363,7 @@ fn real_main() -> anyhow::Result<()> {
                     // tell the control plane, so just forget the identity.
                     Err(err) if err.status() == Some(403) => {
                         remove_node_containers(&docker_host, &node_id).await;
+                        remove_relay_rule(&cli.data_dir).await;
                         Identity::erase(&cli.data_dir)?;
                         println!("node {node_id} was already removed from the cluster");
                         Ok(())
@@ -374,6 +376,7 @@ fn real_main() -> anyhow::Result<()> {
                     Err(err) if force && err.status().is_none() => {
                         eprintln!("{err}");
                         remove_node_containers(&docker_host, &node_id).await;
+                        remove_relay_rule(&cli.data_dir).await;
                         Identity::erase(&cli.data_dir)?;
                         println!("node {node_id} left on its own side; the control plane was NOT told (it could not be reached)");
                         println!("the node stays listed there: remove it with DELETE /api/nodes/{node_id}?force=1 once it shows unreachable");
@@ -387,6 +390,16 @@ fn real_main() -> anyhow::Result<()> {
             }
         }
     })
+}
+
+/// The firewall rule the agent adds while this node relays between nodes
+/// behind NAT (see `mesh::relay`), found through the interface named in
+/// the mesh cache. Nothing to do on a node without a mesh.
+async fn remove_relay_rule(data_dir: &std::path::Path) {
+    let Ok(Some(cache)) = cloudweb_agent::mesh::status::MeshCache::load(data_dir) else { return };
+    if let Err(err) = cloudweb_agent::mesh::relay::remove_rules(&cache.interface).await {
+        eprintln!("could not remove the mesh relay's firewall rule: {err}");
+    }
 }
 
 /// Stops and removes every container labelled with this node's id (app

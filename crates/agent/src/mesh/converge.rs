@@ -20,8 +20,10 @@ pub struct DesiredPeer {
     /// Resolved endpoint; `None` for a node without one (behind NAT): it
     /// reaches us, and the device learns its address from its packets.
     pub endpoint: Option<SocketAddr>,
-    /// `10.77.x.y/32`.
-    pub allowed_ip: String,
+    /// `10.77.x.y/32` first; on the relay's entry (for a node behind NAT)
+    /// also the `/32`s of the peers reached through it. WireGuard routes by
+    /// these, so each address is on one peer only.
+    pub allowed_ips: Vec<String>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -58,11 +60,8 @@ pub fn plan(desired: &[DesiredPeer], current: &Device, applied: &HashMap<String,
             if let Some(endpoint) = want.endpoint {
                 let _ = writeln!(plan.body, "endpoint={endpoint}");
             }
-            let _ = writeln!(
-                plan.body,
-                "persistent_keepalive_interval={KEEPALIVE_SECONDS}\nreplace_allowed_ips=true\nallowed_ip={}",
-                want.allowed_ip
-            );
+            let _ = writeln!(plan.body, "persistent_keepalive_interval={KEEPALIVE_SECONDS}");
+            allowed_ip_lines(&mut plan.body, &want.allowed_ips);
             plan.added += 1;
             continue;
         };
@@ -76,8 +75,12 @@ pub fn plan(desired: &[DesiredPeer], current: &Device, applied: &HashMap<String,
         if have.persistent_keepalive != KEEPALIVE_SECONDS {
             let _ = writeln!(lines, "persistent_keepalive_interval={KEEPALIVE_SECONDS}");
         }
-        if have.allowed_ips != [want.allowed_ip.clone()] {
-            let _ = writeln!(lines, "replace_allowed_ips=true\nallowed_ip={}", want.allowed_ip);
+        let mut have_ips: Vec<&str> = have.allowed_ips.iter().map(String::as_str).collect();
+        let mut want_ips: Vec<&str> = want.allowed_ips.iter().map(String::as_str).collect();
+        have_ips.sort_unstable();
+        want_ips.sort_unstable();
+        if have_ips != want_ips {
+            allowed_ip_lines(&mut lines, &want.allowed_ips);
         }
         if !lines.is_empty() {
             let _ = writeln!(plan.body, "public_key={}\nupdate_only=true", want.public_key);
@@ -86,6 +89,13 @@ pub fn plan(desired: &[DesiredPeer], current: &Device, applied: &HashMap<String,
         }
     }
     plan
+}
+
+fn allowed_ip_lines(body: &mut String, ips: &[String]) {
+    body.push_str("replace_allowed_ips=true\n");
+    for ip in ips {
+        let _ = writeln!(body, "allowed_ip={ip}");
+    }
 }
 
 #[cfg(test)]
@@ -98,7 +108,7 @@ mod tests {
     }
 
     fn desired(c: char, endpoint: Option<&str>, ip: &str) -> DesiredPeer {
-        DesiredPeer { public_key: key(c), endpoint: endpoint.map(|e| e.parse().unwrap()), allowed_ip: format!("{ip}/32") }
+        DesiredPeer { public_key: key(c), endpoint: endpoint.map(|e| e.parse().unwrap()), allowed_ips: vec![format!("{ip}/32")] }
     }
 
     fn state(c: char, endpoint: Option<&str>, ip: &str) -> PeerState {
@@ -164,5 +174,32 @@ mod tests {
         assert_eq!(plan.updated, 1);
         assert!(plan.body.ends_with("update_only=true\nreplace_allowed_ips=true\nallowed_ip=10.77.0.9/32\n"));
         assert!(!plan.body.contains("endpoint="));
+    }
+
+    #[test]
+    fn relayed_addresses_ride_on_the_relay_and_move_off_it() {
+        // a is the relay; c was a peer of its own and is relayed now.
+        let current = Device { listen_port: None, peers: vec![state('a', Some("192.0.2.1:51820"), "10.77.0.1"), state('c', None, "10.77.0.4")] };
+        let applied: HashMap<_, _> = [(key('a'), Some("192.0.2.1:51820".parse().unwrap())), (key('c'), None)].into();
+        let mut relay = desired('a', Some("192.0.2.1:51820"), "10.77.0.1");
+        relay.allowed_ips.push("10.77.0.4/32".into());
+        let plan = plan(&[relay.clone()], &current, &applied);
+        assert_eq!((plan.added, plan.updated, plan.removed), (0, 1, 1));
+        assert!(plan.body.contains(&format!("public_key={}\nremove=true\n", key('c'))));
+        assert!(plan.body.ends_with(&format!(
+            "public_key={}\nupdate_only=true\nreplace_allowed_ips=true\nallowed_ip=10.77.0.1/32\nallowed_ip=10.77.0.4/32\n",
+            key('a')
+        )));
+        // Same set in another order: nothing to do.
+        let mut have = state('a', Some("192.0.2.1:51820"), "10.77.0.4");
+        have.allowed_ips.push("10.77.0.1/32".into());
+        let settled = Device { listen_port: None, peers: vec![have] };
+        assert!(super::plan(&[relay], &settled, &applied).is_empty());
+        // c gained an endpoint: its own peer again, off the relay.
+        let back = vec![desired('a', Some("192.0.2.1:51820"), "10.77.0.1"), desired('c', Some("192.0.2.4:51820"), "10.77.0.4")];
+        let plan = super::plan(&back, &settled, &applied);
+        assert_eq!((plan.added, plan.updated, plan.removed), (1, 1, 0));
+        assert!(plan.body.contains("update_only=true\nreplace_allowed_ips=true\nallowed_ip=10.77.0.1/32\n"));
+        assert!(plan.body.contains("endpoint=192.0.2.4:51820\npersistent_keepalive_interval=25\nreplace_allowed_ips=true\nallowed_ip=10.77.0.4/32\n"));
     }
 }

@@ -10,10 +10,11 @@
 pub mod converge;
 pub mod device;
 pub mod key;
+pub mod relay;
 pub mod status;
 pub mod uapi;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -73,6 +74,9 @@ pub struct MeshShared {
     pub health: Mutex<Option<MeshHealth>>,
     /// The endpoint to report, when the node knows it.
     pub endpoint: Mutex<Option<String>>,
+    /// Notified (once per change) when the followed interface's address
+    /// changed and `endpoint` holds the new one: the heartbeat goes out now.
+    pub address_changed: Notify,
 }
 
 /// How often the device is read for `health.mesh`.
@@ -117,13 +121,15 @@ pub async fn run(client: Arc<ControlPlane>, options: MeshOptions, peers_changed:
         let mut synced = false;
         // The address the device's socket was bound with (Interface mode).
         let mut bound_address: Option<Ipv4Addr> = None;
+        // A new interface: nothing known about forwarding on it yet.
+        let mut relay_state = RelayState::default();
         let exit = loop {
             tokio::select! {
                 why = device.exited() => break why,
-                _ = refresh.tick() => synced |= sync(&client, &options, &mut applied, &mut peers).await,
-                _ = peers_changed.notified() => synced |= sync(&client, &options, &mut applied, &mut peers).await,
+                _ = refresh.tick() => synced |= sync(&client, &options, &mut applied, &mut peers, &mut relay_state).await,
+                _ = peers_changed.notified() => synced |= sync(&client, &options, &mut applied, &mut peers, &mut relay_state).await,
                 _ = measure.tick() => {
-                    follow_endpoint(&options, &shared, &mut bound_address).await;
+                    follow_endpoint(&client, &options, &shared, &mut bound_address).await;
                     if synced {
                         measure_health(&options, &peers, &shared).await;
                     }
@@ -150,9 +156,10 @@ async fn sync(
     options: &MeshOptions,
     applied: &mut HashMap<String, Option<SocketAddr>>,
     peers: &mut Vec<Peer>,
+    relay_state: &mut RelayState,
 ) -> bool {
-    let list = match client.peers().await {
-        Ok(list) => list.peers,
+    let (list, relaying) = match client.peers().await {
+        Ok(list) => (list.peers, list.relay),
         Err(err) => {
             tracing::warn!("mesh peers: {err}");
             return false;
@@ -176,6 +183,7 @@ async fn sync(
     }
     *applied = desired.iter().map(|p| (p.public_key.clone(), p.endpoint)).collect();
     *peers = valid;
+    apply_relay(&options.interface, relaying, relay_state).await;
     let cache = MeshCache { interface: options.interface.clone(), mesh_address: options.mesh_address.to_string(), peers: peers.clone() };
     if let Err(err) = cache.save(&options.data_dir) {
         tracing::warn!("mesh peers: {err}");
@@ -186,18 +194,24 @@ async fn sync(
 /// The listed peers this node can use, and what the device should hold for
 /// them. A peer with a bad key or address is left out with a warning; a
 /// peer whose endpoint does not resolve is kept without one (it can still
-/// reach us).
+/// reach us). A peer listed `via` a relay (both of us behind NAT) is no
+/// device peer: its address rides on the relay's tunnel (the relay's
+/// `relayed_ips`), and it is kept for the status only when that holds.
 async fn desired_peers(list: &[Peer], own: &KeyPair) -> (Vec<Peer>, Vec<DesiredPeer>) {
-    let mut valid = Vec::new();
-    let mut desired = Vec::new();
+    let mut keep = vec![false; list.len()];
+    let mut desired: Vec<DesiredPeer> = Vec::new();
+    // Index in `list` of each entry of `desired`.
+    let mut desired_of: Vec<usize> = Vec::new();
+    let mut taken: HashSet<String> = HashSet::new();
     let own_key = own.public_hex();
-    for peer in list {
+    for (i, peer) in list.iter().enumerate().filter(|(_, p)| p.via.is_none()) {
         let key = peer.wireguard_public_key.as_deref().and_then(key::base64_to_hex);
         let (Some(key), Some(address)) = (key, parse_mesh_address(&peer.mesh_address)) else {
             tracing::warn!(node = %peer.node_id, "mesh peer left out: bad WireGuard key or mesh address");
             continue;
         };
-        if key == own_key || desired.iter().any(|d: &DesiredPeer| d.public_key == key || d.allowed_ip == format!("{address}/32")) {
+        let allowed = format!("{address}/32");
+        if key == own_key || taken.contains(&allowed) || desired.iter().any(|d| d.public_key == key) {
             tracing::warn!(node = %peer.node_id, "mesh peer left out: its key or address is already taken");
             continue;
         }
@@ -208,10 +222,76 @@ async fn desired_peers(list: &[Peer], own: &KeyPair) -> (Vec<Peer>, Vec<DesiredP
             }),
             None => None,
         };
-        desired.push(DesiredPeer { public_key: key, endpoint, allowed_ip: format!("{address}/32") });
-        valid.push(peer.clone());
+        taken.insert(allowed.clone());
+        desired.push(DesiredPeer { public_key: key, endpoint, allowed_ips: vec![allowed] });
+        desired_of.push(i);
+        keep[i] = true;
     }
+    // The relayed addresses go onto their relay's tunnel, each once.
+    for (d, &i) in desired.iter_mut().zip(&desired_of) {
+        for ip in &list[i].relayed_ips {
+            let address = ip.strip_suffix("/32").and_then(parse_mesh_address);
+            let Some(address) = address.map(|a| format!("{a}/32")).filter(|a| !taken.contains(a)) else {
+                tracing::warn!(node = %list[i].node_id, ip, "relayed address left out: not a free mesh /32");
+                continue;
+            };
+            taken.insert(address.clone());
+            d.allowed_ips.push(address);
+        }
+    }
+    for (i, peer) in list.iter().enumerate() {
+        let Some(relay) = &peer.via else { continue };
+        let on_relay = desired_of.iter().zip(&desired).any(|(&r, d)| {
+            &list[r].node_id == relay && parse_mesh_address(&peer.mesh_address).is_some_and(|a| d.allowed_ips[1..].contains(&format!("{a}/32")))
+        });
+        if on_relay {
+            keep[i] = true;
+        } else {
+            tracing::warn!(node = %peer.node_id, relay, "mesh peer left out: its relay is not listed or does not carry its address");
+        }
+    }
+    let valid = list.iter().zip(keep).filter(|(_, k)| *k).map(|(p, _)| p.clone()).collect();
     (valid, desired)
+}
+
+/// Whether this node forwards between peers behind NAT, as last applied.
+#[derive(Debug, Default)]
+struct RelayState {
+    /// `None` until the first peer list on this interface.
+    on: Option<bool>,
+    /// Forwarding was off on the interface before relaying turned it on.
+    forwarding_off_later: bool,
+}
+
+/// Turns relaying on (checked again with every list: the rule may have
+/// been flushed) or off (once; also the first time, which removes a rule
+/// an earlier run left behind).
+async fn apply_relay(interface: &str, want: bool, state: &mut RelayState) {
+    if want {
+        match relay::enable(interface).await {
+            Ok(turned_on) => {
+                state.forwarding_off_later |= turned_on;
+                if state.on != Some(true) {
+                    tracing::info!(interface, "mesh relay: this node forwards between the nodes behind NAT");
+                }
+                state.on = Some(true);
+            }
+            Err(err) => tracing::warn!(interface, "mesh relay: {err}; nodes behind NAT may not reach each other"),
+        }
+    } else if state.on != Some(false) {
+        if let Err(err) = relay::disable(interface, state.forwarding_off_later).await {
+            // Logged once: no rule or no iptables at all is the usual case.
+            if state.on == Some(true) {
+                tracing::warn!(interface, "mesh relay: turning it off: {err}");
+            } else {
+                tracing::debug!(interface, "mesh relay: clearing an earlier rule: {err}");
+            }
+        } else if state.on == Some(true) {
+            tracing::info!(interface, "mesh relay: this node no longer forwards");
+        }
+        state.on = Some(false);
+        state.forwarding_off_later = false;
+    }
 }
 
 /// `host:port` to one socket address (IPv4 first), within 5 s.
@@ -232,8 +312,11 @@ async fn resolve(endpoint: &str) -> Option<SocketAddr> {
 /// listen port makes wireguard-go rebind and forget the source address it
 /// cached for every peer): a safeguard against sending from the lost
 /// address, which an earlier session reported; the namespace test passes
-/// without it too (see ARCHITECTURE.md).
-async fn follow_endpoint(options: &MeshOptions, shared: &MeshShared, bound: &mut Option<Ipv4Addr>) {
+/// without it too (see ARCHITECTURE.md). The pooled connections to the
+/// control plane are dropped too (they are bound to the lost address) and
+/// a heartbeat with the new endpoint goes out at once.
+async fn follow_endpoint(client: &ControlPlane, options: &MeshOptions, shared: &MeshShared, bound: &mut Option<Ipv4Addr>) {
+    let mut moved = false;
     let endpoint = match &options.endpoint {
         EndpointSource::Joined => None,
         EndpointSource::Fixed(endpoint) => Some(endpoint.clone()),
@@ -241,9 +324,12 @@ async fn follow_endpoint(options: &MeshOptions, shared: &MeshShared, bound: &mut
             Ok(Some(address)) => {
                 if bound.is_some_and(|old| old != address) {
                     tracing::info!(interface, %address, previous = %bound.expect("checked"), "this node's address changed; rebinding the mesh socket");
+                    moved = true;
+                    if let Err(err) = client.reset_connections() {
+                        tracing::warn!("mesh: new connections to the control plane after the address change: {err}");
+                    }
                     if let Err(err) = uapi::set(&options.interface, &format!("listen_port={}\n", options.listen_port)).await {
                         tracing::warn!("mesh: rebinding after the address change: {err}");
-                        return;
                     }
                 }
                 *bound = Some(address);
@@ -260,6 +346,9 @@ async fn follow_endpoint(options: &MeshOptions, shared: &MeshShared, bound: &mut
         },
     };
     *shared.endpoint.lock().expect("mesh lock") = endpoint;
+    if moved {
+        shared.address_changed.notify_one();
+    }
 }
 
 async fn measure_health(options: &MeshOptions, peers: &[Peer], shared: &MeshShared) {
@@ -297,6 +386,8 @@ mod tests {
             mesh_address: ip.into(),
             wireguard_public_key: key,
             endpoint: endpoint.map(str::to_string),
+            via: None,
+            relayed_ips: Vec::new(),
         };
         let list = vec![
             peer("a", Some(b64(1)), "10.77.0.2", Some("192.0.2.2:51820")),
@@ -310,6 +401,37 @@ mod tests {
         assert_eq!(valid.iter().map(|p| p.node_id.as_str()).collect::<Vec<_>>(), ["a", "bad-endpoint"]);
         assert_eq!(desired[0].endpoint, Some("192.0.2.2:51820".parse().unwrap()));
         assert_eq!(desired[1].endpoint, None);
-        assert_eq!(desired[1].allowed_ip, "10.77.0.5/32");
+        assert_eq!(desired[1].allowed_ips, ["10.77.0.5/32"]);
+    }
+
+    #[tokio::test]
+    async fn relayed_peers_ride_on_the_relays_tunnel() {
+        use base64::Engine;
+        let own = KeyPair::generate();
+        let b64 = |b: u8| base64::engine::general_purpose::STANDARD.encode([b; 32]);
+        let peer = |id: &str, byte: u8, ip: &str| Peer {
+            node_id: id.into(),
+            name: id.into(),
+            mesh_address: ip.into(),
+            wireguard_public_key: Some(b64(byte)),
+            endpoint: None,
+            via: None,
+            relayed_ips: Vec::new(),
+        };
+        let mut hub = peer("hub", 1, "10.77.0.1");
+        hub.endpoint = Some("192.0.2.1:51820".into());
+        // .3 is relayed; .2 is a direct peer (not the relay's to take);
+        // junk is refused.
+        hub.relayed_ips = vec!["10.77.0.3/32".into(), "10.77.0.2/32".into(), "10.77.0.9/24".into(), "192.0.2.1/32".into()];
+        let direct = peer("direct", 2, "10.77.0.2");
+        let relayed = Peer { via: Some("hub".into()), ..peer("nat-b", 3, "10.77.0.3") };
+        let orphan = Peer { via: Some("hub".into()), ..peer("orphan", 4, "10.77.0.4") };
+        let unknown_relay = Peer { via: Some("gone".into()), ..peer("lost", 5, "10.77.0.5") };
+        let list = vec![hub, direct, relayed, orphan, unknown_relay];
+        let (valid, desired) = desired_peers(&list, &own).await;
+        assert_eq!(valid.iter().map(|p| p.node_id.as_str()).collect::<Vec<_>>(), ["hub", "direct", "nat-b"]);
+        assert_eq!(desired.len(), 2, "a relayed peer is no device peer");
+        assert_eq!(desired[0].allowed_ips, ["10.77.0.1/32", "10.77.0.3/32"]);
+        assert_eq!(desired[1].allowed_ips, ["10.77.0.2/32"]);
     }
 }

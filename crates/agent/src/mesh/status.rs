@@ -57,25 +57,41 @@ pub struct PeerStatus {
     pub rx_bytes: u64,
     pub tx_bytes: u64,
     pub connected: bool,
+    /// The name of the relay node a peer behind NAT is reached through
+    /// (both ends behind NAT): its handshake and `connected` are the
+    /// relay's, and its bytes are counted on the relay's line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
-/// One entry per listed peer, in the list's order.
+/// One entry per listed peer, in the list's order. A peer listed `via` a
+/// relay takes the relay's handshake: it is connected when the relay is.
 pub fn statuses(peers: &[Peer], device: &Device, now: SystemTime, within: Duration) -> Vec<PeerStatus> {
+    let state_of = |peer: &Peer| {
+        let key = peer.wireguard_public_key.as_deref().and_then(base64_to_hex);
+        key.and_then(|k| device.peers.iter().find(|p| p.public_key == k))
+    };
     peers
         .iter()
         .map(|peer| {
-            let key = peer.wireguard_public_key.as_deref().and_then(base64_to_hex);
-            let state = key.and_then(|k| device.peers.iter().find(|p| p.public_key == k));
+            let relay = peer.via.as_ref().and_then(|id| peers.iter().find(|p| &p.node_id == id));
+            let state = match (&peer.via, relay) {
+                (None, _) => state_of(peer),
+                (Some(_), Some(relay)) => state_of(relay),
+                (Some(_), None) => None,
+            };
             let age = state.and_then(|s| s.last_handshake).map(|at| now.duration_since(at).unwrap_or_default());
+            let direct = peer.via.is_none();
             PeerStatus {
                 name: peer.name.clone(),
                 node_id: peer.node_id.clone(),
                 mesh_address: peer.mesh_address.clone(),
-                endpoint: state.and_then(|s| s.endpoint).map(|e| e.to_string()).or_else(|| peer.endpoint.clone()),
+                endpoint: if direct { state.and_then(|s| s.endpoint).map(|e| e.to_string()).or_else(|| peer.endpoint.clone()) } else { None },
                 handshake_age_seconds: age.map(|a| a.as_secs()),
-                rx_bytes: state.map_or(0, |s| s.rx_bytes),
-                tx_bytes: state.map_or(0, |s| s.tx_bytes),
+                rx_bytes: if direct { state.map_or(0, |s| s.rx_bytes) } else { 0 },
+                tx_bytes: if direct { state.map_or(0, |s| s.tx_bytes) } else { 0 },
                 connected: age.is_some_and(|a| a < within),
+                via: peer.via.as_ref().map(|id| relay.map_or_else(|| id.clone(), |r| r.name.clone())),
             }
         })
         .collect()
@@ -103,7 +119,11 @@ pub fn render(statuses: &[PeerStatus]) -> String {
         rows.push([
             s.name.clone(),
             s.mesh_address.clone(),
-            s.endpoint.clone().unwrap_or_else(|| "-".into()),
+            match (&s.via, &s.endpoint) {
+                (Some(relay), _) => format!("via {relay}"),
+                (None, Some(endpoint)) => endpoint.clone(),
+                (None, None) => "-".into(),
+            },
             s.handshake_age_seconds.map_or_else(|| "never".into(), |a| format!("{} ago", age(a))),
             bytes(s.rx_bytes),
             bytes(s.tx_bytes),
@@ -150,6 +170,8 @@ mod tests {
             mesh_address: ip.into(),
             wireguard_public_key: Some(base64::engine::general_purpose::STANDARD.encode([byte; 32])),
             endpoint: Some(format!("{name}.example:51820")),
+            via: None,
+            relayed_ips: Vec::new(),
         }
     }
 
@@ -184,5 +206,35 @@ mod tests {
         assert!(table.lines().nth(3).unwrap().contains("never"));
         // A shorter threshold (tests) turns the first one off too.
         assert_eq!(health(&statuses(&peers, &device, now, Duration::from_secs(60))).connected, 0);
+    }
+
+    #[test]
+    fn a_relayed_peer_is_connected_when_its_relay_is() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut relay = peer("hub", 1, "10.77.0.1");
+        relay.relayed_ips = vec!["10.77.0.3/32".into()];
+        let relayed = Peer { via: Some("n-hub".into()), endpoint: None, ..peer("nat-b", 3, "10.77.0.3") };
+        let peers = vec![relay, relayed];
+        let device = Device {
+            listen_port: Some(51820),
+            peers: vec![PeerState {
+                public_key: hex::encode([1u8; 32]),
+                endpoint: Some("192.0.2.1:51820".parse().unwrap()),
+                last_handshake: Some(now - Duration::from_secs(30)),
+                rx_bytes: 4096,
+                tx_bytes: 4096,
+                ..Default::default()
+            }],
+        };
+        let list = statuses(&peers, &device, now, CONNECTED_WITHIN);
+        assert_eq!(list[1].via.as_deref(), Some("hub"));
+        assert!(list[1].connected);
+        assert_eq!((list[1].handshake_age_seconds, list[1].rx_bytes, list[1].endpoint.as_deref()), (Some(30), 0, None));
+        assert_eq!(health(&list), MeshHealth { peers: 2, connected: 2 });
+        let table = render(&list);
+        assert!(table.lines().nth(2).unwrap().contains("via hub"), "{table}");
+        // The relay's handshake is too old: both are down.
+        let later = now + Duration::from_secs(200);
+        assert_eq!(health(&statuses(&peers, &device, later, CONNECTED_WITHIN)).connected, 0);
     }
 }
