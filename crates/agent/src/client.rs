@@ -176,6 +176,23 @@ struct Clients {
     http: reqwest::Client,
     /// Same TLS identity, but no overall timeout: for the event stream.
     stream_http: reqwest::Client,
+    /// What both were built from, for [`ControlPlane::reset_connections`].
+    config: ClientConfig,
+}
+
+/// Tells the gate about a request dropped before its answer.
+struct Unanswered<'a> {
+    client: &'a ControlPlane,
+    pass: Pass,
+    armed: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.client.abandoned(self.pass);
+        }
+    }
 }
 
 /// The shared 426 gate.
@@ -232,6 +249,17 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Drops the pooled connections: later requests open new ones, with
+    /// the same TLS identity. For a node whose own address changed, whose
+    /// pooled connections are bound to the lost address and would only
+    /// time out. Requests already sent finish (or time out) on the old ones.
+    pub fn reset_connections(&self) -> Result<(), ClientError> {
+        let config = self.clients.read().expect("clients lock").config.clone();
+        let clients = Self::clients(config)?;
+        *self.clients.write().expect("clients lock") = clients;
+        Ok(())
+    }
+
     fn node_tls(identity: &Identity) -> Result<ClientConfig, ClientError> {
         let ca = CertificateDer::from_pem_slice(identity.ca_pem.as_bytes()).map_err(|e| ClientError::Tls(format!("ca.crt: {e}")))?;
         let cert = CertificateDer::from_pem_slice(identity.cert_pem.as_bytes()).map_err(|e| ClientError::Tls(format!("node.crt: {e}")))?;
@@ -254,12 +282,12 @@ impl ControlPlane {
             .build()
             .map_err(|e| ClientError::Tls(e.to_string()))?;
         let stream_http = reqwest::Client::builder()
-            .use_preconfigured_tls(config)
+            .use_preconfigured_tls(config.clone())
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(STREAM_READ_TIMEOUT)
             .build()
             .map_err(|e| ClientError::Tls(e.to_string()))?;
-        Ok(Clients { http, stream_http })
+        Ok(Clients { http, stream_http, config })
     }
 
     fn build(server: &str, protocol: u32, config: ClientConfig) -> Result<ControlPlane, ClientError> {
@@ -326,6 +354,17 @@ impl ControlPlane {
         }
     }
 
+    /// The gate's view of a request its caller dropped before the answer
+    /// (a heartbeat abandoned after an address change): no answer, so a
+    /// probe ends as one that got none.
+    fn abandoned(&self, pass: Pass) {
+        if pass == Pass::Probe {
+            if let Gate::Held { probing, .. } = &mut *self.gate.lock().expect("gate lock") {
+                *probing = false;
+            }
+        }
+    }
+
     fn http(&self) -> reqwest::Client {
         self.clients.read().expect("clients lock").http.clone()
     }
@@ -344,7 +383,9 @@ impl ControlPlane {
 
     async fn send(&self, request: RequestBuilder) -> Result<reqwest::Response, ClientError> {
         let pass = self.pass()?;
+        let mut unanswered = Unanswered { client: self, pass, armed: true };
         let result = self.send_now(request).await;
+        unanswered.armed = false;
         self.passed(pass, &result);
         result
     }

@@ -256,12 +256,12 @@ async fn heartbeat_loop(
         }
         let registry = health.registry.lock().expect("health lock").clone();
         heartbeat.mesh_endpoint = mesh.endpoint.lock().expect("mesh lock").clone();
-        let mesh = mesh.health.lock().expect("mesh lock").clone();
+        let mesh_health = mesh.health.lock().expect("mesh lock").clone();
         // Which WireGuard the mesh runs on, while it runs.
-        if mesh.is_some() {
+        if mesh_health.is_some() {
             features.push(cloudweb_protocol::features::MESH_USERSPACE.to_string());
         }
-        heartbeat.health = Some(cloudweb_protocol::Health { registry, mesh, features: Some(features) });
+        heartbeat.health = Some(cloudweb_protocol::Health { registry, mesh: mesh_health, features: Some(features) });
         heartbeat.ingress = ingress.status.lock().expect("status lock").clone();
         // A usage sample goes out once, with the first heartbeat after it
         // was taken; traffic rides along at the same pace.
@@ -275,12 +275,25 @@ async fn heartbeat_loop(
             sample.traffic_omitted = Some(omitted);
         }
         heartbeat.metrics = metrics;
-        let result = client.heartbeat(&heartbeat).await;
+        // This node's address changed: the heartbeat in flight is stuck on
+        // a connection from the lost address (it would time out after
+        // 30 s); a new one, with the new endpoint, goes out at once on a
+        // new connection. A usage sample it carried is lost with it.
+        let result = tokio::select! {
+            result = client.heartbeat(&heartbeat) => result,
+            () = mesh.address_changed.notified() => {
+                tracing::info!("this node's address changed: sending a heartbeat now");
+                continue;
+            }
+        };
         match &result {
             Ok(()) => tracing::debug!("heartbeat sent"),
             Err(err) => log_failure("heartbeat", err, options.upgrade_retry),
         }
-        tokio::time::sleep(next_delay(&result, options.heartbeat_interval, options.upgrade_retry)).await;
+        tokio::select! {
+            () = tokio::time::sleep(next_delay(&result, options.heartbeat_interval, options.upgrade_retry)) => {}
+            () = mesh.address_changed.notified() => tracing::info!("this node's address changed: sending a heartbeat now"),
+        }
     }
 }
 

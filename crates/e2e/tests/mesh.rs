@@ -668,9 +668,11 @@ async fn a_node_whose_address_changes_is_reached_at_the_new_one() {
 }
 
 /// Seconds within which a moved node's new endpoint reaches the control
-/// plane: up to 5 s until the agent reads the address, one heartbeat, and
-/// slack for a loaded machine.
-const MOVED_ENDPOINT_WITHIN: u64 = 90;
+/// plane: up to 1 s until the agent reads the address, one heartbeat, and
+/// slack for a loaded machine (measured: 1.0 s; 31.9 s before the agent
+/// dropped its connections, when the heartbeat in flight had to time out
+/// first, so this bound fails without that).
+const MOVED_ENDPOINT_WITHIN: u64 = 10;
 
 async fn moved_scenario(cluster: &MeshCluster) -> Result<()> {
     all_pairs_ping(cluster, &[0, 1, 2]).await?;
@@ -689,7 +691,7 @@ async fn moved_scenario(cluster: &MeshCluster) -> Result<()> {
     ns.ip(&["address", "delete", &format!("{}/24", Lan::address(3)), "dev", "eth0"])?;
     ns.ip(&["address", "add", &format!("{new_ip}/24"), "dev", "eth0"])?;
     let moved_at = std::time::Instant::now();
-    // The agent sees the address within 5 s, drops its connections from
+    // The agent sees the address within 1 s, drops its connections from
     // the lost address and sends a heartbeat at once on a new one (it used
     // to wait for the one in flight to time out, 30 s).
     wait_for(Duration::from_secs(MOVED_ENDPOINT_WITHIN), "the control plane to hold node-3's new endpoint", || async {

@@ -81,6 +81,10 @@ pub struct MeshShared {
 
 /// How often the device is read for `health.mesh`.
 const MEASURE_EVERY: Duration = Duration::from_secs(5);
+/// How often the followed interface's address is read
+/// (`--mesh-endpoint-interface`): one `ip` call, so a moved node tells the
+/// control plane within about a second.
+const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
 /// The mesh address of a node as the control plane lists it: inside
 /// 10.77.0.0/16, neither the network nor the broadcast address.
@@ -116,11 +120,14 @@ pub async fn run(client: Arc<ControlPlane>, options: MeshOptions, peers_changed:
         let mut peers: Vec<Peer> = Vec::new();
         let mut refresh = tokio::time::interval(options.refresh);
         let mut measure = tokio::time::interval(MEASURE_EVERY);
+        let mut follow = tokio::time::interval(FOLLOW_EVERY);
         let mut healthy_since = tokio::time::Instant::now();
         // health.mesh waits for a peer list: 0/0 before it would be a lie.
         let mut synced = false;
         // The address the device's socket was bound with (Interface mode).
         let mut bound_address: Option<Ipv4Addr> = None;
+        // Reading it failed and was said once (it is read every second).
+        let mut follow_warned = false;
         // A new interface: nothing known about forwarding on it yet.
         let mut relay_state = RelayState::default();
         let exit = loop {
@@ -128,8 +135,14 @@ pub async fn run(client: Arc<ControlPlane>, options: MeshOptions, peers_changed:
                 why = device.exited() => break why,
                 _ = refresh.tick() => synced |= sync(&client, &options, &mut applied, &mut peers, &mut relay_state).await,
                 _ = peers_changed.notified() => synced |= sync(&client, &options, &mut applied, &mut peers, &mut relay_state).await,
+                // Only the interface's address needs reading this often.
+                _ = follow.tick(), if matches!(options.endpoint, EndpointSource::Interface(_)) => {
+                    follow_endpoint(&client, &options, &shared, &mut bound_address, &mut follow_warned).await;
+                }
                 _ = measure.tick() => {
-                    follow_endpoint(&client, &options, &shared, &mut bound_address).await;
+                    if !matches!(options.endpoint, EndpointSource::Interface(_)) {
+                        follow_endpoint(&client, &options, &shared, &mut bound_address, &mut follow_warned).await;
+                    }
                     if synced {
                         measure_health(&options, &peers, &shared).await;
                     }
@@ -315,7 +328,7 @@ async fn resolve(endpoint: &str) -> Option<SocketAddr> {
 /// without it too (see ARCHITECTURE.md). The pooled connections to the
 /// control plane are dropped too (they are bound to the lost address) and
 /// a heartbeat with the new endpoint goes out at once.
-async fn follow_endpoint(client: &ControlPlane, options: &MeshOptions, shared: &MeshShared, bound: &mut Option<Ipv4Addr>) {
+async fn follow_endpoint(client: &ControlPlane, options: &MeshOptions, shared: &MeshShared, bound: &mut Option<Ipv4Addr>, warned: &mut bool) {
     let mut moved = false;
     let endpoint = match &options.endpoint {
         EndpointSource::Joined => None,
@@ -333,14 +346,19 @@ async fn follow_endpoint(client: &ControlPlane, options: &MeshOptions, shared: &
                     }
                 }
                 *bound = Some(address);
+                *warned = false;
                 Some(format!("{address}:{}", options.listen_port))
             }
             Ok(None) => {
-                tracing::warn!(interface, "mesh endpoint: the interface has no IPv4 address");
+                if !std::mem::replace(warned, true) {
+                    tracing::warn!(interface, "mesh endpoint: the interface has no IPv4 address");
+                }
                 None
             }
             Err(err) => {
-                tracing::warn!(interface, "mesh endpoint: {err}");
+                if !std::mem::replace(warned, true) {
+                    tracing::warn!(interface, "mesh endpoint: {err}");
+                }
                 None
             }
         },
