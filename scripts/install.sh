@@ -80,8 +80,12 @@ mesh=${CLOUDWEB_MESH:-userspace}
 [ "$mesh" = userspace ] || [ "$mesh" = off ] || die "CLOUDWEB_MESH must be userspace or off, not '$mesh'"
 mesh_interface=${CLOUDWEB_MESH_INTERFACE:-cw0}
 [[ "$mesh_interface" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$ ]] || die "CLOUDWEB_MESH_INTERFACE must be 1 to 15 characters of A-Z a-z 0-9 _ . - (not starting with - or .)"
-# The control plane's host is the cluster's first node, so its mesh
-# address is 10.77.0.1.
+# The registry listens on the control plane's host's mesh address: what
+# the control plane allocated to this host's node. That is known only once
+# the host joined, after the control plane started, so the start uses the
+# address an earlier run recorded or, on a new cluster, 10.77.0.1 (the
+# first node's); after the join the allocated one is read back and, if it
+# differs, the control plane restarts with it.
 control_plane_mesh_address=10.77.0.1
 listen_address=${CLOUDWEB_LISTEN_ADDRESS:-0.0.0.0}
 host_address=${CLOUDWEB_HOST_ADDRESS:-$(hostname -I 2>/dev/null | awk '{print $1}')}
@@ -90,13 +94,16 @@ public_url=${CLOUDWEB_PUBLIC_URL:-https://$host_address:$agent_port}
 base_domain=${CLOUDWEB_BASE_DOMAIN:-localhost}
 example_app=${CLOUDWEB_EXAMPLE_APP:-hello}
 api="http://127.0.0.1:$api_port"
-if [ "$mesh" = userspace ]; then
-    registry_listen="$control_plane_mesh_address:$registry_port"
-else
-    registry_listen="$listen_address:$registry_port"
-fi
-registry_address="$host_address:$registry_port"
-[ "$mesh" = off ] || registry_address=$registry_listen
+registry_addresses() {
+    if [ "$mesh" = userspace ]; then
+        registry_listen="$control_plane_mesh_address:$registry_port"
+    else
+        registry_listen="$listen_address:$registry_port"
+    fi
+    registry_address="$host_address:$registry_port"
+    [ "$mesh" = off ] || registry_address=$registry_listen
+}
+registry_addresses
 [[ "$example_app" =~ ^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$ ]] || die "CLOUDWEB_EXAMPLE_APP must be an app name (a-z, 0-9, -)"
 for dir in "$data_dir" "$agent_dir" "$bin_dir" "$run_dir" "$log_dir"; do
     [[ "$dir" = /* ]] || die "directories must be absolute paths: $dir"
@@ -278,6 +285,16 @@ uninstall() {
     if [ -n "$interface" ] && ip link show dev "$interface" >/dev/null 2>&1; then
         ip link delete dev "$interface" && echo "install: removed the mesh interface $interface"
     fi
+    # The forwarding rule the agent adds while this host relays between
+    # nodes behind NAT (`leave` removes it too; this covers a crash).
+    if [ -n "$interface" ] && command -v iptables >/dev/null; then
+        for chain in DOCKER-USER FORWARD; do
+            while iptables -w -C "$chain" -i "$interface" -o "$interface" -j ACCEPT 2>/dev/null; do
+                iptables -w -D "$chain" -i "$interface" -o "$interface" -j ACCEPT || break
+                echo "install: removed the mesh relay's rule from $chain"
+            done
+        done
+    fi
     if [[ "$registry_address" =~ ^[A-Za-z0-9.:_-]+$ ]]; then
         rm -rf "/etc/docker/certs.d/$registry_address"
     fi
@@ -368,28 +385,46 @@ agent_bin="$bin_dir/cloudweb-agent"
 
 mkdir -p "$data_dir"
 chmod 0700 "$data_dir"
+valid_mesh_address() { [[ "$1" =~ ^10\.77\.[0-9]{1,3}\.[0-9]{1,3}$ ]]; }
+if [ "$mesh" = userspace ]; then
+    recorded_address=$(recorded control_plane_mesh_address)
+    if [ -n "$recorded_address" ] && valid_mesh_address "$recorded_address"; then
+        control_plane_mesh_address=$recorded_address
+        registry_addresses
+    fi
+fi
 # What --uninstall needs to find everything again.
-{
-    printf 'installed_at=%q\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    printf 'registry_address=%s\n' "$registry_address"
-    [ "$mesh" = off ] || printf 'mesh_interface=%s\n' "$mesh_interface"
-} > "$data_dir/installer.env"
+write_installer_env() {
+    {
+        printf 'installed_at=%q\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+        printf 'registry_address=%s\n' "$registry_address"
+        [ "$mesh" = off ] || printf 'mesh_interface=%s\n' "$mesh_interface"
+        [ "$mesh" = off ] || printf 'control_plane_mesh_address=%s\n' "$control_plane_mesh_address"
+    } > "$data_dir/installer.env"
+}
+write_installer_env
 
 # --- control plane
 
+start_control_plane() {
+    start_service cloudweb-server "$server_bin" serve \
+        --data-dir "$data_dir" --public-url "$public_url" --api-listen "127.0.0.1:$api_port" \
+        --agent-listen "$listen_address:$agent_port" --agent-binary "$agent_bin" --base-domain "$base_domain" \
+        --registry-bin /usr/bin/docker-registry --registry-listen "$registry_listen" \
+        --registry-advertise "$registry_address" \
+        --allow-git-host "127.0.0.1:$git_port"
+    for _ in $(seq 1 150); do
+        curl -fsS "$api/healthz" >/dev/null 2>&1 && break
+        sleep 0.2
+    done
+    curl -fsS "$api/healthz" >/dev/null || die "the control plane did not start (log: ${log_dir}/cloudweb-server.log or journalctl -u cloudweb-server)"
+}
 echo "install: control plane at $public_url"
-start_service cloudweb-server "$server_bin" serve \
-    --data-dir "$data_dir" --public-url "$public_url" --api-listen "127.0.0.1:$api_port" \
-    --agent-listen "$listen_address:$agent_port" --agent-binary "$agent_bin" --base-domain "$base_domain" \
-    --registry-bin /usr/bin/docker-registry --registry-listen "$registry_listen" \
-    --registry-advertise "$registry_address" \
-    --allow-git-host "127.0.0.1:$git_port"
-for _ in $(seq 1 150); do
-    curl -fsS "$api/healthz" >/dev/null 2>&1 && break
-    sleep 0.2
-done
-curl -fsS "$api/healthz" >/dev/null || die "the control plane did not start (log: ${log_dir}/cloudweb-server.log or journalctl -u cloudweb-server)"
+start_control_plane
 admin_token_file="$data_dir/admin-token"
+# The control plane's own subcommands read its answers and print the
+# fields asked for, one per line: no JSON is picked apart here.
+api_args=(--api-address "127.0.0.1:$api_port" --admin-token-file "$admin_token_file")
 
 # --- this host as a node
 
@@ -408,6 +443,18 @@ if [ ! -f "$agent_dir/node.json" ]; then
         --server "https://127.0.0.1:$agent_port" --ca-sha256 "$ca_sha256" "${ingress[@]}" "${endpoint[@]}" --name "${name:-node-1}"
 fi
 node_id=$("$agent_bin" --data-dir "$agent_dir" node-id)
+if [ "$mesh" = userspace ]; then
+    allocated=$("$server_bin" node-status "${api_args[@]}" --print mesh-address "$node_id") \
+        || die "cannot read this node's mesh address from the control plane"
+    valid_mesh_address "$allocated" || die "the control plane gave this node the mesh address '$allocated'"
+    if [ "$allocated" != "$control_plane_mesh_address" ]; then
+        echo "install: this host's mesh address is $allocated; restarting the control plane with its registry there"
+        control_plane_mesh_address=$allocated
+        registry_addresses
+        write_installer_env
+        start_control_plane
+    fi
+fi
 # With the mesh, instances are published on the node's mesh address (the
 # agent's default) and the route table points there; without it, on
 # 127.0.0.1 (a single host).
@@ -429,10 +476,6 @@ api_send() { # method, path[, JSON body]
     curl -sS --max-time 10 -X "$1" -H @<(auth_header) "${body[@]}" \
         -w '\n%{http_code}' "$api$2"
 }
-# The control plane's own subcommands read its answers and print the
-# fields asked for, one per line: no JSON is picked apart here.
-api_args=(--api-address "127.0.0.1:$api_port" --admin-token-file "$admin_token_file")
-
 echo "install: waiting for node $node_id"
 # Ready with its capacity reported (until then it takes no work); prints
 # whether it is an ingress.

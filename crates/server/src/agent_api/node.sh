@@ -93,6 +93,16 @@ if [ -n "$uninstall" ]; then
     if ip link show dev "$interface" >/dev/null 2>&1; then
         ip link delete dev "$interface" && echo "node.sh: removed the mesh interface $interface"
     fi
+    # The forwarding rule the agent adds while this host relays between
+    # nodes behind NAT (`leave` removes it too; this covers a crash).
+    if [ -n "$interface" ] && command -v iptables >/dev/null; then
+        for chain in DOCKER-USER FORWARD; do
+            while iptables -w -C "$chain" -i "$interface" -o "$interface" -j ACCEPT 2>/dev/null; do
+                iptables -w -D "$chain" -i "$interface" -o "$interface" -j ACCEPT || break
+                echo "node.sh: removed the mesh relay's rule from $chain"
+            done
+        done
+    fi
     rm -f "$UNIT" "$BIN"
     rm -rf "$DATA"
     systemctl daemon-reload

@@ -16,6 +16,9 @@ pub enum NodeField {
     Ingress,
     /// `true` when the node can take work: ready, with its capacity reported.
     Ready,
+    /// Its address on the WireGuard mesh (`10.77.x.y`), as the control
+    /// plane allocated it at the join.
+    MeshAddress,
 }
 
 #[derive(clap::Parser)]
@@ -42,6 +45,7 @@ fn node_field(view: &Value, field: NodeField) -> String {
         NodeField::State => line(&view["state"]),
         NodeField::Ingress => (view["ingress"] == true).to_string(),
         NodeField::Ready => node_ready(view).to_string(),
+        NodeField::MeshAddress => line(&view["mesh_address"]),
     }
 }
 
@@ -124,5 +128,6 @@ mod tests {
         assert_eq!(node_field(&joined, NodeField::Ingress), "true");
         assert!(!node_ready(&json!({"state": "draining", "capacity": {"cpu_cores": 2}})));
         assert_eq!(node_field(&json!({"state": "unreachable"}), NodeField::State), "unreachable");
+        assert_eq!(node_field(&json!({"mesh_address": "10.77.0.1"}), NodeField::MeshAddress), "10.77.0.1");
     }
 }
