@@ -226,8 +226,7 @@ async fn one_pebble_certificate_per_host_served_and_renewed_by_two_ingress_nodes
     .unwrap_or_else(|e| panic!("{e}\n{}", logs(&server, &nodes, &pebble)));
     let reason = failed["last_error"].as_str().unwrap();
     println!("figure: failed order reason: {reason}");
-    assert!(reason.contains(broken_host) && reason.contains("Invalid"), "{failed}");
-    assert!(reason.to_lowercase().contains("connection refused") || reason.contains("127.0.0.1"), "the CA's own reason: {failed}");
+    assert!(reason.to_lowercase().contains("connection refused") && reason.contains(broken_host), "the CA's own reason: {failed}");
     assert!(!reason.contains("PRIVATE KEY") && !reason.contains('\n'), "{failed}");
     assert_eq!(failed["orders"], 1, "{failed}");
     assert!(failed["not_after"].is_null() && !failed["next_attempt_at"].is_null(), "{failed}");

@@ -153,6 +153,13 @@ impl ClusterCa {
         // the lifetime, so renewal at two thirds stays well before expiry.
         params.not_before = now - Duration::hours(1).min(lifetime / 10);
         params.not_after = now + lifetime;
+        // A serial of its own: rcgen's default derives it from the key,
+        // which stays the same across renewals (RFC 5280 wants one serial
+        // per certificate of a CA).
+        let mut serial: [u8; 16] = rand::random();
+        serial[0] &= 0x7f;
+        serial[0] |= 0x01;
+        params.serial_number = Some(rcgen::SerialNumber::from_slice(&serial));
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(IssuedKeyPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }

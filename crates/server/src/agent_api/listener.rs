@@ -99,6 +99,7 @@ pub fn server_config(
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
         .with_cert_resolver(cert.clone());
+    config.session_storage = cert.sessions();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok((config, pin, cert))
 }

@@ -5,8 +5,9 @@
 //! at two thirds of its life ([`renew`]). The TLS configuration asks
 //! [`ListenerCert`] for the certificate at every handshake, so a renewed one
 //! is served from the next handshake on; connections made under the old one
-//! are closed once their request in flight is answered, so agents move to
-//! the new certificate within a request.
+//! are closed once their request in flight is answered, and the TLS session
+//! cache is emptied (a resumed session would skip the certificate), so
+//! agents move to the new certificate, verifying it, within a request.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 use rustls::client::danger::ServerCertVerifier;
 use rustls::crypto::CryptoProvider;
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::{ClientHello, ResolvesServerCert, ServerSessionMemoryCache, StoresServerSessions};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use sha2::Digest;
@@ -52,6 +53,7 @@ pub struct ListenerCert {
     hosts: Vec<String>,
     lifetime: time::Duration,
     current: RwLock<(Arc<CertifiedKey>, CertInfo)>,
+    sessions: Arc<Sessions>,
     /// Counts renewals; connections watch it to close once it moves.
     renewed: tokio::sync::watch::Sender<u64>,
 }
@@ -97,6 +99,7 @@ impl ListenerCert {
             hosts: hosts.to_vec(),
             lifetime,
             current: RwLock::new((key, info)),
+            sessions: Arc::new(Sessions::new()),
             renewed: tokio::sync::watch::Sender::new(0),
         })
     }
@@ -110,6 +113,11 @@ impl ListenerCert {
         self.current.read().expect("listener cert lock").0.cert[0].clone()
     }
 
+    /// The TLS session cache, emptied on every renewal.
+    pub fn sessions(&self) -> Arc<Sessions> {
+        self.sessions.clone()
+    }
+
     /// Moves on every renewal.
     pub fn renewals(&self) -> tokio::sync::watch::Receiver<u64> {
         self.renewed.subscribe()
@@ -121,8 +129,52 @@ impl ListenerCert {
         let (key, info) = certified(&self.provider, &issued, &self.ca_der)?;
         ca::replace_private(&self.data_dir.join(ca::LISTENER_CERT_FILE), issued.cert_pem.as_bytes())?;
         *self.current.write().expect("listener cert lock") = (key, info.clone());
+        self.sessions.clear();
         self.renewed.send_modify(|n| *n += 1);
         Ok(info)
+    }
+}
+
+/// Sessions that can resume (rustls's memory cache, as by default), emptied
+/// when the certificate is renewed so that every client handshakes in full
+/// and verifies the new certificate.
+#[derive(Debug)]
+pub struct Sessions {
+    inner: RwLock<Arc<ServerSessionMemoryCache>>,
+}
+
+/// Sessions kept, as rustls's default.
+const SESSIONS: usize = 256;
+
+impl Sessions {
+    fn new() -> Sessions {
+        Sessions { inner: RwLock::new(ServerSessionMemoryCache::new(SESSIONS)) }
+    }
+
+    fn clear(&self) {
+        *self.inner.write().expect("sessions lock") = ServerSessionMemoryCache::new(SESSIONS);
+    }
+
+    fn cache(&self) -> Arc<ServerSessionMemoryCache> {
+        self.inner.read().expect("sessions lock").clone()
+    }
+}
+
+impl StoresServerSessions for Sessions {
+    fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
+        self.cache().put(key, value)
+    }
+
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.cache().get(key)
+    }
+
+    fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.cache().take(key)
+    }
+
+    fn can_cache(&self) -> bool {
+        true
     }
 }
 
