@@ -99,6 +99,63 @@ fn base_builder() -> rustls::ConfigBuilder<ClientConfig, rustls::WantsVerifier> 
         .expect("ring supports TLS 1.3")
 }
 
+/// Verifies the control plane against the cluster CA (rustls's own
+/// verifier does all the checking) and notes the certificate it presents,
+/// so a renewed listener certificate shows in the log with its serial.
+#[derive(Debug)]
+struct NotingCa {
+    inner: Arc<WebPkiServerVerifier>,
+    seen: Arc<Mutex<Option<String>>>,
+}
+
+impl ServerCertVerifier for NotingCa {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verified = self.inner.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)?;
+        let sha256 = hex::encode(Sha256::digest(end_entity.as_ref()));
+        let mut seen = self.seen.lock().expect("server cert lock");
+        if seen.as_deref() != Some(sha256.as_str()) {
+            let (serial, not_after) = x509_parser::parse_x509_certificate(end_entity.as_ref())
+                .map(|(_, c)| (hex::encode(c.raw_serial()), c.validity().not_after.to_string()))
+                .unwrap_or_default();
+            if seen.replace(sha256.clone()).is_some() {
+                tracing::info!(%serial, %sha256, %not_after, "the control plane presents a new certificate");
+            } else {
+                tracing::debug!(%serial, %sha256, %not_after, "the control plane's certificate");
+            }
+        }
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
 /// Trusts a server only if its chain contains a CA certificate with the
 /// pinned fingerprint and the leaf verifies against that CA.
 #[derive(Debug)]
@@ -168,6 +225,8 @@ pub struct ControlPlane {
     /// Pace of requests after a 426.
     upgrade_retry: Duration,
     removed: tokio::sync::watch::Sender<bool>,
+    /// SHA-256 (hex) of the last certificate the control plane presented.
+    server_cert: Arc<Mutex<Option<String>>>,
 }
 
 /// The HTTP clients of one TLS identity.
@@ -238,13 +297,16 @@ impl ControlPlane {
 
     /// A client for a joined node: client certificate, cluster CA as root.
     pub fn for_node(identity: &Identity, protocol: u32) -> Result<ControlPlane, ClientError> {
-        Self::build(&identity.info.server, protocol, Self::node_tls(identity)?)
+        let seen = Arc::new(Mutex::new(None));
+        let mut client = Self::build(&identity.info.server, protocol, Self::node_tls(identity, seen.clone())?)?;
+        client.server_cert = seen;
+        Ok(client)
     }
 
     /// From now on, requests present `identity`'s certificate (after a
     /// renewal). Connections of the old identity are not reused.
     pub fn set_identity(&self, identity: &Identity) -> Result<(), ClientError> {
-        let clients = Self::clients(Self::node_tls(identity)?)?;
+        let clients = Self::clients(Self::node_tls(identity, self.server_cert.clone())?)?;
         *self.clients.write().expect("clients lock") = clients;
         Ok(())
     }
@@ -260,14 +322,16 @@ impl ControlPlane {
         Ok(())
     }
 
-    fn node_tls(identity: &Identity) -> Result<ClientConfig, ClientError> {
+    fn node_tls(identity: &Identity, seen: Arc<Mutex<Option<String>>>) -> Result<ClientConfig, ClientError> {
         let ca = CertificateDer::from_pem_slice(identity.ca_pem.as_bytes()).map_err(|e| ClientError::Tls(format!("ca.crt: {e}")))?;
         let cert = CertificateDer::from_pem_slice(identity.cert_pem.as_bytes()).map_err(|e| ClientError::Tls(format!("node.crt: {e}")))?;
         let key = PrivateKeyDer::from_pem_slice(identity.key_pem.as_bytes()).map_err(|e| ClientError::Tls(format!("node.key: {e}")))?;
         let mut roots = RootCertStore::empty();
         roots.add(ca).map_err(|e| ClientError::Tls(e.to_string()))?;
+        let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider()).build().map_err(|e| ClientError::Tls(e.to_string()))?;
         let mut config = base_builder()
-            .with_root_certificates(roots)
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NotingCa { inner, seen }))
             .with_client_auth_cert(vec![cert], key)
             .map_err(|e| ClientError::Tls(e.to_string()))?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -299,6 +363,7 @@ impl ControlPlane {
             gate: Mutex::new(Gate::Open),
             upgrade_retry: DEFAULT_UPGRADE_RETRY,
             removed: tokio::sync::watch::Sender::new(false),
+            server_cert: Arc::new(Mutex::new(None)),
         })
     }
 

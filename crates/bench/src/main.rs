@@ -4,8 +4,11 @@
 //! the time from a deploy request to a running instance; `ingress` measures
 //! route changes, blue/green switches and the latency Caddy adds; `mesh`
 //! measures what WireGuard costs between two nodes; `dashboard` measures
-//! the dashboard's page weight and the Nodes page's time to first byte.
+//! the dashboard's page weight and the Nodes page's time to first byte;
+//! `acme` measures the time to a public host's first certificate from
+//! pebble with N ingress nodes.
 
+mod acme;
 mod agent_rss;
 mod apps;
 mod dashboard;
@@ -72,6 +75,11 @@ enum Commands {
     /// for a cached build, next to POST /deploy of the same commit (GitLab
     /// is the test stand-in on loopback; everything else is real).
     Webhook(webhook::Args),
+    /// Time from creating an app with a public domain to the first
+    /// certificate Caddy serves for it, issued by pebble (Let's Encrypt's
+    /// test CA) through the control plane, with N ingress nodes: median
+    /// and p90 over the runs, and the ACME orders per host.
+    Acme(acme::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -89,6 +97,7 @@ fn main() -> std::process::ExitCode {
             Commands::Dashboard(args) => dashboard::run(args).await,
             Commands::Webhook(args) => webhook::run(args).await,
             Commands::Mesh(args) => mesh::run(args).await,
+            Commands::Acme(args) => acme::run(args).await,
         }
     });
     match result {

@@ -254,6 +254,11 @@ enum DomainsCommand {
     },
     /// Replace every custom domain (none given: remove them all).
     Set { app: String, hosts: Vec<String> },
+    /// The certificate of each host the app is served under: state
+    /// (internal, issuing, valid, renewing, failed), expiry, issuer, ACME
+    /// orders placed and the last failure's reason.
+    #[command(visible_alias = "certs")]
+    Certificates { app: String },
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -731,6 +736,22 @@ async fn domains(api: &Api, command: DomainsCommand, json: bool) -> Result<(), F
                 for domain in view["domains"].as_array().cloned().unwrap_or_default() {
                     println!("{}", cell(&domain));
                 }
+            }
+            return Ok(());
+        }
+        DomainsCommand::Certificates { app } => {
+            let answer = api.get(&format!("/api/apps/{}/certificates", segment(&app))).await?;
+            let certificates = answer["certificates"].as_array().cloned().unwrap_or_default();
+            if json {
+                render::json(&Value::Array(certificates));
+            } else {
+                let rows: Vec<Vec<String>> = certificates
+                    .iter()
+                    .map(|c| {
+                        vec![cell(&c["host"]), cell(&c["state"]), cell(&c["not_after"]), cell(&c["issuer"]), cell(&c["orders"]), cell(&c["last_error"])]
+                    })
+                    .collect();
+                table(&["HOST", "CERTIFICATE", "NOT AFTER", "ISSUER", "ORDERS", "LAST ERROR"], &rows);
             }
             return Ok(());
         }

@@ -38,6 +38,18 @@ fn serial_and_issuer(der: &[u8]) -> (String, String) {
     (cert.raw_serial_as_string(), cert.issuer().to_string())
 }
 
+/// The app's certificate status for `host`, as the user API gives it.
+async fn certificate_of(server: &ServerProcess, app: &str, host: &str) -> Option<serde_json::Value> {
+    let (status, body) = server.call(Method::GET, &format!("/api/apps/{app}/certificates"), None).await.ok()?;
+    assert_eq!(status, 200, "{body}");
+    body["certificates"].as_array()?.iter().find(|c| c["host"] == host).cloned()
+}
+
+fn not_after_ms(der: &[u8]) -> i64 {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).unwrap();
+    cert.validity().not_after.timestamp() * 1000
+}
+
 fn logs(server: &ServerProcess, nodes: &[(AgentNode, &str)], pebble: &Pebble) -> String {
     let mut text = format!("server:\n{}\n", server.process.log_text());
     for (node, ip) in nodes {
@@ -125,6 +137,17 @@ async fn one_pebble_certificate_per_host_served_and_renewed_by_two_ingress_nodes
     let orders = pebble.orders();
     println!("figure: pebble orders for {HOST} with two ingress nodes: {orders}");
     assert_eq!(orders, 1, "one order for the host, whatever the number of ingress nodes\n{}", pebble.process.log_text());
+    // Users see it: valid, until the leaf's not-after, from pebble, one order.
+    let status = certificate_of(&server, &app, HOST).await.unwrap();
+    assert_eq!(status["state"], "valid", "{status}");
+    let api_not_after = cloudweb_server::clock::parse_rfc3339_ms(status["not_after"].as_str().unwrap()).unwrap();
+    assert_eq!(api_not_after, not_after_ms(&first), "{status}");
+    assert!(status["issuer"].as_str().unwrap().contains("Pebble"), "{status}");
+    assert_eq!(status["orders"], 1, "{status}");
+    assert!(status["last_error"].is_null(), "{status}");
+    let internal = certificate_of(&server, &app, &format!("{app}.test")).await.unwrap();
+    assert_eq!(internal["state"], "internal", "{internal}");
+    assert_eq!(internal["orders"], 0, "{internal}");
     // The challenge route answers only tokens the control plane holds.
     let unknown = plain_get("127.0.0.3", http_port, "/.well-known/acme-challenge/unknown-token").await;
     assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
@@ -149,6 +172,14 @@ async fn one_pebble_certificate_per_host_served_and_renewed_by_two_ingress_nodes
     .unwrap_or_else(|e| panic!("{e}\n{}", logs(&server, &nodes, &pebble)));
     assert_ne!(renewed, first);
     assert_eq!(pebble.orders(), 2, "the renewal is one more order\n{}", pebble.process.log_text());
+    let status = wait_for(Duration::from_secs(10), "the API to show the renewed certificate", || async {
+        let status = certificate_of(&server, &app, HOST).await?;
+        (status["orders"] == 2 && status["state"] == "valid").then_some(status)
+    })
+    .await
+    .unwrap();
+    let api_not_after = cloudweb_server::clock::parse_rfc3339_ms(status["not_after"].as_str().unwrap()).unwrap();
+    assert_eq!(api_not_after, not_after_ms(&renewed), "{status}");
     assert!(nodes[0].0.log_text().contains("answered an ACME HTTP-01 challenge"), "B answered the renewal's challenge");
 
     // The app, deployed, is served over HTTPS with pebble's chain.
@@ -176,5 +207,28 @@ async fn one_pebble_certificate_per_host_served_and_renewed_by_two_ingress_nodes
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", logs(&server, &nodes, &pebble)));
     assert_eq!(page, "hello from the shop\n");
+
+    // A name the CA cannot validate (it resolves to 127.0.0.1, where no
+    // ingress listens): the order fails, and users see why, at once.
+    let broken_app = unique_name("nowhere");
+    let broken_host = "nowhere.example.com";
+    git.commit(&broken_app, &[("Dockerfile", DOCKERFILE), ("index.html", "unreachable\n")], "first").unwrap();
+    let (status, body) = server
+        .call(Method::POST, "/api/apps", Some(json!({"name": broken_app, "repo_url": git.url(&broken_app), "port": 8080, "domains": [broken_host]})))
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "{body}");
+    let failed = wait_for(Duration::from_secs(60), "the failed order to show", || async {
+        let status = certificate_of(&server, &broken_app, broken_host).await?;
+        (status["state"] == "failed").then_some(status)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&server, &nodes, &pebble)));
+    let reason = failed["last_error"].as_str().unwrap();
+    println!("figure: failed order reason: {reason}");
+    assert!(reason.to_lowercase().contains("connection refused") && reason.contains(broken_host), "the CA's own reason: {failed}");
+    assert!(!reason.contains("PRIVATE KEY") && !reason.contains('\n'), "{failed}");
+    assert_eq!(failed["orders"], 1, "{failed}");
+    assert!(failed["not_after"].is_null() && !failed["next_attempt_at"].is_null(), "{failed}");
     drop(a);
 }

@@ -243,6 +243,9 @@ async fn the_cli_drives_a_real_cluster() {
     cli.expect(0, &["domains", "add", &app, &www, "api.example.test"], None);
     cli.expect(0, &["domains", "rm", &app, "api.example.test"], None);
     golden("domains", &normalise.value(&cli.json(&["domains", "list", &app, "--json"])));
+    golden("certificates", &normalise.value(&cli.json(&["domains", "certificates", &app, "--json"])));
+    let table = cli.expect(0, &["domains", "certs", &app], None).stdout;
+    assert!(table.starts_with("HOST") && table.contains(&www) && table.contains("internal"), "{table}");
     cli.expect(1, &["domains", "add", &broken, &www], None);
 
     // Deploy --follow: 0 once running, with plain lines (stdout is a pipe).

@@ -14,6 +14,10 @@
 //! whose certificate expired while it was stopped refuses to run (exit 77)
 //! and `cloudweb-agent join` with a new token brings the same node back
 //! with its running app.
+//!
+//! The control plane's own listener certificate (`--listener-cert-seconds`)
+//! is renewed while it runs, with the same key, and a connected agent keeps
+//! heartbeating across two renewals and moves to each new certificate.
 
 use std::time::{Duration, SystemTime};
 
@@ -21,6 +25,7 @@ use cloudweb_e2e::control::{Control, HandNode};
 use cloudweb_e2e::{key_and_csr, pem_sha256, run_agent_command, start_platform, unique_name, wait_for, AgentNode, RawClient};
 use reqwest::Method;
 use serde_json::{json, Value};
+use sha2::Digest;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -286,4 +291,71 @@ async fn a_node_whose_certificate_expired_offline_rejoins_with_its_name_and_inst
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&listed.stdout).split_whitespace().count(), 1);
+}
+
+/// Serial (hex) and SubjectPublicKeyInfo (DER) of the certificate the agent
+/// listener presents now, verified against the cluster CA.
+async fn listener_leaf(port: u16, ca_pem: &str) -> (String, Vec<u8>, Vec<u8>) {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(rustls::pki_types::CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let tls = tokio::time::timeout(Duration::from_secs(5), connector.connect(name, tcp)).await.unwrap().unwrap();
+    let der = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    let (_, cert) = X509Certificate::from_der(&der).unwrap();
+    (hex::encode(cert.raw_serial()), cert.tbs_certificate.subject_pki.raw.to_vec(), der)
+}
+
+#[tokio::test]
+async fn the_listener_certificate_is_renewed_under_a_connected_agent() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Renewed about every 8 s.
+    let server = cloudweb_e2e::ServerProcess::start_with(tmp.path(), &["--listener-cert-seconds", "12"]).await.unwrap();
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "node-0", &token, &ca, &[]).unwrap().unwrap();
+    agent.start(&AGENT_FLAGS).unwrap();
+    let node = agent.node_id.clone();
+    let ca_pem = agent.read("ca.crt");
+    wait_for(Duration::from_secs(20), "node ready", || async { (server.node(&node).await.ok()?["state"] == "ready").then_some(()) })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nagent:\n{}", agent.log_text()));
+    let (mut serial, spki, _) = listener_leaf(server.agent_port, &ca_pem).await;
+    let started = std::time::Instant::now();
+    for renewal in 1..=2 {
+        let previous = serial.clone();
+        let (next, next_spki, der) = wait_for(Duration::from_secs(20), "the listener to serve a renewed certificate", || async {
+            let leaf = listener_leaf(server.agent_port, &ca_pem).await;
+            (leaf.0 != previous).then_some(leaf)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nserver:\n{}", server.process.log_text()));
+        println!("figure: listener renewal {renewal} after {:.1} s", started.elapsed().as_secs_f64());
+        assert_eq!(next_spki, spki, "renewal keeps the key, so the installer's pin still holds");
+        // The new certificate is kept for the next start.
+        assert_eq!(pem_sha256(&std::fs::read_to_string(server.dir.join("server/listener.crt")).unwrap()), hex::encode(sha2::Sha256::digest(&der)));
+        // The connected agent moves to it (its connections on the old one
+        // are closed after their request) and keeps heartbeating.
+        let heartbeat_before = server.node(&node).await.unwrap()["last_heartbeat"].clone();
+        wait_for(Duration::from_secs(15), "the agent to see the new certificate", || async {
+            agent.log_text().lines().any(|l| l.contains("the control plane presents a new certificate") && l.contains(&next)).then_some(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nagent:\n{}\nserver:\n{}", agent.log_text(), server.process.log_text()));
+        wait_for(Duration::from_secs(10), "a heartbeat after the renewal", || async {
+            let view = server.node(&node).await.ok()?;
+            (view["state"] == "ready" && view["last_heartbeat"] != heartbeat_before).then_some(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nagent:\n{}", agent.log_text()));
+        serial = next;
+    }
+    assert!(agent.process.as_mut().unwrap().is_running(), "{}", agent.log_text());
+    assert!(server.process.log_text().matches("renewed the agent listener's certificate").count() >= 2, "{}", server.process.log_text());
 }

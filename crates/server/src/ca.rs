@@ -24,12 +24,16 @@ pub const CA_KEY_FILE: &str = "ca.key";
 /// The agent listener's key. It persists so that its public-key pin, which
 /// join commands carry, stays valid across restarts.
 pub const LISTENER_KEY_FILE: &str = "listener.key";
+/// The listener's certificate in force, kept so that a restart reuses it
+/// until it is due for renewal.
+pub const LISTENER_CERT_FILE: &str = "listener.crt";
 
 /// How long a node's client certificate is valid unless configured
 /// otherwise (`--node-cert-seconds`). Agents renew at two thirds of it.
 pub const NODE_CERT_VALIDITY: Duration = Duration::days(365);
-/// The listener's server certificate: issued at every start.
-const LISTENER_CERT_VALIDITY: Duration = Duration::days(365);
+/// The listener's server certificate, unless configured otherwise
+/// (`--listener-cert-seconds`); renewed at two thirds of it.
+pub const LISTENER_CERT_VALIDITY: Duration = Duration::days(365);
 /// How long the CA itself is valid.
 const CA_VALIDITY: Duration = Duration::days(3650);
 
@@ -117,6 +121,12 @@ impl ClusterCa {
     /// (names or IP addresses), for the listener key in `dir` (created on
     /// first use).
     pub fn issue_server_cert(&self, dir: &Path, hosts: &[String], now: OffsetDateTime) -> Result<IssuedKeyPair, CaError> {
+        self.issue_server_cert_for(dir, hosts, now, LISTENER_CERT_VALIDITY)
+    }
+
+    /// The same, valid for `lifetime`. The key stays the one in `dir`, so
+    /// a renewed certificate keeps the public-key pin.
+    pub fn issue_server_cert_for(&self, dir: &Path, hosts: &[String], now: OffsetDateTime, lifetime: Duration) -> Result<IssuedKeyPair, CaError> {
         let key_path = dir.join(LISTENER_KEY_FILE);
         let key = if key_path.exists() {
             KeyPair::from_pem(&read(&key_path)?)?
@@ -139,8 +149,17 @@ impl ClusterCa {
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.not_before = now - Duration::hours(1);
-        params.not_after = now + LISTENER_CERT_VALIDITY;
+        // Backdated for clocks a little behind ours, by at most a tenth of
+        // the lifetime, so renewal at two thirds stays well before expiry.
+        params.not_before = now - Duration::hours(1).min(lifetime / 10);
+        params.not_after = now + lifetime;
+        // A serial of its own: rcgen's default derives it from the key,
+        // which stays the same across renewals (RFC 5280 wants one serial
+        // per certificate of a CA).
+        let mut serial: [u8; 16] = rand::random();
+        serial[0] &= 0x7f;
+        serial[0] |= 0x01;
+        params.serial_number = Some(rcgen::SerialNumber::from_slice(&serial));
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(IssuedKeyPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }
@@ -215,6 +234,21 @@ pub fn cert_public_key(der: &[u8]) -> Option<Vec<u8>> {
     use x509_parser::prelude::{FromDer, X509Certificate};
     let (_, cert) = X509Certificate::from_der(der).ok()?;
     Some(cert.public_key().subject_public_key.data.to_vec())
+}
+
+/// Replaces a file readable by its owner only: written beside it, then
+/// renamed over it, so a crash leaves the old or the new file whole.
+pub fn replace_private(path: &Path, contents: &[u8]) -> Result<(), CaError> {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".new");
+    let next = path.with_file_name(name);
+    match fs::remove_file(&next) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(CaError::Io { path: next, source }),
+    }
+    write_private(&next, contents)?;
+    fs::rename(&next, path).map_err(|source| CaError::Io { path: path.to_path_buf(), source })
 }
 
 /// Lowercase hex SHA-256 of some bytes.

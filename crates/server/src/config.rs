@@ -55,6 +55,9 @@ pub struct Config {
     /// How long a node's client certificate is valid (agents renew it at
     /// two thirds of that).
     pub node_cert_lifetime: Duration,
+    /// How long the agent listener's certificate is valid (renewed while
+    /// the server runs at two thirds of that).
+    pub listener_cert_lifetime: Duration,
     /// Session lifetimes and login limits.
     pub auth: crate::auth::AuthSettings,
 }
@@ -85,6 +88,7 @@ impl Config {
             gitlab: None,
             gitlab_ca_file: None,
             node_cert_lifetime: Duration::from_secs(365 * 24 * 3600),
+            listener_cert_lifetime: Duration::from_secs(365 * 24 * 3600),
             auth: crate::auth::AuthSettings::default(),
         }
     }

@@ -241,7 +241,8 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
             hosts.push(extra.to_string());
         }
     }
-    let (tls, listener_pin) = agent_api::listener::server_config(&ca, &config.data_dir, &hosts, clock.now())?;
+    let listener_lifetime = time::Duration::try_from(config.listener_cert_lifetime).unwrap_or(ca::LISTENER_CERT_VALIDITY);
+    let (tls, listener_pin, listener_cert) = agent_api::listener::server_config(&ca, &config.data_dir, &hosts, clock.now(), listener_lifetime)?;
     let tls = Arc::new(tls);
     let agent_binary = match &config.agent_binary {
         Some(path) => {
@@ -327,7 +328,8 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         .with_state(state.clone())
         .merge(api::router(state.clone()));
     tasks.extend([
-        tokio::spawn(agent_api::listener::serve(agent_listener, tls, agent_router, state.config.agent_connections.clone())),
+        tokio::spawn(agent_api::listener::serve(agent_listener, tls, agent_router, state.config.agent_connections.clone(), listener_cert.renewals())),
+        tokio::spawn(agent_api::listener_cert::renew(state.clone(), listener_cert)),
         tokio::spawn(async move {
             // The peer address is what login attempts are limited by.
             let service = api_router.into_make_service_with_connect_info::<SocketAddr>();

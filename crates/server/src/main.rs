@@ -153,6 +153,10 @@ struct ServeArgs {
     /// through the agent listener at two thirds of that (default 365 days).
     #[arg(long, default_value_t = 365 * 24 * 3600, value_parser = clap::value_parser!(u64).range(30..=10 * 365 * 24 * 3600))]
     node_cert_seconds: u64,
+    /// Seconds the agent listener's certificate is valid; renewed while the
+    /// server runs at two thirds of that (default 365 days). For tests.
+    #[arg(long, hide = true, default_value_t = 365 * 24 * 3600, value_parser = clap::value_parser!(u64).range(6..=10 * 365 * 24 * 3600))]
+    listener_cert_seconds: u64,
     /// Agent protocols accepted, MIN-MAX (default: this build's range).
     /// For compatibility tests that need two sides whose ranges do not meet.
     #[arg(long, hide = true, value_parser = parse_protocol_range)]
@@ -247,6 +251,7 @@ fn real_main() -> anyhow::Result<()> {
         acme: cloudweb_server::acme::AcmeSettings::parse(&args.acme_ca, args.acme_email.as_deref(), args.acme_ca_root)
             .map_err(anyhow::Error::msg)?,
         node_cert_lifetime: Duration::from_secs(args.node_cert_seconds),
+        listener_cert_lifetime: Duration::from_secs(args.listener_cert_seconds),
         auth: AuthSettings {
             session_idle: Duration::from_secs(args.session_idle_minutes * 60),
             session_absolute: Duration::from_secs(args.session_max_hours * 3600),

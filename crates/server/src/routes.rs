@@ -70,6 +70,12 @@ impl AppRoutes {
     }
 }
 
+/// Every host an app is served under (its name under the base domain, then
+/// its custom domains): lowercase, sorted, unique.
+pub fn app_hosts(name: &str, base_domain: &str, domains_json: &str) -> Vec<String> {
+    AppRoutes::new(name, base_domain, domains_json, Vec::new()).hosts
+}
+
 impl Index {
     fn ticket(&self) -> u64 {
         self.tickets.fetch_add(1, Ordering::SeqCst) + 1

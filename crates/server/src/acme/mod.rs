@@ -18,6 +18,12 @@
 //! time. A failed order is tried again after 1 minute, doubling up to 1
 //! hour; the certificate in force (if any) keeps serving meanwhile.
 //! Certificates of hosts no longer routed are deleted.
+//!
+//! [`host_status`] is what users see of it (`GET
+//! /api/apps/{name}/certificates`, `cloudweb domains certificates`, the
+//! dashboard's app page): per host, issuing, valid, renewing or failed,
+//! with the certificate's dates and issuer, the orders placed and the last
+//! failure's reason.
 
 mod settings;
 
@@ -35,8 +41,9 @@ use tokio::time::Instant;
 
 pub use settings::{AcmeSettings, LETS_ENCRYPT};
 
+use crate::clock::rfc3339_ms;
 use crate::live::NodeState;
-use crate::store::CertificateRow;
+use crate::store::{CertificateOrders, CertificateRow};
 use crate::AppState;
 
 /// How often the manager looks for hosts to order or renew.
@@ -55,6 +62,8 @@ pub struct Acme {
     /// Hosts whose last order failed, and when to try again.
     failures: Mutex<HashMap<String, Failure>>,
     account: tokio::sync::Mutex<Option<Account>>,
+    /// Per host: orders placed and the last failure, as stored.
+    orders: Mutex<HashMap<String, CertificateOrders>>,
 }
 
 #[derive(Default)]
@@ -63,6 +72,8 @@ struct Served {
     certificates: Vec<HostCertificate>,
     /// Per host: not before and not after, Unix ms.
     validity: HashMap<String, (i64, i64)>,
+    /// Per host: the leaf's issuer (its common name, else the whole name).
+    issuers: HashMap<String, String>,
 }
 
 struct Failure {
@@ -114,6 +125,7 @@ pub async fn reload(state: &AppState) -> Result<(), AcmeError> {
     let rows = state.store.certificates().await?;
     let mut certificates = Vec::with_capacity(rows.len());
     let mut validity = HashMap::with_capacity(rows.len());
+    let mut issuers = HashMap::with_capacity(rows.len());
     let mut digest = Sha256::new();
     for row in rows {
         let key = match state.sealer.open(&key_context(&row.host), &row.key_sealed) {
@@ -129,10 +141,13 @@ pub async fn reload(state: &AppState) -> Result<(), AcmeError> {
         digest.update(row.chain_pem.as_bytes());
         digest.update([0]);
         validity.insert(row.host.clone(), (row.not_before_ms, row.not_after_ms));
+        if let Some(issuer) = issuer_of(&row.chain_pem) {
+            issuers.insert(row.host.clone(), issuer);
+        }
         certificates.push(HostCertificate { host: row.host, chain_pem: row.chain_pem, key_pem: key, not_after_ms: row.not_after_ms });
     }
     let version = hex::encode(&digest.finalize()[..16]);
-    *state.acme.served.write().expect("served lock") = Arc::new(Served { version, certificates, validity });
+    *state.acme.served.write().expect("served lock") = Arc::new(Served { version, certificates, validity, issuers });
     Ok(())
 }
 
@@ -165,6 +180,10 @@ pub async fn run(state: Arc<AppState>) {
     if let Err(err) = reload(&state).await {
         tracing::error!(error = %err, "cannot read the stored certificates");
     }
+    match state.store.certificate_orders().await {
+        Ok(orders) => *state.acme.orders.lock().expect("orders lock") = orders,
+        Err(err) => tracing::error!(error = %err, "cannot read the certificate orders"),
+    }
     let mut interval = tokio::time::interval(CHECK_EVERY);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -187,6 +206,11 @@ async fn pass(state: &Arc<AppState>) -> Result<(), AcmeError> {
         changed = true;
     }
     state.acme.failures.lock().expect("failures lock").retain(|host, _| wanted.contains(host));
+    let forgotten: Vec<String> = state.acme.orders.lock().expect("orders lock").keys().filter(|h| !wanted.contains(*h)).cloned().collect();
+    for host in forgotten {
+        state.store.delete_certificate_orders(&host).await?;
+        state.acme.orders.lock().expect("orders lock").remove(&host);
+    }
     if changed {
         reload(state).await?;
         state.hub.notify_all(events::CERTIFICATES);
@@ -211,17 +235,22 @@ async fn pass(state: &Arc<AppState>) -> Result<(), AcmeError> {
             Ok(row) => {
                 state.acme.failures.lock().expect("failures lock").remove(host);
                 state.store.save_certificate(&row).await?;
+                record_outcome(state, host, None).await?;
                 reload(state).await?;
                 state.hub.notify_all(events::CERTIFICATES);
                 tracing::info!(%host, renewal = renewing, seconds = started.elapsed().as_secs_f64(), not_after_ms = row.not_after_ms, "certificate issued");
             }
             Err(err) => {
-                let mut failures = state.acme.failures.lock().expect("failures lock");
-                let attempts = failures.get(host).map(|f| f.attempts + 1).unwrap_or(1);
-                let wait = FIRST_RETRY.saturating_mul(1 << (attempts - 1).min(10)).min(LONGEST_RETRY);
-                failures.insert(host.clone(), Failure { attempts, next: Instant::now() + wait });
+                let (attempts, wait) = {
+                    let mut failures = state.acme.failures.lock().expect("failures lock");
+                    let attempts = failures.get(host).map(|f| f.attempts + 1).unwrap_or(1);
+                    let wait = FIRST_RETRY.saturating_mul(1 << (attempts - 1).min(10)).min(LONGEST_RETRY);
+                    failures.insert(host.clone(), Failure { attempts, next: Instant::now() + wait });
+                    (attempts, wait)
+                };
                 let message = cloudweb_protocol::misc::one_line(&err.to_string(), 1000);
                 tracing::warn!(%host, attempts, retry_in_s = wait.as_secs(), error = %message, "could not obtain a certificate");
+                record_outcome(state, host, Some(&message)).await?;
             }
         }
     }
@@ -280,6 +309,8 @@ async fn obtain(state: &AppState, host: &str) -> Result<CertificateRow, AcmeErro
     let identifiers = [Identifier::Dns(host.to_string())];
     let mut order = account.new_order(&NewOrder::new(&identifiers)).await?;
     tracing::info!(%host, order = %order.url(), "placed an ACME order");
+    state.store.count_certificate_order(host).await?;
+    state.acme.orders.lock().expect("orders lock").entry(host.to_string()).or_default().orders += 1;
     let mut pending = PendingTokens { acme: &state.acme, tokens: Vec::new() };
     {
         let mut authorizations = order.authorizations();
@@ -306,7 +337,8 @@ async fn obtain(state: &AppState, host: &str) -> Result<CertificateRow, AcmeErro
     let retry = RetryPolicy::new().initial_delay(Duration::from_millis(250)).backoff(1.5).timeout(Duration::from_secs(120));
     let status = order.poll_ready(&retry).await?;
     if status != OrderStatus::Ready {
-        return Err(AcmeError::Other(format!("the order for {host} is {status:?} (the challenge was not validated)")));
+        let reason = challenge_problems(&mut order).await.unwrap_or_else(|| "the challenge was not validated".to_string());
+        return Err(AcmeError::Other(format!("the order for {host} is {status:?}: {reason}")));
     }
     drop(pending);
     let key_pem = order.finalize().await?;
@@ -320,6 +352,113 @@ async fn obtain(state: &AppState, host: &str) -> Result<CertificateRow, AcmeErro
         not_after_ms,
         issued_at_ms: state.clock.now_ms(),
     })
+}
+
+/// What the CA said about the failed challenges of an order, if anything.
+async fn challenge_problems(order: &mut instant_acme::Order) -> Option<String> {
+    let mut problems = Vec::new();
+    let mut authorizations = order.authorizations();
+    while let Some(Ok(authorization)) = authorizations.next().await {
+        for challenge in &authorization.challenges {
+            if let Some(problem) = &challenge.error {
+                problems.push(problem.detail.clone().unwrap_or_else(|| problem.to_string()));
+            }
+        }
+    }
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
+/// Keeps how the last order for `host` ended, in memory and in the store.
+async fn record_outcome(state: &AppState, host: &str, error: Option<&str>) -> Result<(), AcmeError> {
+    let now_ms = state.clock.now_ms();
+    state.store.set_certificate_error(host, error, now_ms).await?;
+    let mut orders = state.acme.orders.lock().expect("orders lock");
+    let entry = orders.entry(host.to_string()).or_default();
+    entry.last_error = error.map(str::to_string);
+    entry.last_error_at_ms = error.map(|_| now_ms);
+    Ok(())
+}
+
+/// What users see of one host's certificate.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HostStatus {
+    pub host: String,
+    /// `internal` (no ACME: a name that cannot be public), `issuing` (no
+    /// certificate yet), `valid`, `renewing` (past two thirds of its
+    /// life, or expired while a new order is under way), `failed` (no
+    /// usable certificate and the last order failed).
+    pub state: &'static str,
+    pub not_before: Option<String>,
+    pub not_after: Option<String>,
+    /// The issuing CA's name, as the certificate gives it.
+    pub issuer: Option<String>,
+    /// ACME orders placed for the host.
+    pub orders: i64,
+    /// Why the last order failed, unless one succeeded since.
+    pub last_error: Option<String>,
+    pub last_error_at: Option<String>,
+    /// When the next order will be placed, after a failure.
+    pub next_attempt_at: Option<String>,
+    /// `not_after` as Unix ms, for the dashboard.
+    #[serde(skip)]
+    pub not_after_ms: Option<i64>,
+}
+
+/// The certificate state of each of `hosts`, in that order.
+pub fn host_status(state: &AppState, hosts: &[String]) -> Vec<HostStatus> {
+    let served = state.acme.served.read().expect("served lock").clone();
+    let orders = state.acme.orders.lock().expect("orders lock").clone();
+    let now_ms = state.clock.now_ms();
+    let now = Instant::now();
+    hosts
+        .iter()
+        .map(|host| {
+            let internal = internal_host(host);
+            let validity = served.validity.get(host).copied();
+            let stats = orders.get(host).cloned().unwrap_or_default();
+            let failed = stats.last_error.is_some();
+            let state_name = match validity {
+                _ if internal => "internal",
+                None if failed => "failed",
+                None => "issuing",
+                Some((_, after)) if now_ms >= after => {
+                    if failed {
+                        "failed"
+                    } else {
+                        "renewing"
+                    }
+                }
+                Some((before, after)) if renewal_due(now_ms, before, after) => "renewing",
+                Some(_) => "valid",
+            };
+            let next_attempt_at = state.acme.failures.lock().expect("failures lock").get(host).filter(|_| failed && !internal).map(|f| {
+                let wait = f.next.saturating_duration_since(now).as_millis() as i64;
+                rfc3339_ms(now_ms + wait)
+            });
+            HostStatus {
+                host: host.clone(),
+                state: state_name,
+                not_before: validity.map(|(before, _)| rfc3339_ms(before)),
+                not_after: validity.map(|(_, after)| rfc3339_ms(after)),
+                issuer: served.issuers.get(host).cloned(),
+                orders: stats.orders,
+                last_error: stats.last_error,
+                last_error_at: stats.last_error_at_ms.map(rfc3339_ms),
+                next_attempt_at,
+                not_after_ms: validity.map(|(_, after)| after),
+            }
+        })
+        .collect()
+}
+
+/// The issuer of the chain's leaf: its common name, else the whole name.
+fn issuer_of(chain_pem: &str) -> Option<String> {
+    use rustls_pki_types::pem::PemObject;
+    let leaf = rustls_pki_types::CertificateDer::pem_slice_iter(chain_pem.as_bytes()).next()?.ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&leaf).ok()?;
+    let issuer = cert.issuer();
+    let name = issuer.iter_common_name().next().and_then(|cn| cn.as_str().ok()).map(str::to_string).unwrap_or_else(|| issuer.to_string());
+    Some(cloudweb_protocol::misc::one_line(&name, 200))
 }
 
 /// Not before and not after of the chain's first (leaf) certificate.
@@ -366,6 +505,7 @@ mod tests {
             version: "v1".into(),
             certificates: vec![HostCertificate { host: "a.example.com".into(), chain_pem: "c".into(), key_pem: "k".into(), not_after_ms: 1 }],
             validity: HashMap::new(),
+            issuers: HashMap::new(),
         });
         assert_eq!(acme.certificate_set(None).certificates.unwrap().len(), 1);
         assert_eq!(acme.certificate_set(Some("v0")).certificates.unwrap().len(), 1);

@@ -22,10 +22,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
-use base64::Engine;
-use sha2::Digest;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
+use super::listener_cert::ListenerCert;
 use super::{ConnectionPeer, PeerCert};
 use crate::ca::{self, ClusterCa};
 
@@ -77,36 +76,32 @@ pub enum TlsSetupError {
     Pem,
 }
 
-/// The listener's TLS configuration and the pin of its public key:
-/// `sha256//<base64 of the SHA-256 of the SubjectPublicKeyInfo>`, the form
-/// curl's `--pinnedpubkey` takes.
+/// The listener's TLS configuration, the pin of its public key
+/// (`sha256//<base64 of the SHA-256 of the SubjectPublicKeyInfo>`, the form
+/// curl's `--pinnedpubkey` takes) and its certificate, which
+/// [`listener_cert::renew`](super::listener_cert::renew) renews.
 pub fn server_config(
     ca: &ClusterCa,
     data_dir: &std::path::Path,
     hosts: &[String],
     now: time::OffsetDateTime,
-) -> Result<(ServerConfig, String), TlsSetupError> {
+    lifetime: time::Duration,
+) -> Result<(ServerConfig, String, Arc<ListenerCert>), TlsSetupError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
     roots.add(ca.cert_der().clone())?;
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .allow_unauthenticated()
         .build()?;
-    let issued = ca.issue_server_cert(data_dir, hosts, now)?;
-    let leaf = ca::first_cert_der(&issued.cert_pem).ok_or(TlsSetupError::Pem)?;
-    let (_, parsed) = X509Certificate::from_der(&leaf).map_err(|_| TlsSetupError::Pem)?;
-    let spki_sha256 = sha2::Sha256::digest(parsed.tbs_certificate.subject_pki.raw);
-    let pin = format!("sha256//{}", base64::engine::general_purpose::STANDARD.encode(spki_sha256));
-    let key = ca::private_key_der(&issued.key_pem).ok_or(TlsSetupError::Pem)?;
-    // The CA goes into the chain so an agent can pin it by fingerprint
-    // before it trusts anything else.
-    let chain = vec![leaf, ca.cert_der().clone()];
+    let cert = Arc::new(ListenerCert::load_or_issue(ca, provider.clone(), data_dir, hosts, now, lifetime)?);
+    let pin = super::listener_cert::pin_of(&cert.leaf())?;
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)?;
+        .with_cert_resolver(cert.clone());
+    config.session_storage = cert.sessions();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok((config, pin))
+    Ok((config, pin, cert))
 }
 
 /// Reads the node id (the certificate's common name) and fingerprint of a
@@ -271,8 +266,10 @@ impl Drop for InFlight {
     }
 }
 
-/// Accepts connections until the task is aborted.
-pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, router: Router, limits: ConnectionLimits) {
+/// Accepts connections until the task is aborted. A connection made before
+/// the certificate's latest renewal (`renewals` moved) is closed once its
+/// request in flight is answered.
+pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, router: Router, limits: ConnectionLimits, renewals: tokio::sync::watch::Receiver<u64>) {
     let acceptor = TlsAcceptor::from(tls);
     let unauthenticated = Unauthenticated::new(limits.max_unauthenticated, limits.max_unauthenticated_per_address);
     loop {
@@ -291,9 +288,11 @@ pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, router: Router
         let acceptor = acceptor.clone();
         let router = router.clone();
         let limits = limits.clone();
+        let mut renewals = renewals.clone();
+        renewals.mark_unchanged();
         tokio::spawn(async move {
             tokio::select! {
-                () = connection(tcp, accepted, &ticket, acceptor, router, &limits) => {}
+                () = connection(tcp, accepted, &ticket, acceptor, router, &limits, renewals) => {}
                 () = ticket.shed() => tracing::debug!(%remote, "shed an unauthenticated agent-listener connection"),
             }
         });
@@ -302,7 +301,15 @@ pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, router: Router
 
 /// One connection from accept to close: the handshake, then HTTP until the
 /// client closes or the connection has been idle too long.
-async fn connection(tcp: tokio::net::TcpStream, accepted: Instant, ticket: &Ticket, acceptor: TlsAcceptor, router: Router, limits: &ConnectionLimits) {
+async fn connection(
+    tcp: tokio::net::TcpStream,
+    accepted: Instant,
+    ticket: &Ticket,
+    acceptor: TlsAcceptor,
+    router: Router,
+    limits: &ConnectionLimits,
+    mut renewals: tokio::sync::watch::Receiver<u64>,
+) {
     let handshake_limit = limits.handshake_timeout.min(limits.unauthenticated_idle);
     let stream = match tokio::time::timeout_at(accepted + handshake_limit, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => stream,
@@ -343,13 +350,28 @@ async fn connection(tcp: tokio::net::TcpStream, accepted: Instant, ticket: &Tick
     // to hold a connection (join is open to anyone with TLS).
     builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     let serving = builder.serve_connection(TokioIo::new(stream), service);
-    tokio::select! {
-        result = serving => {
-            if let Err(err) = result {
-                tracing::debug!(error = %err, "agent connection ended with an error");
+    tokio::pin!(serving);
+    let idle = activity.idle_for(idle_limit);
+    tokio::pin!(idle);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            result = serving.as_mut() => {
+                if let Err(err) = result {
+                    tracing::debug!(error = %err, "agent connection ended with an error");
+                }
+                return;
+            }
+            () = idle.as_mut() => return,
+            // Made under a certificate since renewed: no new request on it,
+            // so the client's next one handshakes with the new certificate.
+            changed = renewals.changed(), if !closing => {
+                closing = true;
+                if changed.is_ok() {
+                    serving.as_mut().graceful_shutdown();
+                }
             }
         }
-        () = activity.idle_for(idle_limit) => {}
     }
 }
 

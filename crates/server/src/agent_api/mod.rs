@@ -13,6 +13,7 @@ mod join;
 mod logs;
 pub mod leave;
 pub mod listener;
+pub mod listener_cert;
 mod renew;
 mod report;
 mod stream;

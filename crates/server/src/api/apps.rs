@@ -281,6 +281,15 @@ pub async fn show(State(state): State<Arc<AppState>>, Path(name): Path<String>) 
     Ok(Json(answer))
 }
 
+/// The certificate of each host the app is served under: state, dates,
+/// issuer, orders placed and the last failure's reason.
+#[utoipa::path(get, path = "/api/apps/{name}/certificates", tag = "apps", params(("name" = String, Path, description = "The app's name")), responses((status = 200, description = "{\"certificates\": [{host, state, not_before, not_after, issuer, orders, last_error, last_error_at, next_attempt_at}]}", body = serde_json::Value), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
+pub async fn certificates(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let app = load(&state, &name).await?;
+    let hosts = crate::routes::app_hosts(&app.name, &state.config.base_domain, &app.domains);
+    Ok(Json(json!({ "certificates": crate::acme::host_status(&state, &hosts) })))
+}
+
 /// Deletes an app after queueing a stop for every instance it still runs.
 #[utoipa::path(delete, path = "/api/apps/{name}", tag = "apps", params(("name" = String, Path, description = "The app's name")), responses((status = 204, description = "Deleted"), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
 pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {

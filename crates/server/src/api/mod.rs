@@ -51,6 +51,7 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(apps::show, apps::remove))
         .routes(routes!(apps::set_env, apps::patch_env))
         .routes(routes!(apps::set_domains))
+        .routes(routes!(apps::certificates))
         .routes(routes!(apps::deploy))
         .routes(routes!(apps::rollback))
         .routes(routes!(deployments::of_app))

@@ -1,6 +1,8 @@
 //! ACME accounts and the certificates issued for public hosts. Keys arrive
 //! here already sealed; this module never sees them in the clear.
 
+use std::collections::HashMap;
+
 use sqlx::Row;
 
 use super::{Store, StoreError};
@@ -14,6 +16,15 @@ pub struct CertificateRow {
     pub not_before_ms: i64,
     pub not_after_ms: i64,
     pub issued_at_ms: i64,
+}
+
+/// Orders placed for one host and its last failure, if any since the
+/// last success.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CertificateOrders {
+    pub orders: i64,
+    pub last_error: Option<String>,
+    pub last_error_at_ms: Option<i64>,
 }
 
 impl Store {
@@ -77,6 +88,50 @@ impl Store {
 
     pub async fn delete_certificate(&self, host: &str) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM certificates WHERE host = $1").bind(host).execute(&self.pool).await?;
+        self.count_commit();
+        Ok(())
+    }
+
+    pub async fn certificate_orders(&self) -> Result<HashMap<String, CertificateOrders>, StoreError> {
+        let rows = sqlx::query("SELECT host, orders, last_error, last_error_at FROM certificate_orders").fetch_all(&self.pool).await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let orders = CertificateOrders { orders: r.get("orders"), last_error: r.get("last_error"), last_error_at_ms: r.get("last_error_at") };
+                (r.get("host"), orders)
+            })
+            .collect())
+    }
+
+    /// Counts one more order placed for `host`.
+    pub async fn count_certificate_order(&self, host: &str) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO certificate_orders (host, orders) VALUES ($1, 1) ON CONFLICT (host) DO UPDATE SET orders = certificate_orders.orders + 1")
+            .bind(host)
+            .execute(&self.pool)
+            .await?;
+        self.count_commit();
+        Ok(())
+    }
+
+    /// Records how the last order for `host` ended: `None` clears the
+    /// failure.
+    pub async fn set_certificate_error(&self, host: &str, error: Option<&str>, at_ms: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO certificate_orders (host, orders, last_error, last_error_at) VALUES ($1, 0, $2, $3) \
+             ON CONFLICT (host) DO UPDATE SET last_error = excluded.last_error, last_error_at = excluded.last_error_at",
+        )
+        .bind(host)
+        .bind(error)
+        .bind(error.map(|_| at_ms))
+        .execute(&self.pool)
+        .await?;
+        self.count_commit();
+        Ok(())
+    }
+
+    /// Forgets the orders of a host no longer served.
+    pub async fn delete_certificate_orders(&self, host: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM certificate_orders WHERE host = $1").bind(host).execute(&self.pool).await?;
         self.count_commit();
         Ok(())
     }

@@ -27,7 +27,7 @@ use sqlx::SqlitePool;
 
 pub use accounts::{ApiTokenRow, SessionRow, UserRow};
 pub use apps::{AppRefusal, AppRow};
-pub use certificates::CertificateRow;
+pub use certificates::{CertificateOrders, CertificateRow};
 pub use commands::{CommandRow, NewCommand};
 pub use deployments::{DeploymentRow, InstanceRow};
 pub use git::{AppGitLinkRow, DeploymentGitRow, GitlabAccountRow, GitlabSettingsRow};

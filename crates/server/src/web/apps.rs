@@ -249,6 +249,47 @@ pub async fn create(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Resp
     }
 }
 
+fn certificate_state_key(state: &str) -> &'static str {
+    match state {
+        "internal" => "cert.internal",
+        "issuing" => "cert.issuing",
+        "valid" => "cert.valid",
+        "renewing" => "cert.renewing",
+        _ => "cert.failed",
+    }
+}
+
+/// The certificate of each host the app answers on.
+fn certificates(ctx: &Ctx, app: &AppRow) -> Markup {
+    let hosts = crate::routes::app_hosts(&app.name, &ctx.state.config.base_domain, &app.domains);
+    let statuses = crate::acme::host_status(&ctx.state, &hosts);
+    html! {
+        h3 { (ctx.t("apps.certificates")) }
+        div.scroll { table.certificates {
+            thead { tr {
+                th scope="col" { (ctx.t("apps.cert_host")) }
+                th scope="col" { (ctx.t("apps.cert_state")) }
+                th scope="col" { (ctx.t("apps.cert_not_after")) }
+                th scope="col" { (ctx.t("apps.cert_issuer")) }
+                th scope="col" { (ctx.t("apps.cert_orders")) }
+                th scope="col" { (ctx.t("apps.cert_error")) }
+            } }
+            tbody {
+                @for status in &statuses {
+                    tr data-host=(status.host) data-state=(status.state) {
+                        td { code { (status.host) } }
+                        td { (ctx.t(certificate_state_key(status.state))) }
+                        td { @if let Some(ms) = status.not_after_ms { (super::format::datetime(ms)) } @else { "–" } }
+                        td { (status.issuer.as_deref().unwrap_or("–")) }
+                        td { (status.orders) }
+                        td { (status.last_error.as_deref().unwrap_or("–")) }
+                    }
+                }
+            }
+        } }
+    }
+}
+
 /// One app's page body. `env_names` are the names only: values are never
 /// read back for display.
 pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[DeploymentRow]) -> Markup {
@@ -302,6 +343,7 @@ pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[De
                 textarea id="domains" name="domains" rows="3" { (domains.join("\n")) }
                 button type="submit" { (ctx.t("apps.save")) }
             }
+            (certificates(ctx, app))
         }
         section {
             h2 { (ctx.t("apps.env")) }
