@@ -187,7 +187,8 @@ async fn one_pebble_certificate_per_host_served_and_renewed_by_two_ingress_nodes
 /// each order passes only if the ingress the name points at shows the
 /// `acme-tls/1` certificate. Two hosts point at two different ingress
 /// nodes, so each node answers one validation from the challenge files its
-/// agent put in Caddy's storage.
+/// agent put in Caddy's storage; a third points nowhere, and its failed
+/// order logs the CA's reason.
 #[tokio::test(flavor = "multi_thread")]
 async fn tls_alpn_01_answered_by_each_ingress_node() {
     const HOSTS: [(&str, &str); 2] = [("alpn-a.example.com", "127.0.0.2"), ("alpn-b.example.com", "127.0.0.3")];
@@ -197,6 +198,9 @@ async fn tls_alpn_01_answered_by_each_ingress_node() {
     for (host, ip) in HOSTS {
         pebble.point(host, ip).await.unwrap();
     }
+    // A third name reaches no ingress at all: its order fails, and says why.
+    const UNREACHABLE: &str = "alpn-z.example.com";
+    pebble.point(UNREACHABLE, "127.0.0.4").await.unwrap();
     let ca_root = pebble.ca_root.display().to_string();
     let Platform { tmp, git, server } = start_platform(&[
         "--base-domain", "test", "--heartbeat-flush-seconds", "1",
@@ -230,7 +234,8 @@ async fn tls_alpn_01_answered_by_each_ingress_node() {
     let app = unique_name("alpn");
     git.commit(&app, &[("Dockerfile", DOCKERFILE), ("index.html", "hello\n")], "first").unwrap();
     let created = Instant::now();
-    let domains: Vec<&str> = HOSTS.iter().map(|(host, _)| *host).collect();
+    let mut domains: Vec<&str> = HOSTS.iter().map(|(host, _)| *host).collect();
+    domains.push(UNREACHABLE);
     let (status, body) = server
         .call(Method::POST, "/api/apps", Some(json!({"name": app, "repo_url": git.url(&app), "port": 8080, "domains": domains, "health_timeout_seconds": 10})))
         .await
@@ -268,13 +273,22 @@ async fn tls_alpn_01_answered_by_each_ingress_node() {
         assert_eq!(response.status(), 503, "{host}");
         assert_eq!(response.text().await.unwrap(), "no healthy instance\n", "{host}");
     }
-    // One order per host, both validated by TLS-ALPN-01 (HTTP-01 could not
-    // have passed), and each node put the challenges in place.
+    // The unreachable name's order ends with the CA's reason in the log
+    // (and is tried again after a minute, with backoff).
+    let failure = wait_for(Duration::from_secs(60), "the unreachable name's order to fail", || async {
+        let log = server.process.log_text();
+        log.lines().find(|l| l.contains("could not obtain a certificate") && l.contains(UNREACHABLE)).map(str::to_string)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&server, &nodes, &pebble)));
+    assert!(failure.contains("tls-alpn-01") && failure.contains("127.0.0.4"), "the CA's reason: {failure}");
+    // One order per host, all through TLS-ALPN-01 (HTTP-01 could not have
+    // passed), and each node put the challenges in place.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(pebble.orders(), 2, "one order per host\n{}", pebble.process.log_text());
+    assert_eq!(pebble.orders(), 3, "one order per host\n{}", pebble.process.log_text());
     let server_log = server.process.log_text();
     let answered: Vec<&str> = server_log.lines().filter(|l| l.contains("answering the ACME challenge")).collect();
-    assert_eq!(answered.len(), 2, "{server_log}");
+    assert_eq!(answered.len(), 3, "{server_log}");
     assert!(answered.iter().all(|l| l.contains("tls-alpn-01")), "{answered:?}");
     for (agent, ip) in &nodes {
         assert!(agent.log_text().contains("TLS-ALPN-01 challenges in place"), "ingress {ip}:\n{}", agent.log_text());

@@ -456,7 +456,8 @@ async fn obtain(state: &AppState, host: &str) -> Result<CertificateRow, AcmeErro
     let retry = RetryPolicy::new().initial_delay(Duration::from_millis(250)).backoff(1.5).timeout(Duration::from_secs(120));
     let status = order.poll_ready(&retry).await?;
     if status != OrderStatus::Ready {
-        return Err(AcmeError::Other(format!("the order for {host} is {status:?} (the challenge was not validated)")));
+        let why = invalid_reasons(&mut order).await;
+        return Err(AcmeError::Other(format!("the order for {host} is {status:?}: the CA did not validate the challenge{why}")));
     }
     drop(pending);
     let key_pem = order.finalize().await?;
@@ -470,6 +471,29 @@ async fn obtain(state: &AppState, host: &str) -> Result<CertificateRow, AcmeErro
         not_after_ms,
         issued_at_ms: state.clock.now_ms(),
     })
+}
+
+/// What the CA says about the challenges that failed (their problem
+/// documents), as ` (<type>: <detail>; …)`, for a CA that marks the order
+/// invalid without an error of its own (pebble sets one, which
+/// `poll_ready` returns as the error); empty when it cannot be read.
+async fn invalid_reasons(order: &mut instant_acme::Order) -> String {
+    let mut reasons = Vec::new();
+    let mut authorizations = order.authorizations();
+    while let Some(Ok(mut authorization)) = authorizations.next().await {
+        let Ok(state) = authorization.refresh().await else { break };
+        for challenge in &state.challenges {
+            if let Some(problem) = &challenge.error {
+                let detail = problem.detail.as_deref().unwrap_or("no detail");
+                reasons.push(format!("{}: {detail}", challenge_name(&challenge.r#type)));
+            }
+        }
+    }
+    if reasons.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", reasons.join("; "))
+    }
 }
 
 /// Not before and not after of the chain's first (leaf) certificate.
