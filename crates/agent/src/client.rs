@@ -562,6 +562,16 @@ impl ControlPlane {
         Self::json(self.send(request).await?).await
     }
 
+    /// The pending TLS-ALPN-01 challenges; `applied` is the version this
+    /// ingress has put in place.
+    pub async fn tls_alpn(&self, applied: Option<&str>) -> Result<cloudweb_protocol::TlsAlpnChallenges, ClientError> {
+        let mut request = self.http().get(self.url(paths::ACME_TLS_ALPN));
+        if let Some(applied) = applied {
+            request = request.query(&[("applied", applied)]);
+        }
+        Self::json(self.send(request).await?).await
+    }
+
     /// The key authorization of a pending HTTP-01 challenge; `None` when
     /// the control plane has no challenge with this token.
     pub async fn acme_challenge(&self, token: &str) -> Result<Option<String>, ClientError> {

@@ -1,6 +1,6 @@
 //! Real ACME end to end: Debian's pebble issues certificates to the control
-//! plane through HTTP-01 challenges answered by real Caddy on two ingress
-//! nodes, and both nodes serve the one certificate per host.
+//! plane through HTTP-01 and TLS-ALPN-01 challenges answered by real Caddy
+//! on two ingress nodes, and both nodes serve the one certificate per host.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +19,10 @@ const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\nCOPY index.html /ww
 /// The leaf certificate (DER) an ingress at `ip:port` presents for `HOST`,
 /// verified against `root`; `None` while the handshake fails.
 async fn served_leaf(ip: &str, port: u16, root: &rustls::RootCertStore) -> Option<Vec<u8>> {
+    served_leaf_for(HOST, ip, port, root).await
+}
+
+async fn served_leaf_for(host: &str, ip: &str, port: u16, root: &rustls::RootCertStore) -> Option<Vec<u8>> {
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
         .ok()?
@@ -26,7 +30,7 @@ async fn served_leaf(ip: &str, port: u16, root: &rustls::RootCertStore) -> Optio
         .with_no_client_auth();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect((ip, port))).await.ok()?.ok()?;
-    let name = rustls::pki_types::ServerName::try_from(HOST).ok()?;
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).ok()?;
     let mut tls = tokio::time::timeout(Duration::from_secs(5), connector.connect(name, stream)).await.ok()?.ok()?;
     let leaf = tls.get_ref().1.peer_certificates()?.first()?.to_vec();
     let _ = tls.shutdown().await;
@@ -231,4 +235,117 @@ async fn one_pebble_certificate_per_host_served_and_renewed_by_two_ingress_nodes
     assert_eq!(failed["orders"], 1, "{failed}");
     assert!(failed["not_after"].is_null() && !failed["next_attempt_at"].is_null(), "{failed}");
     drop(a);
+}
+
+/// TLS-ALPN-01 only: pebble's HTTP-01 port is one nobody listens on, so
+/// each order passes only if the ingress the name points at shows the
+/// `acme-tls/1` certificate. Two hosts point at two different ingress
+/// nodes, so each node answers one validation from the challenge files its
+/// agent put in Caddy's storage; a third points nowhere, and its failed
+/// order logs the CA's reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_alpn_01_answered_by_each_ingress_node() {
+    const HOSTS: [(&str, &str); 2] = [("alpn-a.example.com", "127.0.0.2"), ("alpn-b.example.com", "127.0.0.3")];
+    let (http_port, https_port, unused_port) = (free_port(), free_port(), free_port());
+    let pebble_dir = tempfile::tempdir().unwrap();
+    let pebble = Pebble::start(pebble_dir.path(), PebblePorts { http: unused_port, tls: https_port }, 3600).await.unwrap();
+    for (host, ip) in HOSTS {
+        pebble.point(host, ip).await.unwrap();
+    }
+    // A third name reaches no ingress at all: its order fails, and says why.
+    const UNREACHABLE: &str = "alpn-z.example.com";
+    pebble.point(UNREACHABLE, "127.0.0.4").await.unwrap();
+    let ca_root = pebble.ca_root.display().to_string();
+    let Platform { tmp, git, server } = start_platform(&[
+        "--base-domain", "test", "--heartbeat-flush-seconds", "1",
+        "--acme-ca", &pebble.directory, "--acme-ca-root", &ca_root, "--acme-challenge", "tls-alpn-01",
+    ])
+    .await
+    .unwrap();
+    let (http, https, caddy) = (http_port.to_string(), https_port.to_string(), caddy_bin().display().to_string());
+    let mut nodes = Vec::new();
+    for (name, ip) in [("alpn-a", "127.0.0.2"), ("alpn-b", "127.0.0.3")] {
+        let (token, ca) = server.join_token().await.unwrap();
+        let mut agent = AgentNode::join(&server, &tmp.path().join(name), name, &token, &ca, &["--ingress"]).unwrap().unwrap();
+        agent
+            .start(&[
+                "--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1",
+                "--caddy-bin", &caddy, "--http-port", &http, "--https-port", &https, "--ingress-ip", ip,
+            ])
+            .unwrap();
+        nodes.push((agent, ip));
+    }
+    for (agent, _) in &nodes {
+        let node_id = agent.node_id.clone();
+        wait_for(Duration::from_secs(30), "the ingress to run", || async {
+            let node = server.node(&node_id).await.ok()?;
+            node["features"].as_array()?.contains(&json!("traffic-metrics")).then_some(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
+    }
+
+    let app = unique_name("alpn");
+    git.commit(&app, &[("Dockerfile", DOCKERFILE), ("index.html", "hello\n")], "first").unwrap();
+    let created = Instant::now();
+    let mut domains: Vec<&str> = HOSTS.iter().map(|(host, _)| *host).collect();
+    domains.push(UNREACHABLE);
+    let (status, body) = server
+        .call(Method::POST, "/api/apps", Some(json!({"name": app, "repo_url": git.url(&app), "port": 8080, "domains": domains, "health_timeout_seconds": 10})))
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "{body}");
+
+    let mut roots = rustls::RootCertStore::empty();
+    let root_pem = pebble.issuing_root().await.unwrap();
+    for cert in <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(root_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    for (host, ip) in HOSTS {
+        let leaf = wait_for(Duration::from_secs(90), "a pebble certificate through TLS-ALPN-01", || served_leaf_for(host, ip, https_port, &roots))
+            .await
+            .unwrap_or_else(|e| panic!("{host}: {e}\n{}", logs(&server, &nodes, &pebble)));
+        println!("figure: {host}: certificate from pebble through TLS-ALPN-01 after {:.1} s", created.elapsed().as_secs_f64());
+        let (_, issuer) = serial_and_issuer(&leaf);
+        assert!(issuer.to_lowercase().contains("pebble"), "issued by pebble: {issuer}");
+        // The other ingress node serves the same certificate.
+        let other = if ip == "127.0.0.2" { "127.0.0.3" } else { "127.0.0.2" };
+        let there = wait_for(Duration::from_secs(30), "the other ingress to serve it", || served_leaf_for(host, other, https_port, &roots))
+            .await
+            .unwrap_or_else(|e| panic!("{host}: {e}\n{}", logs(&server, &nodes, &pebble)));
+        assert_eq!(leaf, there, "{host}: one certificate for the cluster");
+        // Over HTTPS with pebble's chain: no instance runs, so the
+        // ingress's own "no healthy instance" comes back.
+        let client = reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(root_pem.as_bytes()).unwrap())
+            .resolve(host, format!("{ip}:{https_port}").parse().unwrap())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        let response = client.get(format!("https://{host}:{https_port}/")).send().await.unwrap_or_else(|e| panic!("{host} over HTTPS: {e:?}"));
+        assert_eq!(response.status(), 503, "{host}");
+        assert_eq!(response.text().await.unwrap(), "no healthy instance\n", "{host}");
+    }
+    // The unreachable name's order ends with the CA's reason in the log
+    // (and is tried again after a minute, with backoff).
+    let failure = wait_for(Duration::from_secs(60), "the unreachable name's order to fail", || async {
+        let log = server.process.log_text();
+        log.lines().find(|l| l.contains("could not obtain a certificate") && l.contains(UNREACHABLE)).map(str::to_string)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", logs(&server, &nodes, &pebble)));
+    assert!(failure.contains("tls-alpn-01") && failure.contains("127.0.0.4"), "the CA's reason: {failure}");
+    // One order per host, all through TLS-ALPN-01 (HTTP-01 could not have
+    // passed), and each node put the challenges in place.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(pebble.orders(), 3, "one order per host\n{}", pebble.process.log_text());
+    let server_log = server.process.log_text();
+    let answered: Vec<&str> = server_log.lines().filter(|l| l.contains("answering the ACME challenge")).collect();
+    assert_eq!(answered.len(), 3, "{server_log}");
+    assert!(answered.iter().all(|l| l.contains("tls-alpn-01")), "{answered:?}");
+    for (agent, ip) in &nodes {
+        assert!(agent.log_text().contains("TLS-ALPN-01 challenges in place"), "ingress {ip}:\n{}", agent.log_text());
+        assert!(!agent.log_text().contains("answered an ACME HTTP-01 challenge"), "ingress {ip}");
+    }
 }

@@ -1,6 +1,6 @@
 //! Certificates the control plane obtains from the ACME CA for public host
-//! names and hands to every ingress node, and the HTTP-01 challenge answers
-//! every ingress node serves on its behalf.
+//! names and hands to every ingress node, and the HTTP-01 and TLS-ALPN-01
+//! challenge answers every ingress node serves on its behalf.
 //!
 //! One certificate per host serves the whole cluster: the control plane
 //! places one order per host, any ingress node answers the CA's challenge
@@ -40,6 +40,46 @@ impl std::fmt::Debug for HostCertificate {
     }
 }
 
+/// Body of `GET /agent/v1/acme-tls-alpn`: the TLS-ALPN-01 challenges the
+/// control plane's orders wait on. Every ingress node puts them where its
+/// Caddy looks for them at an `acme-tls/1` handshake.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct TlsAlpnChallenges {
+    /// Names the content: equal versions hold the same challenges. The
+    /// agent sends the version it has put in place as `?applied=`; the
+    /// control plane tells the CA a challenge is ready once every ready
+    /// ingress node applied it (or after a bounded wait).
+    pub version: String,
+    #[serde(default)]
+    pub challenges: Vec<TlsAlpnChallenge>,
+}
+
+/// One pending TLS-ALPN-01 challenge (RFC 8737).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TlsAlpnChallenge {
+    /// The DNS name being validated (the handshake's SNI).
+    pub host: String,
+    /// `token.thumbprint`: its SHA-256 goes into the `acmeIdentifier`
+    /// extension of the certificate shown to the CA.
+    pub key_authorization: String,
+}
+
+impl std::fmt::Debug for TlsAlpnChallenge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsAlpnChallenge").field("host", &self.host).finish_non_exhaustive()
+    }
+}
+
+/// A key authorization as RFC 8555 8.1 builds it: `token.thumbprint`, both
+/// base64url.
+pub fn key_authorization(field: &str, value: &str) -> Result<(), ValidationError> {
+    let Some((token, thumbprint)) = value.split_once('.') else {
+        return Err(ValidationError::new(field, "must be token.thumbprint"));
+    };
+    challenge_token(field, token)?;
+    challenge_token(field, thumbprint)
+}
+
 /// Whether a host gets its certificate from the ingress's own internal CA
 /// (`localhost`, `*.localhost`, `*.test`, `*.internal`, `*.local`,
 /// `*.invalid` and IP addresses: names no public CA issues for) rather
@@ -69,6 +109,14 @@ pub fn challenge_token(field: &str, value: &str) -> Result<(), ValidationError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_authorizations() {
+        assert!(key_authorization("k", "abc_DEF-1.thumb_print").is_ok());
+        for bad in ["", "abc", "abc.", ".abc", "a.b.c", "a/b.c", "a.b\n"] {
+            assert!(key_authorization("k", bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn internal_and_public_hosts() {

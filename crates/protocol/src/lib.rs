@@ -16,7 +16,7 @@ pub mod renew;
 pub mod validate;
 pub mod version;
 
-pub use certificates::{CertificateSet, HostCertificate};
+pub use certificates::{CertificateSet, HostCertificate, TlsAlpnChallenge, TlsAlpnChallenges};
 pub use commands::{Command, CommandKind, CommandList, StopPayload};
 pub use deploy::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Source, Spa, SshAccess, Strategy};
 pub use heartbeat::{
@@ -46,6 +46,8 @@ pub mod paths {
     /// `GET /agent/v1/acme-challenge/{token}`: the key authorization of a
     /// pending HTTP-01 challenge.
     pub const ACME_CHALLENGE: &str = "/agent/v1/acme-challenge";
+    /// The pending TLS-ALPN-01 challenges an ingress node answers.
+    pub const ACME_TLS_ALPN: &str = "/agent/v1/acme-tls-alpn";
 
     /// `GET /agent/v1/acme-challenge/{token}`.
     pub fn acme_challenge(token: &str) -> String {
@@ -65,7 +67,8 @@ pub mod events {
     pub const COMMANDS: &str = "commands";
     pub const ROUTES: &str = "routes";
     pub const PEERS: &str = "peers";
-    /// The set of ACME certificates changed (issued, renewed or removed).
+    /// The set of ACME certificates changed (issued, renewed or removed),
+    /// or the pending TLS-ALPN-01 challenges did.
     pub const CERTIFICATES: &str = "certificates";
 }
 

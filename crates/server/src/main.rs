@@ -124,6 +124,10 @@ struct ServeArgs {
     /// under, instead of the system's roots (a private or test CA).
     #[arg(long)]
     acme_ca_root: Option<PathBuf>,
+    /// The ACME challenge type to use: http-01 (port 80) or tls-alpn-01
+    /// (port 443). The other type is used when the CA does not offer it.
+    #[arg(long, default_value = "http-01")]
+    acme_challenge: String,
     /// Where GitLab, browsers and git hosts reach the user API, e.g.
     /// https://cloud.example.com (OAuth redirect URI, webhook URLs, links
     /// in commit statuses). Default: http://<api-listen>.
@@ -249,6 +253,7 @@ fn real_main() -> anyhow::Result<()> {
         },
         placement_wait: Duration::from_secs(args.placement_wait_seconds),
         acme: cloudweb_server::acme::AcmeSettings::parse(&args.acme_ca, args.acme_email.as_deref(), args.acme_ca_root)
+            .and_then(|settings| settings.with_challenge(&args.acme_challenge))
             .map_err(anyhow::Error::msg)?,
         node_cert_lifetime: Duration::from_secs(args.node_cert_seconds),
         listener_cert_lifetime: Duration::from_secs(args.listener_cert_seconds),

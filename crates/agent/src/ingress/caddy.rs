@@ -244,6 +244,12 @@ fn prepare(dir: &Path) -> Result<(PathBuf, PathBuf), CaddyError> {
     Ok((admin_socket, bootstrap))
 }
 
+/// Caddy's storage (certmagic's file system storage): `$XDG_DATA_HOME/caddy`,
+/// and both launch modes set `XDG_DATA_HOME` to `<dir>/data`.
+pub fn storage_dir(dir: &Path) -> PathBuf {
+    dir.join("data").join("caddy")
+}
+
 /// The admin block every configuration carries, so a load never moves the
 /// admin endpoint off the socket.
 pub fn admin_block(socket: &Path) -> serde_json::Value {

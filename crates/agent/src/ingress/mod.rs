@@ -91,6 +91,7 @@ pub async fn run(
         }
     };
     let mut state = Applied { directory, allowed, local, unavailable, table: None, loaded: None, certificates: acme::Certificates::default(), certificates_changed: false };
+    let mut tls_alpn = acme::TlsAlpn::new(&caddy::storage_dir(&options.dir));
     {
         let counter = shared.counter.clone();
         let socket = access_socket.clone();
@@ -140,6 +141,13 @@ pub async fn run(
                     tracing::debug!(error = %err, "certificates not read")
                 }
                 Err(err) => tracing::warn!(error = %err, "cannot read the ACME certificates"),
+            }
+            match tls_alpn.refresh(&client).await {
+                Ok(()) => {}
+                Err(err @ (crate::client::ClientError::Held { .. } | crate::client::ClientError::Status { status: 404, .. })) => {
+                    tracing::debug!(error = %err, "TLS-ALPN-01 challenges not read")
+                }
+                Err(err) => tracing::warn!(error = %err, "cannot read the TLS-ALPN-01 challenges"),
             }
             match client.routes().await {
                 Ok(table) => {

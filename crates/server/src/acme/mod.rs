@@ -1,15 +1,22 @@
 //! Certificates for public host names, obtained once for the whole cluster.
 //!
 //! The control plane is the only ACME client: it places one order per host
-//! with the CA (`--acme-ca`, Let's Encrypt by default) through the HTTP-01
-//! challenge, stores the certificate with its key sealed, and hands the set
-//! to every ingress node (`GET /agent/v1/certificates`, announced by the
-//! `certificates` event). Every ingress routes
-//! `/.well-known/acme-challenge/<token>` to its agent, which asks the
-//! control plane for the key authorization (`GET
-//! /agent/v1/acme-challenge/<token>`), so whichever ingress the CA's
-//! validation reaches answers it. N ingress nodes therefore make one order
-//! per host, not N.
+//! with the CA (`--acme-ca`, Let's Encrypt by default), stores the
+//! certificate with its key sealed, and hands the set to every ingress node
+//! (`GET /agent/v1/certificates`, announced by the `certificates` event).
+//! N ingress nodes therefore make one order per host, not N. Whichever
+//! ingress the CA's validation reaches answers the challenge
+//! (`--acme-challenge` picks the type; the other is used when the CA does
+//! not offer it):
+//! - HTTP-01: every ingress routes `/.well-known/acme-challenge/<token>` to
+//!   its agent, which asks the control plane for the key authorization
+//!   (`GET /agent/v1/acme-challenge/<token>`).
+//! - TLS-ALPN-01: Caddy answers an `acme-tls/1` handshake only from what
+//!   certmagic finds in its storage, so the pending challenges are pushed
+//!   (`GET /agent/v1/acme-tls-alpn`, announced by the `certificates`
+//!   event) and every agent writes them there; the CA is told the
+//!   challenge is ready once every ready ingress node reports it applied
+//!   (`?applied=<version>`), or after [`APPLY_WAIT`].
 //!
 //! [`run`] checks every few seconds, while at least one ingress node is
 //! ready: hosts of the route table that are public (see
@@ -32,14 +39,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use cloudweb_protocol::certificates::internal_host;
-use cloudweb_protocol::{events, CertificateSet, HostCertificate};
+use cloudweb_protocol::{events, CertificateSet, HostCertificate, TlsAlpnChallenge, TlsAlpnChallenges};
 use instant_acme::{
     Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount, NewOrder, OrderStatus, RetryPolicy,
 };
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
-pub use settings::{AcmeSettings, LETS_ENCRYPT};
+pub use settings::{AcmeSettings, Challenge, LETS_ENCRYPT};
 
 use crate::clock::rfc3339_ms;
 use crate::live::NodeState;
@@ -48,6 +55,9 @@ use crate::AppState;
 
 /// How often the manager looks for hosts to order or renew.
 const CHECK_EVERY: Duration = Duration::from_secs(2);
+/// How long a TLS-ALPN-01 challenge waits for every ready ingress node to
+/// put it in place before the CA is told to validate anyway.
+pub const APPLY_WAIT: Duration = Duration::from_secs(15);
 /// First and longest wait after a failed order.
 const FIRST_RETRY: Duration = Duration::from_secs(60);
 const LONGEST_RETRY: Duration = Duration::from_secs(3600);
@@ -57,6 +67,11 @@ const LONGEST_RETRY: Duration = Duration::from_secs(3600);
 pub struct Acme {
     /// Pending HTTP-01 challenges: token → key authorization.
     challenges: RwLock<HashMap<String, String>>,
+    /// Pending TLS-ALPN-01 challenges: host → key authorization, and the
+    /// version every ingress is to apply.
+    tls_alpn: RwLock<TlsAlpnPending>,
+    /// Per ingress node: the TLS-ALPN-01 version it last reported applied.
+    tls_alpn_applied: Mutex<HashMap<String, String>>,
     /// The certificates in force, keys opened, as agents get them.
     served: RwLock<Arc<Served>>,
     /// Hosts whose last order failed, and when to try again.
@@ -64,6 +79,29 @@ pub struct Acme {
     account: tokio::sync::Mutex<Option<Account>>,
     /// Per host: orders placed and the last failure, as stored.
     orders: Mutex<HashMap<String, CertificateOrders>>,
+}
+
+#[derive(Default)]
+struct TlsAlpnPending {
+    challenges: std::collections::BTreeMap<String, String>,
+    version: String,
+}
+
+impl TlsAlpnPending {
+    fn set(&mut self, host: &str, key_authorization: Option<String>) {
+        match key_authorization {
+            Some(answer) => self.challenges.insert(host.to_string(), answer),
+            None => self.challenges.remove(host),
+        };
+        let mut digest = Sha256::new();
+        for (host, answer) in &self.challenges {
+            digest.update(host.as_bytes());
+            digest.update([0]);
+            digest.update(answer.as_bytes());
+            digest.update([0]);
+        }
+        self.version = hex::encode(&digest.finalize()[..16]);
+    }
 }
 
 #[derive(Default)]
@@ -104,10 +142,35 @@ impl Acme {
         CertificateSet { version: served.version.clone(), certificates }
     }
 
+    /// The pending TLS-ALPN-01 challenges, for an ingress node that has
+    /// put `applied` in place (recorded, so an order knows when every
+    /// ingress answers).
+    pub fn tls_alpn_challenges(&self, node_id: &str, applied: Option<&str>) -> TlsAlpnChallenges {
+        if let Some(applied) = applied {
+            self.tls_alpn_applied.lock().expect("applied lock").insert(node_id.to_string(), applied.to_string());
+        }
+        let pending = self.tls_alpn.read().expect("tls-alpn lock");
+        let version = if pending.version.is_empty() { empty_version() } else { pending.version.clone() };
+        TlsAlpnChallenges {
+            version,
+            challenges: pending.challenges.iter().map(|(host, answer)| TlsAlpnChallenge { host: host.clone(), key_authorization: answer.clone() }).collect(),
+        }
+    }
+
+    fn tls_alpn_version(&self) -> String {
+        let version = self.tls_alpn.read().expect("tls-alpn lock").version.clone();
+        if version.is_empty() { empty_version() } else { version }
+    }
+
     /// Not-after (Unix ms) of each host's certificate in force.
     pub fn expiries(&self) -> HashMap<String, i64> {
         self.served.read().expect("served lock").validity.iter().map(|(h, (_, after))| (h.clone(), *after)).collect()
     }
+}
+
+/// The version of no pending challenge.
+fn empty_version() -> String {
+    hex::encode(&Sha256::digest([])[..16])
 }
 
 /// The sealing context of a host's certificate key.
@@ -169,10 +232,21 @@ fn wanted_hosts(state: &AppState) -> HashSet<String> {
 /// Whether some ingress node runs Caddy with a table: only then can a
 /// challenge be answered.
 fn ingress_ready(state: &AppState) -> bool {
+    !ready_ingress_nodes(state).is_empty()
+}
+
+/// The ingress nodes that run Caddy with a table and are ready.
+fn ready_ingress_nodes(state: &AppState) -> Vec<String> {
     let now = Instant::now();
-    state.nodes.all().iter().any(|n| {
-        n.ingress && n.ingress_status.as_ref().is_some_and(|s| s.error.is_none()) && n.state(now, state.config.unreachable_after) == NodeState::Ready
-    })
+    state
+        .nodes
+        .all()
+        .iter()
+        .filter(|n| {
+            n.ingress && n.ingress_status.as_ref().is_some_and(|s| s.error.is_none()) && n.state(now, state.config.unreachable_after) == NodeState::Ready
+        })
+        .map(|n| n.id.clone())
+        .collect()
 }
 
 /// The certificate manager; runs for the life of the control plane.
@@ -290,20 +364,75 @@ async fn account(state: &AppState) -> Result<Account, AcmeError> {
 /// Removes its tokens from the pending challenges when the order ends,
 /// however it ends.
 struct PendingTokens<'a> {
-    acme: &'a Acme,
+    state: &'a AppState,
     tokens: Vec<String>,
+    /// Hosts with a pending TLS-ALPN-01 challenge.
+    hosts: Vec<String>,
 }
 
 impl Drop for PendingTokens<'_> {
     fn drop(&mut self) {
-        let mut challenges = self.acme.challenges.write().expect("challenges lock");
+        let mut challenges = self.state.acme.challenges.write().expect("challenges lock");
         for token in &self.tokens {
             challenges.remove(token);
+        }
+        if !self.hosts.is_empty() {
+            let mut pending = self.state.acme.tls_alpn.write().expect("tls-alpn lock");
+            for host in &self.hosts {
+                pending.set(host, None);
+            }
+            drop(pending);
+            // The ingress nodes delete what they put in place.
+            self.state.hub.notify_all(events::CERTIFICATES);
         }
     }
 }
 
-/// One order for `host`, through HTTP-01.
+/// The challenge of `authorization` to answer: the preferred type when the
+/// CA offers it, else the other one.
+fn pick_challenge(offered: &[ChallengeType], preferred: Challenge) -> Option<Challenge> {
+    let of = |kind: Challenge| match kind {
+        Challenge::Http01 => ChallengeType::Http01,
+        Challenge::TlsAlpn01 => ChallengeType::TlsAlpn01,
+    };
+    [preferred, preferred.other()].into_iter().find(|kind| offered.contains(&of(*kind)))
+}
+
+/// A challenge type as RFC 8555 and its extensions name it.
+fn challenge_name(kind: &ChallengeType) -> String {
+    match kind {
+        ChallengeType::Http01 => "http-01".to_string(),
+        ChallengeType::Dns01 => "dns-01".to_string(),
+        ChallengeType::TlsAlpn01 => "tls-alpn-01".to_string(),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+/// Waits until every ready ingress node reports the TLS-ALPN-01 version in
+/// force applied, at most [`APPLY_WAIT`]; says which did not.
+async fn wait_applied(state: &AppState, host: &str) {
+    let version = state.acme.tls_alpn_version();
+    let deadline = Instant::now() + APPLY_WAIT;
+    loop {
+        let missing: Vec<String> = {
+            let applied = state.acme.tls_alpn_applied.lock().expect("applied lock");
+            ready_ingress_nodes(state).into_iter().filter(|id| applied.get(id) != Some(&version)).collect()
+        };
+        if missing.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            // An agent older than TLS-ALPN-01, or one that cannot write
+            // Caddy's storage: the CA may still reach another node.
+            tracing::warn!(%host, nodes = ?missing, "ingress nodes did not report the TLS-ALPN-01 challenge in place; asking the CA to validate anyway");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One order for `host`, through the preferred challenge type (or the
+/// other one, when the CA does not offer it).
 async fn obtain(state: &AppState, host: &str) -> Result<CertificateRow, AcmeError> {
     let account = account(state).await?;
     let identifiers = [Identifier::Dns(host.to_string())];
@@ -311,7 +440,7 @@ async fn obtain(state: &AppState, host: &str) -> Result<CertificateRow, AcmeErro
     tracing::info!(%host, order = %order.url(), "placed an ACME order");
     state.store.count_certificate_order(host).await?;
     state.acme.orders.lock().expect("orders lock").entry(host.to_string()).or_default().orders += 1;
-    let mut pending = PendingTokens { acme: &state.acme, tokens: Vec::new() };
+    let mut pending = PendingTokens { state, tokens: Vec::new(), hosts: Vec::new() };
     {
         let mut authorizations = order.authorizations();
         while let Some(authorization) = authorizations.next().await {
@@ -321,14 +450,35 @@ async fn obtain(state: &AppState, host: &str) -> Result<CertificateRow, AcmeErro
                 AuthorizationStatus::Valid => continue,
                 other => return Err(AcmeError::Other(format!("authorization for {host} is {other:?}"))),
             }
-            let mut challenge = authorization
-                .challenge(ChallengeType::Http01)
-                .ok_or_else(|| AcmeError::Other(format!("the CA offers no HTTP-01 challenge for {host}")))?;
+            let offered: Vec<ChallengeType> = authorization.challenges.iter().map(|c| c.r#type.clone()).collect();
+            let Some(kind) = pick_challenge(&offered, state.config.acme.challenge) else {
+                let names: Vec<String> = offered.iter().map(challenge_name).collect();
+                return Err(AcmeError::Other(format!(
+                    "the CA offers neither HTTP-01 nor TLS-ALPN-01 for {host} (it offers: {}); the cluster can answer no other type",
+                    if names.is_empty() { "nothing".to_string() } else { names.join(", ") }
+                )));
+            };
+            let challenge_type = match kind {
+                Challenge::Http01 => ChallengeType::Http01,
+                Challenge::TlsAlpn01 => ChallengeType::TlsAlpn01,
+            };
+            let mut challenge = authorization.challenge(challenge_type).expect("offered");
             let token = challenge.token.clone();
             cloudweb_protocol::certificates::challenge_token("token", &token).map_err(|e| AcmeError::Other(format!("the CA sent an unusable challenge: {e}")))?;
             let key_authorization = challenge.key_authorization().as_str().to_string();
-            state.acme.challenges.write().expect("challenges lock").insert(token.clone(), key_authorization);
-            pending.tokens.push(token);
+            match kind {
+                Challenge::Http01 => {
+                    state.acme.challenges.write().expect("challenges lock").insert(token.clone(), key_authorization);
+                    pending.tokens.push(token);
+                }
+                Challenge::TlsAlpn01 => {
+                    state.acme.tls_alpn.write().expect("tls-alpn lock").set(host, Some(key_authorization));
+                    pending.hosts.push(host.to_string());
+                    state.hub.notify_all(events::CERTIFICATES);
+                    wait_applied(state, host).await;
+                }
+            }
+            tracing::info!(%host, challenge = kind.name(), "answering the ACME challenge");
             challenge.set_ready().await?;
         }
     }
@@ -337,8 +487,8 @@ async fn obtain(state: &AppState, host: &str) -> Result<CertificateRow, AcmeErro
     let retry = RetryPolicy::new().initial_delay(Duration::from_millis(250)).backoff(1.5).timeout(Duration::from_secs(120));
     let status = order.poll_ready(&retry).await?;
     if status != OrderStatus::Ready {
-        let reason = challenge_problems(&mut order).await.unwrap_or_else(|| "the challenge was not validated".to_string());
-        return Err(AcmeError::Other(format!("the order for {host} is {status:?}: {reason}")));
+        let why = invalid_reasons(&mut order).await;
+        return Err(AcmeError::Other(format!("the order for {host} is {status:?}: the CA did not validate the challenge{why}")));
     }
     drop(pending);
     let key_pem = order.finalize().await?;
@@ -352,20 +502,6 @@ async fn obtain(state: &AppState, host: &str) -> Result<CertificateRow, AcmeErro
         not_after_ms,
         issued_at_ms: state.clock.now_ms(),
     })
-}
-
-/// What the CA said about the failed challenges of an order, if anything.
-async fn challenge_problems(order: &mut instant_acme::Order) -> Option<String> {
-    let mut problems = Vec::new();
-    let mut authorizations = order.authorizations();
-    while let Some(Ok(authorization)) = authorizations.next().await {
-        for challenge in &authorization.challenges {
-            if let Some(problem) = &challenge.error {
-                problems.push(problem.detail.clone().unwrap_or_else(|| problem.to_string()));
-            }
-        }
-    }
-    (!problems.is_empty()).then(|| problems.join("; "))
 }
 
 /// Keeps how the last order for `host` ended, in memory and in the store.
@@ -459,6 +595,27 @@ fn issuer_of(chain_pem: &str) -> Option<String> {
     let issuer = cert.issuer();
     let name = issuer.iter_common_name().next().and_then(|cn| cn.as_str().ok()).map(str::to_string).unwrap_or_else(|| issuer.to_string());
     Some(cloudweb_protocol::misc::one_line(&name, 200))
+/// What the CA says about the challenges that failed (their problem
+/// documents), as ` (<type>: <detail>; …)`, for a CA that marks the order
+/// invalid without an error of its own (pebble sets one, which
+/// `poll_ready` returns as the error); empty when it cannot be read.
+async fn invalid_reasons(order: &mut instant_acme::Order) -> String {
+    let mut reasons = Vec::new();
+    let mut authorizations = order.authorizations();
+    while let Some(Ok(mut authorization)) = authorizations.next().await {
+        let Ok(state) = authorization.refresh().await else { break };
+        for challenge in &state.challenges {
+            if let Some(problem) = &challenge.error {
+                let detail = problem.detail.as_deref().unwrap_or("no detail");
+                reasons.push(format!("{}: {detail}", challenge_name(&challenge.r#type)));
+            }
+        }
+    }
+    if reasons.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", reasons.join("; "))
+    }
 }
 
 /// Not before and not after of the chain's first (leaf) certificate.
@@ -496,6 +653,37 @@ mod tests {
         let cert = params.self_signed(&key).unwrap();
         assert_eq!(validity_of(&cert.pem()).unwrap(), (1_700_000_000_000, 1_700_086_400_000));
         assert!(validity_of("nothing").is_err());
+    }
+
+    #[test]
+    fn picks_the_preferred_challenge_then_the_other() {
+        use ChallengeType::*;
+        assert_eq!(pick_challenge(&[Http01, Dns01, TlsAlpn01], Challenge::TlsAlpn01), Some(Challenge::TlsAlpn01));
+        assert_eq!(pick_challenge(&[Http01, Dns01, TlsAlpn01], Challenge::Http01), Some(Challenge::Http01));
+        assert_eq!(pick_challenge(&[Dns01, Http01], Challenge::TlsAlpn01), Some(Challenge::Http01));
+        assert_eq!(pick_challenge(&[TlsAlpn01], Challenge::Http01), Some(Challenge::TlsAlpn01));
+        assert_eq!(pick_challenge(&[Dns01], Challenge::Http01), None);
+        assert_eq!(pick_challenge(&[], Challenge::TlsAlpn01), None);
+        assert_eq!(challenge_name(&Dns01), "dns-01");
+    }
+
+    #[test]
+    fn tls_alpn_challenges_are_versioned_and_acknowledged() {
+        let acme = Acme::default();
+        let empty = acme.tls_alpn_challenges("n-1", None);
+        assert!(empty.challenges.is_empty());
+        assert_eq!(empty.version, empty_version());
+        acme.tls_alpn.write().unwrap().set("a.example.com", Some("t.k".into()));
+        let one = acme.tls_alpn_challenges("n-1", Some(&empty.version));
+        assert_ne!(one.version, empty.version);
+        assert_eq!(one.challenges, vec![TlsAlpnChallenge { host: "a.example.com".into(), key_authorization: "t.k".into() }]);
+        assert_eq!(acme.tls_alpn_applied.lock().unwrap().get("n-1"), Some(&empty.version));
+        acme.tls_alpn_challenges("n-1", Some(&one.version));
+        assert_eq!(acme.tls_alpn_applied.lock().unwrap().get("n-1"), Some(&one.version));
+        assert_eq!(acme.tls_alpn_version(), one.version);
+        acme.tls_alpn.write().unwrap().set("a.example.com", None);
+        assert_eq!(acme.tls_alpn_challenges("n-2", None).version, empty.version, "back to no challenge");
+        assert!(!acme.tls_alpn_applied.lock().unwrap().contains_key("n-2"));
     }
 
     #[test]

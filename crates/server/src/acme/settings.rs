@@ -1,4 +1,5 @@
-//! `--acme-ca`, `--acme-email` and `--acme-ca-root`, checked once at start.
+//! `--acme-ca`, `--acme-email`, `--acme-ca-root` and `--acme-challenge`,
+//! checked once at start.
 
 use std::path::PathBuf;
 
@@ -14,11 +15,51 @@ pub struct AcmeSettings {
     /// A PEM file with the one root the CA's directory is served under,
     /// instead of the system's roots (a test or private CA).
     pub ca_root: Option<PathBuf>,
+    /// The challenge type orders use when the CA offers it.
+    pub challenge: Challenge,
+}
+
+/// The ACME challenge types the cluster can answer on every ingress node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Challenge {
+    /// RFC 8555 8.3: the CA fetches `http://<host>/.well-known/acme-challenge/<token>`
+    /// (port 80).
+    #[default]
+    Http01,
+    /// RFC 8737: the CA opens TLS with ALPN `acme-tls/1` to the host
+    /// (port 443) and checks the certificate it is shown.
+    TlsAlpn01,
+}
+
+impl Challenge {
+    pub fn name(self) -> &'static str {
+        match self {
+            Challenge::Http01 => "http-01",
+            Challenge::TlsAlpn01 => "tls-alpn-01",
+        }
+    }
+
+    /// The other type, tried when the CA does not offer this one.
+    pub fn other(self) -> Challenge {
+        match self {
+            Challenge::Http01 => Challenge::TlsAlpn01,
+            Challenge::TlsAlpn01 => Challenge::Http01,
+        }
+    }
+
+    /// `--acme-challenge`'s value.
+    pub fn parse(value: &str) -> Result<Challenge, String> {
+        match value {
+            "http-01" => Ok(Challenge::Http01),
+            "tls-alpn-01" => Ok(Challenge::TlsAlpn01),
+            _ => Err(format!("--acme-challenge {value:?} must be http-01 or tls-alpn-01")),
+        }
+    }
 }
 
 impl Default for AcmeSettings {
     fn default() -> Self {
-        AcmeSettings { directory: LETS_ENCRYPT.to_string(), email: None, ca_root: None }
+        AcmeSettings { directory: LETS_ENCRYPT.to_string(), email: None, ca_root: None, challenge: Challenge::Http01 }
     }
 }
 
@@ -48,7 +89,13 @@ impl AcmeSettings {
                 _ => return Err(format!("--acme-ca-root {} holds no PEM certificate", path.display())),
             }
         }
-        Ok(AcmeSettings { directory: url.to_string(), email, ca_root })
+        Ok(AcmeSettings { directory: url.to_string(), email, ca_root, challenge: Challenge::Http01 })
+    }
+
+    /// Sets the preferred challenge type from `--acme-challenge`.
+    pub fn with_challenge(mut self, value: &str) -> Result<AcmeSettings, String> {
+        self.challenge = Challenge::parse(value)?;
+        Ok(self)
     }
 }
 
@@ -101,6 +148,18 @@ mod tests {
         for bad in ["", "ops", "@example.com", "ops@", "ops@localhost", "o ps@example.com", "ops@exa mple.com", "a,b@example.com", "ops@example.com\n"] {
             let err = AcmeSettings::parse(LETS_ENCRYPT, Some(bad), None).unwrap_err();
             assert!(err.starts_with("--acme-email"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn checks_the_challenge() {
+        assert_eq!(AcmeSettings::default().challenge, Challenge::Http01);
+        let settings = AcmeSettings::default().with_challenge("tls-alpn-01").unwrap();
+        assert_eq!(settings.challenge, Challenge::TlsAlpn01);
+        assert_eq!(settings.challenge.other(), Challenge::Http01);
+        assert_eq!(AcmeSettings::default().with_challenge("http-01").unwrap().challenge, Challenge::Http01);
+        for bad in ["", "dns-01", "HTTP-01", "tls-alpn-01 "] {
+            assert!(AcmeSettings::default().with_challenge(bad).unwrap_err().starts_with("--acme-challenge"), "{bad:?}");
         }
     }
 

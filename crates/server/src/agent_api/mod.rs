@@ -74,6 +74,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(paths::STREAM, get(stream::stream))
         .route(paths::CERTIFICATES, get(certificates::certificates))
         .route("/agent/v1/acme-challenge/{token}", get(certificates::challenge))
+        .route(paths::ACME_TLS_ALPN, get(certificates::tls_alpn))
         .route(paths::RENEW, post(renew::renew))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_node));
     Router::new()
