@@ -595,6 +595,8 @@ fn issuer_of(chain_pem: &str) -> Option<String> {
     let issuer = cert.issuer();
     let name = issuer.iter_common_name().next().and_then(|cn| cn.as_str().ok()).map(str::to_string).unwrap_or_else(|| issuer.to_string());
     Some(cloudweb_protocol::misc::one_line(&name, 200))
+}
+
 /// What the CA says about the challenges that failed (their problem
 /// documents), as ` (<type>: <detail>; …)`, for a CA that marks the order
 /// invalid without an error of its own (pebble sets one, which
