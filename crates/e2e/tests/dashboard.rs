@@ -304,6 +304,12 @@ async fn forms_create_an_app_set_env_and_domains_and_delete_it() {
     assert_eq!(post("/apps/shop/domains", vec![("domains", "shop.example.com\nwww.shop.example.com")]).await.unwrap().status(), 303);
     let app = dashboard.server.state.store.app("shop").await.unwrap().unwrap();
     assert_eq!(app.domains, r#"["shop.example.com","www.shop.example.com"]"#);
+    // The app page shows each host's certificate: public names wait for
+    // their first order (no ingress runs here), the default host is internal.
+    let (_, page) = dashboard.get(&cookie, "/apps/shop").await;
+    assert!(page.contains("Certificates"), "{page}");
+    assert!(page.contains(r#"data-host="shop.example.com" data-state="issuing""#), "{page}");
+    assert!(page.contains(r#"data-host="shop.localhost" data-state="internal""#), "{page}");
 
     let (status, confirm) = dashboard.get(&cookie, "/apps/shop/delete").await;
     assert_eq!(status, 200);

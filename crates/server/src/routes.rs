@@ -178,6 +178,8 @@ fn install(state: &AppState, ticket: u64, updates: Vec<(String, Option<AppRoutes
     drop(table);
     tracing::debug!(version, "route table changed");
     state.hub.notify_all(events::ROUTES);
+    // A new public host gets its order now, not at the next check.
+    state.acme.wake();
     version
 }
 

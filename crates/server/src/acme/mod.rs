@@ -18,8 +18,8 @@
 //!   challenge is ready once every ready ingress node reports it applied
 //!   (`?applied=<version>`), or after [`APPLY_WAIT`].
 //!
-//! [`run`] checks every few seconds, while at least one ingress node is
-//! ready: hosts of the route table that are public (see
+//! [`run`] checks every few seconds, and at once when the route table
+//! changes, while at least one ingress node is ready: hosts of the route table that are public (see
 //! [`cloudweb_protocol::certificates::internal_host`]) and have no
 //! certificate, or one past two thirds of its life, get an order, one at a
 //! time. A failed order is tried again after 1 minute, doubling up to 1
@@ -79,6 +79,8 @@ pub struct Acme {
     account: tokio::sync::Mutex<Option<Account>>,
     /// Per host: orders placed and the last failure, as stored.
     orders: Mutex<HashMap<String, CertificateOrders>>,
+    /// Wakes the manager before its next check (the route table changed).
+    wake: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -130,6 +132,12 @@ pub enum AcmeError {
 }
 
 impl Acme {
+    /// Makes the manager look at the hosts now rather than at its next
+    /// check.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
     /// The key authorization of a pending HTTP-01 challenge.
     pub fn key_authorization(&self, token: &str) -> Option<String> {
         self.challenges.read().expect("challenges lock").get(token).cloned()
@@ -261,7 +269,10 @@ pub async fn run(state: Arc<AppState>) {
     let mut interval = tokio::time::interval(CHECK_EVERY);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        interval.tick().await;
+        tokio::select! {
+            _ = interval.tick() => {}
+            () = state.acme.wake.notified() => {}
+        }
         if let Err(err) = pass(&state).await {
             tracing::error!(error = %err, "certificate pass failed");
         }
