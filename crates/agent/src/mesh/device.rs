@@ -50,7 +50,9 @@ pub struct Device {
 
 enum Inner {
     Userspace(Child),
-    Kernel(KernelLink),
+    /// The link, and the interval its existence is checked at (kept here,
+    /// so a `select!` that drops `exited` does not restart the wait).
+    Kernel(KernelLink, tokio::time::Interval),
 }
 
 /// A kernel link this agent created; deleted when dropped, as the
@@ -90,7 +92,7 @@ impl Device {
     pub fn backend(&self) -> Backend {
         match self.inner {
             Inner::Userspace(_) => Backend::Userspace,
-            Inner::Kernel(_) => Backend::Kernel,
+            Inner::Kernel(..) => Backend::Kernel,
         }
     }
 
@@ -105,7 +107,8 @@ impl Device {
         let link = KernelLink(interface.to_string());
         kernel::configure(interface, spec.key.private_hex(), spec.listen_port, spec.mesh_address).await?;
         ip(&["link", "set", "dev", interface, "up"]).await?;
-        Ok(Device { interface: interface.to_string(), inner: Inner::Kernel(link) })
+        let check = tokio::time::interval(Duration::from_secs(5));
+        Ok(Device { interface: interface.to_string(), inner: Inner::Kernel(link, check) })
     }
 
     /// Starts wireguard-go for `interface` (deleting a leftover interface
@@ -174,8 +177,8 @@ impl Device {
                 Ok(status) => format!("wireguard-go exited ({status})"),
                 Err(err) => format!("wireguard-go: {err}"),
             },
-            Inner::Kernel(link) => loop {
-                tokio::time::sleep(Duration::from_secs(5)).await;
+            Inner::Kernel(link, check) => loop {
+                check.tick().await;
                 match link_exists(&link.0).await {
                     Ok(false) => return "the kernel link was deleted".into(),
                     Ok(true) => {}
@@ -189,7 +192,7 @@ impl Device {
     pub async fn get(&self) -> Result<uapi::Device, DeviceError> {
         Ok(match self.inner {
             Inner::Userspace(_) => uapi::get(&self.interface).await?,
-            Inner::Kernel(_) => kernel::get(&self.interface).await?,
+            Inner::Kernel(..) => kernel::get(&self.interface).await?,
         })
     }
 
@@ -197,7 +200,7 @@ impl Device {
     pub async fn set(&self, body: &str) -> Result<(), DeviceError> {
         match self.inner {
             Inner::Userspace(_) => uapi::set(&self.interface, body).await?,
-            Inner::Kernel(_) => kernel::set(&self.interface, body).await?,
+            Inner::Kernel(..) => kernel::set(&self.interface, body).await?,
         }
         Ok(())
     }

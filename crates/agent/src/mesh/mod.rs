@@ -1,10 +1,11 @@
 //! The WireGuard mesh (10.77.0.0/16) on this node: full mesh, every node a
 //! peer of every other, with keepalives so nodes behind NAT stay reachable.
 //!
-//! `run` keeps the interface up (kernel WireGuard or userspace wireguard-go,
-//! see `backend.rs`; restarted with a back-off if it goes away) and converges its peers to `GET /agent/v1/peers`
-//! on start, on every `peers` event and every refresh interval. It also
-//! measures `health.mesh` for the heartbeat and writes `mesh.json` for
+//! `run` keeps the interface up (kernel WireGuard or userspace
+//! wireguard-go, see `backend.rs`; restarted with a back-off if it goes
+//! away) and converges its peers to `GET /agent/v1/peers` on start, on
+//! every `peers` event and every refresh interval. It also measures
+//! `health.mesh` for the heartbeat and writes `mesh.json` for
 //! `cloudweb-agent mesh status`.
 
 pub mod backend;
