@@ -24,9 +24,11 @@
 #   CLOUDWEB_HTTPS_PORT     ingress HTTPS         (default 443)
 #   CLOUDWEB_GIT_PORT       loopback git daemon serving the example while it builds (default 9418)
 #   CLOUDWEB_LISTEN_ADDRESS where the agent listener listens (default 0.0.0.0; the registry too with the mesh off)
-#   CLOUDWEB_MESH            userspace (default): the WireGuard mesh with wireguard-go; the registry and
-#                            app instances listen only on this host's mesh address 10.77.0.1. off: no
-#                            mesh; instances on 127.0.0.1, the registry on CLOUDWEB_LISTEN_ADDRESS
+#   CLOUDWEB_MESH            auto (default): the WireGuard mesh, on kernel WireGuard when the kernel has
+#                            it and on wireguard-go otherwise; the registry and app instances listen
+#                            only on this host's mesh address 10.77.0.1. kernel or userspace: only that
+#                            one. off: no mesh; instances on 127.0.0.1, the registry on
+#                            CLOUDWEB_LISTEN_ADDRESS
 #   CLOUDWEB_MESH_INTERFACE mesh interface name (default cw0)
 #   CLOUDWEB_MESH_PORT      mesh UDP port, also what other nodes dial (default 51820)
 #   CLOUDWEB_HOST_ADDRESS   this host's address for nodes and Caddy (default: first of hostname -I)
@@ -76,8 +78,11 @@ http_port=$(port_var CLOUDWEB_HTTP_PORT 80)
 https_port=$(port_var CLOUDWEB_HTTPS_PORT 443)
 git_port=$(port_var CLOUDWEB_GIT_PORT 9418)
 mesh_port=$(port_var CLOUDWEB_MESH_PORT 51820)
-mesh=${CLOUDWEB_MESH:-userspace}
-[ "$mesh" = userspace ] || [ "$mesh" = off ] || die "CLOUDWEB_MESH must be userspace or off, not '$mesh'"
+mesh=${CLOUDWEB_MESH:-auto}
+case "$mesh" in
+    auto|kernel|userspace|off) ;;
+    *) die "CLOUDWEB_MESH must be auto, kernel, userspace or off, not '$mesh'" ;;
+esac
 mesh_interface=${CLOUDWEB_MESH_INTERFACE:-cw0}
 [[ "$mesh_interface" =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$ ]] || die "CLOUDWEB_MESH_INTERFACE must be 1 to 15 characters of A-Z a-z 0-9 _ . - (not starting with - or .)"
 # The registry listens on the control plane's host's mesh address: what
@@ -95,7 +100,7 @@ base_domain=${CLOUDWEB_BASE_DOMAIN:-localhost}
 example_app=${CLOUDWEB_EXAMPLE_APP:-hello}
 api="http://127.0.0.1:$api_port"
 registry_addresses() {
-    if [ "$mesh" = userspace ]; then
+    if [ "$mesh" != off ]; then
         registry_listen="$control_plane_mesh_address:$registry_port"
     else
         registry_listen="$listen_address:$registry_port"
@@ -239,7 +244,7 @@ uninstall() {
     registry_address=$(recorded registry_address)
     registry_address=${registry_address:-$host_address:$registry_port}
     interface=$(recorded mesh_interface)
-    if [ -z "$interface" ] && [ "$mesh" = userspace ]; then interface=$mesh_interface; fi
+    if [ -z "$interface" ] && [ "$mesh" != off ]; then interface=$mesh_interface; fi
     if [ -x "$bin_dir/cloudweb-agent" ] && [ -f "$agent_dir/node.json" ]; then
         node_id=$("$bin_dir/cloudweb-agent" --data-dir "$agent_dir" node-id 2>/dev/null || true)
     fi
@@ -280,8 +285,8 @@ uninstall() {
         fi
     fi
     remove_build_network
-    # wireguard-go removes the interface when the agent stops it; one left
-    # by a crash goes here.
+    # The agent removes the interface when it stops (wireguard-go exits, a
+    # kernel link is deleted); one left by a crash goes here.
     if [ -n "$interface" ] && ip link show dev "$interface" >/dev/null 2>&1; then
         ip link delete dev "$interface" && echo "install: removed the mesh interface $interface"
     fi
@@ -323,8 +328,14 @@ echo "install: packages"
 # busybox-static: scripts/images.sh; python3-pip: Caddy from PyPI.
 need=()
 wanted=(ca-certificates curl git gcc pkg-config docker-registry busybox-static python3 python3-pip util-linux iproute2)
-# wireguard-go: the mesh (the agent drives the userspace implementation).
-[ "$mesh" = off ] || wanted+=(wireguard-go)
+# wireguard-go: the mesh's userspace implementation (auto falls back to it
+# when the kernel has no WireGuard).
+kernel_wireguard=''
+if [ -d /sys/module/wireguard ] || modinfo wireguard >/dev/null 2>&1; then kernel_wireguard=1; fi
+case "$mesh" in
+    userspace) wanted+=(wireguard-go) ;;
+    auto) [ -n "$kernel_wireguard" ] || wanted+=(wireguard-go) ;;
+esac
 for pkg in "${wanted[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
@@ -332,7 +343,10 @@ if [ "${#need[@]}" -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
 fi
-if [ "$mesh" = userspace ]; then
+if [ "$mesh" = kernel ] && [ -z "$kernel_wireguard" ]; then
+    die "this kernel has no WireGuard module; run with CLOUDWEB_MESH=auto (wireguard-go) or off"
+fi
+if [ "$mesh" = userspace ] || { [ "$mesh" = auto ] && [ -z "$kernel_wireguard" ]; }; then
     command -v wireguard-go >/dev/null || die "wireguard-go is not installed (apt-get install wireguard-go), or run with CLOUDWEB_MESH=off"
     [ -c /dev/net/tun ] || die "wireguard-go needs /dev/net/tun (modprobe tun), or run with CLOUDWEB_MESH=off"
 fi
@@ -386,7 +400,7 @@ agent_bin="$bin_dir/cloudweb-agent"
 mkdir -p "$data_dir"
 chmod 0700 "$data_dir"
 valid_mesh_address() { [[ "$1" =~ ^10\.77\.[0-9]{1,3}\.[0-9]{1,3}$ ]]; }
-if [ "$mesh" = userspace ]; then
+if [ "$mesh" != off ]; then
     recorded_address=$(recorded control_plane_mesh_address)
     if [ -n "$recorded_address" ] && valid_mesh_address "$recorded_address"; then
         control_plane_mesh_address=$recorded_address
@@ -443,7 +457,7 @@ if [ ! -f "$agent_dir/node.json" ]; then
         --server "https://127.0.0.1:$agent_port" --ca-sha256 "$ca_sha256" "${ingress[@]}" "${endpoint[@]}" --name "${name:-node-1}"
 fi
 node_id=$("$agent_bin" --data-dir "$agent_dir" node-id)
-if [ "$mesh" = userspace ]; then
+if [ "$mesh" != off ]; then
     allocated=$("$server_bin" node-status "${api_args[@]}" --print mesh-address "$node_id") \
         || die "cannot read this node's mesh address from the control plane"
     valid_mesh_address "$allocated" || die "the control plane gave this node the mesh address '$allocated'"
@@ -459,7 +473,7 @@ fi
 # agent's default) and the route table points there; without it, on
 # 127.0.0.1 (a single host).
 mesh_flags=(--mesh-mode off)
-[ "$mesh" = off ] || mesh_flags=(--mesh-mode userspace --mesh-interface "$mesh_interface" --mesh-listen-port "$mesh_port")
+[ "$mesh" = off ] || mesh_flags=(--mesh-mode "$mesh" --mesh-interface "$mesh_interface" --mesh-listen-port "$mesh_port")
 start_service cloudweb-agent "$agent_bin" --data-dir "$agent_dir" run --caddy-bin "$caddy_bin" \
     --http-port "$http_port" --https-port "$https_port" "${mesh_flags[@]}"
 

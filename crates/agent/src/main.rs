@@ -152,7 +152,9 @@ struct RunArgs {
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     metrics_interval_seconds: u64,
     /// WireGuard mesh: `off` leaves networking alone (several agents on one
-    /// host), `userspace` runs wireguard-go.
+    /// host), `userspace` runs wireguard-go, `kernel` uses kernel WireGuard
+    /// (netlink), `auto` the kernel when it has WireGuard and wireguard-go
+    /// otherwise (the installers' choice).
     #[arg(long, value_enum, default_value = "off")]
     mesh_mode: MeshMode,
     /// Name of the mesh interface (and of its socket in /var/run/wireguard).
@@ -250,15 +252,16 @@ fn real_main() -> anyhow::Result<()> {
                     ports: Ports { http: args.http_port, https: args.https_port, ip: args.ingress_ip },
                     dir: cli.data_dir.join("caddy"),
                 });
-                let mesh = match args.mesh_mode {
-                    MeshMode::Off => None,
-                    MeshMode::Userspace => {
+                let mesh = match args.mesh_mode.choice() {
+                    None => None,
+                    Some(choice) => {
                         if !cloudweb_agent::mesh::device::valid_interface_name(&args.mesh_interface) {
                             anyhow::bail!("--mesh-interface must be 1 to 15 characters of [A-Za-z0-9_.-], not starting with '-' or '.'");
                         }
                         let mesh_address = cloudweb_agent::mesh::parse_mesh_address(&identity.info.mesh_address)
                             .with_context(|| format!("node.json has no usable mesh address ({:?})", identity.info.mesh_address))?;
                         Some(MeshOptions {
+                            choice,
                             data_dir: cli.data_dir.clone(),
                             interface: args.mesh_interface.clone(),
                             listen_port: args.mesh_listen_port,
@@ -284,7 +287,7 @@ fn real_main() -> anyhow::Result<()> {
                     }
                 };
                 if mesh.is_none() && (args.mesh_endpoint.is_some() || args.mesh_endpoint_interface.is_some()) {
-                    anyhow::bail!("--mesh-endpoint and --mesh-endpoint-interface need --mesh-mode userspace");
+                    anyhow::bail!("--mesh-endpoint and --mesh-endpoint-interface need the mesh (--mesh-mode auto, kernel or userspace)");
                 }
                 let publish_ip = args.publish_ip.unwrap_or(match &mesh {
                     Some(mesh) => std::net::IpAddr::V4(mesh.mesh_address),
@@ -439,11 +442,11 @@ fn resolve_binary(name: &std::path::Path) -> PathBuf {
 /// `cloudweb-agent mesh status`: the running agent's peer list (mesh.json)
 /// joined with what the device reports now.
 async fn mesh_status(data_dir: &std::path::Path, json: bool, within: Duration) -> anyhow::Result<()> {
-    use cloudweb_agent::mesh::{status, uapi};
+    use cloudweb_agent::mesh::{device, status};
     let cache = status::MeshCache::load(data_dir)?.with_context(|| {
-        format!("no mesh on this node ({} is missing): run the agent with --mesh-mode userspace", data_dir.join(status::CACHE_FILE).display())
+        format!("no mesh on this node ({} is missing): run the agent with --mesh-mode auto", data_dir.join(status::CACHE_FILE).display())
     })?;
-    let device = uapi::get(&cache.interface)
+    let device = device::read(&cache.interface)
         .await
         .with_context(|| format!("the mesh interface {} is not up; is the agent running?", cache.interface))?;
     let list = status::statuses(&cache.peers, &device, std::time::SystemTime::now(), within);

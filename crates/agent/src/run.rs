@@ -256,10 +256,11 @@ async fn heartbeat_loop(
         }
         let registry = health.registry.lock().expect("health lock").clone();
         heartbeat.mesh_endpoint = mesh.endpoint.lock().expect("mesh lock").clone();
+        let backend = *mesh.backend.lock().expect("mesh lock");
         let mesh_health = mesh.health.lock().expect("mesh lock").clone();
         // Which WireGuard the mesh runs on, while it runs.
-        if mesh_health.is_some() {
-            features.push(cloudweb_protocol::features::MESH_USERSPACE.to_string());
+        if let (Some(_), Some(backend)) = (&mesh_health, backend) {
+            features.push(backend.feature().to_string());
         }
         heartbeat.health = Some(cloudweb_protocol::Health { registry, mesh: mesh_health, features: Some(features) });
         heartbeat.ingress = ingress.status.lock().expect("status lock").clone();

@@ -7,6 +7,13 @@
 //! Addresses (192.0.2.0/24 on the link, 10.77.0.0/16 on the tunnel) exist
 //! only inside the two namespaces, which are deleted at the end. The
 //! measuring threads enter the namespaces with setns(2).
+//!
+//! Both ends run on this one machine: by default the two wireguard-go
+//! daemons, the sender and the receiver share every core. With
+//! `--one-core-per-side` each side (its wireguard-go and its end of every
+//! path, plain included) is pinned to a core of its own, which is closer
+//! to two hosts talking; the plain path gets the same pinning, so neither
+//! ratio is bought by slowing the plain path down.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -31,6 +38,35 @@ pub struct Args {
     /// Round trips per latency sample.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
     pings: u64,
+    /// Pin side A (sender, its wireguard-go) to CPU 0 and side B
+    /// (receiver, its wireguard-go) to CPU 1, for every path.
+    #[arg(long)]
+    one_core_per_side: bool,
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin(cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and
+    // sched_setaffinity only touch it and this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            bail!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// `wireguard-go --version`'s first line, for the record.
+fn wireguard_go_version() -> String {
+    Command::new("wireguard-go")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|text| text.lines().next().map(str::to_string))
+        .unwrap_or_else(|| "wireguard-go (version unknown)".into())
 }
 
 const SINK_PORT: u16 = 5201;
@@ -72,6 +108,29 @@ fn enter(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// The MTU of `interface` in namespace `ns`, or "?".
+fn mtu(ns: &str, interface: &str) -> String {
+    let read = || {
+        let out = Command::new("ip").args(["-n", ns, "-o", "link", "show", "dev", interface]).output().ok()?;
+        let text = String::from_utf8(out.stdout).ok()?;
+        let mut words = text.split_whitespace();
+        words.find(|w| *w == "mtu")?;
+        words.next().map(str::to_string)
+    };
+    read().unwrap_or_else(|| "?".into())
+}
+
+/// `Udp: RcvbufErrors` of namespace `ns` (/proc/net/snmp): datagrams the
+/// kernel dropped because a socket's receive buffer was full.
+fn udp_rcvbuf_errors(ns: &str) -> Option<u64> {
+    let out = Command::new("ip").args(["netns", "exec", ns, "cat", "/proc/net/snmp"]).output().ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let mut udp = text.lines().filter(|l| l.starts_with("Udp:"));
+    let (names, values) = (udp.next()?, udp.next()?);
+    let at = names.split_whitespace().position(|n| n == "RcvbufErrors")?;
+    values.split_whitespace().nth(at)?.parse().ok()
+}
+
 fn wg_key() -> Result<(String, String)> {
     let private = Command::new("wg").arg("genkey").output().context("running wg genkey (wireguard-tools)")?;
     let private = String::from_utf8(private.stdout)?.trim().to_string();
@@ -105,8 +164,9 @@ fn configure(side: &Side, peer: &Side) -> Result<()> {
 
 /// Accepts connections in `ns` until told to quit: `T` streams are read
 /// to the end and answered with the byte count, `L` streams are echoed.
-fn sink(ns: String, ready: std::sync::mpsc::Sender<Result<()>>) {
-    let listener = match enter(&ns).and_then(|_| TcpListener::bind(("0.0.0.0", SINK_PORT)).context("binding the sink")) {
+fn sink(ns: String, cpu: Option<usize>, ready: std::sync::mpsc::Sender<Result<()>>) {
+    let entered = enter(&ns).and_then(|_| cpu.map_or(Ok(()), pin));
+    let listener = match entered.and_then(|_| TcpListener::bind(("0.0.0.0", SINK_PORT)).context("binding the sink")) {
         Ok(listener) => {
             let _ = ready.send(Ok(()));
             listener
@@ -215,10 +275,16 @@ fn measure(args: Args) -> Result<()> {
     // Userspace WireGuard, as the agent runs it.
     let mut daemons = Vec::new();
     let mut sides = Vec::new();
-    for (ns, letter, address, endpoint) in [(&a, "a", "10.77.0.1", "192.0.2.1:51820"), (&b, "b", "10.77.0.2", "192.0.2.2:51820")] {
+    for (cpu, (ns, letter, address, endpoint)) in
+        [(&a, "a", "10.77.0.1", "192.0.2.1:51820"), (&b, "b", "10.77.0.2", "192.0.2.2:51820")].into_iter().enumerate()
+    {
         let interface = format!("{prefix}{letter}");
         let mut command = Command::new("ip");
-        command.args(["netns", "exec", ns.as_str(), "wireguard-go", "-f", &interface]);
+        command.args(["netns", "exec", ns.as_str()]);
+        if args.one_core_per_side {
+            command.args(["taskset", "-c", &cpu.to_string()]);
+        }
+        command.args(["wireguard-go", "-f", &interface]);
         daemons.push(Guarded::spawn(command, &tmp.path().join(format!("wg-{letter}.log")), Duration::from_secs(2))?);
         let (private, public) = wg_key()?;
         let key_file = tmp.path().join(format!("{letter}.key"));
@@ -264,13 +330,17 @@ fn measure(args: Args) -> Result<()> {
 
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let sink_ns = b.clone();
-    std::thread::spawn(move || sink(sink_ns, ready_tx));
+    let sink_cpu = args.one_core_per_side.then_some(1);
+    std::thread::spawn(move || sink(sink_ns, sink_cpu, ready_tx));
     ready_rx.recv().context("the sink thread")??;
 
     let client_ns = a.clone();
     let paths_for_client = paths.clone();
     let results = std::thread::spawn(move || -> Result<Vec<Vec<Sample>>> {
         enter(&client_ns)?;
+        if args.one_core_per_side {
+            pin(0)?;
+        }
         // The first packets over a tunnel start its handshake: warm up.
         for (_, to) in &paths_for_client {
             let deadline = Instant::now() + Duration::from_secs(20);
@@ -303,8 +373,18 @@ fn measure(args: Args) -> Result<()> {
         values[values.len() / 2]
     };
     println!(
-        "mesh: {} rounds, {} s of bulk TCP and {} round trips of {MESSAGE} B per path and round (medians)",
-        args.rounds, args.seconds, args.pings
+        "mesh: {} rounds, {} s of bulk TCP (one stream) and {} round trips of {MESSAGE} B per path and round (medians); {}",
+        args.rounds,
+        args.seconds,
+        args.pings,
+        if args.one_core_per_side { "each side pinned to a core of its own" } else { "both sides share every core" }
+    );
+    println!(
+        "{}, {} CPUs; MTU: link {}, userspace tunnel {}",
+        wireguard_go_version(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        mtu(&a, "eth0"),
+        mtu(&a, &sides[0].interface)
     );
     println!("{:<10} {:>14} {:>12} {:>12}", "path", "throughput", "rtt p50", "rtt p99");
     let mut figures = Vec::new();
@@ -323,6 +403,11 @@ fn measure(args: Args) -> Result<()> {
             p50 / plain_p50
         );
     }
+    // Only the tunnels use UDP here. wireguard-go 0.0.20220316 leaves its
+    // socket at the host's default receive buffer (net.core.rmem_default),
+    // and drops there cost the tunnel throughput.
+    let drops = |ns: &str| udp_rcvbuf_errors(ns).map_or_else(|| "?".to_string(), |n| n.to_string());
+    println!("UDP datagrams dropped for a full socket receive buffer (tunnels): side a {}, side b {}", drops(&a), drops(&b));
     if !kernel {
         println!("kernel: not measured, this machine has no wireguard link type (`ip link add … type wireguard` fails)");
     }

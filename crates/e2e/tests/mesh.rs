@@ -1,6 +1,9 @@
 //! The WireGuard mesh between real agents, each in its own network
-//! namespace (the control plane in a fourth), joined by a bridge: userspace
-//! WireGuard (wireguard-go), addresses from 192.0.2.0/24 inside the
+//! namespace (the control plane in a fourth), joined by a bridge. The
+//! agents run `--mesh-mode auto`, as installed nodes do: kernel WireGuard
+//! where the kernel has it, otherwise userspace wireguard-go after a logged
+//! fallback (the machines this was written on have no module, so there the
+//! tests run on wireguard-go and check the fallback); addresses from 192.0.2.0/24 inside the
 //! namespaces and 10.77.0.0/16 on the mesh. Needs root, `ip`, `ping`,
 //! `curl`, `wg` and `wireguard-go` (scripts/deps.sh installs them).
 
@@ -52,7 +55,22 @@ struct MeshCluster {
     /// Where the registry listens on 10.77.0.1 (a port of this run's own:
     /// every Engine reads its CA from /etc/docker/certs.d/10.77.0.1:<port>).
     registry_port: u16,
+    /// The backend `auto` should pick here: "kernel" or "userspace".
+    backend: &'static str,
     tmp: tempfile::TempDir,
+}
+
+/// Whether this kernel can make a `wireguard` link, tried in a namespace of
+/// the run's own (nothing outside it is touched).
+fn kernel_wireguard(lan: &Lan) -> &'static str {
+    let ns = &lan.members[0];
+    match ns.ip(&["link", "add", "dev", "cwprobe", "type", "wireguard"]) {
+        Ok(_) => {
+            let _ = ns.ip(&["link", "delete", "dev", "cwprobe"]);
+            "kernel"
+        }
+        Err(_) => "userspace",
+    }
 }
 
 impl Drop for MeshCluster {
@@ -144,7 +162,8 @@ impl MeshCluster {
         }
         let server_bin = bin("cloudweb-server").display().to_string();
         let server = Process::spawn("ip".as_ref(), &lan.members[0].wrap(&server_bin, &args), tmp.path().join("server.log"))?;
-        let mut cluster = MeshCluster { agents: Vec::new(), dockers, server, lan, admin_token: String::new(), registry_port, tmp };
+        let backend = kernel_wireguard(&lan);
+        let mut cluster = MeshCluster { agents: Vec::new(), dockers, server, lan, admin_token: String::new(), registry_port, backend, tmp };
         wait_for(Duration::from_secs(20), "the control plane", || async {
             cluster.lan.members[0].exec("curl", &["-sf", &format!("http://127.0.0.1:{API_PORT}/healthz")]).ok()
         })
@@ -208,7 +227,7 @@ impl MeshCluster {
             "--heartbeat-interval-seconds",
             "1",
             "--mesh-mode",
-            "userspace",
+            "auto",
             "--mesh-interface",
             &agent.interface,
             "--health-interval-seconds",
@@ -321,11 +340,12 @@ impl MeshCluster {
     }
 
     /// `health.mesh` of the node's current health, once its features say
-    /// the mesh runs on userspace WireGuard.
+    /// the mesh runs on the backend `auto` should have picked here.
     async fn health_mesh(&self, agent: &MeshAgent) -> Option<Value> {
         let (status, node) = self.api("GET", &format!("/api/nodes/{}", agent.node_id)).await.ok()?;
-        let userspace = node["features"].as_array()?.iter().any(|f| f == "mesh-userspace");
-        (status == 200 && userspace).then(|| node["health_report"]["mesh"].clone())
+        let feature = format!("mesh-{}", self.backend);
+        let backend = node["features"].as_array()?.iter().any(|f| *f == feature.as_str());
+        (status == 200 && backend).then(|| node["health_report"]["mesh"].clone())
     }
 }
 
@@ -412,6 +432,15 @@ async fn scenario(cluster: &mut MeshCluster) -> Result<()> {
         })
         .await?;
     }
+    // `auto` says which backend it took, and why when it fell back.
+    for agent in &cluster.agents {
+        let log = agent.process.as_ref().unwrap().log_text();
+        assert!(log.contains("mesh interface up") && log.contains(&format!("mode={}", cluster.backend)), "{log}");
+        if cluster.backend == "userspace" {
+            assert!(log.contains("kernel WireGuard is not usable") && log.contains("falling back to userspace wireguard-go"), "{log}");
+        }
+    }
+
     // The human table: a summary, a header and one line per peer.
     let table = cluster.lan.members[cluster.agents[0].ns].exec(
         &bin("cloudweb-agent").display().to_string(),
@@ -430,10 +459,13 @@ async fn scenario(cluster: &mut MeshCluster) -> Result<()> {
     std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status()?;
     let ns = &cluster.lan.members[cluster.agents[0].ns];
     let interface = cluster.agents[0].interface.clone();
-    wait_for(Duration::from_secs(10), "wireguard-go to exit with its agent", || async {
-        ns.ip(&["link", "show", "dev", &interface]).is_err().then_some(())
-    })
-    .await?;
+    // A kernel link outlives a SIGKILLed agent; the next one replaces it.
+    if cluster.backend == "userspace" {
+        wait_for(Duration::from_secs(10), "wireguard-go to exit with its agent", || async {
+            ns.ip(&["link", "show", "dev", &interface]).is_err().then_some(())
+        })
+        .await?;
+    }
     let mut agent = cluster.agents.remove(0);
     agent.process = None;
     cluster.start_agent(&mut agent)?;

@@ -78,4 +78,6 @@ pub mod features {
     pub const TRAFFIC_METRICS: &str = "traffic-metrics";
     /// The node runs the mesh with userspace WireGuard (wireguard-go).
     pub const MESH_USERSPACE: &str = "mesh-userspace";
+    /// The node runs the mesh with kernel WireGuard (netlink).
+    pub const MESH_KERNEL: &str = "mesh-kernel";
 }

@@ -1,6 +1,10 @@
-//! The mesh interface itself: a `wireguard-go -f <interface>` child that
-//! dies with the agent, configured over its UAPI socket, with the node's
-//! mesh address and link state set through `ip` (argument vectors only).
+//! The mesh interface itself, on one of two backends (see `backend.rs`):
+//! a kernel WireGuard link configured over netlink (`kernel.rs`), or a
+//! `wireguard-go -f <interface>` child that dies with the agent, configured
+//! over its UAPI socket. Either way the node's mesh address and link state
+//! are set through `ip` (argument vectors only), the device is read as a
+//! `uapi::Device` and changed with a UAPI `set` body, so convergence and
+//! status do not depend on the backend.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -9,6 +13,8 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
+use super::backend::{self, Backend, Choice};
+use super::kernel::{self, KernelError};
 use super::key::KeyPair;
 use super::uapi::{self, UapiError};
 
@@ -31,35 +37,86 @@ pub enum DeviceError {
     Stale(String),
     #[error(transparent)]
     Uapi(#[from] UapiError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
 }
 
-/// A running userspace device. Dropping it kills wireguard-go, which
-/// removes the interface.
+/// A running device. Dropping it removes the interface: the userspace one
+/// by killing wireguard-go, the kernel one by deleting the link.
 pub struct Device {
     pub interface: String,
-    child: Child,
+    inner: Inner,
+}
+
+enum Inner {
+    Userspace(Child),
+    /// The link, and the interval its existence is checked at (kept here,
+    /// so a `select!` that drops `exited` does not restart the wait).
+    Kernel(KernelLink, tokio::time::Interval),
+}
+
+/// A kernel link this agent created; deleted when dropped, as the
+/// userspace interface goes with its wireguard-go.
+struct KernelLink(String);
+
+impl Drop for KernelLink {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "delete", "dev", &self.0])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Where the device comes from: the backend choice, and the userspace
+/// binary for when it is (or may be) userspace.
+#[derive(Debug, Clone)]
+pub struct DeviceSpec<'a> {
+    pub choice: Choice,
+    pub wireguard_go: &'a Path,
+    pub interface: &'a str,
+    pub key: &'a KeyPair,
+    pub listen_port: u16,
+    pub mesh_address: Ipv4Addr,
 }
 
 impl Device {
+    /// Brings the interface up on the backend `spec.choice` gives; with
+    /// `auto`, also the reason the kernel was not used, when it was not.
+    pub async fn start(spec: &DeviceSpec<'_>) -> Result<(Device, Option<String>), DeviceError> {
+        backend::choose(spec.choice, || Device::start_kernel(spec), || Device::start_userspace(spec)).await
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self.inner {
+            Inner::Userspace(_) => Backend::Userspace,
+            Inner::Kernel(..) => Backend::Kernel,
+        }
+    }
+
+    /// Creates the kernel link (deleting a leftover interface of that name
+    /// first), sets the key, listen port and address over netlink, then
+    /// link up.
+    async fn start_kernel(spec: &DeviceSpec<'_>) -> Result<Device, DeviceError> {
+        let interface = spec.interface;
+        remove_leftover(interface).await?;
+        ip(&["link", "add", "dev", interface, "type", "wireguard"]).await?;
+        // From here on the link is ours: dropping this removes it again.
+        let link = KernelLink(interface.to_string());
+        kernel::configure(interface, spec.key.private_hex(), spec.listen_port, spec.mesh_address).await?;
+        ip(&["link", "set", "dev", interface, "up"]).await?;
+        let check = tokio::time::interval(Duration::from_secs(5));
+        Ok(Device { interface: interface.to_string(), inner: Inner::Kernel(link, check) })
+    }
+
     /// Starts wireguard-go for `interface` (deleting a leftover interface
     /// of that name first), sets the key and listen port, then the address
     /// `mesh_address/16` and link up.
-    pub async fn start(
-        wireguard_go: &Path,
-        interface: &str,
-        key: &KeyPair,
-        listen_port: u16,
-        mesh_address: Ipv4Addr,
-    ) -> Result<Device, DeviceError> {
-        // A leftover interface (a crashed earlier run, or `wg-quick`) would
-        // make wireguard-go fail; it bears our name, so it is ours to remove.
-        if link_exists(interface).await? {
-            tracing::warn!(interface, "removing a leftover mesh interface");
-            ip(&["link", "delete", "dev", interface]).await?;
-            if link_exists(interface).await? {
-                return Err(DeviceError::Stale(interface.to_string()));
-            }
-        }
+    async fn start_userspace(spec: &DeviceSpec<'_>) -> Result<Device, DeviceError> {
+        let DeviceSpec { wireguard_go, interface, key, listen_port, mesh_address, .. } = *spec;
+        remove_leftover(interface).await?;
         let socket = uapi::socket_path(interface);
         let _ = std::fs::remove_file(&socket);
         let mut command = Command::new(wireguard_go);
@@ -104,20 +161,71 @@ impl Device {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let device = Device { interface: interface.to_string(), child };
+        let device = Device { interface: interface.to_string(), inner: Inner::Userspace(child) };
         uapi::set(interface, &format!("private_key={}\nlisten_port={listen_port}\n", key.private_hex())).await?;
         ip(&["address", "replace", &format!("{mesh_address}/16"), "dev", interface]).await?;
         ip(&["link", "set", "dev", interface, "up"]).await?;
         Ok(device)
     }
 
-    /// Resolves when wireguard-go exits (it should not while the agent runs).
+    /// Resolves when the device is gone (it should not be while the agent
+    /// runs): wireguard-go exited, or the kernel link was deleted (checked
+    /// every 5 s).
     pub async fn exited(&mut self) -> String {
-        match self.child.wait().await {
-            Ok(status) => status.to_string(),
-            Err(err) => err.to_string(),
+        match &mut self.inner {
+            Inner::Userspace(child) => match child.wait().await {
+                Ok(status) => format!("wireguard-go exited ({status})"),
+                Err(err) => format!("wireguard-go: {err}"),
+            },
+            Inner::Kernel(link, check) => loop {
+                check.tick().await;
+                match link_exists(&link.0).await {
+                    Ok(false) => return "the kernel link was deleted".into(),
+                    Ok(true) => {}
+                    Err(err) => tracing::warn!(interface = %link.0, "mesh: checking the link: {err}"),
+                }
+            },
         }
     }
+
+    /// The device's peers and counters.
+    pub async fn get(&self) -> Result<uapi::Device, DeviceError> {
+        Ok(match self.inner {
+            Inner::Userspace(_) => uapi::get(&self.interface).await?,
+            Inner::Kernel(..) => kernel::get(&self.interface).await?,
+        })
+    }
+
+    /// Applies a UAPI `set` body (the lines after `set=1`).
+    pub async fn set(&self, body: &str) -> Result<(), DeviceError> {
+        match self.inner {
+            Inner::Userspace(_) => uapi::set(&self.interface, body).await?,
+            Inner::Kernel(..) => kernel::set(&self.interface, body).await?,
+        }
+        Ok(())
+    }
+}
+
+/// Reads a device this process did not start (`mesh status`): through its
+/// UAPI socket when there is one (wireguard-go), over netlink otherwise.
+pub async fn read(interface: &str) -> Result<uapi::Device, DeviceError> {
+    if uapi::socket_path(interface).exists() {
+        return Ok(uapi::get(interface).await?);
+    }
+    Ok(kernel::get(interface).await?)
+}
+
+/// A leftover interface (a crashed earlier run, or `wg-quick`) would make
+/// either backend fail; it bears our name, so it is ours to remove.
+async fn remove_leftover(interface: &str) -> Result<(), DeviceError> {
+    if link_exists(interface).await? {
+        tracing::warn!(interface, "removing a leftover mesh interface");
+        ip(&["link", "delete", "dev", interface]).await?;
+        if link_exists(interface).await? {
+            return Err(DeviceError::Stale(interface.to_string()));
+        }
+    }
+    Ok(())
 }
 
 /// The first IPv4 address on `interface`, from `ip -4 -o address show`.

@@ -1,14 +1,17 @@
 //! The WireGuard mesh (10.77.0.0/16) on this node: full mesh, every node a
 //! peer of every other, with keepalives so nodes behind NAT stay reachable.
 //!
-//! `run` keeps the interface up (userspace wireguard-go, restarted with a
-//! back-off if it dies) and converges its peers to `GET /agent/v1/peers`
-//! on start, on every `peers` event and every refresh interval. It also
-//! measures `health.mesh` for the heartbeat and writes `mesh.json` for
+//! `run` keeps the interface up (kernel WireGuard or userspace
+//! wireguard-go, see `backend.rs`; restarted with a back-off if it goes
+//! away) and converges its peers to `GET /agent/v1/peers` on start, on
+//! every `peers` event and every refresh interval. It also measures
+//! `health.mesh` for the heartbeat and writes `mesh.json` for
 //! `cloudweb-agent mesh status`.
 
+pub mod backend;
 pub mod converge;
 pub mod device;
+pub mod kernel;
 pub mod key;
 pub mod relay;
 pub mod status;
@@ -24,8 +27,9 @@ use cloudweb_protocol::{MeshHealth, Peer};
 use tokio::sync::Notify;
 
 use crate::client::ControlPlane;
+use backend::Choice;
 use converge::DesiredPeer;
-use device::Device;
+use device::{Device, DeviceSpec};
 use key::KeyPair;
 use status::MeshCache;
 
@@ -37,10 +41,28 @@ pub enum MeshMode {
     Off,
     /// `wireguard-go`, configured over its UAPI socket.
     Userspace,
+    /// Kernel WireGuard, configured over netlink; fails without the module.
+    Kernel,
+    /// Kernel WireGuard when the kernel has it, otherwise `wireguard-go`
+    /// (the reason is logged). What the installers use.
+    Auto,
+}
+
+impl MeshMode {
+    /// The backend choice, `None` for `off`.
+    pub fn choice(self) -> Option<Choice> {
+        match self {
+            MeshMode::Off => None,
+            MeshMode::Userspace => Some(Choice::Userspace),
+            MeshMode::Kernel => Some(Choice::Kernel),
+            MeshMode::Auto => Some(Choice::Auto),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct MeshOptions {
+    pub choice: Choice,
     pub data_dir: PathBuf,
     pub interface: String,
     pub listen_port: u16,
@@ -72,6 +94,8 @@ pub enum EndpointSource {
 #[derive(Default)]
 pub struct MeshShared {
     pub health: Mutex<Option<MeshHealth>>,
+    /// The backend the device runs on, while it is up.
+    pub backend: Mutex<Option<backend::Backend>>,
     /// The endpoint to report, when the node knows it.
     pub endpoint: Mutex<Option<String>>,
     /// Notified (once per change) when the followed interface's address
@@ -97,9 +121,16 @@ pub fn parse_mesh_address(text: &str) -> Option<Ipv4Addr> {
 pub async fn run(client: Arc<ControlPlane>, options: MeshOptions, peers_changed: Arc<Notify>, shared: Arc<MeshShared>) {
     let mut backoff = Duration::from_secs(1);
     loop {
-        let started = Device::start(&options.wireguard_go, &options.interface, &options.key, options.listen_port, options.mesh_address).await;
-        let mut device = match started {
-            Ok(device) => device,
+        let spec = DeviceSpec {
+            choice: options.choice,
+            wireguard_go: &options.wireguard_go,
+            interface: &options.interface,
+            key: &options.key,
+            listen_port: options.listen_port,
+            mesh_address: options.mesh_address,
+        };
+        let (mut device, fallback) = match Device::start(&spec).await {
+            Ok(started) => started,
             Err(err) => {
                 tracing::error!(interface = %options.interface, "mesh interface could not start: {err}; retrying in {backoff:?}");
                 *shared.health.lock().expect("mesh lock") = None;
@@ -108,9 +139,11 @@ pub async fn run(client: Arc<ControlPlane>, options: MeshOptions, peers_changed:
                 continue;
             }
         };
+        *shared.backend.lock().expect("mesh lock") = Some(device.backend());
         tracing::info!(
             interface = %options.interface,
-            mode = "userspace",
+            mode = %device.backend().name(),
+            fallback_reason = %fallback.as_deref().unwrap_or("-"),
             address = %options.mesh_address,
             port = options.listen_port,
             public_key = %options.key.public_base64(),
@@ -133,18 +166,18 @@ pub async fn run(client: Arc<ControlPlane>, options: MeshOptions, peers_changed:
         let exit = loop {
             tokio::select! {
                 why = device.exited() => break why,
-                _ = refresh.tick() => synced |= sync(&client, &options, &mut applied, &mut peers, &mut relay_state).await,
-                _ = peers_changed.notified() => synced |= sync(&client, &options, &mut applied, &mut peers, &mut relay_state).await,
+                _ = refresh.tick() => synced |= sync(&client, &options, &device, &mut applied, &mut peers, &mut relay_state).await,
+                _ = peers_changed.notified() => synced |= sync(&client, &options, &device, &mut applied, &mut peers, &mut relay_state).await,
                 // Only the interface's address needs reading this often.
                 _ = follow.tick(), if matches!(options.endpoint, EndpointSource::Interface(_)) => {
-                    follow_endpoint(&client, &options, &shared, &mut bound_address, &mut follow_warned).await;
+                    follow_endpoint(&client, &options, &device, &shared, &mut bound_address, &mut follow_warned).await;
                 }
                 _ = measure.tick() => {
                     if !matches!(options.endpoint, EndpointSource::Interface(_)) {
-                        follow_endpoint(&client, &options, &shared, &mut bound_address, &mut follow_warned).await;
+                        follow_endpoint(&client, &options, &device, &shared, &mut bound_address, &mut follow_warned).await;
                     }
                     if synced {
-                        measure_health(&options, &peers, &shared).await;
+                        measure_health(&options, &device, &peers, &shared).await;
                     }
                 }
             }
@@ -153,8 +186,9 @@ pub async fn run(client: Arc<ControlPlane>, options: MeshOptions, peers_changed:
                 healthy_since = tokio::time::Instant::now();
             }
         };
-        tracing::error!(interface = %options.interface, "wireguard-go exited ({exit}); restarting the mesh interface in {backoff:?}");
+        tracing::error!(interface = %options.interface, "the mesh device is gone: {exit}; restarting the mesh interface in {backoff:?}");
         *shared.health.lock().expect("mesh lock") = None;
+        *shared.backend.lock().expect("mesh lock") = None;
         drop(device);
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(30));
@@ -167,6 +201,7 @@ pub async fn run(client: Arc<ControlPlane>, options: MeshOptions, peers_changed:
 async fn sync(
     client: &ControlPlane,
     options: &MeshOptions,
+    device: &Device,
     applied: &mut HashMap<String, Option<SocketAddr>>,
     peers: &mut Vec<Peer>,
     relay_state: &mut RelayState,
@@ -179,7 +214,7 @@ async fn sync(
         }
     };
     let (valid, desired) = desired_peers(&list, &options.key).await;
-    let current = match uapi::get(&options.interface).await {
+    let current = match device.get().await {
         Ok(device) => device,
         Err(err) => {
             tracing::warn!("mesh peers: reading the device: {err}");
@@ -188,7 +223,7 @@ async fn sync(
     };
     let plan = converge::plan(&desired, &current, applied);
     if !plan.is_empty() {
-        if let Err(err) = uapi::set(&options.interface, &plan.body).await {
+        if let Err(err) = device.set(&plan.body).await {
             tracing::warn!("mesh peers: configuring the device: {err}");
             return false;
         }
@@ -328,7 +363,7 @@ async fn resolve(endpoint: &str) -> Option<SocketAddr> {
 /// without it too (see ARCHITECTURE.md). The pooled connections to the
 /// control plane are dropped too (they are bound to the lost address) and
 /// a heartbeat with the new endpoint goes out at once.
-async fn follow_endpoint(client: &ControlPlane, options: &MeshOptions, shared: &MeshShared, bound: &mut Option<Ipv4Addr>, warned: &mut bool) {
+async fn follow_endpoint(client: &ControlPlane, options: &MeshOptions, device: &Device, shared: &MeshShared, bound: &mut Option<Ipv4Addr>, warned: &mut bool) {
     let mut moved = false;
     let endpoint = match &options.endpoint {
         EndpointSource::Joined => None,
@@ -341,7 +376,7 @@ async fn follow_endpoint(client: &ControlPlane, options: &MeshOptions, shared: &
                     if let Err(err) = client.reset_connections() {
                         tracing::warn!("mesh: new connections to the control plane after the address change: {err}");
                     }
-                    if let Err(err) = uapi::set(&options.interface, &format!("listen_port={}\n", options.listen_port)).await {
+                    if let Err(err) = device.set(&format!("listen_port={}\n", options.listen_port)).await {
                         tracing::warn!("mesh: rebinding after the address change: {err}");
                     }
                 }
@@ -369,8 +404,8 @@ async fn follow_endpoint(client: &ControlPlane, options: &MeshOptions, shared: &
     }
 }
 
-async fn measure_health(options: &MeshOptions, peers: &[Peer], shared: &MeshShared) {
-    let health = match uapi::get(&options.interface).await {
+async fn measure_health(options: &MeshOptions, device: &Device, peers: &[Peer], shared: &MeshShared) {
+    let health = match device.get().await {
         Ok(device) => Some(status::health(&status::statuses(peers, &device, SystemTime::now(), options.connected_within))),
         Err(err) => {
             tracing::warn!("mesh health: {err}");

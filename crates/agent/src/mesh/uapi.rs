@@ -169,6 +169,107 @@ pub fn parse_get(answer: &str) -> Result<Device, UapiError> {
     Ok(device)
 }
 
+/// A `set=1` body read back into its parts, for a backend that does not
+/// speak the UAPI itself (kernel WireGuard over netlink): the convergence
+/// plans in the UAPI's own terms, and every backend applies that.
+#[derive(Default, PartialEq)]
+pub struct SetRequest {
+    /// Lowercase hex; present only when the body sets it.
+    pub private_key: Option<String>,
+    pub listen_port: Option<u16>,
+    pub replace_peers: bool,
+    pub peers: Vec<PeerChange>,
+}
+
+/// What a `set` body says about one peer. Fields the body does not name
+/// stay as the device has them.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct PeerChange {
+    /// Lowercase hex.
+    pub public_key: String,
+    pub remove: bool,
+    /// Apply only when the device already has the peer.
+    pub update_only: bool,
+    pub endpoint: Option<SocketAddr>,
+    pub persistent_keepalive: Option<u16>,
+    pub replace_allowed_ips: bool,
+    /// `address/prefix`, added to (or, with `replace_allowed_ips`,
+    /// replacing) the peer's list.
+    pub allowed_ips: Vec<String>,
+}
+
+/// Never prints the private key.
+impl std::fmt::Debug for SetRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SetRequest")
+            .field("private_key", &self.private_key.as_ref().map(|_| "(set)"))
+            .field("listen_port", &self.listen_port)
+            .field("replace_peers", &self.replace_peers)
+            .field("peers", &self.peers)
+            .finish()
+    }
+}
+
+/// Parses a `set=1` body (without the `set=1` line and the final blank
+/// line) as this agent writes them. Keys it does not use (preshared keys,
+/// fwmark, protocol version) are refused rather than dropped, so a backend
+/// never silently applies less than it was asked.
+pub fn parse_set(body: &str) -> Result<SetRequest, UapiError> {
+    let bad = |key: &str| UapiError::Malformed(format!("bad value for {key}"));
+    let hex_key = |key: &str, value: &str| {
+        if value.len() == 64 && value.bytes().all(|b| b.is_ascii_hexdigit()) {
+            Ok(value.to_ascii_lowercase())
+        } else {
+            Err(bad(key))
+        }
+    };
+    let flag = |key: &str, value: &str| match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(bad(key)),
+    };
+    let mut request = SetRequest::default();
+    for line in body.lines() {
+        if line.is_empty() {
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            return Err(UapiError::Malformed("a line without '='".into()));
+        };
+        if key == "public_key" {
+            request.peers.push(PeerChange { public_key: hex_key(key, value)?, ..Default::default() });
+            continue;
+        }
+        let Some(peer) = request.peers.last_mut() else {
+            match key {
+                "private_key" => request.private_key = Some(hex_key(key, value)?),
+                "listen_port" => request.listen_port = Some(value.parse().map_err(|_| bad(key))?),
+                "replace_peers" => request.replace_peers = flag(key, value)?,
+                _ => return Err(UapiError::Malformed(format!("unsupported device key {key}"))),
+            }
+            continue;
+        };
+        match key {
+            "remove" => peer.remove = flag(key, value)?,
+            "update_only" => peer.update_only = flag(key, value)?,
+            "endpoint" => peer.endpoint = Some(value.parse().map_err(|_| bad(key))?),
+            "persistent_keepalive_interval" => peer.persistent_keepalive = Some(value.parse().map_err(|_| bad(key))?),
+            "replace_allowed_ips" => peer.replace_allowed_ips = flag(key, value)?,
+            "allowed_ip" => {
+                let (address, prefix) = value.split_once('/').ok_or_else(|| bad(key))?;
+                let address: std::net::IpAddr = address.parse().map_err(|_| bad(key))?;
+                let prefix: u8 = prefix.parse().map_err(|_| bad(key))?;
+                if prefix > if address.is_ipv4() { 32 } else { 128 } {
+                    return Err(bad(key));
+                }
+                peer.allowed_ips.push(format!("{address}/{prefix}"));
+            }
+            _ => return Err(UapiError::Malformed(format!("unsupported peer key {key}"))),
+        }
+    }
+    Ok(request)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +309,49 @@ mod tests {
         assert!(matches!(parse_get("listen_port=1\n\n"), Err(UapiError::Malformed(_))));
         assert!(parse_get("public_key=zz\nerrno=0\n\n").is_err());
         assert!(parse_get(&format!("public_key={A}\nrx_bytes=-1\nerrno=0\n\n")).is_err());
+    }
+
+    #[test]
+    fn reads_back_a_set_body() {
+        let body = format!(
+            "private_key=e84b5a6d2717c1003a13b431570353dbaca9146cf150c5f8575680feba52027a\nlisten_port=51820\n\
+             public_key={A}\nremove=true\n\
+             public_key={B}\nupdate_only=true\nendpoint=192.0.2.9:51820\npersistent_keepalive_interval=25\n\
+             replace_allowed_ips=true\nallowed_ip=10.77.0.3/32\n"
+        );
+        let request = parse_set(&body).unwrap();
+        assert_eq!(request.listen_port, Some(51820));
+        assert!(request.private_key.is_some());
+        assert!(!format!("{request:?}").contains("e84b5a6d"));
+        assert_eq!(request.peers.len(), 2);
+        assert_eq!(request.peers[0], PeerChange { public_key: A.into(), remove: true, ..Default::default() });
+        assert_eq!(
+            request.peers[1],
+            PeerChange {
+                public_key: B.into(),
+                update_only: true,
+                endpoint: Some("192.0.2.9:51820".parse().unwrap()),
+                persistent_keepalive: Some(25),
+                replace_allowed_ips: true,
+                allowed_ips: vec!["10.77.0.3/32".into()],
+                ..Default::default()
+            }
+        );
+        assert_eq!(parse_set("listen_port=1\n").unwrap().peers, vec![]);
+    }
+
+    #[test]
+    fn set_bodies_it_cannot_apply_fully_are_refused() {
+        for body in [
+            format!("public_key={A}\npreshared_key={B}\n"),
+            "fwmark=1\n".to_string(),
+            format!("public_key={A}\nallowed_ip=10.77.0.3/33\n"),
+            format!("public_key={A}\nallowed_ip=10.77.0.3\n"),
+            format!("public_key={A}\nremove=yes\n"),
+            "public_key=zz\n".to_string(),
+            "listen_port\n".to_string(),
+        ] {
+            assert!(parse_set(&body).is_err(), "{body}");
+        }
     }
 }

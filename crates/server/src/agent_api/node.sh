@@ -6,7 +6,8 @@
 #   uninstall:  curl -fsSL --insecure --pinnedpubkey PIN URL/node.sh | sudo sh -s -- --uninstall --yes [--force]
 #
 # The node joins the cluster's WireGuard mesh (interface cw0, UDP port
-# 51820, userspace wireguard-go): --endpoint is the public host:port other
+# 51820; kernel WireGuard when the kernel has it, userspace wireguard-go
+# otherwise): --endpoint is the public host:port other
 # nodes reach this one at (leave it out behind NAT); --no-mesh runs without
 # it (a cluster of one host only). CLOUDWEB_MESH_INTERFACE and
 # CLOUDWEB_MESH_PORT override the interface name and port.
@@ -55,15 +56,16 @@ esac
 { [ "$MESH_PORT" -ge 1 ] && [ "$MESH_PORT" -le 65535 ]; } || die "CLOUDWEB_MESH_PORT must be a port number"
 
 # The mesh needs WireGuard; checked before anything is changed. The agent
-# drives userspace wireguard-go (kernel WireGuard alone is not enough yet).
+# (--mesh-mode auto) uses kernel WireGuard when the kernel has it and
+# userspace wireguard-go otherwise, and logs which.
 if [ -n "$mesh" ] && [ -z "$uninstall" ]; then
-    if ! command -v wireguard-go >/dev/null 2>&1; then
-        if [ -d /sys/module/wireguard ] || modinfo wireguard >/dev/null 2>&1; then
-            die "kernel WireGuard is present, but this agent runs the mesh with wireguard-go, which is not installed: apt-get install wireguard-go (nothing was changed)"
-        fi
+    if [ -d /sys/module/wireguard ] || modinfo wireguard >/dev/null 2>&1; then
+        :
+    elif command -v wireguard-go >/dev/null 2>&1; then
+        [ -c /dev/net/tun ] || die "wireguard-go needs /dev/net/tun, which this host lacks (load the tun module: modprobe tun); nothing was changed"
+    else
         die "neither kernel WireGuard nor wireguard-go is available; install wireguard-go (Debian/Ubuntu: apt-get install wireguard-go), then run this again (nothing was changed)"
     fi
-    [ -c /dev/net/tun ] || die "wireguard-go needs /dev/net/tun, which this host lacks (load the tun module: modprobe tun); nothing was changed"
 fi
 [ "$(id -u)" = 0 ] || die "run as root (sudo sh)"
 { command -v systemctl >/dev/null && [ -d /run/systemd/system ]; } || die "systemd is required"
@@ -136,7 +138,7 @@ fi
 
 install -m 0755 "$tmp/cloudweb-agent" "$BIN"
 run_flags=''
-[ -z "$mesh" ] || run_flags="--mesh-mode userspace --mesh-interface $MESH_INTERFACE --mesh-listen-port $MESH_PORT"
+[ -z "$mesh" ] || run_flags="--mesh-mode auto --mesh-interface $MESH_INTERFACE --mesh-listen-port $MESH_PORT"
 cat > "$UNIT" <<UNIT
 [Unit]
 Description=cloud-web node agent
