@@ -75,7 +75,7 @@ pub async fn sampler(runtime: DockerRuntime, data_dir: std::path::PathBuf, inter
             Ok(Ok(sample)) => {
                 docker_calls = Some(sample.docker_calls);
                 let mut containers = sample.containers;
-                containers.sort_by(|a, b| b.mem_bytes.unwrap_or(0).cmp(&a.mem_bytes.unwrap_or(0)));
+                containers.sort_by_key(|c| std::cmp::Reverse(c.mem_bytes.unwrap_or(0)));
                 let omitted = containers.len().saturating_sub(MAX_CONTAINERS) as u32;
                 containers.truncate(MAX_CONTAINERS);
                 (Some(containers), Some(omitted))

@@ -22,7 +22,7 @@ use rand::Rng;
 use reqwest::Method;
 use serde_json::json;
 
-use self::cluster::{BinaryArgs, Cluster};
+use self::cluster::{BinaryArgs, Binaries, Cluster};
 use self::report::{format_ms, Results};
 use self::timeline::{Kind, Target};
 use crate::docker;
@@ -37,23 +37,48 @@ const HEALTH_TIMEOUT_SECONDS: u32 = 30;
 /// the drain period, the reconciler's tick and the stop's 10 s grace period.
 const QUIET_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// What the benchmarks on a [`Cluster`] take (`deploy` and `webhook`).
 #[derive(clap::Args)]
 pub struct Args {
     /// Repetitions of each measurement (1 to 50).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=50))]
-    runs: u32,
+    pub runs: u32,
     /// Seconds one deployment may take to reach running before the benchmark gives up (10 to 3600).
     #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(10..=3600))]
-    settle_timeout_seconds: u64,
+    pub settle_timeout_seconds: u64,
     /// Base image of the app's Dockerfile; it must have busybox's sh and httpd
     /// (scripts/images.sh builds the default).
     #[arg(long, default_value = "cloudweb-test/busybox:latest")]
-    base_image: String,
+    pub base_image: String,
     #[command(flatten)]
-    binaries: BinaryArgs,
+    pub binaries: BinaryArgs,
 }
 
 pub async fn run(args: Args) -> Result<()> {
+    let results = with_cluster("deploy", &args, |app, binaries, engine| {
+        println!(
+            "deploy: {} run(s) of each; app {app}: busybox httpd (FROM {}, COPY index.html); health check GET / every 200 ms",
+            args.runs, args.base_image
+        );
+        println!("control plane {}, agent {}, Docker Engine {engine}", binaries.server.display(), binaries.agent.display());
+    }, async |cluster| measure_all(cluster, &args).await)
+    .await?;
+    report::print(&results);
+    Ok(())
+}
+
+/// The frame of a benchmark on a [`Cluster`]: checks the base image and the
+/// Docker Engine, picks a fresh app name, says what runs (`announce` gets the
+/// app, the binaries and the Engine's version), starts the cluster in a fresh
+/// temporary directory named after `bench`, runs `measure` on it until it ends
+/// or Ctrl-C, and always deletes the app (Ctrl-C stops the measurement but not
+/// the clean-up).
+pub async fn with_cluster<T>(
+    bench: &str,
+    args: &Args,
+    announce: impl FnOnce(&str, &Binaries, &str),
+    measure: impl AsyncFnOnce(&mut Cluster) -> Result<T>,
+) -> Result<T> {
     check_image_reference(&args.base_image)?;
     let binaries = args.binaries.resolve()?;
     let engine = docker::docker(&["version", "--format", "{{.Server.Version}}"]).context("the Docker Engine is not reachable")?;
@@ -61,19 +86,14 @@ pub async fn run(args: Args) -> Result<()> {
         bail!("image {} is missing; build it with scripts/images.sh", args.base_image);
     }
     let app = format!("bench-{:06x}", rand::rng().random_range(0..0x100_0000u32));
-    let dir = tempfile::Builder::new().prefix("cloudweb-bench-deploy-").tempdir()?;
-    println!(
-        "deploy: {} run(s) of each; app {app}: busybox httpd (FROM {}, COPY index.html); health check GET / every 200 ms",
-        args.runs, args.base_image
-    );
-    println!("control plane {}, agent {}, Docker Engine {engine}", binaries.server.display(), binaries.agent.display());
+    let dir = tempfile::Builder::new().prefix(&format!("cloudweb-bench-{bench}-")).tempdir()?;
+    announce(&app, &binaries, engine.trim());
 
     let mut cluster = None;
-    // Ctrl-C stops the measurement but not the clean-up.
     let outcome = tokio::select! {
         outcome = async {
             let cluster = cluster.insert(Cluster::start(dir.path(), &binaries, &app).await?);
-            measure_all(cluster, &args).await
+            measure(cluster).await
         } => outcome,
         _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
     };
@@ -82,9 +102,7 @@ pub async fn run(args: Args) -> Result<()> {
             eprintln!("warning: clean-up: {err:#}");
         }
     }
-    let results = outcome?;
-    report::print(&results);
-    Ok(())
+    outcome
 }
 
 /// Image references go into a Dockerfile and onto command lines: keep them

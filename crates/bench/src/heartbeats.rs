@@ -310,7 +310,7 @@ fn heartbeat_body(round: u64) -> Bytes {
         "health": {"registry": {"configured": true, "reachable": true}, "mesh": {"peers": 3, "connected": 3},
                    "features": ["static-sites"]}
     });
-    if round % 6 == 0 {
+    if round.is_multiple_of(6) {
         let containers: Vec<_> = (0..5)
             .map(|i| json!({"container": format!("cw-app{i}-1"), "cpu_cores": 0.25, "mem_bytes": 104857600, "mem_limit": 536870912, "restarts": 0, "started_at": "2026-11-29T10:00:00Z"}))
             .collect();

@@ -48,7 +48,7 @@ fn cluster(n: usize) -> Vec<NodeSnapshot> {
                 },
                 degraded: (4..=6).contains(&roll).then(|| "i/o timeout".to_string()),
                 // Three in four nodes report static-sites.
-                features: if rng.next() % 4 == 0 { Vec::new() } else { vec!["static-sites".to_string()] },
+                features: if rng.next().is_multiple_of(4) { Vec::new() } else { vec!["static-sites".to_string()] },
                 version: Some("0.1.0".into()),
                 cpu_cores: cores,
                 mem_bytes: mem,

@@ -9,59 +9,30 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use cloudweb_e2e::gitlab::{FakeGitlab, CLIENT_ID, CLIENT_SECRET};
 use rand::Rng;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::deploy::cluster::{BinaryArgs, Cluster};
-use crate::docker;
+use crate::deploy::cluster::Cluster;
+pub use crate::deploy::Args;
 use crate::stats::spread;
 
 const DOCKERFILE: &str = "FROM {base}\nCOPY index.html /www/index.html\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n";
 const QUIET_TIMEOUT: Duration = Duration::from_secs(60);
 
-#[derive(clap::Args)]
-pub struct Args {
-    /// Repetitions of each measurement (1 to 50).
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=50))]
-    runs: u32,
-    /// Seconds one deployment may take to reach running (10 to 3600).
-    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(10..=3600))]
-    settle_timeout_seconds: u64,
-    /// Base image of the app's Dockerfile (busybox httpd; scripts/images.sh builds the default).
-    #[arg(long, default_value = "cloudweb-test/busybox:latest")]
-    base_image: String,
-    #[command(flatten)]
-    binaries: BinaryArgs,
-}
-
 pub async fn run(args: Args) -> Result<()> {
-    crate::deploy::check_image_reference(&args.base_image)?;
-    let binaries = args.binaries.resolve()?;
-    docker::docker(&["version", "--format", "{{.Server.Version}}"]).context("the Docker Engine is not reachable")?;
-    if !docker::image_exists(&args.base_image) {
-        bail!("image {} is missing; build it with scripts/images.sh", args.base_image);
-    }
-    let app = format!("bench-{:06x}", rand::rng().random_range(0..0x100_0000u32));
-    let dir = tempfile::Builder::new().prefix("cloudweb-bench-webhook-").tempdir()?;
-    println!("webhook: {} run(s) of each; app {app} from a GitLab project (stand-in on loopback), FROM {}", args.runs, args.base_image);
-    let mut cluster = None;
-    let outcome = tokio::select! {
-        outcome = async {
-            // The benchmark's control plane already allows private git hosts,
-            // which the stand-in on loopback needs.
-            let cluster = cluster.insert(Cluster::start(dir.path(), &binaries, &app).await?);
-            measure(cluster, &args, dir.path()).await
-        } => outcome,
-        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
+    let announce = |app: &str, _: &_, _: &str| {
+        println!("webhook: {} run(s) of each; app {app} from a GitLab project (stand-in on loopback), FROM {}", args.runs, args.base_image);
     };
-    if let Some(mut cluster) = cluster {
-        if let Err(err) = cluster.delete_app().await {
-            eprintln!("warning: clean-up: {err:#}");
-        }
-    }
+    // The benchmark's control plane already allows private git hosts, which
+    // the stand-in on loopback needs.
+    let outcome = crate::deploy::with_cluster("webhook", &args, announce, async |cluster| {
+        let dir = cluster.dir.clone();
+        measure(cluster, &args, &dir).await
+    })
+    .await;
     let (webhook, deploy) = outcome?;
     println!();
     println!("time to running, cached build of the same commit ({} runs):", webhook.len());

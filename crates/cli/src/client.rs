@@ -75,18 +75,21 @@ impl Api {
 
     /// Opens a server-sent event stream.
     pub async fn stream(&self, path: &str) -> Result<reqwest::Response, Failure> {
-        let response = self
-            .streaming
-            .get(self.url(path))
-            .bearer_auth(&self.token)
-            .header("accept", "text/event-stream")
-            .send()
-            .await
-            .map_err(|e| self.transport(e))?;
+        self.stream_after(path, None).await.map_err(|refused| refused.failure)
+    }
+
+    /// Opens a server-sent event stream again, after the event with id
+    /// `last_event_id` (sent as `Last-Event-ID`) where one was seen.
+    pub async fn stream_after(&self, path: &str, last_event_id: Option<&str>) -> Result<reqwest::Response, StreamRefused> {
+        let mut request = self.streaming.get(self.url(path)).bearer_auth(&self.token).header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let response = request.send().await.map_err(|e| StreamRefused { status: None, failure: self.transport(e) })?;
         let status = response.status();
         if !status.is_success() {
             let bytes = response.bytes().await.unwrap_or_default();
-            return Err(api_error(status.as_u16(), &bytes));
+            return Err(StreamRefused { status: Some(status.as_u16()), failure: api_error(status.as_u16(), &bytes) });
         }
         Ok(response)
     }
@@ -101,6 +104,13 @@ impl Api {
         }
         Failure::Action(format!("cannot reach {}: {text}", self.server))
     }
+}
+
+/// A stream that did not open: the HTTP status (none when the server was
+/// not reached) and what to tell.
+pub struct StreamRefused {
+    pub status: Option<u16>,
+    pub failure: Failure,
 }
 
 /// The server's `{"error": ...}` text with the status.

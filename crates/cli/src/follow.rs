@@ -147,13 +147,66 @@ pub fn runtime_line(line: &Value) -> String {
     )
 }
 
+/// How long `logs --follow` waits before each reconnect after the stream
+/// was lost; past the last, it gives up (about half a minute in all, enough
+/// for a control plane to restart). A log line received starts over.
+const RECONNECT_DELAYS_MS: [u64; 7] = [500, 1000, 2000, 4000, 8000, 8000, 8000];
+
 /// Follows an app's runtime log until the app is deleted (exit 0) or the
-/// stream is lost (exit 1). With `json`, one JSON object per line.
+/// stream is lost for good (exit 1). A lost stream is opened again, after
+/// [`RECONNECT_DELAYS_MS`], with the id of the last line printed
+/// (`Last-Event-ID`), so the server sends only what came after it. With
+/// `json`, one JSON object per line.
 pub async fn app_logs(api: &Api, path: &str, json: bool) -> Result<(), Failure> {
-    let mut events = api.stream(path).await?.bytes_stream().eventsource();
+    let mut response = api.stream(path).await?;
+    let mut last_id: Option<String> = None;
+    let mut failures = 0;
+    loop {
+        let mut reason = match print_app_logs(response, json, &mut last_id, &mut failures).await {
+            None => {
+                eprintln!("the app was deleted");
+                return Ok(());
+            }
+            Some(reason) => reason,
+        };
+        response = loop {
+            let Some(delay) = RECONNECT_DELAYS_MS.get(failures) else {
+                let waited: u64 = RECONNECT_DELAYS_MS.iter().sum();
+                return Err(Failure::Action(format!(
+                    "the log stream was lost ({reason}); {failures} reconnects over {} s failed, giving up",
+                    waited / 1000
+                )));
+            };
+            failures += 1;
+            eprintln!("the log stream was lost ({reason}); reconnecting in {:.1} s ({failures}/{})", *delay as f64 / 1000.0, RECONNECT_DELAYS_MS.len());
+            tokio::time::sleep(Duration::from_millis(*delay)).await;
+            match api.stream_after(path, last_id.as_deref()).await {
+                Ok(response) => break response,
+                Err(refused) if refused.status == Some(404) => {
+                    eprintln!("the app was deleted");
+                    return Ok(());
+                }
+                // Not reached, or a server error (one that is starting, or
+                // a proxy in front of one that is not there yet): again.
+                Err(refused) if refused.status.is_none_or(|status| status >= 500) => reason = refused.failure.to_string(),
+                Err(refused) => return Err(refused.failure),
+            }
+        };
+    }
+}
+
+/// Prints the log lines of one stream until it ends: `None` for the app's
+/// end, else why it was lost. Keeps the last line's id and resets
+/// `failures` on every line.
+async fn print_app_logs(response: reqwest::Response, json: bool, last_id: &mut Option<String>, failures: &mut usize) -> Option<String> {
+    let mut events = response.bytes_stream().eventsource();
     while let Some(event) = events.next().await {
         match event {
             Ok(event) if event.event == "log" => {
+                *failures = 0;
+                if !event.id.is_empty() {
+                    *last_id = Some(event.id.clone());
+                }
                 let Ok(line) = serde_json::from_str::<Value>(&event.data) else { continue };
                 if json {
                     println!("{}", serde_json::to_string(&line).expect("JSON serializes"));
@@ -161,13 +214,10 @@ pub async fn app_logs(api: &Api, path: &str, json: bool) -> Result<(), Failure> 
                     println!("{}", runtime_line(&line));
                 }
             }
-            Ok(event) if event.event == "end" => {
-                eprintln!("the app was deleted");
-                return Ok(());
-            }
+            Ok(event) if event.event == "end" => return None,
             Ok(_) => {}
-            Err(err) => return Err(Failure::Action(format!("the log stream broke: {err}"))),
+            Err(err) => return Some(format!("it broke: {err}")),
         }
     }
-    Err(Failure::Action("the server closed the log stream".into()))
+    Some("the server closed it".into())
 }

@@ -154,6 +154,9 @@ enum AppsCommand {
     List,
     /// Create an app from a git repository.
     Create(CreateArgs),
+    /// Change an app's branch, port, build or run settings (what is not
+    /// given stays); the next deployment uses them.
+    Set(SetArgs),
     /// Stop an app's instances and delete it with its deployments.
     Rm {
         app: String,
@@ -177,6 +180,23 @@ struct CreateArgs {
     /// A custom domain (repeat for more).
     #[arg(long = "domain", value_name = "HOST")]
     domains: Vec<String>,
+    #[command(flatten)]
+    run: RunArgs,
+    /// User name for an https repository; the password is read from
+    /// CLOUDWEB_GIT_PASSWORD or stdin.
+    #[arg(long)]
+    git_username: Option<String>,
+    /// The app's own ssh private key, for an ssh repository.
+    #[arg(long, value_name = "FILE", requires = "git_known_hosts")]
+    git_ssh_key: Option<std::path::PathBuf>,
+    /// known_hosts lines of the git host (`ssh-keyscan` output).
+    #[arg(long, value_name = "FILE", requires = "git_ssh_key")]
+    git_known_hosts: Option<std::path::PathBuf>,
+}
+
+/// How an app is built and run, for `apps create` and `apps set`.
+#[derive(Args)]
+struct RunArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]
     instances: Option<u32>,
     /// CPU cores per instance, e.g. 0.5.
@@ -193,7 +213,8 @@ struct CreateArgs {
     health_timeout: Option<u32>,
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=7200))]
     build_timeout: Option<u32>,
-    /// Static site: install command.
+    /// Static site: install command (with `apps set`, the build flags
+    /// given replace the earlier build settings as a whole).
     #[arg(long)]
     install_cmd: Option<String>,
     /// Static site: build command.
@@ -205,16 +226,46 @@ struct CreateArgs {
     /// Static site: serve index.html for unknown paths.
     #[arg(long, value_parser = ["auto", "yes", "no"])]
     spa: Option<String>,
-    /// User name for an https repository; the password is read from
-    /// CLOUDWEB_GIT_PASSWORD or stdin.
+}
+
+impl RunArgs {
+    /// Adds the settings given to a request body.
+    fn add_to(self, body: &mut serde_json::Map<String, Value>) {
+        let mut set = |key: &str, value: Value| {
+            if !value.is_null() {
+                body.insert(key.to_string(), value);
+            }
+        };
+        set("instances", json!(self.instances));
+        set("cpu", json!(self.cpu));
+        set("memory", json!(self.memory));
+        set("strategy", json!(self.strategy));
+        set("health_path", json!(self.health_path));
+        set("health_timeout_seconds", json!(self.health_timeout));
+        set("build_timeout_seconds", json!(self.build_timeout));
+        let build: serde_json::Map<String, Value> = [("install_cmd", self.install_cmd), ("build_cmd", self.build_cmd), ("output_dir", self.output_dir), ("spa", self.spa)]
+            .into_iter()
+            .filter_map(|(key, value)| Some((key.to_string(), json!(value?))))
+            .collect();
+        if !build.is_empty() {
+            body.insert("build".into(), Value::Object(build));
+        }
+    }
+}
+
+#[derive(Args)]
+struct SetArgs {
+    app: String,
     #[arg(long)]
-    git_username: Option<String>,
-    /// The app's own ssh private key, for an ssh repository.
-    #[arg(long, value_name = "FILE", requires = "git_known_hosts")]
-    git_ssh_key: Option<std::path::PathBuf>,
-    /// known_hosts lines of the git host (`ssh-keyscan` output).
-    #[arg(long, value_name = "FILE", requires = "git_ssh_key")]
-    git_known_hosts: Option<std::path::PathBuf>,
+    branch: Option<String>,
+    /// The port the app listens on (it also gets PORT).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    port: Option<u16>,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Put a setting back to its default (repeat for more).
+    #[arg(long, value_name = "SETTING", value_parser = ["cpu", "memory", "build", "build-timeout"])]
+    reset: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -371,12 +422,10 @@ fn check(command: &Command) -> Result<(), Failure> {
                 env_name(name)?;
             }
         }
-        Command::Apps { command: Some(AppsCommand::Create(args)) } => {
-            if let Some(cpu) = args.cpu {
-                if !cpu.is_finite() || !(0.01..=64.0).contains(&cpu) {
-                    return Err(Failure::Usage("--cpu must be 0.01 to 64 cores".into()));
-                }
-            }
+        Command::Apps { command: Some(AppsCommand::Create(CreateArgs { run: RunArgs { cpu: Some(cpu), .. }, .. }) | AppsCommand::Set(SetArgs { run: RunArgs { cpu: Some(cpu), .. }, .. })) }
+            if !cpu.is_finite() || !(0.01..=64.0).contains(cpu) =>
+        {
+            return Err(Failure::Usage("--cpu must be 0.01 to 64 cores".into()));
         }
         Command::Nodes { command: Some(NodesCommand::Drain { node } | NodesCommand::Undrain { node } | NodesCommand::Rm { node, .. }) }
             if node.trim().is_empty() =>
@@ -605,6 +654,16 @@ async fn apps(api: &Api, command: AppsCommand, json: bool) -> Result<(), Failure
                 println!("app {} created; deploy it with `cloudweb deploy {} --follow`", cell(&app["name"]), cell(&app["name"]));
             }
         }
+        AppsCommand::Set(args) => {
+            let app = args.app.clone();
+            let body = set_body(args)?;
+            let view = api.call(Method::PATCH, &format!("/api/apps/{}", segment(&app)), Some(&body)).await?;
+            if json {
+                render::json(&view);
+            } else {
+                println!("app {} changed; the next deployment uses the new settings", cell(&view["name"]));
+            }
+        }
         AppsCommand::Rm { app, yes } => {
             if !yes {
                 if !std::io::stdin().is_terminal() {
@@ -630,26 +689,7 @@ async fn apps(api: &Api, command: AppsCommand, json: bool) -> Result<(), Failure
 
 fn create_body(args: CreateArgs) -> Result<Value, Failure> {
     let mut body = json!({"name": args.name, "repo_url": args.repo, "branch": args.branch, "port": args.port, "domains": args.domains});
-    let set = |body: &mut Value, key: &str, value: Value| {
-        if !value.is_null() {
-            body[key] = value;
-        }
-    };
-    set(&mut body, "instances", json!(args.instances));
-    set(&mut body, "cpu", json!(args.cpu));
-    set(&mut body, "memory", json!(args.memory));
-    set(&mut body, "strategy", json!(args.strategy));
-    set(&mut body, "health_path", json!(args.health_path));
-    set(&mut body, "health_timeout_seconds", json!(args.health_timeout));
-    set(&mut body, "build_timeout_seconds", json!(args.build_timeout));
-    if args.install_cmd.is_some() || args.build_cmd.is_some() || args.output_dir.is_some() || args.spa.is_some() {
-        let mut build = json!({});
-        set(&mut build, "install_cmd", json!(args.install_cmd));
-        set(&mut build, "build_cmd", json!(args.build_cmd));
-        set(&mut build, "output_dir", json!(args.output_dir));
-        set(&mut build, "spa", json!(args.spa));
-        body["build"] = build;
-    }
+    args.run.add_to(body.as_object_mut().expect("an object"));
     if let Some(user) = args.git_username {
         let password = match std::env::var("CLOUDWEB_GIT_PASSWORD").ok().filter(|p| !p.is_empty()) {
             Some(password) => password,
@@ -669,6 +709,32 @@ fn create_body(args: CreateArgs) -> Result<Value, Failure> {
         body["git_known_hosts"] = json!(read(&hosts)?);
     }
     Ok(body)
+}
+
+/// The `PATCH /api/apps/{name}` body of `apps set`: the settings given;
+/// none is a usage error.
+fn set_body(args: SetArgs) -> Result<Value, Failure> {
+    let mut body = serde_json::Map::new();
+    if let Some(branch) = args.branch {
+        body.insert("branch".into(), json!(branch));
+    }
+    if let Some(port) = args.port {
+        body.insert("port".into(), json!(port));
+    }
+    args.run.add_to(&mut body);
+    for setting in &args.reset {
+        let key = match setting.as_str() {
+            "build-timeout" => "build_timeout_seconds",
+            other => other,
+        };
+        if body.insert(key.to_string(), Value::Null).is_some() {
+            return Err(Failure::Usage(format!("--reset {setting} goes against a value given for it")));
+        }
+    }
+    if body.is_empty() {
+        return Err(Failure::Usage("nothing to change: give at least one setting (see `cloudweb apps set --help`)".into()));
+    }
+    Ok(Value::Object(body))
 }
 
 async fn env(api: &Api, command: EnvCommand, json: bool) -> Result<(), Failure> {
@@ -909,6 +975,22 @@ mod tests {
         assert!(env_name("_X1").is_ok());
         assert!(matches!(env_name("1X"), Err(Failure::Usage(_))));
         assert!(matches!(env_name("A-B"), Err(Failure::Usage(_))));
+    }
+
+    #[test]
+    fn apps_set_sends_only_what_is_given() {
+        let parse = |args: &[&str]| match Cli::try_parse_from(["cloudweb", "apps", "set", "web"].iter().chain(args)).unwrap().command {
+            Command::Apps { command: Some(AppsCommand::Set(args)) } => set_body(args),
+            _ => unreachable!(),
+        };
+        let body = parse(&["--branch", "release", "--port", "3000", "--health-path", "/up"]).unwrap();
+        assert_eq!(body, json!({"branch": "release", "port": 3000, "health_path": "/up"}));
+        let body = parse(&["--build-cmd", "npm run build", "--reset", "cpu", "--reset", "build-timeout"]).unwrap();
+        assert_eq!(body, json!({"build": {"build_cmd": "npm run build"}, "cpu": null, "build_timeout_seconds": null}));
+        assert!(matches!(parse(&[]), Err(Failure::Usage(_))), "nothing to change");
+        assert!(matches!(parse(&["--cpu", "1", "--reset", "cpu"]), Err(Failure::Usage(_))));
+        assert!(Cli::try_parse_from(["cloudweb", "apps", "set", "web", "--reset", "port"]).is_err());
+        assert!(Cli::try_parse_from(["cloudweb", "apps", "set", "web", "--port", "0"]).is_err());
     }
 
     #[test]

@@ -85,11 +85,18 @@ pub struct Process {
 
 impl Process {
     pub fn spawn(program: &Path, args: &[String], log: PathBuf) -> Result<Process> {
+        Process::spawn_with_env(program, args, &[], log)
+    }
+
+    /// [`Process::spawn`] with more environment variables (e.g. the CLI's
+    /// CLOUDWEB_TOKEN, kept off the command line).
+    pub fn spawn_with_env(program: &Path, args: &[String], env: &[(&str, &str)], log: PathBuf) -> Result<Process> {
         let file = File::create(&log)?;
         // Its own process group, so killing it also kills what it started
         // (the registry under a control plane, Caddy under an agent).
         let child = std::os::unix::process::CommandExt::process_group(&mut Command::new(program), 0)
             .args(args)
+            .envs(env.iter().copied())
             .env("CLOUDWEB_LOG", "info,cloudweb_server=debug,cloudweb_agent=debug")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -180,6 +187,9 @@ impl Drop for Process {
 /// A control plane started from the real binary.
 pub struct ServerProcess {
     pub process: Process,
+    /// What it was started as, for [`ServerProcess::restart`].
+    program: PathBuf,
+    extra: Vec<String>,
     pub dir: PathBuf,
     pub agent_port: u16,
     pub api_port: u16,
@@ -233,7 +243,17 @@ impl ServerProcess {
             bail!("{err}\nserver log:\n{}", process.log_text());
         }
         let admin_token = std::fs::read_to_string(data.join("admin-token"))?.trim().to_string();
-        Ok(ServerProcess { process, dir: dir.to_path_buf(), agent_port, api_port, admin_token, http })
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        Ok(ServerProcess { process, program: program.to_path_buf(), extra, dir: dir.to_path_buf(), agent_port, api_port, admin_token, http })
+    }
+
+    /// Kills the control plane (with its registry), as a crash would, and
+    /// starts the same build again on the same ports, data and flags.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.process.kill();
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        *self = ServerProcess::start_program(&self.program, &self.dir, self.agent_port, self.api_port, &extra).await?;
+        Ok(())
     }
 
     pub fn url(&self) -> String {

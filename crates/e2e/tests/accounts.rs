@@ -649,4 +649,24 @@ async fn the_binary_creates_the_first_user_who_logs_in_and_no_secret_leaks() {
             }
         }
     }
+
+    // The login counts outlive a restart of the control plane, stored
+    // under keyed digests: a password typed into the name field is not
+    // kept in the database.
+    let typed = "my-s3cret-typed-as-a-name";
+    let attempt = |name: &'static str, password: &'static str, api: String| {
+        let http = http.clone();
+        async move { http.post(api).json(&json!({"name": name, "password": password})).send().await.unwrap().status() }
+    };
+    assert_eq!(attempt(typed, "whatever", server.api("/api/session")).await, 401);
+    let mut server = server;
+    server.restart().await.unwrap();
+    assert_eq!(attempt("bob", bob_password, server.api("/api/session")).await, 429, "still limited after the restart");
+    assert_eq!(attempt("alice", "a brand new password", server.api("/api/session")).await, 200, "other accounts are not");
+    server.process.kill();
+    let db = std::fs::read(data.join("state.db")).unwrap();
+    let wal = std::fs::read(data.join("state.db-wal")).unwrap_or_default();
+    for bytes in [&db, &wal] {
+        assert!(!bytes.windows(typed.len()).any(|w| w == typed.as_bytes()), "a typed name is in the database");
+    }
 }

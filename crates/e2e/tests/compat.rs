@@ -38,8 +38,7 @@ fn previous() -> Previous {
     let releases = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../RELEASES")).expect("RELEASES");
     let version = releases
         .lines()
-        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-        .last()
+        .rfind(|l| !l.trim().is_empty() && !l.starts_with('#'))
         .and_then(|l| l.split_whitespace().next())
         .expect("a release in RELEASES")
         .to_string();

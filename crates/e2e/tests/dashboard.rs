@@ -256,7 +256,8 @@ async fn an_env_name_a_log_line_and_a_commit_holding_script_render_as_text() {
     assert!(!app_page.contains("value-never-shown"), "env values are write-only");
     assert!(deployment_page.contains("step 1 &lt;script&gt;"), "the log line is shown as text");
     assert!(app_page.contains("listening &lt;script&gt;alert(1)&lt;/script&gt;"), "the runtime line, as text: {app_page}");
-    assert!(app_page.contains(r#"data-follow="/api/apps/web/logs?follow=1""#) && app_page.contains(r#"data-after="1""#), "{app_page}");
+    let seq = state.runtime_logs.recent("web", 0, 1, None)[0].seq;
+    assert!(app_page.contains(r#"data-follow="/api/apps/web/logs?follow=1""#) && app_page.contains(&format!(r#"data-after="{seq}""#)), "{app_page}");
     // The stream the page's script follows opens with the page's cookie.
     let follow = dashboard.http.get(dashboard.url("/api/apps/web/logs?follow=1")).header(COOKIE, &cookie).send().await.unwrap();
     assert_eq!(follow.status(), 200);
@@ -311,6 +312,25 @@ async fn forms_create_an_app_set_env_and_domains_and_delete_it() {
     assert!(page.contains(r#"data-host="shop.example.com" data-state="issuing""#), "{page}");
     assert!(page.contains(r#"data-host="shop.localhost" data-state="internal""#), "{page}");
 
+    // The settings form, filled with the current settings, changes them.
+    let (_, page) = dashboard.get(&cookie, "/apps/shop").await;
+    assert!(page.contains(r#"action="/apps/shop/settings""#) && page.contains(r#"name="build_cmd" value="npm run build""#), "{page}");
+    let settings = |port: &'static str, health_path: &'static str| {
+        vec![("branch", "release"), ("port", port), ("strategy", "static"), ("install_cmd", ""), ("build_cmd", "make"), ("output_dir", "public"), ("spa", "no"),
+             ("health_path", health_path), ("health_timeout_seconds", "20"), ("build_timeout_seconds", "900"), ("instances", "1"), ("cpu", ""), ("memory", "")]
+    };
+    assert_eq!(post("/apps/shop/settings", settings("4000", "/up")).await.unwrap().headers()[LOCATION], "/apps/shop");
+    let app = dashboard.server.state.store.app("shop").await.unwrap().unwrap();
+    assert_eq!((app.branch.as_str(), app.port, app.health_path.as_str(), app.health_timeout_s, app.build_timeout_s), ("release", 4000, "/up", 20, Some(900)));
+    assert_eq!((app.instances, app.memory_bytes, app.cpu), (1, None, None), "empty fields are the defaults");
+    assert_eq!(app.build.as_deref(), Some(r#"{"build_cmd":"make","output_dir":"public","spa":"no"}"#));
+    // Refused like the API: the reason on the next page, nothing changed.
+    assert_eq!(post("/apps/shop/settings", settings("4001", "no-slash")).await.unwrap().status(), 303);
+    let (_, page) = dashboard.get(&cookie, "/apps/shop").await;
+    assert!(page.contains("role=\"alert\"") && page.contains("invalid health_path"), "{page}");
+    assert_eq!(dashboard.server.state.store.app("shop").await.unwrap().unwrap().port, 4000);
+    assert_eq!(dashboard.http.post(dashboard.url("/apps/shop/settings")).header(COOKIE, &cookie).form(&settings("1", "/")).send().await.unwrap().status(), 403, "no CSRF token");
+
     let (status, confirm) = dashboard.get(&cookie, "/apps/shop/delete").await;
     assert_eq!(status, 200);
     assert!(confirm.contains("Delete this app?"), "{confirm}");
@@ -354,7 +374,7 @@ async fn nodes_are_drained_reactivated_and_removed_after_confirmation() {
     let (status, confirm) = dashboard.get(&cookie, &format!("/nodes/{node_id}/drain")).await;
     assert_eq!(status, 200);
     assert!(confirm.contains("Drain this node?") && confirm.contains("<form class=\"confirm\" method=\"post\""), "{confirm}");
-    assert_eq!(dashboard.server.state.store.node(&node_id).await.unwrap().unwrap().draining, false, "showing the question changes nothing");
+    assert!(!dashboard.server.state.store.node(&node_id).await.unwrap().unwrap().draining, "showing the question changes nothing");
     assert_eq!(post(format!("/nodes/{node_id}/drain"), vec![]).await.unwrap().status(), 303);
     assert!(dashboard.server.state.store.node(&node_id).await.unwrap().unwrap().draining);
     let (_, page) = dashboard.get(&cookie, "/nodes").await;

@@ -231,6 +231,16 @@ async fn build_replace_fail_roll_back_and_serve_a_static_site() {
     let escape = settle(&cluster, body["id"].as_str().unwrap()).await;
     assert_eq!(escape["state"], "failed");
     assert!(escape["error"].as_str().unwrap().contains("outside the project"), "{escape}");
+    // Build settings changed after creation: the next deploy uses them.
+    let (status, changed) = server
+        .call(Method::PATCH, &format!("/api/apps/{escape_name}"), Some(json!({"build": {"build_cmd": "mkdir -p out && cp index.html out/", "output_dir": "out"}, "health_timeout_seconds": 10})))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{changed}");
+    let (_, body) = server.call(Method::POST, &format!("/api/apps/{escape_name}/deploy"), None).await.unwrap();
+    let fixed = settle(&cluster, body["id"].as_str().unwrap()).await;
+    assert_eq!(fixed["state"], "running", "{fixed}");
+    assert_eq!(get(&format!("http://{}/", address(&fixed))).await, (200, "x\n".into()));
 
     // Deleting an app stops what it runs.
     let (status, _) = server.call(Method::DELETE, &format!("/api/apps/{web}"), None).await.unwrap();
@@ -239,6 +249,7 @@ async fn build_replace_fail_roll_back_and_serve_a_static_site() {
         .await
         .unwrap();
     server.call(Method::DELETE, &format!("/api/apps/{site_name}"), None).await.unwrap();
+    server.call(Method::DELETE, &format!("/api/apps/{escape_name}"), None).await.unwrap();
 }
 
 #[tokio::test]
@@ -318,6 +329,51 @@ async fn bad_app_input_is_refused_and_creates_nothing() {
     assert_eq!(status, 404);
     let (_, deployments) = server.call(Method::GET, "/api/apps/ok/deployments", None).await.unwrap();
     assert_eq!(deployments["deployments"], json!([]));
+
+    // Settings changed after creation are checked as at creation; a
+    // refused change changes nothing.
+    let (_, before) = server.call(Method::GET, "/api/apps/ok", None).await.unwrap();
+    let refused = [
+        json!({"branch": "-upload-pack=evil"}),
+        json!({"port": 0}),
+        json!({"port": 70000}),
+        json!({"instances": 21}),
+        json!({"cpu": 0.001}),
+        json!({"memory": 1024}),
+        json!({"health_path": "no-slash"}),
+        json!({"health_timeout_seconds": 0}),
+        json!({"build_timeout_seconds": 7201}),
+        json!({"build": {"output_dir": "../../etc"}}),
+        json!({"build": {"build_cmd": "make"}, "strategy": "dockerfile"}),
+        json!({"strategy": "magic"}),
+        json!({"name": "renamed"}),
+        json!({"repo_url": "https://elsewhere.example.com/x.git"}),
+        json!({"port": 8081, "surprise": true}),
+    ];
+    for body in refused {
+        let (status, answer) = server.call(Method::PATCH, "/api/apps/ok", Some(body.clone())).await.unwrap();
+        assert_eq!(status, 400, "{body} -> {answer}");
+    }
+    let (_, after) = server.call(Method::GET, "/api/apps/ok", None).await.unwrap();
+    assert_eq!(after, before, "nothing changed");
+    assert_eq!(server.call(Method::PATCH, "/api/apps/nope", Some(json!({"port": 80}))).await.unwrap().0, 404);
+    let change = json!({"branch": "release/2", "port": 3000, "instances": 2, "cpu": 0.5, "memory": 268435456, "health_path": "/up",
+                        "health_timeout_seconds": 12, "build_timeout_seconds": 600, "build": {"build_cmd": "make site", "output_dir": "site"}});
+    let (status, changed) = server.call(Method::PATCH, "/api/apps/ok", Some(change)).await.unwrap();
+    assert_eq!(status, 200, "{changed}");
+    let (_, shown) = server.call(Method::GET, "/api/apps/ok", None).await.unwrap();
+    assert_eq!(shown, changed);
+    for (field, value) in [("branch", json!("release/2")), ("port", json!(3000)), ("instances", json!(2)), ("cpu", json!(0.5)), ("memory", json!(268435456)),
+                           ("health_path", json!("/up")), ("health_timeout_seconds", json!(12)), ("build_timeout_seconds", json!(600)),
+                           ("strategy", json!("static")), ("build", json!({"build_cmd": "make site", "output_dir": "site"})), ("repo_url", before["repo_url"].clone())] {
+        assert_eq!(shown[field], value, "{field}: {shown}");
+    }
+    // `null` puts a setting back to its default; what is left out stays.
+    let (status, reset) = server.call(Method::PATCH, "/api/apps/ok", Some(json!({"cpu": null, "memory": null, "build": null, "build_timeout_seconds": null}))).await.unwrap();
+    assert_eq!(status, 200, "{reset}");
+    assert_eq!((reset["cpu"].clone(), reset["memory"].clone(), reset["build"].clone()), (Value::Null, Value::Null, Value::Null), "{reset}");
+    assert_eq!(reset["build_timeout_seconds"], before["build_timeout_seconds"], "the default again");
+    assert_eq!((reset["port"].clone(), reset["branch"].clone()), (json!(3000), json!("release/2")));
 }
 
 #[tokio::test]

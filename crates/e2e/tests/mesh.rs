@@ -664,9 +664,27 @@ async fn registry_scenario(cluster: &MeshCluster) -> Result<()> {
     .await?;
     // Only 10.77.0.1:5000 listens: not the control plane's LAN address,
     // not loopback, not every interface.
-    let listeners = cluster.lan.members[0].exec("ss", &["-Htln", &format!("sport = :{}", cluster.registry_port)])?;
-    let local: Vec<&str> = listeners.lines().filter_map(|l| l.split_whitespace().nth(3)).collect();
-    assert_eq!(local, [format!("10.77.0.1:{}", cluster.registry_port)], "{listeners}");
+    // Read until it holds: under load `ss` once listed no listener at all
+    // right after the registry had answered (the control plane restarts
+    // its registry when the mesh address comes and goes); a listener on
+    // any other address never satisfies this.
+    let want = [format!("10.77.0.1:{}", cluster.registry_port)];
+    let want: Vec<&str> = want.iter().map(String::as_str).collect();
+    let mut listeners = String::new();
+    let settled = wait_for(Duration::from_secs(15), "the registry's listeners to be 10.77.0.1 alone", || {
+        let read = cluster.lan.members[0].exec("ss", &["-Htln", &format!("sport = :{}", cluster.registry_port)]);
+        let holds = match &read {
+            Ok(text) => {
+                listeners = text.clone();
+                let local: Vec<&str> = text.lines().filter_map(|l| l.split_whitespace().nth(3)).collect();
+                local == want
+            }
+            Err(_) => false,
+        };
+        std::future::ready(holds.then_some(()))
+    })
+    .await;
+    assert!(settled.is_ok(), "registry listeners: {listeners:?}");
     for url in [format!("https://{}:{}/v2/", Lan::address(0), cluster.registry_port), format!("https://127.0.0.1:{}/v2/", cluster.registry_port)] {
         let ns = if url.contains("127.0.0.1") { 0 } else { node.ns };
         let refused = cluster.lan.members[ns].exec("curl", &["-s", "-k", "--max-time", "3", &url]);

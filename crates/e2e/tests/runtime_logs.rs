@@ -1,12 +1,14 @@
 //! Runtime logs end to end: a real container prints on stdout and stderr,
 //! the real agent follows it and uploads the lines, and the user API shows
 //! them (recent lines as JSON, live over SSE), redacted, once each even
-//! across an agent restart; the agent endpoint refuses lines about
-//! deployments that are not the node's.
+//! across an agent restart; `cloudweb logs -f` goes on across a restart
+//! of the control plane, printing no line twice, and gives up after its
+//! bounded reconnects when the control plane stays away; the agent
+//! endpoint refuses lines about deployments that are not the node's.
 
 use std::time::Duration;
 
-use cloudweb_e2e::{start_platform, unique_name, wait_for, AgentNode, Platform};
+use cloudweb_e2e::{bin, start_platform, unique_name, wait_for, AgentNode, Platform, Process, ServerProcess};
 use futures_util::StreamExt;
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -31,7 +33,7 @@ fn texts(lines: &[Value]) -> Vec<String> {
 
 #[tokio::test]
 async fn an_instance_output_reaches_the_user_api_live_redacted_and_once() {
-    let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
+    let Platform { tmp, git, mut server } = start_platform(&[]).await.unwrap();
     let (token, ca) = server.join_token().await.unwrap();
     let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "logger", &token, &ca, &[]).unwrap().unwrap();
     agent.start(&AGENT_FLAGS).unwrap();
@@ -178,6 +180,32 @@ async fn an_instance_output_reaches_the_user_api_live_redacted_and_once() {
     let (_, body) = server.call(Method::GET, &format!("/api/apps/{app}/logs?lines=2000"), None).await.unwrap();
     assert!(!texts(&lines_of(&body)).iter().any(|t| t == "forged"));
 
+    // `cloudweb logs -f` across a restart of the control plane: it
+    // reconnects with the id of the last line it printed and goes on with
+    // the lines after it (the restarted control plane numbers its lines
+    // above the last run's), none twice.
+    let mut follower = cli_follow(&server, tmp.path(), &app, "follow-restart");
+    let printed = wait_for(Duration::from_secs(30), "the CLI to print two ticks", || async {
+        let ticks = cli_ticks(&follower.log_text());
+        (ticks.len() >= 2).then_some(ticks)
+    })
+    .await
+    .unwrap_or_else(|err| panic!("{err}\ncli:\n{}", follower.log_text()));
+    let before = *printed.last().unwrap();
+    server.restart().await.unwrap();
+    wait_for(Duration::from_secs(90), "the CLI to print ticks after the restart", || async {
+        (cli_ticks(&follower.log_text()).last().copied().unwrap_or(0) > before + 3).then_some(())
+    })
+    .await
+    .unwrap_or_else(|err| panic!("{err}\ncli:\n{}\nagent log:\n{}", follower.log_text(), agent.log_text()));
+    let output = follower.log_text();
+    assert!(output.contains("the log stream was lost") && output.contains("reconnecting in"), "{output}");
+    let ticks = cli_ticks(&output);
+    assert!(ticks.windows(2).all(|w| w[0] < w[1]), "each tick once, in order: {ticks:?}");
+    let seqs: Vec<u64> = output.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).filter_map(|v| v["seq"].as_u64()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "the restarted control plane numbers its lines above the last run's: {seqs:?}");
+    assert!(follower.is_running(), "{output}");
+
     // Deleting the app ends its followers' streams.
     let stream = server
         .http
@@ -191,5 +219,54 @@ async fn an_instance_output_reaches_the_user_api_live_redacted_and_once() {
     assert_eq!(status, 204);
     let rest = tokio::time::timeout(Duration::from_secs(30), stream.text()).await.expect("the stream ends").unwrap();
     assert!(rest.contains("event: end"), "{rest}");
+    let status = follower.wait_exit(Duration::from_secs(30)).await;
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "the CLI ends with the app:\n{}", follower.log_text());
+    assert!(follower.log_text().contains("the app was deleted"));
     agent.remove_containers();
+}
+
+/// `cloudweb logs <app> -f --json -n 0` with the admin token, its stdout
+/// and stderr in one file.
+fn cli_follow(server: &ServerProcess, dir: &std::path::Path, app: &str, name: &str) -> Process {
+    let home = dir.join(format!("{name}-home"));
+    std::fs::create_dir_all(&home).unwrap();
+    let args: Vec<String> = ["logs", app, "-f", "--json", "-n", "0"].iter().map(|s| s.to_string()).collect();
+    let server_url = server.api("");
+    let home = home.display().to_string();
+    let env = [("CLOUDWEB_SERVER", server_url.as_str()), ("CLOUDWEB_TOKEN", server.admin_token.as_str()), ("HOME", home.as_str()), ("XDG_CONFIG_HOME", home.as_str())];
+    Process::spawn_with_env(&bin("cloudweb"), &args, &env, dir.join(format!("{name}.log"))).unwrap()
+}
+
+/// The tick numbers the CLI printed, in order.
+fn cli_ticks(output: &str) -> Vec<u64> {
+    output
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["line"].as_str()?.strip_prefix("tick ")?.parse().ok())
+        .collect()
+}
+
+/// A follower whose control plane does not come back: a bounded number of
+/// reconnects (about half a minute), then exit 1 with what happened.
+#[tokio::test]
+async fn a_follower_gives_up_when_the_control_plane_stays_away() {
+    let Platform { tmp, git, mut server } = start_platform(&[]).await.unwrap();
+    let app = unique_name("gone");
+    git.commit("gone", &[("Dockerfile", DOCKERFILE)], "app").unwrap();
+    let (status, body) = server.call(Method::POST, "/api/apps", Some(json!({"name": app, "repo_url": git.url("gone"), "port": 8080}))).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let mut follower = cli_follow(&server, tmp.path(), &app, "follow-gone");
+    // It is connected once it is still there (a refused first connection
+    // ends it at once, without reconnects).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(follower.is_running(), "{}", follower.log_text());
+    server.process.kill();
+    let lost = std::time::Instant::now();
+    let status = follower.wait_exit(Duration::from_secs(90)).await;
+    let waited = lost.elapsed();
+    let output = follower.log_text();
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{output}");
+    assert_eq!(output.matches("reconnecting in").count(), 7, "{output}");
+    assert!(output.contains("7 reconnects over 31 s failed, giving up"), "{output}");
+    assert!((Duration::from_secs(25)..Duration::from_secs(60)).contains(&waited), "gave up after {waited:?}: {output}");
 }

@@ -258,8 +258,10 @@ mod tests {
 
     #[test]
     fn out_of_range_values_are_rejected() {
-        let mut hb = Heartbeat::default();
-        hb.metrics = Some(Metrics { node: Some(NodeUsage { cpu_pct: Some(101.0), ..Default::default() }), ..Default::default() });
+        let mut hb = Heartbeat {
+            metrics: Some(Metrics { node: Some(NodeUsage { cpu_pct: Some(101.0), ..Default::default() }), ..Default::default() }),
+            ..Default::default()
+        };
         assert!(hb.validate().is_err());
         hb.metrics = Some(Metrics {
             traffic: Some(vec![HostTraffic { host: "a.test".into(), requests: 1, r2xx: 2, ..Default::default() }]),

@@ -282,11 +282,14 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
         listener_pin,
         acme: acme::Acme::default(),
         git: git_state,
-        auth: auth::AuthState::new(&config.auth),
+        auth: auth::AuthState::new(&config.auth, secrets::Sealer::load_or_create(&config.data_dir)?),
         web_flashes: Default::default(),
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());
+    // The login limits go on where the last run left them.
+    let now_ms = state.clock.now_ms();
+    state.auth.limiter.restore(store.login_attempts(now_ms - state.auth.limiter.window_ms()).await?, now_ms);
     // The first table exists before any node can connect, so a new
     // stream never sees a `routes` event for a table that did not change.
     routes::recompute(&state).await.map_err(|e| StartError::Database(format!("cannot compute the route table: {e:?}")))?;

@@ -393,7 +393,10 @@ impl NodeRegistry {
     pub fn take_dirty(&self) -> Vec<HeartbeatRow> {
         // Copy under the lock, serialize after it: heartbeats wait for this
         // lock, and JSON for thousands of nodes takes a while.
-        let taken: Vec<(String, i64, Option<String>, i64, Capacity, Option<Stamped<Health>>, Option<Stamped<Metrics>>)> = {
+        /// A dirty node's heartbeat, copied: id, time, agent version,
+        /// protocol, capacity, health, metrics.
+        type Copied = (String, i64, Option<String>, i64, Capacity, Option<Stamped<Health>>, Option<Stamped<Metrics>>);
+        let taken: Vec<Copied> = {
             let mut nodes = self.nodes.write().expect("node registry lock");
             nodes
                 .values_mut()

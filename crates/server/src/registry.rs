@@ -145,7 +145,7 @@ pub fn listen_address_present(listen: SocketAddr) -> bool {
 pub async fn wait_for_listen_address(listen: SocketAddr) {
     let mut waited = Duration::ZERO;
     while !listen_address_present(listen) {
-        if waited.as_secs() % 60 == 0 {
+        if waited.as_secs().is_multiple_of(60) {
             tracing::warn!(
                 address = %listen.ip(),
                 "the image registry waits for its listen address (the mesh address of this host, up once its agent runs the mesh)"

@@ -12,7 +12,11 @@
 //!   lines again) are recognised by their timestamps and dropped.
 //!
 //! A restart of the control plane empties the rings; the agents go on
-//! uploading new lines. Lines are not written to the database, so a chatty
+//! uploading new lines. Line numbers (`seq`, the SSE event id) are one
+//! sequence for all apps that starts at the control plane's start time in
+//! microseconds, so they keep growing across a restart (as long as the
+//! clock does not go back) and a follower that reconnects with the last id
+//! it saw gets every line the new run has, none twice. Lines are not written to the database, so a chatty
 //! app costs no disk writes on the control plane.
 
 use std::collections::{HashMap, VecDeque};
@@ -39,8 +43,10 @@ const LINE_OVERHEAD: usize = 160;
 /// One stored line, as the user API shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct RuntimeLine {
-    /// Grows by one per line of the app (per control-plane run): the SSE
-    /// event id, so a reconnecting client asks for what came after.
+    /// Grows with every line stored (one sequence for all apps, starting
+    /// at the control plane's start time in microseconds, so it keeps
+    /// growing across restarts): the SSE event id, so a reconnecting client
+    /// asks for what came after.
     pub seq: u64,
     pub ts: String,
     /// `stdout`, `stderr`, or `agent` for a note of the platform's own
@@ -63,16 +69,15 @@ impl RuntimeLine {
 struct Ring {
     lines: VecDeque<RuntimeLine>,
     bytes: usize,
-    next_seq: u64,
     /// Per container: the newest timestamp stored and how many lines had
     /// exactly that timestamp, to recognise lines sent again.
     last: HashMap<String, (OffsetDateTime, u32)>,
 }
 
 impl Ring {
-    fn push(&mut self, mut line: RuntimeLine) {
-        self.next_seq += 1;
-        line.seq = self.next_seq;
+    fn push(&mut self, mut line: RuntimeLine, seq: &mut u64) {
+        *seq += 1;
+        line.seq = *seq;
         self.bytes += line.cost();
         self.lines.push_back(line);
         while self.lines.len() > MAX_APP_LINES || self.bytes > MAX_APP_BYTES {
@@ -106,17 +111,26 @@ pub struct Incoming<'a> {
     pub now_ms: i64,
 }
 
-#[derive(Default)]
 pub struct RuntimeLogs {
     rings: Mutex<Inner>,
     /// "New lines" per app, for followers.
     hub: Hub,
 }
 
-#[derive(Default)]
 struct Inner {
     apps: HashMap<String, Ring>,
     total: usize,
+    /// The last `seq` given.
+    seq: u64,
+}
+
+impl Default for RuntimeLogs {
+    /// Numbers lines from the system clock's microseconds, so that they go
+    /// on growing after a restart.
+    fn default() -> RuntimeLogs {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        RuntimeLogs::numbered_after(u64::try_from(now.as_micros()).unwrap_or(u64::MAX / 2))
+    }
 }
 
 impl Inner {
@@ -135,11 +149,18 @@ impl Inner {
 }
 
 impl RuntimeLogs {
+    /// Empty rings whose first line gets `seq` one above `seq`.
+    pub fn numbered_after(seq: u64) -> RuntimeLogs {
+        RuntimeLogs { rings: Mutex::new(Inner { apps: HashMap::new(), total: 0, seq }), hub: Hub::default() }
+    }
+
     /// Stores a container's new lines; returns how many were new.
     pub fn append(&self, incoming: Incoming<'_>) -> u64 {
         let mut accepted = 0;
         {
             let mut inner = self.rings.lock().expect("runtime log lock");
+            let inner = &mut *inner;
+            let seq = &mut inner.seq;
             let ring = inner.apps.entry(incoming.app.to_string()).or_default();
             let before = ring.bytes;
             let make = |ts: String, stream: &str, text: String| RuntimeLine {
@@ -161,7 +182,7 @@ impl RuntimeLogs {
                     "[{} lines of {} were lost on the node: its log buffer was full]",
                     incoming.dropped, incoming.container
                 );
-                ring.push(make(ts, "agent", note));
+                ring.push(make(ts, "agent", note), seq);
             }
             // Lines sent again by an agent that restarted: every line older
             // than the newest stored one of this container, and as many
@@ -187,7 +208,7 @@ impl RuntimeLogs {
                         }
                     }
                 }
-                ring.push(make(new.ts.clone(), &new.stream, new.line.clone()));
+                ring.push(make(new.ts.clone(), &new.stream, new.line.clone()), seq);
                 accepted += 1;
             }
             if let Some(last) = last {
@@ -262,7 +283,7 @@ mod tests {
 
     #[test]
     fn lines_sent_again_are_stored_once() {
-        let logs = RuntimeLogs::default();
+        let logs = RuntimeLogs::numbered_after(0);
         let first = [
             line("2026-11-30T10:00:00.000000001Z", "a"),
             line("2026-11-30T10:00:00.000000002Z", "b"),
@@ -291,7 +312,7 @@ mod tests {
 
     #[test]
     fn rings_are_bounded_per_app_and_in_total() {
-        let logs = RuntimeLogs::default();
+        let logs = RuntimeLogs::numbered_after(0);
         let many: Vec<LogLine> = (0..MAX_APP_LINES + 10).map(|i| line(&format!("2026-11-30T10:00:{:02}.{:09}Z", i / 1000, i), "x")).collect();
         for chunk in many.chunks(1000) {
             append(&logs, "web", "cw-web-1", 0, chunk);
@@ -320,7 +341,7 @@ mod tests {
 
     #[test]
     fn lost_lines_are_noted_where_they_were() {
-        let logs = RuntimeLogs::default();
+        let logs = RuntimeLogs::numbered_after(0);
         append(&logs, "web", "cw-web-1", 42, &[line("2026-11-30T10:00:00Z", "after")]);
         let lines = logs.recent("web", 0, 10, None);
         assert_eq!(lines.len(), 2);

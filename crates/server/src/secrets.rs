@@ -33,6 +33,9 @@ impl From<CaError> for SecretError {
 
 pub struct Sealer {
     cipher: Aes256Gcm,
+    /// For [`Sealer::digest`]: derived from the master key, never the key
+    /// itself.
+    digest_key: [u8; 32],
 }
 
 impl Sealer {
@@ -48,7 +51,14 @@ impl Sealer {
             return Err(SecretError::Key(format!("{} must hold exactly 32 bytes", path.display())));
         }
         let cipher = Aes256Gcm::new_from_slice(&key).map_err(|_| SecretError::Key("bad key length".into()))?;
-        Ok(Sealer { cipher })
+        let digest_key = {
+            use sha2::Digest;
+            let mut hash = sha2::Sha256::new();
+            hash.update(b"cloudweb keyed digest v1\0");
+            hash.update(&key);
+            hash.finalize().into()
+        };
+        Ok(Sealer { cipher, digest_key })
     }
 
     /// Encrypts `plaintext` for `context`; the result is printable text.
@@ -73,6 +83,18 @@ impl Sealer {
         self.cipher
             .decrypt(Nonce::from_slice(nonce), Payload { msg: ciphertext, aad: context.as_bytes() })
             .map_err(|_| SecretError::Open)
+    }
+
+    /// A keyed digest of `data` for `context` (HMAC-SHA-256, hex): the same
+    /// on every start, but of no use to anyone without the master key. For
+    /// values that must be looked up again but not kept in clear.
+    pub fn digest(&self, context: &str, data: &[u8]) -> String {
+        use hmac::Mac;
+        let mut mac = <hmac::Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.digest_key).expect("HMAC takes any key length");
+        mac.update(context.as_bytes());
+        mac.update(b"\0");
+        mac.update(data);
+        hex::encode(mac.finalize().into_bytes())
     }
 
     pub fn seal_json<T: serde::Serialize>(&self, context: &str, value: &T) -> String {

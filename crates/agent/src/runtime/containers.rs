@@ -413,8 +413,6 @@ impl DockerRuntime {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
     use super::*;
 
     /// A stand-in Docker Engine on a unix socket: the build network does
@@ -422,58 +420,15 @@ mod tests {
     /// Records the request lines it got.
     async fn engine_without_networks(socket: &std::path::Path) -> Arc<Mutex<Vec<String>>> {
         let listener = tokio::net::UnixListener::bind(socket).unwrap();
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let seen = requests.clone();
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let seen = seen.clone();
-                tokio::spawn(async move {
-                    let mut buffer = Vec::new();
-                    loop {
-                        // One request: its head, then a body of Content-Length bytes.
-                        let head_end = loop {
-                            if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-                                break end + 4;
-                            }
-                            let mut chunk = [0u8; 4096];
-                            match stream.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-                            }
-                        };
-                        let head = String::from_utf8_lossy(&buffer[..head_end]).to_string();
-                        let length: usize = head
-                            .lines()
-                            .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
-                            .unwrap_or(0);
-                        while buffer.len() < head_end + length {
-                            let mut chunk = [0u8; 4096];
-                            match stream.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-                            }
-                        }
-                        buffer.drain(..head_end + length);
-                        let line = head.lines().next().unwrap_or_default().to_string();
-                        seen.lock().unwrap().push(line.clone());
-                        let (status, message) = if line.starts_with("GET ") && line.contains("/networks/cloudweb-build") {
-                            ("404 Not Found", "network cloudweb-build not found")
-                        } else if line.starts_with("POST ") && line.contains("/networks/create") {
-                            ("500 Internal Server Error", "failed to create the bridge: operation not permitted")
-                        } else {
-                            ("500 Internal Server Error", "unexpected request")
-                        };
-                        let body = format!("{{\"message\":\"{message}\"}}");
-                        let answer = format!(
-                            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                            body.len()
-                        );
-                        if stream.write_all(answer.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
+        let (requests, _task) = cloudweb_test_support::serve_json(listener, |request| {
+            let (status, message) = if request.method == "GET" && request.path.contains("/networks/cloudweb-build") {
+                ("404 Not Found", "network cloudweb-build not found")
+            } else if request.method == "POST" && request.path.contains("/networks/create") {
+                ("500 Internal Server Error", "failed to create the bridge: operation not permitted")
+            } else {
+                ("500 Internal Server Error", "unexpected request")
+            };
+            (status, format!("{{\"message\":\"{message}\"}}"))
         });
         requests
     }

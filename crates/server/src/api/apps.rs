@@ -38,6 +38,19 @@ struct BuildInput {
     spa: Option<Spa>,
 }
 
+impl BuildInput {
+    fn settings(self) -> Result<BuildSettings, ApiError> {
+        let settings = BuildSettings { install_cmd: self.install_cmd, build_cmd: self.build_cmd, output_dir: self.output_dir, spa: self.spa };
+        settings.validate()?;
+        Ok(settings)
+    }
+}
+
+/// How a strategy is stored (`auto`, `dockerfile`, `static`, `buildpacks`).
+fn strategy_name(strategy: Strategy) -> String {
+    serde_json::to_value(strategy).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "auto".into())
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CreateApp {
@@ -78,44 +91,82 @@ struct CreateApp {
     git_known_hosts: Option<String>,
 }
 
-fn validate_create(request: &CreateApp, allow_file_repos: bool, allow_private_git_hosts: bool) -> Result<(), ApiError> {
-    validate::node_name("name", &request.name)?;
-    deploy::repo_url(&request.repo_url, allow_file_repos)?;
-    deploy::repo_destination(&request.repo_url, allow_private_git_hosts)?;
-    deploy::branch(request.branch.as_deref().unwrap_or_default())?;
-    if request.port == 0 {
+/// The settings that creation and `PATCH` check alike (each only when
+/// given).
+struct Settings<'a> {
+    branch: Option<&'a str>,
+    port: Option<u16>,
+    instances: Option<u32>,
+    cpu: Option<f64>,
+    memory: Option<u64>,
+    health_path: Option<&'a str>,
+    health_timeout_seconds: Option<u32>,
+    build_timeout_seconds: Option<u32>,
+}
+
+fn validate_settings(settings: &Settings<'_>) -> Result<(), ApiError> {
+    if let Some(branch) = settings.branch {
+        deploy::branch(branch)?;
+    }
+    if settings.port == Some(0) {
         return Err(ApiError::BadRequest("invalid port: must be 1 to 65535".into()));
     }
-    validate_domains(&request.domains)?;
-    if let Some(instances) = request.instances {
+    if let Some(instances) = settings.instances {
         if instances == 0 || instances > MAX_INSTANCES {
             return Err(ApiError::BadRequest(format!("invalid instances: must be 1 to {MAX_INSTANCES}")));
         }
     }
-    if let Some(cpu) = request.cpu {
-        if !cpu.is_finite() || cpu < 0.01 || cpu > 64.0 {
+    if let Some(cpu) = settings.cpu {
+        if !(0.01..=64.0).contains(&cpu) {
             return Err(ApiError::BadRequest("invalid cpu: must be 0.01 to 64 cores".into()));
         }
     }
-    if let Some(memory) = request.memory {
+    if let Some(memory) = settings.memory {
         if !(16 << 20..=1 << 40).contains(&memory) {
             return Err(ApiError::BadRequest("invalid memory: must be 16 MiB to 1 TiB, in bytes".into()));
         }
     }
-    if let Some(path) = &request.health_path {
+    if let Some(path) = settings.health_path {
         if !path.starts_with('/') {
             return Err(ApiError::BadRequest("invalid health_path: must start with '/'".into()));
         }
         validate::bounded_text("health_path", path, 256)?;
     }
-    if let Some(timeout) = request.health_timeout_seconds {
+    if let Some(timeout) = settings.health_timeout_seconds {
         if timeout == 0 || timeout > 3600 {
             return Err(ApiError::BadRequest("invalid health_timeout_seconds: must be 1 to 3600".into()));
         }
     }
-    if let Some(seconds) = request.build_timeout_seconds {
+    if let Some(seconds) = settings.build_timeout_seconds {
         deploy::build_timeout(seconds)?;
     }
+    Ok(())
+}
+
+/// Build settings only go with a static site (or `auto`, which they turn
+/// into `static`).
+fn check_build_strategy(build: bool, strategy: Option<Strategy>) -> Result<(), ApiError> {
+    if build && matches!(strategy, Some(Strategy::Dockerfile | Strategy::Buildpacks)) {
+        return Err(ApiError::BadRequest("build settings only apply to static sites; drop them or use strategy static".into()));
+    }
+    Ok(())
+}
+
+fn validate_create(request: &CreateApp, allow_file_repos: bool, allow_private_git_hosts: bool) -> Result<(), ApiError> {
+    validate::node_name("name", &request.name)?;
+    deploy::repo_url(&request.repo_url, allow_file_repos)?;
+    deploy::repo_destination(&request.repo_url, allow_private_git_hosts)?;
+    validate_settings(&Settings {
+        branch: Some(request.branch.as_deref().unwrap_or_default()),
+        port: Some(request.port),
+        instances: request.instances,
+        cpu: request.cpu,
+        memory: request.memory,
+        health_path: request.health_path.as_deref(),
+        health_timeout_seconds: request.health_timeout_seconds,
+        build_timeout_seconds: request.build_timeout_seconds,
+    })?;
+    validate_domains(&request.domains)?;
     match (&request.git_username, &request.git_password) {
         (Some(user), Some(password)) => {
             validate::bounded_text("git_username", user, 256)?;
@@ -137,10 +188,7 @@ fn validate_create(request: &CreateApp, allow_file_repos: bool, allow_private_gi
         // ssh would otherwise offer whatever keys the node's user has.
         return Err(ApiError::BadRequest("an ssh repository needs git_ssh_key and git_known_hosts".into()));
     }
-    if request.build.is_some() && matches!(request.strategy, Some(Strategy::Dockerfile | Strategy::Buildpacks)) {
-        return Err(ApiError::BadRequest("build settings only apply to static sites; drop them or use strategy static".into()));
-    }
-    Ok(())
+    check_build_strategy(request.build.is_some(), request.strategy)
 }
 
 pub fn view(state: &AppState, app: &AppRow) -> Value {
@@ -206,10 +254,7 @@ pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal
     }
     let branch = request.branch.get_or_insert_with(|| "main".to_string()).clone();
     validate_create(&request, state.config.allow_file_repos, state.config.allows_private_git(&request.repo_url))?;
-    let build = request.build.map(|b| BuildSettings { install_cmd: b.install_cmd, build_cmd: b.build_cmd, output_dir: b.output_dir, spa: b.spa });
-    if let Some(build) = &build {
-        build.validate()?;
-    }
+    let build = request.build.map(BuildInput::settings).transpose()?;
     let strategy = match (request.strategy, &build) {
         (Some(strategy), _) => strategy,
         (None, Some(_)) => Strategy::Static,
@@ -229,7 +274,7 @@ pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal
         port: i64::from(request.port),
         domains: serde_json::to_string(&request.domains.iter().map(|d| d.to_ascii_lowercase()).collect::<Vec<_>>()).expect("strings serialize"),
         build: build.as_ref().map(|b| serde_json::to_string(b).expect("settings serialize")),
-        strategy: serde_json::to_value(strategy).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "auto".into()),
+        strategy: strategy_name(strategy),
         instances: i64::from(request.instances.unwrap_or(1)),
         cpu: request.cpu,
         memory_bytes: request.memory.map(|m| m as i64),
@@ -288,6 +333,130 @@ pub async fn certificates(State(state): State<Arc<AppState>>, Path(name): Path<S
     let app = load(&state, &name).await?;
     let hosts = crate::routes::app_hosts(&app.name, &state.config.base_domain, &app.domains);
     Ok(Json(json!({ "certificates": crate::acme::host_status(&state, &hosts) })))
+}
+
+/// `PATCH /api/apps/{name}`: the settings a user may change after
+/// creation. A field left out stays as it is; `null` puts `build`, `cpu`,
+/// `memory` and `build_timeout_seconds` back to their defaults.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AppPatch {
+    branch: Option<String>,
+    port: Option<u16>,
+    #[serde(default, deserialize_with = "present")]
+    build: Option<Option<BuildInput>>,
+    strategy: Option<Strategy>,
+    instances: Option<u32>,
+    #[serde(default, deserialize_with = "present")]
+    cpu: Option<Option<f64>>,
+    #[serde(default, deserialize_with = "present")]
+    memory: Option<Option<u64>>,
+    health_path: Option<String>,
+    health_timeout_seconds: Option<u32>,
+    #[serde(default, deserialize_with = "present")]
+    build_timeout_seconds: Option<Option<u32>>,
+}
+
+/// A field that is present (even as `null`) is `Some`; one left out is
+/// `None` (through `#[serde(default)]`).
+fn present<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+impl AppPatch {
+    /// Checks the patch as creation checks the same fields, and applies it
+    /// to `app`.
+    fn apply(self, app: &mut AppRow) -> Result<(), ApiError> {
+        validate_settings(&Settings {
+            branch: self.branch.as_deref(),
+            port: self.port,
+            instances: self.instances,
+            cpu: self.cpu.flatten(),
+            memory: self.memory.flatten(),
+            health_path: self.health_path.as_deref(),
+            health_timeout_seconds: self.health_timeout_seconds,
+            build_timeout_seconds: self.build_timeout_seconds.flatten(),
+        })?;
+        if let Some(build) = self.build {
+            app.build = build.map(BuildInput::settings).transpose()?.map(|b| serde_json::to_string(&b).expect("settings serialize"));
+        }
+        let strategy = match self.strategy.or_else(|| serde_json::from_value(Value::String(app.strategy.clone())).ok()) {
+            // Build settings make an `auto` app a static site, as at
+            // creation.
+            Some(Strategy::Auto) | None if app.build.is_some() => Some(Strategy::Static),
+            strategy => strategy,
+        };
+        check_build_strategy(app.build.is_some(), strategy)?;
+        if let Some(strategy) = strategy {
+            app.strategy = strategy_name(strategy);
+        }
+        if let Some(branch) = self.branch {
+            app.branch = branch;
+        }
+        if let Some(port) = self.port {
+            app.port = i64::from(port);
+        }
+        if let Some(instances) = self.instances {
+            app.instances = i64::from(instances);
+        }
+        if let Some(cpu) = self.cpu {
+            app.cpu = cpu;
+        }
+        if let Some(memory) = self.memory {
+            app.memory_bytes = memory.map(|m| m as i64);
+        }
+        if let Some(path) = self.health_path {
+            app.health_path = path;
+        }
+        if let Some(timeout) = self.health_timeout_seconds {
+            app.health_timeout_s = i64::from(timeout);
+        }
+        if let Some(timeout) = self.build_timeout_seconds {
+            app.build_timeout_s = timeout.map(i64::from);
+        }
+        Ok(())
+    }
+}
+
+/// One settings change at a time, so two `PATCH`es (read, change, write)
+/// never lose one of them.
+static SETTINGS_WRITES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Changes an app's branch and build and run settings. Running instances
+/// keep what they were started with: the change applies from the next
+/// deployment on (a deploy, a rollback, an instance placed again).
+#[utoipa::path(patch, path = "/api/apps/{name}", tag = "apps", params(("name" = String, Path, description = "The app's name")), request_body(content = serde_json::Value, description = "Any of: branch, port, build, strategy, instances, cpu, memory, health_path, health_timeout_seconds, build_timeout_seconds"), responses((status = 200, description = "The app", body = serde_json::Value), (status = 400, description = "Invalid settings", body = crate::error::ErrorDoc), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
+pub async fn update(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let patch: AppPatch = parse_json(&body_bytes(body)?)?;
+    Ok(Json(update_settings(&state, &name, patch).await?))
+}
+
+/// Applies a settings change (the API's and the dashboard form's).
+async fn update_settings(state: &AppState, name: &str, patch: AppPatch) -> Result<Value, ApiError> {
+    let _one_writer = SETTINGS_WRITES.lock().await;
+    let mut app = load(state, name).await?;
+    let link = state.store.app_git_link(name).await?;
+    if patch.branch.as_ref().is_some_and(|branch| *branch != app.branch) && link.as_ref().is_some_and(|l| l.provider == "gitlab") {
+        // GitLab filters the pushes it sends by the branch the webhook was
+        // registered with.
+        return Err(ApiError::BadRequest(
+            "the branch of an app made from a GitLab project is fixed by its webhook; make a new app for another branch".into(),
+        ));
+    }
+    patch.apply(&mut app)?;
+    if !state.store.update_app_settings(&app).await? {
+        return Err(ApiError::NotFound(format!("no app {name:?}")));
+    }
+    tracing::info!(app = %name, "app settings changed");
+    let mut answer = view(state, &app);
+    if let Some(link) = &link {
+        answer["git"] = crate::git::link_view(link);
+    }
+    Ok(answer)
 }
 
 /// Deletes an app after queueing a stop for every instance it still runs.

@@ -48,7 +48,7 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(nodes::drain))
         .routes(routes!(nodes::undrain))
         .routes(routes!(apps::list, apps::create_as_caller))
-        .routes(routes!(apps::show, apps::remove))
+        .routes(routes!(apps::show, apps::update, apps::remove))
         .routes(routes!(apps::set_env, apps::patch_env))
         .routes(routes!(apps::set_domains))
         .routes(routes!(apps::certificates))

@@ -8,6 +8,13 @@
 //! Memory is bounded: each table holds at most `max_entries` keys; when
 //! full, finished windows are dropped first, then the oldest windows.
 //! IPv6 addresses count per /64, the block one client usually holds.
+//!
+//! The counts outlive a restart: every change is returned as
+//! [`Change`]s, which the caller writes to the database (table
+//! `login_attempts`), and [`LoginLimiter::restore`] loads them at start.
+//! Keys go through the limiter's digest (a keyed hash in the server, see
+//! [`LoginLimiter::keyed`]), so what is stored is never a typed name, which
+//! may be a password typed into the wrong field.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -28,13 +35,46 @@ impl Default for Limits {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Window {
-    start_ms: i64,
-    attempts: u32,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub start_ms: i64,
+    pub attempts: u32,
+}
+
+/// Which table a key counts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Account,
+    Address,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Account => "account",
+            Kind::Address => "address",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Kind> {
+        match text {
+            "account" => Some(Kind::Account),
+            "address" => Some(Kind::Address),
+            _ => None,
+        }
+    }
+}
+
+/// One key's window after a change, or `None` where the key was dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub kind: Kind,
+    pub key: String,
+    pub window: Option<Window>,
 }
 
 struct Table {
+    kind: Kind,
     entries: HashMap<String, Window>,
 }
 
@@ -43,7 +83,12 @@ impl Table {
         self.entries.get(key).copied().filter(|w| now_ms < w.start_ms + window_ms)
     }
 
-    fn bump(&mut self, key: &str, now_ms: i64, window_ms: i64, max_entries: usize) {
+    fn change(&self, key: &str) -> Change {
+        Change { kind: self.kind, key: key.to_string(), window: self.entries.get(key).copied() }
+    }
+
+    /// Counts an attempt; the changes, with the keys dropped to make room.
+    fn bump(&mut self, key: &str, now_ms: i64, window_ms: i64, max_entries: usize, changes: &mut Vec<Change>) {
         match self.live(key, now_ms, window_ms) {
             Some(_) => {
                 if let Some(w) = self.entries.get_mut(key) {
@@ -52,28 +97,43 @@ impl Table {
             }
             None => {
                 if !self.entries.contains_key(key) && self.entries.len() >= max_entries {
-                    self.entries.retain(|_, w| now_ms < w.start_ms + window_ms);
+                    let kind = self.kind;
+                    self.entries.retain(|key, w| {
+                        let live = now_ms < w.start_ms + window_ms;
+                        if !live {
+                            changes.push(Change { kind, key: key.clone(), window: None });
+                        }
+                        live
+                    });
                     while self.entries.len() >= max_entries {
                         let Some(oldest) = self.entries.iter().min_by_key(|(_, w)| w.start_ms).map(|(k, _)| k.clone()) else { break };
                         self.entries.remove(&oldest);
+                        changes.push(Change { kind, key: oldest, window: None });
                     }
                 }
                 self.entries.insert(key.to_string(), Window { start_ms: now_ms, attempts: 1 });
             }
         }
+        changes.push(self.change(key));
     }
 
-    fn take_back(&mut self, key: &str) {
-        if let Some(w) = self.entries.get_mut(key) {
-            w.attempts = w.attempts.saturating_sub(1);
-        }
+    fn take_back(&mut self, key: &str) -> Option<Change> {
+        let w = self.entries.get_mut(key)?;
+        w.attempts = w.attempts.saturating_sub(1);
+        Some(self.change(key))
     }
 }
 
 pub struct LoginLimiter {
     limits: Limits,
     inner: Mutex<(Table, Table)>,
+    /// Turns a key (an account name in lower case, an address key) into
+    /// the key that is kept and stored.
+    digest: Digest,
 }
+
+/// What [`LoginLimiter::keyed`] keeps keys as.
+type Digest = Box<dyn Fn(Kind, &str) -> String + Send + Sync>;
 
 /// Past a limit: try again after this many seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,16 +154,54 @@ fn address_key(ip: IpAddr) -> String {
 }
 
 impl LoginLimiter {
+    /// A limiter that keeps keys as they are (names in lower case).
     pub fn new(limits: Limits) -> LoginLimiter {
-        LoginLimiter { limits, inner: Mutex::new((Table { entries: HashMap::new() }, Table { entries: HashMap::new() })) }
+        LoginLimiter::keyed(limits, |_, key| key.to_string())
     }
 
-    /// Counts an attempt for `account` from `address`, or says when to come
-    /// back if either is over its limit (then nothing is counted).
-    pub fn begin(&self, account: &str, address: Option<IpAddr>, now_ms: i64) -> Result<(), RetryAfter> {
-        let window_ms = self.limits.window.as_millis() as i64;
-        let account = account.to_ascii_lowercase();
-        let address = address.map(address_key);
+    /// A limiter that keeps (and hands out for storing) `digest(kind, key)`
+    /// instead of each key.
+    pub fn keyed(limits: Limits, digest: impl Fn(Kind, &str) -> String + Send + Sync + 'static) -> LoginLimiter {
+        let tables = (Table { kind: Kind::Account, entries: HashMap::new() }, Table { kind: Kind::Address, entries: HashMap::new() });
+        LoginLimiter { limits, inner: Mutex::new(tables), digest: Box::new(digest) }
+    }
+
+    fn keys(&self, account: &str, address: Option<IpAddr>) -> (String, Option<String>) {
+        let account = (self.digest)(Kind::Account, &account.to_ascii_lowercase());
+        let address = address.map(|a| (self.digest)(Kind::Address, &address_key(a)));
+        (account, address)
+    }
+
+    /// How long a window lasts, in ms: stored windows that started before
+    /// `now - window_ms` are over.
+    pub fn window_ms(&self) -> i64 {
+        self.limits.window.as_millis() as i64
+    }
+
+    /// Loads stored windows (at start): those still running at `now_ms`,
+    /// up to the bound of each table.
+    pub fn restore(&self, stored: impl IntoIterator<Item = Change>, now_ms: i64) {
+        let window_ms = self.window_ms();
+        let mut guard = self.inner.lock().expect("login limiter lock");
+        let (accounts, addresses) = &mut *guard;
+        for change in stored {
+            let Some(window) = change.window.filter(|w| now_ms < w.start_ms + window_ms) else { continue };
+            let table = match change.kind {
+                Kind::Account => &mut *accounts,
+                Kind::Address => &mut *addresses,
+            };
+            if table.entries.len() < self.limits.max_entries || table.entries.contains_key(&change.key) {
+                table.entries.insert(change.key, window);
+            }
+        }
+    }
+
+    /// Counts an attempt for `account` from `address` (returning what
+    /// changed, to store), or says when to come back if either is over its
+    /// limit (then nothing is counted).
+    pub fn begin(&self, account: &str, address: Option<IpAddr>, now_ms: i64) -> Result<Vec<Change>, RetryAfter> {
+        let window_ms = self.window_ms();
+        let (account, address) = self.keys(account, address);
         let mut guard = self.inner.lock().expect("login limiter lock");
         let (accounts, addresses) = &mut *guard;
         let mut retry_at = None;
@@ -116,21 +214,24 @@ impl LoginLimiter {
         if let Some(at) = retry_at {
             return Err(RetryAfter(((at - now_ms).max(0) as u64).div_ceil(1000).max(1)));
         }
-        accounts.bump(&account, now_ms, window_ms, self.limits.max_entries);
+        let mut changes = Vec::new();
+        accounts.bump(&account, now_ms, window_ms, self.limits.max_entries, &mut changes);
         if let Some(a) = &address {
-            addresses.bump(a, now_ms, window_ms, self.limits.max_entries);
+            addresses.bump(a, now_ms, window_ms, self.limits.max_entries, &mut changes);
         }
-        Ok(())
+        Ok(changes)
     }
 
-    /// The attempt begun for `account` from `address` succeeded.
-    pub fn succeeded(&self, account: &str, address: Option<IpAddr>) {
+    /// The attempt begun for `account` from `address` succeeded; returns
+    /// what changed, to store.
+    pub fn succeeded(&self, account: &str, address: Option<IpAddr>) -> Vec<Change> {
+        let (account, address) = self.keys(account, address);
         let mut guard = self.inner.lock().expect("login limiter lock");
         let (accounts, addresses) = &mut *guard;
-        accounts.entries.remove(&account.to_ascii_lowercase());
-        if let Some(a) = address.map(address_key) {
-            addresses.take_back(&a);
-        }
+        accounts.entries.remove(&account);
+        let mut changes = vec![Change { kind: Kind::Account, key: account, window: None }];
+        changes.extend(address.and_then(|a| addresses.take_back(&a)));
+        changes
     }
 
     /// Keys held now (accounts, addresses), for tests of the bound.
@@ -185,11 +286,43 @@ mod tests {
     }
 
     #[test]
+    fn counts_survive_a_restart_through_the_changes() {
+        let digest = |kind: Kind, key: &str| format!("{}:{}", kind.as_str(), key.len());
+        let first = LoginLimiter::keyed(Limits { per_account: 3, per_address: 5, window: Duration::from_secs(60), max_entries: 4 }, digest);
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        // The stored rows: the newest change of each key wins.
+        let mut stored: HashMap<(&str, String), Change> = HashMap::new();
+        for _ in 0..3 {
+            for change in first.begin("Carol", Some(ip), 1_000).unwrap() {
+                assert!(!change.key.contains("carol"), "keys go through the digest: {change:?}");
+                stored.insert((change.kind.as_str(), change.key.clone()), change);
+            }
+        }
+        assert_eq!(stored.len(), 2);
+        let second = LoginLimiter::keyed(Limits { per_account: 3, per_address: 5, window: Duration::from_secs(60), max_entries: 4 }, digest);
+        second.restore(stored.values().cloned(), 2_000);
+        assert_eq!(second.begin("carol", Some(ip), 2_000), Err(RetryAfter(59)), "still limited after the restart");
+        // Windows that are over are not restored.
+        let third = LoginLimiter::keyed(Limits { per_account: 3, per_address: 5, window: Duration::from_secs(60), max_entries: 4 }, digest);
+        third.restore(stored.values().cloned(), 61_000);
+        assert_eq!(third.sizes(), (0, 0));
+        // A success is stored as the account dropped and the address's
+        // attempt taken back.
+        let changes = second.succeeded("carol", Some(ip));
+        assert_eq!(changes[0].window, None);
+        assert_eq!(changes[1].window.map(|w| w.attempts), Some(2));
+    }
+
+    #[test]
     fn memory_stays_bounded() {
         let l = limiter();
+        let mut dropped = 0;
         for i in 0..1000 {
-            let _ = l.begin(&format!("user{i}"), Some(IpAddr::from([10, 0, (i / 256) as u8, (i % 256) as u8])), i);
+            if let Ok(changes) = l.begin(&format!("user{i}"), Some(IpAddr::from([10, 0, (i / 256) as u8, (i % 256) as u8])), i) {
+                dropped += changes.iter().filter(|c| c.window.is_none()).count();
+            }
         }
+        assert!(dropped >= 2 * (1000 - 4), "the keys dropped for room are reported, to be deleted from the store: {dropped}");
         let (accounts, addresses) = l.sizes();
         assert!(accounts <= 4 && addresses <= 4, "{accounts} {addresses}");
     }

@@ -56,8 +56,13 @@ pub struct AuthState {
 }
 
 impl AuthState {
-    pub fn new(settings: &AuthSettings) -> AuthState {
-        AuthState { limiter: limiter::LoginLimiter::new(settings.login_limits.clone()), hashing: tokio::sync::Semaphore::new(2) }
+    /// The login limiter keeps and stores `sealer`'s keyed digests of its
+    /// keys, never the names people typed.
+    pub fn new(settings: &AuthSettings, sealer: crate::secrets::Sealer) -> AuthState {
+        let limiter = limiter::LoginLimiter::keyed(settings.login_limits.clone(), move |kind, key| {
+            sealer.digest(&format!("login-attempts/{}", kind.as_str()), key.as_bytes())
+        });
+        AuthState { limiter, hashing: tokio::sync::Semaphore::new(2) }
     }
 }
 

@@ -205,15 +205,19 @@ pub async fn check_login(state: &AppState, name: &str, password: &str, address: 
     if name.is_empty() || name.len() > users::MAX_NAME_CHARS || password.len() > users::MAX_PASSWORD_BYTES {
         return Err(ApiError::Unauthorized("wrong name or password".to_string()));
     }
-    if let Err(retry) = state.auth.limiter.begin(name, address, state.clock.now_ms()) {
-        // Names are not logged before they are known to be names: people
-        // type passwords into the name field.
-        tracing::warn!(address = ?address, "login refused: too many attempts");
-        return Err(ApiError::TooManyRequests {
-            message: format!("too many login attempts; try again in {} seconds", retry.0),
-            retry_after_s: retry.0,
-        });
-    }
+    let changes = match state.auth.limiter.begin(name, address, state.clock.now_ms()) {
+        Ok(changes) => changes,
+        Err(retry) => {
+            // Names are not logged before they are known to be names: people
+            // type passwords into the name field.
+            tracing::warn!(address = ?address, "login refused: too many attempts");
+            return Err(ApiError::TooManyRequests {
+                message: format!("too many login attempts; try again in {} seconds", retry.0),
+                retry_after_s: retry.0,
+            });
+        }
+    };
+    store_login_attempts(state, &changes).await;
     let Some(user) = users::check_password(state, name, password).await? else {
         match state.store.user_by_name(name).await? {
             Some(user) => tracing::info!(user = %user.name, address = ?address, "login failed"),
@@ -221,8 +225,19 @@ pub async fn check_login(state: &AppState, name: &str, password: &str, address: 
         }
         return Err(ApiError::Unauthorized("wrong name or password".to_string()));
     };
-    state.auth.limiter.succeeded(name, address);
+    let changes = state.auth.limiter.succeeded(name, address);
+    store_login_attempts(state, &changes).await;
     Ok(user)
+}
+
+/// Writes the limiter's changes, so that a restart keeps the counts. The
+/// limiter in memory decides either way: a failed write (a full disk) is
+/// logged and does not turn logins away.
+async fn store_login_attempts(state: &AppState, changes: &[crate::auth::limiter::Change]) {
+    let over = state.clock.now_ms() - state.auth.limiter.window_ms();
+    if let Err(err) = state.store.save_login_attempts(changes, over).await {
+        tracing::warn!(error = %err, "cannot store the login attempt counts; they hold until the next restart only");
+    }
 }
 
 /// A path on this host (`/…`, not `//host…`), for redirects.

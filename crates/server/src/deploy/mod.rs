@@ -26,7 +26,7 @@ use self::scheduler::{NodeSnapshot, Placement, Request};
 use self::state::DeploymentState;
 use crate::error::ApiError;
 use crate::live::HealthState;
-use crate::store::{AppRow, DeploymentRow, InstanceRow};
+use crate::store::{AppRow, DeploymentRow, InstanceRow, InstanceUpdate};
 use crate::AppState;
 
 /// What an instance reserves when its app sets no limits.
@@ -352,10 +352,10 @@ async fn fail_and_stop(state: &AppState, deployment: &DeploymentRow, reason: &st
                 stop_instance(state, &instance, reason).await?;
             }
             ("pending" | "running", Some(node)) => {
-                state.store.update_instance(&deployment.id, instance.instance, Some(node), "stopping", None, Some(now), now).await?;
+                state.store.update_instance(&deployment.id, instance.instance, InstanceUpdate::to("stopping").on(node).stop_after(now), now).await?;
             }
             ("pending", None) => {
-                state.store.update_instance(&deployment.id, instance.instance, None, "failed", None, None, now).await?;
+                state.store.update_instance(&deployment.id, instance.instance, InstanceUpdate::to("failed"), now).await?;
             }
             _ => {}
         }
@@ -453,7 +453,7 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
             }
         }
         "running" => {
-            state.store.update_instance(&deployment.id, instance_no, Some(node_id), "running", report.address.as_deref(), None, now).await?;
+            state.store.update_instance(&deployment.id, instance_no, InstanceUpdate::to("running").on(node_id).address(report.address.as_deref()), now).await?;
             if let Some(replaced) = instance.replaces {
                 retire_replaced(state, &deployment.id, replaced).await?;
             }
@@ -468,7 +468,7 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
             }
         }
         "failed" => {
-            state.store.update_instance(&deployment.id, instance_no, Some(node_id), "failed", None, None, now).await?;
+            state.store.update_instance(&deployment.id, instance_no, InstanceUpdate::to("failed").on(node_id), now).await?;
             let reason = report.message.clone().unwrap_or_else(|| format!("instance {instance_no} failed"));
             if DeploymentState::parse(&deployment.state) == Some(DeploymentState::Running) {
                 tracing::warn!(deployment = %deployment.id, %reason, "an instance of a running deployment failed");
@@ -478,7 +478,7 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
         }
         "stopped" => {
             if !matches!(instance.state.as_str(), "failed") {
-                state.store.update_instance(&deployment.id, instance_no, Some(node_id), "stopped", None, None, now).await?;
+                state.store.update_instance(&deployment.id, instance_no, InstanceUpdate::to("stopped").on(node_id), now).await?;
             }
         }
         other => return Err(ApiError::BadRequest(format!("unknown instance state {other:?}"))),
@@ -499,7 +499,7 @@ async fn supersede_others(state: &AppState, current: &DeploymentRow) -> Result<(
         if transition(state, &old, DeploymentState::Superseded, None, None).await? {
             for instance in state.store.instances(&old.id).await? {
                 if matches!(instance.state.as_str(), "running" | "pending") {
-                    state.store.update_instance(&old.id, instance.instance, None, "stopping", None, Some(stop_after), now).await?;
+                    state.store.update_instance(&old.id, instance.instance, InstanceUpdate::to("stopping").stop_after(stop_after), now).await?;
                 }
             }
             // The table without the old instances; they stop only once
@@ -535,7 +535,7 @@ async fn retire_replaced(state: &AppState, deployment_id: &str, replaced: i64) -
         return Ok(());
     }
     let stop_after = now + state.config.drain_period.as_millis() as i64;
-    state.store.update_instance(deployment_id, replaced, None, "stopping", None, Some(stop_after), now).await?;
+    state.store.update_instance(deployment_id, replaced, InstanceUpdate::to("stopping").stop_after(stop_after), now).await?;
     let version = crate::routes::recompute(state).await?;
     state.store.set_stop_after_routes(deployment_id, version as i64).await?;
     Ok(())
@@ -613,7 +613,7 @@ async fn fail_stuck_on_lost_nodes(state: &AppState) -> Result<(), ApiError> {
                 match moves::start_replacement(state, &app, &deployment, instance.instance, node_id).await? {
                     Ok((target, number)) => {
                         let now_ms = state.clock.now_ms();
-                        state.store.update_instance(&deployment.id, instance.instance, None, "lost", None, None, now_ms).await?;
+                        state.store.update_instance(&deployment.id, instance.instance, InstanceUpdate::to("lost"), now_ms).await?;
                         if state.nodes.get(node_id).is_some() {
                             let stop = StopPayload {
                                 deployment_id: deployment.id.clone(),
@@ -681,7 +681,7 @@ async fn stop_instance(state: &AppState, instance: &InstanceRow, reason: &str) -
         crate::queue_command(state, node_id, cloudweb_protocol::CommandKind::Stop, &json!(payload)).await?;
     }
     // The stop is in the node's durable queue: it will happen.
-    state.store.update_instance(&instance.deployment_id, instance.instance, None, "stopped", None, None, now).await?;
+    state.store.update_instance(&instance.deployment_id, instance.instance, InstanceUpdate::to("stopped"), now).await?;
     Ok(())
 }
 
@@ -734,7 +734,7 @@ pub async fn fail_node_instances(state: &AppState, node_id: &str, reason: &str) 
         if instance.node_id.as_deref() != Some(node_id) {
             continue;
         }
-        state.store.update_instance(&instance.deployment_id, instance.instance, None, "failed", None, None, now).await?;
+        state.store.update_instance(&instance.deployment_id, instance.instance, InstanceUpdate::to("failed"), now).await?;
         match affected.iter_mut().find(|(id, _)| *id == instance.deployment_id) {
             Some((_, numbers)) => numbers.push(instance.instance),
             None => affected.push((instance.deployment_id.clone(), vec![instance.instance])),

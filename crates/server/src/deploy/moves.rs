@@ -13,7 +13,7 @@ use super::scheduler::{self, Placement, Request};
 use super::state::DeploymentState;
 use super::{deploy_payload, snapshot, DEFAULT_CPU, DEFAULT_MEMORY};
 use crate::error::ApiError;
-use crate::store::{AppRow, DeploymentRow};
+use crate::store::{AppRow, DeploymentRow, InstanceUpdate};
 use crate::AppState;
 
 /// A failed replacement is not tried again for this long.
@@ -49,7 +49,7 @@ pub async fn move_instances(state: &AppState) -> Result<HashMap<String, Vec<(Str
             if lost {
                 // Out of the routes now; stopped on the node whenever it
                 // comes back, so two generations never serve together.
-                state.store.update_instance(&deployment.id, instance.instance, None, "lost", None, None, now_ms).await?;
+                state.store.update_instance(&deployment.id, instance.instance, InstanceUpdate::to("lost"), now_ms).await?;
                 let stop = StopPayload {
                     deployment_id: deployment.id.clone(),
                     instance: Some(instance.instance as u32),

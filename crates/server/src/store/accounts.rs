@@ -286,4 +286,55 @@ impl Store {
         self.count_commit();
         Ok(row.as_ref().map(token_from_row))
     }
+
+    /// Stores the login limiter's changes (a key's window, or its removal)
+    /// in one transaction, and deletes the windows that started at or
+    /// before `over_at_or_before_ms` (they are over).
+    pub async fn save_login_attempts(&self, changes: &[crate::auth::limiter::Change], over_at_or_before_ms: i64) -> Result<(), StoreError> {
+        let mut tx = self.write_transaction().await?;
+        for change in changes {
+            match change.window {
+                Some(window) => {
+                    sqlx::query(
+                        "INSERT INTO login_attempts (kind, key, window_start, attempts) VALUES ($1, $2, $3, $4) \
+                         ON CONFLICT (kind, key) DO UPDATE SET window_start = excluded.window_start, attempts = excluded.attempts",
+                    )
+                    .bind(change.kind.as_str())
+                    .bind(&change.key)
+                    .bind(window.start_ms)
+                    .bind(i64::from(window.attempts))
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                None => {
+                    sqlx::query("DELETE FROM login_attempts WHERE kind = $1 AND key = $2")
+                        .bind(change.kind.as_str())
+                        .bind(&change.key)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+        }
+        sqlx::query("DELETE FROM login_attempts WHERE window_start <= $1").bind(over_at_or_before_ms).execute(&mut *tx).await?;
+        tx.commit().await?;
+        self.count_commit();
+        Ok(())
+    }
+
+    /// The stored login windows that started after `since_ms`.
+    pub async fn login_attempts(&self, since_ms: i64) -> Result<Vec<crate::auth::limiter::Change>, StoreError> {
+        use crate::auth::limiter::{Change, Kind, Window};
+        let rows = sqlx::query("SELECT kind, key, window_start, attempts FROM login_attempts WHERE window_start > $1")
+            .bind(since_ms)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let kind = Kind::parse(r.get::<String, _>("kind").as_str())?;
+                let attempts = u32::try_from(r.get::<i64, _>("attempts")).ok()?;
+                Some(Change { kind, key: r.get("key"), window: Some(Window { start_ms: r.get("window_start"), attempts }) })
+            })
+            .collect())
+    }
 }

@@ -150,6 +150,30 @@ impl Store {
         Ok(rows.iter().map(app_from_row).collect())
     }
 
+    /// Writes what `PATCH /api/apps/{name}` may change: the branch and the
+    /// build and run settings (not the name, repository, domains, secrets).
+    pub async fn update_app_settings(&self, app: &AppRow) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "UPDATE apps SET branch = $1, port = $2, build = $3, strategy = $4, instances = $5, cpu = $6, memory_bytes = $7, \
+             health_path = $8, health_timeout_s = $9, build_timeout_s = $10 WHERE name = $11",
+        )
+        .bind(&app.branch)
+        .bind(app.port)
+        .bind(&app.build)
+        .bind(&app.strategy)
+        .bind(app.instances)
+        .bind(app.cpu)
+        .bind(app.memory_bytes)
+        .bind(&app.health_path)
+        .bind(app.health_timeout_s)
+        .bind(app.build_timeout_s)
+        .bind(&app.name)
+        .execute(&self.pool)
+        .await?;
+        self.count_commit();
+        Ok(result.rows_affected() == 1)
+    }
+
     pub async fn set_app_env(&self, name: &str, env_sealed: &str) -> Result<bool, StoreError> {
         let result = sqlx::query("UPDATE apps SET env_sealed = $1 WHERE name = $2").bind(env_sealed).bind(name).execute(&self.pool).await?;
         self.count_commit();

@@ -37,17 +37,7 @@ impl Store {
     }
 
     pub async fn save_acme_account(&self, directory: &str, credentials_sealed: &str, now_ms: i64) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO acme_accounts (directory, credentials_sealed, created_at) VALUES ($1, $2, $3) \
-             ON CONFLICT (directory) DO UPDATE SET credentials_sealed = excluded.credentials_sealed",
-        )
-        .bind(directory)
-        .bind(credentials_sealed)
-        .bind(now_ms)
-        .execute(&self.pool)
-        .await?;
-        self.count_commit();
-        Ok(())
+        self.upsert_column("acme_accounts", "directory", directory, "credentials_sealed", credentials_sealed, now_ms).await
     }
 
     pub async fn certificates(&self) -> Result<Vec<CertificateRow>, StoreError> {

@@ -74,6 +74,36 @@ fn instance_from_row(row: &SqliteRow) -> InstanceRow {
     }
 }
 
+/// An instance's new state for [`Store::update_instance`]: the node and
+/// address are kept where not given; `stop_after` is cleared where not
+/// given.
+#[derive(Debug, Clone, Copy)]
+pub struct InstanceUpdate<'a> {
+    state: &'a str,
+    node_id: Option<&'a str>,
+    address: Option<&'a str>,
+    stop_after: Option<i64>,
+}
+
+impl<'a> InstanceUpdate<'a> {
+    pub fn to(state: &'a str) -> InstanceUpdate<'a> {
+        InstanceUpdate { state, node_id: None, address: None, stop_after: None }
+    }
+
+    pub fn on(self, node_id: &'a str) -> InstanceUpdate<'a> {
+        InstanceUpdate { node_id: Some(node_id), ..self }
+    }
+
+    pub fn address(self, address: Option<&'a str>) -> InstanceUpdate<'a> {
+        InstanceUpdate { address, ..self }
+    }
+
+    /// Stop it once the drain period ends at `at_ms`.
+    pub fn stop_after(self, at_ms: i64) -> InstanceUpdate<'a> {
+        InstanceUpdate { stop_after: Some(at_ms), ..self }
+    }
+}
+
 impl Store {
     /// Records a new deployment with `instances` pending instance rows.
     pub async fn insert_deployment(&self, deployment: &DeploymentRow, instances: i64) -> Result<DeploymentRow, StoreError> {
@@ -209,24 +239,15 @@ impl Store {
         Ok(rows.iter().map(instance_from_row).collect())
     }
 
-    pub async fn update_instance(
-        &self,
-        deployment_id: &str,
-        instance: i64,
-        node_id: Option<&str>,
-        state: &str,
-        address: Option<&str>,
-        stop_after: Option<i64>,
-        now_ms: i64,
-    ) -> Result<(), StoreError> {
+    pub async fn update_instance(&self, deployment_id: &str, instance: i64, update: InstanceUpdate<'_>, now_ms: i64) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE instances SET node_id = COALESCE($1, node_id), state = $2, address = COALESCE($3, address), \
              stop_after = $4, updated_at = $5 WHERE deployment_id = $6 AND instance = $7",
         )
-        .bind(node_id)
-        .bind(state)
-        .bind(address)
-        .bind(stop_after)
+        .bind(update.node_id)
+        .bind(update.state)
+        .bind(update.address)
+        .bind(update.stop_after)
         .bind(now_ms)
         .bind(deployment_id)
         .bind(instance)

@@ -329,16 +329,6 @@ impl Store {
 
     /// Records the commit status last posted for a deployment.
     pub async fn set_deployment_status(&self, deployment_id: &str, status: &str, now_ms: i64) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO deployment_git (deployment_id, last_status, created_at) VALUES ($1, $2, $3) \
-             ON CONFLICT (deployment_id) DO UPDATE SET last_status = excluded.last_status",
-        )
-        .bind(deployment_id)
-        .bind(status)
-        .bind(now_ms)
-        .execute(&self.pool)
-        .await?;
-        self.count_commit();
-        Ok(())
+        self.upsert_column("deployment_git", "deployment_id", deployment_id, "last_status", status, now_ms).await
     }
 }

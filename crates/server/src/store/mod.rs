@@ -29,13 +29,13 @@ pub use accounts::{ApiTokenRow, SessionRow, UserRow};
 pub use apps::{AppRefusal, AppRow};
 pub use certificates::{CertificateOrders, CertificateRow};
 pub use commands::{CommandRow, NewCommand};
-pub use deployments::{DeploymentRow, InstanceRow};
+pub use deployments::{DeploymentRow, InstanceRow, InstanceUpdate};
 pub use git::{AppGitLinkRow, DeploymentGitRow, GitlabAccountRow, GitlabSettingsRow};
 pub use idempotency::IdempotencyClaim;
-pub use nodes::{HeartbeatRow, JoinAnswer, JoinRefusal, NewNode, NodeRow};
+pub use nodes::{HeartbeatRow, JoinAnswer, JoinRefusal, NewNode, NodeRow, TrafficSample};
 pub use open::DATABASE_FILE;
 pub use tokens::TokenRejection;
-pub use usage::{AppUsage, AppUsageRow, NodeUsageRow, FINE as USAGE_FINE_SECONDS};
+pub use usage::{AppUsage, AppUsageRow, NodeUsageRow, NodeUsageSample, FINE as USAGE_FINE_SECONDS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -139,5 +139,26 @@ impl Store {
 
     fn count_commit(&self) {
         self.commits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sets one text column of the row of `table` whose `key_column` is
+    /// `key`, making that row (with `created_at = now_ms`) where there is
+    /// none. Table and column names are the caller's constants, never input.
+    async fn upsert_column(
+        &self,
+        table: &'static str,
+        key_column: &'static str,
+        key: &str,
+        column: &'static str,
+        value: &str,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO {table} ({key_column}, {column}, created_at) VALUES ($1, $2, $3) \
+             ON CONFLICT ({key_column}) DO UPDATE SET {column} = excluded.{column}"
+        );
+        sqlx::query(&sql).bind(key).bind(value).bind(now_ms).execute(&self.pool).await?;
+        self.count_commit();
+        Ok(())
     }
 }

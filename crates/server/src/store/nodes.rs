@@ -129,6 +129,10 @@ pub enum JoinRefusal {
 /// Highest usable index in 10.77.0.0/16 (10.77.255.254).
 pub const MAX_MESH_INDEX: i64 = 65534;
 
+/// One traffic sample of a host, summed over nodes:
+/// `(at_ms, requests, r2xx, r3xx, r4xx, r5xx, dur_sum_ms, slow)`.
+pub type TrafficSample = (i64, i64, i64, i64, i64, i64, f64, i64);
+
 impl Store {
     /// Spends the join token and records the node, in one transaction, so a
     /// token is never spent without a node or the other way round.
@@ -453,7 +457,7 @@ impl Store {
     /// Traffic samples of a host since `since_ms`, oldest first:
     /// `(at_ms, requests, r2xx, r3xx, r4xx, r5xx, dur_sum_ms, slow)` summed
     /// over nodes per sample time.
-    pub async fn traffic(&self, host: &str, since_ms: i64) -> Result<Vec<(i64, i64, i64, i64, i64, i64, f64, i64)>, StoreError> {
+    pub async fn traffic(&self, host: &str, since_ms: i64) -> Result<Vec<TrafficSample>, StoreError> {
         let rows = sqlx::query(
             "SELECT at, SUM(requests) AS requests, SUM(r2xx) AS r2xx, SUM(r3xx) AS r3xx, SUM(r4xx) AS r4xx, SUM(r5xx) AS r5xx, \
              SUM(dur_sum_ms) AS dur_sum_ms, SUM(slow) AS slow FROM traffic_samples WHERE host = $1 AND at >= $2 \

@@ -7,6 +7,9 @@ use super::{Store, StoreError};
 
 /// Seconds per row of the fine and the coarse series.
 pub const FINE: i64 = 30;
+
+/// One node usage sample: `(at_ms, resolution, cpu_pct, mem_used, disk_used)`.
+pub type NodeUsageSample = (i64, i64, Option<f64>, Option<i64>, Option<i64>);
 pub const COARSE: i64 = 300;
 const DAY_MS: i64 = 86_400_000;
 const MONTH_MS: i64 = 30 * DAY_MS;
@@ -117,7 +120,7 @@ impl Store {
     }
 
     /// A node's usage since `since_ms`: `(at, resolution, cpu_pct, mem_used, disk_used)`.
-    pub async fn node_usage(&self, node_id: &str, since_ms: i64) -> Result<Vec<(i64, i64, Option<f64>, Option<i64>, Option<i64>)>, StoreError> {
+    pub async fn node_usage(&self, node_id: &str, since_ms: i64) -> Result<Vec<NodeUsageSample>, StoreError> {
         let rows = sqlx::query("SELECT at, resolution, cpu_pct, mem_used, disk_used FROM node_usage WHERE node_id = $1 AND at >= $2 ORDER BY at")
             .bind(node_id)
             .bind(since_ms)

@@ -173,6 +173,20 @@ fn lines(text: &str) -> Vec<String> {
     text.split(|c: char| c == '\n' || c == ',' || c.is_whitespace()).map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect()
 }
 
+/// The static-site build settings a form fills in (empty: none).
+fn build_settings(form: &HashMap<String, String>) -> Map<String, Value> {
+    let mut build = Map::new();
+    for key in ["install_cmd", "build_cmd", "output_dir"] {
+        if let Some(value) = non_empty(form, key) {
+            build.insert(key.into(), json!(value));
+        }
+    }
+    if let Some(spa) = non_empty(form, "spa").filter(|v| *v != "auto") {
+        build.insert("spa".into(), json!(spa));
+    }
+    build
+}
+
 /// The API's create request from the form's fields.
 fn create_request(form: &HashMap<String, String>) -> Result<Value, ApiError> {
     let number = |key: &str| -> Result<Option<f64>, ApiError> {
@@ -199,15 +213,7 @@ fn create_request(form: &HashMap<String, String>) -> Result<Value, ApiError> {
     let port = non_empty(form, "port").unwrap_or("").parse::<u16>().map_err(|_| ApiError::BadRequest("invalid port: must be 1 to 65535".into()))?;
     request.insert("port".into(), json!(port));
     let strategy = non_empty(form, "strategy").unwrap_or("auto");
-    let mut build = Map::new();
-    for key in ["install_cmd", "build_cmd", "output_dir"] {
-        if let Some(value) = non_empty(form, key) {
-            build.insert(key.into(), json!(value));
-        }
-    }
-    if let Some(spa) = non_empty(form, "spa").filter(|v| *v != "auto") {
-        build.insert("spa".into(), json!(spa));
-    }
+    let build = build_settings(form);
     if strategy != "auto" || !build.is_empty() {
         request.insert("strategy".into(), json!(if strategy == "auto" { "static" } else { strategy }));
     }
@@ -231,7 +237,7 @@ fn create_request(form: &HashMap<String, String>) -> Result<Value, ApiError> {
 }
 
 pub async fn create(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Response {
-    if let Err(refused) = ctx.check(&form) {
+    if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
     let result = match create_request(&form) {
@@ -336,6 +342,9 @@ pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[De
             }
         }
         section {
+            (settings_form(ctx, app, build.as_ref()))
+        }
+        section {
             h2 { (ctx.t("apps.domains")) }
             form method="post" action=(format!("{base}/domains")) {
                 (csrf_field(ctx))
@@ -374,6 +383,98 @@ pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[De
             a.button.danger href=(format!("{base}/delete")) { (ctx.t("apps.delete")) }
         }
     }
+}
+
+/// The form that changes an app's settings (`PATCH /api/apps/{name}`),
+/// filled with the current ones.
+fn settings_form(ctx: &Ctx, app: &AppRow, build: Option<&Value>) -> Markup {
+    let build_field = |key: &str| build.and_then(|b| b.get(key)).and_then(Value::as_str).unwrap_or_default().to_string();
+    let spa = build_field("spa");
+    let build_timeout = app.build_timeout_s.unwrap_or(i64::from(cloudweb_protocol::deploy::DEFAULT_BUILD_TIMEOUT_SECONDS));
+    html! {
+        details #edit-settings {
+            summary { (ctx.t("apps.edit_settings")) }
+            p.help { (ctx.t("apps.edit_settings_help")) }
+            form.settings method="post" action=(format!("/apps/{}/settings", app.name)) {
+                (csrf_field(ctx))
+                (field("set-branch", ctx.t("apps.branch"), html! { input id="set-branch" name="branch" required value=(app.branch); }))
+                (field("set-port", ctx.t("apps.port"), html! { input id="set-port" name="port" type="number" min="1" max="65535" required value=(app.port); }))
+                (field("set-strategy", ctx.t("apps.strategy"), html! {
+                    select id="set-strategy" name="strategy" {
+                        @for strategy in ["auto", "dockerfile", "static", "buildpacks"] {
+                            option value=(strategy) selected[app.strategy == strategy] { (ctx.t(strategy_key(strategy))) }
+                        }
+                    }
+                }))
+                (field("set-install_cmd", ctx.t("apps.install_cmd"), html! { input id="set-install_cmd" name="install_cmd" value=(build_field("install_cmd")); }))
+                (field("set-build_cmd", ctx.t("apps.build_cmd"), html! { input id="set-build_cmd" name="build_cmd" value=(build_field("build_cmd")); }))
+                (field("set-output_dir", ctx.t("apps.output_dir"), html! { input id="set-output_dir" name="output_dir" value=(build_field("output_dir")); }))
+                (field("set-spa", ctx.t("apps.spa"), html! {
+                    select id="set-spa" name="spa" {
+                        option value="auto" selected[spa.is_empty() || spa == "auto"] { (ctx.t("apps.spa.auto")) }
+                        option value="yes" selected[spa == "yes"] { (ctx.t("common.yes")) }
+                        option value="no" selected[spa == "no"] { (ctx.t("common.no")) }
+                    }
+                }))
+                (field("set-health_path", ctx.t("apps.health_path"), html! { input id="set-health_path" name="health_path" required value=(app.health_path); }))
+                (field("set-health_timeout", ctx.t("apps.health_timeout"), html! { input id="set-health_timeout" name="health_timeout_seconds" type="number" min="1" max="3600" required value=(app.health_timeout_s); }))
+                (field("set-build_timeout", ctx.t("apps.build_timeout"), html! { input id="set-build_timeout" name="build_timeout_seconds" type="number" min="1" max="7200" required value=(build_timeout); }))
+                (field("set-instances", ctx.t("apps.instances"), html! { input id="set-instances" name="instances" type="number" min="1" max="20" required value=(app.instances); }))
+                (field("set-cpu", ctx.t("apps.cpu"), html! { input id="set-cpu" name="cpu" type="number" min="0.01" step="0.01" value=[app.cpu]; }))
+                (field("set-memory", ctx.t("apps.memory"), html! { input id="set-memory" name="memory" type="number" min="16" value=[app.memory_bytes.map(|m| m >> 20)]; }))
+                button type="submit" { (ctx.t("apps.save")) }
+            }
+        }
+    }
+}
+
+fn strategy_key(strategy: &str) -> &'static str {
+    match strategy {
+        "dockerfile" => "apps.strategy.dockerfile",
+        "static" => "apps.strategy.static",
+        "buildpacks" => "apps.strategy.buildpacks",
+        _ => "apps.strategy.auto",
+    }
+}
+
+/// The API's `PATCH` request from the settings form: every field is sent,
+/// an empty CPU, memory or build field as `null` (the default).
+fn settings_request(form: &HashMap<String, String>) -> Result<Value, ApiError> {
+    let whole = |key: &str| -> Result<Value, ApiError> {
+        non_empty(form, key)
+            .map(|v| v.parse::<u64>().map(|n| json!(n)).map_err(|_| ApiError::BadRequest(format!("invalid {key}: not a whole number"))))
+            .transpose()
+            .map(|v| v.unwrap_or(Value::Null))
+    };
+    let mut request = Map::new();
+    for key in ["branch", "health_path", "strategy"] {
+        request.insert(key.into(), json!(non_empty(form, key).unwrap_or("")));
+    }
+    for key in ["port", "instances", "health_timeout_seconds", "build_timeout_seconds"] {
+        let value = whole(key)?;
+        if value.is_null() {
+            return Err(ApiError::BadRequest(format!("invalid {key}: required")));
+        }
+        request.insert(key.into(), value);
+    }
+    let cpu = non_empty(form, "cpu").map(|v| v.parse::<f64>().map_err(|_| ApiError::BadRequest("invalid cpu: not a number".into()))).transpose()?;
+    request.insert("cpu".into(), json!(cpu));
+    let memory = whole("memory")?;
+    request.insert("memory".into(), memory.as_u64().map_or(Value::Null, |mib| json!(mib.saturating_mul(1 << 20))));
+    let build = build_settings(form);
+    request.insert("build".into(), if build.is_empty() { Value::Null } else { Value::Object(build) });
+    Ok(Value::Object(request))
+}
+
+pub async fn set_settings(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Some(refused) = ctx.refusal(&form) {
+        return refused;
+    }
+    let result = match settings_request(&form) {
+        Ok(request) => api::apps::update(State(ctx.state.clone()), Path(name.clone()), Ok(Bytes::from(request.to_string()))).await,
+        Err(err) => Err(err),
+    };
+    ctx.outcome(result, &format!("/apps/{name}"))
 }
 
 async fn load(state: &Arc<AppState>, name: &str) -> Result<Option<(AppRow, Vec<DeploymentRow>)>, ApiError> {
@@ -418,7 +519,7 @@ pub async fn show(ctx: Ctx, Path(name): Path<String>) -> Response {
 /// Sets or unsets one variable: the API replaces the whole environment, so
 /// the others are read (sealed values, opened here only) and sent back.
 pub async fn set_env(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
-    if let Err(refused) = ctx.check(&form) {
+    if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
     let back = format!("/apps/{name}");
@@ -439,7 +540,7 @@ pub async fn set_env(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMa
 }
 
 pub async fn set_domains(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
-    if let Err(refused) = ctx.check(&form) {
+    if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
     let domains = lines(form.get("domains").map(String::as_str).unwrap_or(""));
@@ -456,7 +557,7 @@ async fn created_id(response: Response) -> Option<String> {
 }
 
 pub async fn deploy(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
-    if let Err(refused) = ctx.check(&form) {
+    if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
     let body = match non_empty(&form, "commit") {
@@ -473,7 +574,7 @@ pub async fn deploy(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap
 }
 
 pub async fn rollback(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
-    if let Err(refused) = ctx.check(&form) {
+    if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
     let body = json!({ "deployment_id": form.get("deployment_id").map(String::as_str).unwrap_or("") }).to_string();
@@ -492,11 +593,11 @@ pub async fn confirm_delete(ctx: Ctx, Path(name): Path<String>) -> Response {
     }
     let here = format!("/apps/{name}/delete");
     let title = format!("{}: {name}", ctx.t("apps.delete"));
-    layout::confirm(&ctx, &title, Nav::Apps, &here, ctx.t("apps.confirm_delete"), &here, html! {}, &format!("/apps/{name}")).into_response()
+    layout::confirm(&ctx, &title, Nav::Apps, &here, ctx.t("apps.confirm_delete"), html! {}, &format!("/apps/{name}")).into_response()
 }
 
 pub async fn delete(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
-    if let Err(refused) = ctx.check(&form) {
+    if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
     match api::apps::remove(State(ctx.state.clone()), Path(name.clone())).await {

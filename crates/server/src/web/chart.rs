@@ -73,7 +73,8 @@ pub fn render(title: &str, no_data: &str, series: &[Series], from_ms: i64, to_ms
     let pieces: Vec<Vec<Vec<(i64, f64)>>> = series.iter().map(segments).collect();
     let max = pieces.iter().flatten().flatten().map(|p| p.1).fold(0.0_f64, f64::max);
     let max = match unit {
-        Unit::Percent => max.max(100.0).min(100.0),
+        // Percentages always show their whole scale.
+        Unit::Percent => 100.0,
         _ if max <= 0.0 => 1.0,
         _ => max * 1.1,
     };

@@ -133,15 +133,16 @@ pub fn login(lang: Lang, error: Option<&str>) -> Markup {
     }
 }
 
-/// A confirmation page: the question, and a form that posts to `action`.
-pub fn confirm(ctx: &Ctx, title: &str, nav: Nav, here: &str, question: &str, action: &str, extra: Markup, cancel_to: &str) -> Markup {
+/// A confirmation page at `here`: the question, and a form that posts back
+/// to `here`.
+pub fn confirm(ctx: &Ctx, title: &str, nav: Nav, here: &str, question: &str, extra: Markup, cancel_to: &str) -> Markup {
     page(
         ctx,
         title,
         nav,
         here,
         html! {
-            form.confirm method="post" action=(action) {
+            form.confirm method="post" action=(here) {
                 (csrf_field(ctx))
                 p { (question) }
                 (extra)

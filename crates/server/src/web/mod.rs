@@ -71,6 +71,7 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/apps/{name}", get(apps::show))
         .route("/apps/{name}/env", post(apps::set_env))
         .route("/apps/{name}/domains", post(apps::set_domains))
+        .route("/apps/{name}/settings", post(apps::set_settings))
         .route("/apps/{name}/deploy", post(apps::deploy))
         .route("/apps/{name}/rollback", post(apps::rollback))
         .route("/apps/{name}/delete", get(apps::confirm_delete).post(apps::delete))
@@ -124,13 +125,14 @@ impl Ctx {
         self.lang.t(key)
     }
 
-    /// Checks the session's CSRF token a form posted (field `csrf_token`).
-    pub fn check(&self, form: &HashMap<String, String>) -> Result<(), Response> {
+    /// Checks the session's CSRF token a form posted (field `csrf_token`):
+    /// the 403 page to answer when it is wrong, `None` when it is right.
+    pub fn refusal(&self, form: &HashMap<String, String>) -> Option<Response> {
         let posted = form.get(sessions::CSRF_FIELD).map(String::as_str).unwrap_or("");
         if auth::constant_time_eq(posted.as_bytes(), self.csrf.as_bytes()) {
-            Ok(())
+            None
         } else {
-            Err((StatusCode::FORBIDDEN, layout::message(self, self.t("csrf.invalid"))).into_response())
+            Some((StatusCode::FORBIDDEN, layout::message(self, self.t("csrf.invalid"))).into_response())
         }
     }
 
@@ -252,7 +254,7 @@ async fn login(State(state): State<Arc<AppState>>, PublicLang(lang): PublicLang,
 /// Ends the session on the server (its cookie stops opening the API too)
 /// and clears the cookies.
 async fn logout(ctx: Ctx, headers: HeaderMap, Form(form): Form<HashMap<String, String>>) -> Response {
-    if let Err(refused) = ctx.check(&form) {
+    if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
     if let Err(err) = sessions::end(&ctx.state, &ctx.session_key).await {

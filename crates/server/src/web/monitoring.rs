@@ -11,7 +11,7 @@ use super::chart::{self, Series, Unit};
 use super::layout::{self, Nav};
 use super::Ctx;
 use crate::error::ApiError;
-use crate::store::AppUsageRow;
+use crate::store::{AppUsageRow, NodeUsageSample, TrafficSample};
 
 #[cfg(test)]
 mod tests {
@@ -70,7 +70,7 @@ async fn body(ctx: &Ctx, (range_name, seconds): (&str, i64)) -> Result<Markup, A
         let samples = state.store.node_usage(&node.id, from).await?;
         let times: Vec<i64> = samples.iter().map(|s| s.0).collect();
         let step = max_step_ms(&times, samples.iter().map(|s| s.1));
-        let series = |name: &str, pick: &dyn Fn(&(i64, i64, Option<f64>, Option<i64>, Option<i64>)) -> Option<f64>| Series {
+        let series = |name: &str, pick: &dyn Fn(&NodeUsageSample) -> Option<f64>| Series {
             name: name.to_string(),
             points: samples.iter().map(|s| (s.0, pick(s))).collect(),
             max_step_ms: step,
@@ -113,7 +113,7 @@ async fn body(ctx: &Ctx, (range_name, seconds): (&str, i64)) -> Result<Markup, A
             let samples = state.store.traffic(&host, from).await?;
             let times: Vec<i64> = samples.iter().map(|s| s.0).collect();
             let step = max_step_ms(&times, std::iter::empty());
-            let series = |name: &str, pick: &dyn Fn(&(i64, i64, i64, i64, i64, i64, f64, i64)) -> Option<f64>| Series {
+            let series = |name: &str, pick: &dyn Fn(&TrafficSample) -> Option<f64>| Series {
                 name: name.to_string(),
                 points: samples.iter().map(|s| (s.0, pick(s))).collect(),
                 max_step_ms: step,

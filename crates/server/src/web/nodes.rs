@@ -197,7 +197,7 @@ pub async fn table_stream(ctx: Ctx, Query(query): Query<LangQuery>) -> Sse<impl 
 }
 
 pub async fn join_token(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Response {
-    if let Err(refused) = ctx.check(&form) {
+    if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
     match api::join_tokens::create(State(ctx.state.clone())).await {
@@ -236,11 +236,11 @@ pub async fn confirm(ctx: Ctx, Path((id, action)): Path<(String, String)>) -> Re
     };
     let title = format!("{}: {}", ctx.t(title), node.name);
     let here = format!("/nodes/{id}/{action}");
-    layout::confirm(&ctx, &title, Nav::Nodes, &here, ctx.t(question), &here, extra, "/nodes").into_response()
+    layout::confirm(&ctx, &title, Nav::Nodes, &here, ctx.t(question), extra, "/nodes").into_response()
 }
 
 pub async fn act(ctx: Ctx, Path((id, action)): Path<(String, String)>, Form(form): Form<HashMap<String, String>>) -> Response {
-    if let Err(refused) = ctx.check(&form) {
+    if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
     let state = State(ctx.state.clone());
