@@ -162,11 +162,12 @@ async fn apps_answer_through_caddy_and_their_traffic_is_counted() {
         async move {
             let response = server.http.get(server.api(&format!("/api/nodes/{node_id}/last-heartbeat"))).bearer_auth(&server.admin_token).send().await.ok()?;
             let raw = response.text().await.ok()?;
-            let mut seen = bodies.lock().unwrap();
-            if raw.contains("\"traffic\"") && !seen.contains(&raw) {
-                seen.push(raw);
+            {
+                let mut seen = bodies.lock().unwrap();
+                if raw.contains("\"traffic\"") && !seen.contains(&raw) {
+                    seen.push(raw);
+                }
             }
-            drop(seen);
             let (_, series) = server.call(Method::GET, &format!("/api/traffic/{host}"), None).await.ok()?;
             let samples = series["samples"].as_array()?;
             let sum = |key: &str| samples.iter().map(|s| s[key].as_i64().unwrap_or(0)).sum::<i64>();

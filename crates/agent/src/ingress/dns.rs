@@ -93,10 +93,13 @@ impl Target {
     }
 }
 
-/// Service name → targets. Swapped whole on every change.
+/// Service name → targets.
+type Zone = HashMap<String, Vec<Target>>;
+
+/// The zone, swapped whole on every change.
 #[derive(Clone, Default)]
 pub struct Directory {
-    zone: Arc<RwLock<Arc<HashMap<String, Vec<Target>>>>>,
+    zone: Arc<RwLock<Arc<Zone>>>,
 }
 
 impl Directory {
