@@ -261,6 +261,7 @@ async fn heartbeat_loop(
         // Which WireGuard the mesh runs on, while it runs.
         if let (Some(_), Some(backend)) = (&mesh_health, backend) {
             features.push(backend.feature().to_string());
+            features.push(cloudweb_protocol::features::MESH_RELAY.to_string());
         }
         heartbeat.health = Some(cloudweb_protocol::Health { registry, mesh: mesh_health, features: Some(features) });
         heartbeat.ingress = ingress.status.lock().expect("status lock").clone();

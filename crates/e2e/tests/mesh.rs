@@ -630,6 +630,59 @@ async fn relay_scenario(cluster: &MeshCluster) -> Result<()> {
     Ok(())
 }
 
+/// The relay follows liveness: two public nodes and a NATed pair; once
+/// both public nodes announce `mesh-relay`, the pair goes through one of
+/// them, and when that one's link is cut and the control plane counts it
+/// unreachable (5 s here), the pair is told to go through the other and
+/// pings again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_goes_down_is_replaced_by_another_public_node() {
+    let cluster = MeshCluster::start(4, &[3, 4]).await.unwrap();
+    if let Err(err) = relay_failover_scenario(&cluster).await {
+        panic!("{err:#}\n{}", cluster.logs());
+    }
+}
+
+async fn relay_failover_scenario(cluster: &MeshCluster) -> Result<()> {
+    // agents[i] is node-(i+1); node-3 and node-4 are behind NAT.
+    let (nat_a, nat_b) = (&cluster.agents[2], &cluster.agents[3]);
+    for agent in &cluster.agents[..2] {
+        wait_for(Duration::from_secs(30), &format!("{} to announce mesh-relay", agent.name), || async {
+            let (status, node) = cluster.api("GET", &format!("/api/nodes/{}", agent.node_id)).await.ok()?;
+            (status == 200 && node["features"].as_array()?.iter().any(|f| f == "mesh-relay")).then_some(())
+        })
+        .await?;
+    }
+    // The relay each NATed node reaches the other through, when connected.
+    let via = |a: &MeshAgent, b: &MeshAgent| {
+        let status = cluster.status(a).ok()?;
+        let entry = status["peers"].as_array()?.iter().find(|p| p["name"] == b.name.as_str())?.clone();
+        (entry["connected"] == true).then(|| entry["via"].as_str().map(str::to_string)).flatten()
+    };
+    let relay = wait_for(Duration::from_secs(30), "the NATed pair to agree on a relay", || async {
+        let (one, other) = (via(nat_a, nat_b)?, via(nat_b, nat_a)?);
+        (one == other).then_some(one)
+    })
+    .await?;
+    all_pairs_ping(cluster, &[2, 3]).await?;
+    let down = cluster.agents[..2].iter().find(|a| a.name == relay).with_context(|| format!("relay {relay} is not a public node"))?;
+    let other = cluster.agents[..2].iter().find(|a| a.name != relay).expect("two public nodes");
+    cluster.lan.cut(down.index)?;
+    // Unreachable after 5 s, then one reconciler pass and one `peers`
+    // event.
+    let started = std::time::Instant::now();
+    for (a, b) in [(nat_a, nat_b), (nat_b, nat_a)] {
+        wait_for(Duration::from_secs(30), &format!("{} to reach {} through {}", a.name, b.name, other.name), || async {
+            (via(a, b)? == other.name).then_some(())
+        })
+        .await?;
+    }
+    all_pairs_ping(cluster, &[2, 3]).await?;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(20), "the pair took {took:?} to move to {}", other.name);
+    Ok(())
+}
+
 /// The control plane's host is a mesh member at 10.77.0.1 and the image
 /// registry listens there alone: the control plane starts before that
 /// address exists (its own agent joins through it) and starts the

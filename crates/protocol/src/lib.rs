@@ -80,4 +80,8 @@ pub mod features {
     pub const MESH_USERSPACE: &str = "mesh-userspace";
     /// The node runs the mesh with kernel WireGuard (netlink).
     pub const MESH_KERNEL: &str = "mesh-kernel";
+    /// The node forwards between mesh peers when its peer list says
+    /// `relay` (0.1.0 agents ignore the flag, so the control plane picks
+    /// relays among nodes that announce this).
+    pub const MESH_RELAY: &str = "mesh-relay";
 }

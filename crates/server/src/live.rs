@@ -162,6 +162,9 @@ pub struct TrafficRow {
 #[derive(Default)]
 pub struct NodeRegistry {
     nodes: RwLock<HashMap<String, LiveNode>>,
+    /// The mesh relay as last chosen by [`NodeRegistry::update_relay`]
+    /// (kept while it stays fit, so it does not flap).
+    relay: std::sync::Mutex<Option<String>>,
     traffic: std::sync::Mutex<Vec<TrafficRow>>,
     usage: std::sync::Mutex<Vec<crate::store::NodeUsageRow>>,
 }
@@ -245,8 +248,13 @@ impl NodeRegistry {
     }
 
     /// Mesh peers of a node: every other node that has a WireGuard key,
-    /// ordered by mesh address (see [`peer_list`]).
+    /// ordered by mesh address (see [`peer_list`]). The relay is the one
+    /// [`NodeRegistry::update_relay`] chose while it is still a member with
+    /// an endpoint; otherwise (before the first choice, or just after the
+    /// relay left) the lowest member with an endpoint, until the next
+    /// choice.
     pub fn mesh_peers(&self, node_id: &str) -> cloudweb_protocol::PeerList {
+        let chosen = self.relay.lock().expect("relay lock").clone();
         let nodes = self.nodes.read().expect("node registry lock");
         let members: Vec<MeshMember<'_>> = nodes
             .values()
@@ -260,7 +268,39 @@ impl NodeRegistry {
                 })
             })
             .collect();
-        peer_list(&members, node_id)
+        let relay = chosen
+            .as_deref()
+            .filter(|id| members.iter().any(|m| m.id == *id && m.endpoint.is_some()))
+            .or_else(|| members.iter().filter(|m| m.endpoint.is_some()).min_by_key(|m| m.mesh_index).map(|m| m.id));
+        peer_list(&members, node_id, relay)
+    }
+
+    /// Chooses the mesh relay again (see [`choose_relay`]) and returns
+    /// whether the choice changed, so the caller tells every node. One pass
+    /// over the nodes under the read lock: the reconciler asks every
+    /// second.
+    pub fn update_relay(&self, now: Instant, unreachable_after: Duration) -> bool {
+        let mut relay = self.relay.lock().expect("relay lock");
+        let chosen = {
+            let nodes = self.nodes.read().expect("node registry lock");
+            let candidates: Vec<RelayCandidate<'_>> = nodes
+                .values()
+                .filter(|n| n.wireguard_public_key.is_some() && n.endpoint.is_some())
+                .map(|n| RelayCandidate {
+                    id: &n.id,
+                    mesh_index: n.mesh_index,
+                    up: n.state(now, unreachable_after) != NodeState::Unreachable,
+                    can_relay: n.has_feature(now, cloudweb_protocol::features::MESH_RELAY),
+                })
+                .collect();
+            choose_relay(&candidates, relay.as_deref()).map(str::to_string)
+        };
+        if *relay == chosen {
+            return false;
+        }
+        tracing::info!(previous = ?*relay, relay = ?chosen, "mesh relay changed");
+        *relay = chosen;
+        true
     }
 
     /// Nodes that instances must move off: `(id, lost)`, where `lost` means
@@ -496,19 +536,49 @@ pub struct MeshMember<'a> {
     pub endpoint: Option<&'a str>,
 }
 
+/// A member with an endpoint, as the relay choice sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct RelayCandidate<'a> {
+    pub id: &'a str,
+    pub mesh_index: i64,
+    /// Heartbeating (ready or draining; not unreachable).
+    pub up: bool,
+    /// Announces [`cloudweb_protocol::features::MESH_RELAY`] (a 0.1.0
+    /// agent ignores the `relay` flag).
+    pub can_relay: bool,
+}
+
+/// The relay for members behind NAT, among members with an endpoint: the
+/// previous relay while it is up (and can relay, or no up member can);
+/// otherwise the up member that can relay with the lowest mesh index (so
+/// the choice is stable), then any up member; when none is up, the
+/// previous one if it is still a candidate, else the lowest.
+pub fn choose_relay<'a>(candidates: &[RelayCandidate<'a>], previous: Option<&str>) -> Option<&'a str> {
+    let lowest = |keep: &dyn Fn(&RelayCandidate<'a>) -> bool| candidates.iter().filter(|c| keep(c)).min_by_key(|c| c.mesh_index).map(|c| c.id);
+    let any_able = candidates.iter().any(|c| c.up && c.can_relay);
+    if let Some(previous) = candidates.iter().find(|c| Some(c.id) == previous) {
+        if previous.up && (previous.can_relay || !any_able) {
+            return Some(previous.id);
+        }
+    }
+    lowest(&|c| c.up && c.can_relay)
+        .or_else(|| lowest(&|c| c.up))
+        .or_else(|| candidates.iter().find(|c| Some(c.id) == previous).map(|c| c.id))
+        .or_else(|| lowest(&|_| true))
+}
+
 /// The peer list of node `node_id`: every other member, by mesh address.
 ///
 /// Two members without an endpoint (behind NAT) cannot open a tunnel to
 /// each other, so for a node without one every other such node is listed
-/// with `via` = the relay, the member with an endpoint and the lowest mesh
-/// index (normally the control plane's host, 10.77.0.1), whose own entry
-/// carries their `/32`s in `relayed_ips`. The relay's list says `relay`
-/// while there are two or more such nodes. Nodes with an endpoint, and
-/// everyone when no member has one, get the plain full mesh.
-pub fn peer_list(members: &[MeshMember<'_>], node_id: &str) -> cloudweb_protocol::PeerList {
+/// with `via` = `relay` (a member with an endpoint, see [`choose_relay`]),
+/// whose own entry carries their `/32`s in `relayed_ips`. The relay's list
+/// says `relay` while there are two or more such nodes. Nodes with an
+/// endpoint, and everyone when there is no relay, get the plain full mesh.
+pub fn peer_list(members: &[MeshMember<'_>], node_id: &str, relay: Option<&str>) -> cloudweb_protocol::PeerList {
     let mut members: Vec<MeshMember<'_>> = members.to_vec();
     members.sort_by_key(|m| m.mesh_index);
-    let relay = members.iter().find(|m| m.endpoint.is_some()).map(|m| m.id);
+    let relay = relay.and_then(|id| members.iter().find(|m| m.id == id && m.endpoint.is_some())).map(|m| m.id);
     let natted: Vec<&MeshMember<'_>> = members.iter().filter(|m| m.endpoint.is_none()).collect();
     let me_natted = natted.iter().any(|m| m.id == node_id);
     let relayed: Vec<&MeshMember<'_>> = match relay {
@@ -613,6 +683,78 @@ mod tests {
         MeshMember { id, name: id, mesh_index, public_key: "key", endpoint }
     }
 
+    /// The peer list with the relay the lowest member with an endpoint.
+    fn lowest_relay_list(members: &[MeshMember<'_>], node_id: &str) -> cloudweb_protocol::PeerList {
+        let relay = members.iter().filter(|m| m.endpoint.is_some()).min_by_key(|m| m.mesh_index).map(|m| m.id);
+        peer_list(members, node_id, relay)
+    }
+
+    fn candidate(id: &'static str, mesh_index: i64, up: bool, can_relay: bool) -> RelayCandidate<'static> {
+        RelayCandidate { id, mesh_index, up, can_relay }
+    }
+
+    #[test]
+    fn the_relay_is_the_lowest_up_node_that_can_relay_and_stays_while_up() {
+        let all = [candidate("hub", 1, true, true), candidate("public", 3, true, true), candidate("old", 2, true, false)];
+        // First choice: the lowest that is up and can relay.
+        assert_eq!(choose_relay(&all, None), Some("hub"));
+        // The hub goes unreachable: the next one that can relay, not the
+        // 0.1.0 agent with a lower index.
+        let hub_down = [candidate("hub", 1, false, true), candidate("public", 3, true, true), candidate("old", 2, true, false)];
+        assert_eq!(choose_relay(&hub_down, Some("hub")), Some("public"));
+        // The hub comes back: the relay stays where it is (no flapping).
+        assert_eq!(choose_relay(&all, Some("public")), Some("public"));
+        // A relay that left the candidates (removed, or lost its endpoint)
+        // is replaced.
+        assert_eq!(choose_relay(&all[..1], Some("public")), Some("hub"));
+        // Nobody announces the feature: the lowest up node all the same,
+        // and a previous one that cannot relay is dropped for one that can.
+        let old_only = [candidate("old-a", 2, true, false), candidate("old-b", 1, false, false)];
+        assert_eq!(choose_relay(&old_only, None), Some("old-a"));
+        assert_eq!(choose_relay(&all, Some("old")), Some("hub"));
+        // Nobody up: keep the previous, else the lowest; none without
+        // candidates.
+        let none_up = [candidate("a", 2, false, true), candidate("b", 1, false, true)];
+        assert_eq!(choose_relay(&none_up, Some("a")), Some("a"));
+        assert_eq!(choose_relay(&none_up, None), Some("b"));
+        assert_eq!(choose_relay(&[], Some("a")), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_registry_reports_a_relay_change_once_and_lists_peers_through_the_new_relay() {
+        let start = Instant::now();
+        let registry = NodeRegistry::default();
+        let relay_health = || Stamped {
+            value: Health { registry: None, mesh: None, features: Some(vec![cloudweb_protocol::features::MESH_RELAY.into()]) },
+            received: start,
+            at_ms: 0,
+        };
+        for (id, index, endpoint) in [("hub", 1, Some("192.0.2.1:51820")), ("public", 2, Some("192.0.2.2:51820")), ("nat-a", 3, None), ("nat-b", 4, None)] {
+            let mut n = node(start);
+            n.id = id.into();
+            n.name = id.into();
+            n.mesh_index = index;
+            n.wireguard_public_key = Some("key".into());
+            n.endpoint = endpoint.map(str::to_string);
+            n.health = Some(relay_health());
+            registry.nodes.write().unwrap().insert(id.into(), n);
+        }
+        let after = Duration::from_secs(30);
+        assert!(registry.update_relay(start, after));
+        assert!(!registry.update_relay(start, after), "an unchanged choice is not a change");
+        assert_eq!(registry.mesh_peers("nat-a").peers.iter().find(|p| p.name == "nat-b").unwrap().via.as_deref(), Some("hub"));
+        // Only `public` keeps heartbeating; past the threshold the hub is
+        // unreachable and `public` takes over, once.
+        let later = start + Duration::from_secs(31);
+        registry.nodes.write().unwrap().get_mut("public").unwrap().last_seen = later;
+        registry.nodes.write().unwrap().get_mut("public").unwrap().health.as_mut().unwrap().received = later;
+        assert!(registry.update_relay(later, after));
+        assert!(!registry.update_relay(later, after));
+        assert_eq!(registry.mesh_peers("nat-a").peers.iter().find(|p| p.name == "nat-b").unwrap().via.as_deref(), Some("public"));
+        assert!(registry.mesh_peers("public").relay);
+        assert!(!registry.mesh_peers("hub").relay);
+    }
+
     /// `(name, via, relayed_ips)` of each entry.
     fn shape(list: &cloudweb_protocol::PeerList) -> Vec<(String, Option<String>, Vec<String>)> {
         list.peers.iter().map(|p| (p.name.clone(), p.via.clone(), p.relayed_ips.clone())).collect()
@@ -632,7 +774,7 @@ mod tests {
             member("nat-a", 4, None),
             member("nat-c", 2, None),
         ];
-        let for_a = peer_list(&members, "nat-a");
+        let for_a = lowest_relay_list(&members, "nat-a");
         assert!(!for_a.relay);
         assert_eq!(
             shape(&for_a),
@@ -646,11 +788,11 @@ mod tests {
         assert_eq!(for_a.peers[0].endpoint.as_deref(), Some("192.0.2.1:51820"));
         assert_eq!(for_a.peers[1].mesh_address, "10.77.0.2");
         // The relay lists everyone directly and is told to forward.
-        let for_hub = peer_list(&members, "hub");
+        let for_hub = lowest_relay_list(&members, "hub");
         assert!(for_hub.relay);
         assert_eq!(shape(&for_hub), plain(&["nat-c", "public-2", "nat-a", "nat-b"]));
         // Another public node: full mesh, no forwarding.
-        let for_public = peer_list(&members, "public-2");
+        let for_public = lowest_relay_list(&members, "public-2");
         assert!(!for_public.relay);
         assert_eq!(shape(&for_public), plain(&["hub", "nat-c", "nat-a", "nat-b"]));
     }
@@ -660,13 +802,13 @@ mod tests {
         // One NATed node: it reaches everyone directly; nobody relays.
         let one = [member("hub", 1, Some("192.0.2.1:51820")), member("nat-a", 2, None), member("public", 3, Some("192.0.2.3:51820"))];
         for id in ["hub", "nat-a", "public"] {
-            let list = peer_list(&one, id);
+            let list = lowest_relay_list(&one, id);
             assert!(!list.relay, "{id}");
             assert!(list.peers.iter().all(|p| p.via.is_none() && p.relayed_ips.is_empty()), "{id}");
         }
         // Nobody has an endpoint: nothing to relay through.
         let none = [member("nat-a", 1, None), member("nat-b", 2, None)];
-        let list = peer_list(&none, "nat-a");
+        let list = lowest_relay_list(&none, "nat-a");
         assert!(!list.relay);
         assert_eq!(shape(&list), plain(&["nat-b"]));
     }
@@ -674,14 +816,14 @@ mod tests {
     #[test]
     fn the_relay_moves_when_a_lower_node_gains_an_endpoint_and_a_node_with_one_leaves_the_relayed_set() {
         let before = [member("nat-x", 1, None), member("public", 2, Some("192.0.2.2:51820")), member("nat-a", 3, None), member("nat-b", 4, None)];
-        let list = peer_list(&before, "nat-a");
+        let list = lowest_relay_list(&before, "nat-a");
         assert_eq!(list.peers.iter().find(|p| p.name == "nat-b").unwrap().via.as_deref(), Some("public"));
         assert_eq!(list.peers.iter().find(|p| p.name == "nat-x").unwrap().via.as_deref(), Some("public"));
-        assert!(peer_list(&before, "public").relay);
+        assert!(lowest_relay_list(&before, "public").relay);
         // nat-x (mesh index 1) reports an endpoint: it is the relay now,
         // and no longer relayed.
         let after = [member("nat-x", 1, Some("192.0.2.1:51820")), member("public", 2, Some("192.0.2.2:51820")), member("nat-a", 3, None), member("nat-b", 4, None)];
-        let list = peer_list(&after, "nat-a");
+        let list = lowest_relay_list(&after, "nat-a");
         assert_eq!(
             shape(&list),
             [
@@ -690,10 +832,10 @@ mod tests {
                 ("nat-b".to_string(), Some("nat-x".to_string()), vec![]),
             ]
         );
-        assert!(peer_list(&after, "nat-x").relay);
-        assert!(!peer_list(&after, "public").relay);
+        assert!(lowest_relay_list(&after, "nat-x").relay);
+        assert!(!lowest_relay_list(&after, "public").relay);
         // 0.1.0 agents read the list without the new fields.
-        let json = serde_json::to_value(peer_list(&after, "public")).unwrap();
+        let json = serde_json::to_value(lowest_relay_list(&after, "public")).unwrap();
         assert!(json.get("relay").is_none() && json["peers"][0].get("via").is_none() && json["peers"][0].get("relayed_ips").is_none(), "{json}");
     }
 }

@@ -543,6 +543,11 @@ async fn retire_replaced(state: &AppState, deployment_id: &str, replaced: i64) -
 
 /// One pass of the reconciler: queue the stops that are due.
 pub async fn reconcile(state: &AppState) -> Result<(), ApiError> {
+    // The mesh relay follows liveness: when it changes (the relay went
+    // unreachable, or the first choice), every node fetches its peers.
+    if state.nodes.update_relay(tokio::time::Instant::now(), state.config.unreachable_after) {
+        state.hub.notify_all(cloudweb_protocol::events::PEERS);
+    }
     let now = state.clock.now_ms();
     for instance in state.store.instances_to_stop(now).await? {
         if let Some(version) = instance.stop_after_routes {
