@@ -285,6 +285,20 @@ mod tests {
     }
 
     #[test]
+    fn due_at_two_thirds_and_looked_at_least_every_minute() {
+        let info = |not_before_ms, not_after_ms| CertInfo { serial: String::new(), sha256: String::new(), not_before_ms, not_after_ms };
+        // 12 s of life from 0: due at 8 s.
+        let short = info(0, 12_000);
+        assert_eq!(renewal_wait(&short, 0), Some(Duration::from_secs(8)));
+        assert_eq!(renewal_wait(&short, 7_950), Some(Duration::from_millis(100)), "at least 100 ms");
+        assert_eq!(renewal_wait(&short, 8_000), None);
+        assert_eq!(renewal_wait(&short, 20_000), None, "expired: due at once");
+        // A year: the next look is within a minute, so a moved clock is seen.
+        let year = info(0, 365 * 24 * 3600 * 1000);
+        assert_eq!(renewal_wait(&year, 0), Some(LOOK_AT_LEAST_EVERY));
+    }
+
+    #[test]
     fn kept_until_due_then_renewed_with_the_same_key() {
         let dir = tempfile::tempdir().unwrap();
         let start = time::OffsetDateTime::now_utc();
