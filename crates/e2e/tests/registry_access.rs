@@ -139,6 +139,28 @@ async fn the_registry_certificate_is_renewed_while_the_server_runs() {
     .unwrap_or_else(|e| panic!("{e}\nserver:\n{}", server.process.log_text()));
     let (mut serial, spki) = registry_leaf(&settings).await.expect("the registry answers over TLS verified with the cluster CA");
     let started = std::time::Instant::now();
+    // How long the registry is away at each restart: the longest stretch
+    // without a TLS answer, looked at every 10 ms (a restart can be
+    // quicker than that and go unseen).
+    let longest_away = std::sync::Arc::new(std::sync::Mutex::new(Duration::ZERO));
+    let watcher = {
+        let (settings, longest_away) = (settings.clone(), longest_away.clone());
+        tokio::spawn(async move {
+            let mut away_since = None::<std::time::Instant>;
+            loop {
+                match (registry_leaf(&settings).await, away_since) {
+                    (None, None) => away_since = Some(std::time::Instant::now()),
+                    (Some(_), Some(_)) => away_since = None,
+                    _ => {}
+                }
+                if let Some(since) = away_since {
+                    let mut longest = longest_away.lock().unwrap();
+                    *longest = (*longest).max(since.elapsed());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
     for renewal in 1..=2 {
         let previous = serial.clone();
         // Verified against the cluster CA for the registry's address.
@@ -162,6 +184,10 @@ async fn the_registry_certificate_is_renewed_while_the_server_runs() {
         assert_eq!(registry_status(&settings, &user, "wrong").await, Some(401), "and still checks credentials");
         serial = next;
     }
+    watcher.abort();
+    let longest_away = *longest_away.lock().unwrap();
+    println!("figure: the registry was seen away at most {:.3} s at a renewal (looked at every 10 ms)", longest_away.as_secs_f64());
+    assert!(longest_away < Duration::from_secs(15), "the restart is bounded: away {longest_away:?}");
     let log = server.process.log_text();
     assert!(log.matches("renewed the image registry's certificate").count() >= 2, "{log}");
     assert!(!log.contains("cannot renew the image registry's certificate"), "{log}");

@@ -7,8 +7,8 @@
 //! Its certificate (`registry/tls.crt`, for the key `registry/listener.key`)
 //! is issued at every start and renewed by [`supervise`] at two thirds of its
 //! life (`--registry-cert-seconds`, default 365 days). The registry reads its
-//! TLS files only at start, so a renewal restarts it: it is away for about a
-//! second (at most 15 s before it is reported as not back), connections in
+//! TLS files only at start, so a renewal restarts it: it is away for tens of
+//! milliseconds (at most 15 s before it is reported as not back), connections in
 //! flight are cut, and agents retry pushes and pulls over about 10 s.
 
 use std::net::SocketAddr;
