@@ -311,7 +311,7 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
             let registered: HashSet<String> = state.nodes.all().into_iter().map(|n| n.id).collect();
             let running = registry::start(&settings, &state.config.data_dir, &state.ca, &credentials, &registered, state.clock.now()).await?;
             *state.registry.write().expect("registry lock") = running.agent_config.clone();
-            tasks.push(tokio::spawn(registry::supervise(running, credentials)));
+            tasks.push(tokio::spawn(registry::supervise(running, credentials, state.clone())));
         } else {
             // Listening only on the mesh: the address comes with this
             // host's agent, which joins through this control plane, so the
@@ -357,7 +357,7 @@ async fn deferred_registry(state: Arc<AppState>, settings: registry::RegistrySet
         registry::wait_for_listen_address(settings.listen).await;
         let registered: HashSet<String> = state.nodes.all().into_iter().map(|n| n.id).collect();
         match registry::start(&settings, &state.config.data_dir, &state.ca, &credentials, &registered, state.clock.now()).await {
-            Ok(running) => return registry::supervise(running, credentials).await,
+            Ok(running) => return registry::supervise(running, credentials, state).await,
             Err(err) => {
                 tracing::error!(error = %err, "the image registry could not start; trying again in 60 s");
                 tokio::time::sleep(std::time::Duration::from_secs(60)).await;

@@ -161,6 +161,11 @@ struct ServeArgs {
     /// server runs at two thirds of that (default 365 days). For tests.
     #[arg(long, hide = true, default_value_t = 365 * 24 * 3600, value_parser = clap::value_parser!(u64).range(6..=10 * 365 * 24 * 3600))]
     listener_cert_seconds: u64,
+    /// Seconds the image registry's certificate is valid; renewed while the
+    /// server runs at two thirds of that, restarting the registry (default
+    /// 365 days). For tests.
+    #[arg(long, hide = true, default_value_t = 365 * 24 * 3600, value_parser = clap::value_parser!(u64).range(6..=10 * 365 * 24 * 3600))]
+    registry_cert_seconds: u64,
     /// Agent protocols accepted, MIN-MAX (default: this build's range).
     /// For compatibility tests that need two sides whose ranges do not meet.
     #[arg(long, hide = true, value_parser = parse_protocol_range)]
@@ -297,7 +302,12 @@ fn real_main() -> anyhow::Result<()> {
             Some(binary) => {
                 let advertise = args.registry_advertise.unwrap_or_else(|| args.registry_listen.to_string());
                 cloudweb_protocol::validate::endpoint("--registry-advertise", &advertise).map_err(anyhow::Error::msg)?;
-                Some(RegistrySettings { binary, listen: args.registry_listen, advertise })
+                Some(RegistrySettings {
+                    binary,
+                    listen: args.registry_listen,
+                    advertise,
+                    cert_lifetime: Duration::from_secs(args.registry_cert_seconds),
+                })
             }
             None => None,
         },

@@ -3,6 +3,13 @@
 //! serve`), with TLS from the cluster CA and one htpasswd user per node
 //! (see `registry_credentials`). Agents learn the address, the CA and their
 //! own credentials from `GET /agent/v1/registry`.
+//!
+//! Its certificate (`registry/tls.crt`, for the key `registry/listener.key`)
+//! is issued at every start and renewed by [`supervise`] at two thirds of its
+//! life (`--registry-cert-seconds`, default 365 days). The registry reads its
+//! TLS files only at start, so a renewal restarts it: it is away for tens of
+//! milliseconds (at most 15 s before it is reported as not back), connections in
+//! flight are cut, and agents retry pushes and pulls over about 10 s.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,8 +21,10 @@ use std::sync::Arc;
 
 use tokio::process::{Child, Command};
 
-use crate::ca::{write_private, ClusterCa};
+use crate::agent_api::listener_cert::{self, CertInfo};
+use crate::ca::{self, write_private, ClusterCa};
 use crate::registry_credentials::Credentials;
+use crate::AppState;
 
 #[derive(Debug, Clone)]
 pub struct RegistrySettings {
@@ -25,6 +34,8 @@ pub struct RegistrySettings {
     pub listen: SocketAddr,
     /// `host:port` nodes use to reach it (mesh address in production).
     pub advertise: String,
+    /// How long its certificate is valid; renewed at two thirds of that.
+    pub cert_lifetime: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +58,29 @@ pub struct RunningRegistry {
     child: Child,
     listen: SocketAddr,
     pid_file: cloudweb_child::PidFile,
+    cert: IssuedCert,
+}
+
+/// The registry's certificate in force and what a renewal needs.
+struct IssuedCert {
+    dir: PathBuf,
+    hosts: Vec<String>,
+    lifetime: time::Duration,
+    info: CertInfo,
+}
+
+impl IssuedCert {
+    /// Issues a certificate for the key in `dir` and writes `tls.crt` and
+    /// `tls.key` there, for the registry's next start.
+    fn issue(ca: &ClusterCa, dir: &Path, hosts: &[String], lifetime: time::Duration, now: time::OffsetDateTime) -> Result<IssuedCert, RegistryError> {
+        let issued = ca.issue_server_cert_for(dir, hosts, now, lifetime).map_err(|e| RegistryError::Cert(e.to_string()))?;
+        let info = ca::first_cert_der(&issued.cert_pem)
+            .and_then(|leaf| listener_cert::info_of(&leaf))
+            .ok_or_else(|| RegistryError::Cert("the issued certificate does not parse".into()))?;
+        replace_private(&dir.join("tls.crt"), issued.cert_pem.as_bytes())?;
+        replace_private(&dir.join("tls.key"), issued.key_pem.as_bytes())?;
+        Ok(IssuedCert { dir: dir.to_path_buf(), hosts: hosts.to_vec(), lifetime, info })
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RegistryError + '_ {
@@ -66,11 +100,10 @@ pub async fn start(
     let dir = data_dir.join("registry");
     std::fs::create_dir_all(dir.join("storage")).map_err(io(&dir))?;
     let host = settings.advertise.rsplit_once(':').map(|(h, _)| h.trim_matches(['[', ']'])).unwrap_or(&settings.advertise);
-    let issued = ca.issue_server_cert(&dir, &[host.to_string()], now).map_err(|e| RegistryError::Cert(e.to_string()))?;
+    let lifetime = time::Duration::try_from(settings.cert_lifetime).unwrap_or(ca::LISTENER_CERT_VALIDITY);
+    let cert = IssuedCert::issue(ca, &dir, &[host.to_string()], lifetime, now)?;
     let cert_path = dir.join("tls.crt");
     let key_path = dir.join("tls.key");
-    replace_private(&cert_path, issued.cert_pem.as_bytes())?;
-    replace_private(&key_path, issued.key_pem.as_bytes())?;
 
     // The one password all nodes shared before each got its own.
     let _ = std::fs::remove_file(dir.join("password.sealed"));
@@ -110,13 +143,20 @@ pub async fn start(
     let child = spawn(&command, &pid_file)?;
     wait_listening(settings.listen).await?;
     credentials.loaded(version);
-    tracing::info!(listen = %settings.listen, advertise = %settings.advertise, "image registry running");
+    tracing::info!(
+        listen = %settings.listen,
+        advertise = %settings.advertise,
+        cert_serial = %cert.info.serial,
+        cert_not_after = %crate::clock::rfc3339_ms(cert.info.not_after_ms),
+        "image registry running"
+    );
     Ok(RunningRegistry {
         agent_config: agent_config(settings, ca),
         command,
         child,
         listen: settings.listen,
         pid_file,
+        cert,
     })
 }
 
@@ -188,18 +228,52 @@ async fn wait_listening(addr: SocketAddr) -> Result<(), RegistryError> {
     Err(RegistryError::NotListening(addr))
 }
 
-/// Restarts the registry whenever it exits, and when `credentials` changed
-/// htpasswd (the registry reads it only at start), until the task is
-/// aborted (which kills the child).
-pub async fn supervise(mut running: RunningRegistry, credentials: Arc<Credentials>) {
+/// Restarts the registry whenever it exits, when `credentials` changed
+/// htpasswd, and with a renewed certificate at two thirds of the old one's
+/// life (the registry reads both only at start), until the task is aborted
+/// (which kills the child). A failed renewal is tried again after 5 s,
+/// doubling up to 10 minutes, while the registry keeps serving the old one.
+pub async fn supervise(mut running: RunningRegistry, credentials: Arc<Credentials>, state: Arc<AppState>) {
     let changed = credentials.restart_signal();
     // A registry that keeps exiting at once (its port taken, a broken
     // config) is restarted ever more slowly, up to once a minute, and the
     // pace resets once one has run for a minute.
     let mut delay = Duration::from_secs(1);
+    let mut started = tokio::time::Instant::now();
+    let mut renewal_retry: Option<Duration> = None;
     loop {
-        let started = tokio::time::Instant::now();
+        let cert_wait = match renewal_retry {
+            Some(retry) => retry,
+            None => listener_cert::renewal_wait(&running.cert.info, state.clock.now_ms()).unwrap_or(Duration::ZERO),
+        };
         tokio::select! {
+            () = tokio::time::sleep(cert_wait) => {
+                if renewal_retry.is_none() && listener_cert::renewal_wait(&running.cert.info, state.clock.now_ms()).is_some() {
+                    continue;
+                }
+                let old = &running.cert;
+                match IssuedCert::issue(&state.ca, &old.dir, &old.hosts, old.lifetime, state.clock.now()) {
+                    Ok(new) => {
+                        tracing::info!(
+                            old_serial = %old.info.serial,
+                            serial = %new.info.serial,
+                            sha256 = %new.info.sha256,
+                            not_after = %crate::clock::rfc3339_ms(new.info.not_after_ms),
+                            "renewed the image registry's certificate; restarting the registry with it"
+                        );
+                        running.cert = new;
+                        renewal_retry = None;
+                        let _ = running.child.kill().await;
+                        running.pid_file.clear();
+                    }
+                    Err(err) => {
+                        let retry = renewal_retry.map_or(listener_cert::FIRST_RETRY, |r| (r * 2).min(listener_cert::LONGEST_RETRY));
+                        tracing::error!(error = %err, retry_in_s = retry.as_secs(), "cannot renew the image registry's certificate");
+                        renewal_retry = Some(retry);
+                        continue;
+                    }
+                }
+            }
             status = running.child.wait() => {
                 running.pid_file.clear();
                 if started.elapsed() >= Duration::from_secs(60) {
@@ -219,6 +293,7 @@ pub async fn supervise(mut running: RunningRegistry, credentials: Arc<Credential
         match spawn(&running.command, &running.pid_file) {
             Ok(child) => {
                 running.child = child;
+                started = tokio::time::Instant::now();
                 match wait_listening(running.listen).await {
                     Ok(()) => credentials.loaded(version),
                     Err(err) => tracing::error!(error = %err, "the image registry did not come back"),

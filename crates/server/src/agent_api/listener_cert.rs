@@ -30,8 +30,8 @@ use crate::AppState;
 /// moved clock is noticed.
 const LOOK_AT_LEAST_EVERY: Duration = Duration::from_secs(60);
 /// First and longest wait after a failed renewal.
-const FIRST_RETRY: Duration = Duration::from_secs(5);
-const LONGEST_RETRY: Duration = Duration::from_secs(600);
+pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(5);
+pub(crate) const LONGEST_RETRY: Duration = Duration::from_secs(600);
 
 /// What is known of the certificate in force.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,7 +197,8 @@ fn certified(provider: &CryptoProvider, issued: &IssuedKeyPair, ca_der: &Certifi
     Ok((Arc::new(certified), info))
 }
 
-fn info_of(leaf: &[u8]) -> Option<CertInfo> {
+/// What is known of a leaf (DER), if it parses.
+pub(crate) fn info_of(leaf: &[u8]) -> Option<CertInfo> {
     let (_, cert) = X509Certificate::from_der(leaf).ok()?;
     let validity = cert.validity();
     Some(CertInfo {
@@ -235,6 +236,15 @@ fn reusable(ca: &ClusterCa, provider: &Arc<CryptoProvider>, data_dir: &Path, hos
     Some(IssuedKeyPair { cert_pem, key_pem })
 }
 
+/// How long to wait before looking again at a certificate due for renewal
+/// at two thirds of its life, or None when it is due now. The wait is at
+/// least 100 ms and at most a minute, so a moved clock is noticed.
+pub(crate) fn renewal_wait(info: &CertInfo, now_ms: i64) -> Option<Duration> {
+    let life = (info.not_after_ms - info.not_before_ms).max(0);
+    let due_ms = info.not_before_ms + life / 3 * 2;
+    (now_ms < due_ms).then(|| Duration::from_millis((due_ms - now_ms) as u64).clamp(Duration::from_millis(100), LOOK_AT_LEAST_EVERY))
+}
+
 /// Renews the listener's certificate at two thirds of its life, for the
 /// life of the control plane. A failed renewal is tried again after 5 s,
 /// doubling up to 10 minutes; the certificate in force keeps serving.
@@ -242,11 +252,7 @@ pub async fn renew(state: Arc<AppState>, cert: Arc<ListenerCert>) {
     let mut retry = FIRST_RETRY;
     loop {
         let info = cert.info();
-        let life = (info.not_after_ms - info.not_before_ms).max(0);
-        let due_ms = info.not_before_ms + life / 3 * 2;
-        let now_ms = state.clock.now_ms();
-        if now_ms < due_ms {
-            let wait = Duration::from_millis((due_ms - now_ms) as u64).clamp(Duration::from_millis(100), LOOK_AT_LEAST_EVERY);
+        if let Some(wait) = renewal_wait(&info, state.clock.now_ms()) {
             tokio::time::sleep(wait).await;
             continue;
         }
@@ -276,6 +282,20 @@ mod tests {
 
     fn provider() -> Arc<CryptoProvider> {
         Arc::new(rustls::crypto::ring::default_provider())
+    }
+
+    #[test]
+    fn due_at_two_thirds_and_looked_at_least_every_minute() {
+        let info = |not_before_ms, not_after_ms| CertInfo { serial: String::new(), sha256: String::new(), not_before_ms, not_after_ms };
+        // 12 s of life from 0: due at 8 s.
+        let short = info(0, 12_000);
+        assert_eq!(renewal_wait(&short, 0), Some(Duration::from_secs(8)));
+        assert_eq!(renewal_wait(&short, 7_950), Some(Duration::from_millis(100)), "at least 100 ms");
+        assert_eq!(renewal_wait(&short, 8_000), None);
+        assert_eq!(renewal_wait(&short, 20_000), None, "expired: due at once");
+        // A year: the next look is within a minute, so a moved clock is seen.
+        let year = info(0, 365 * 24 * 3600 * 1000);
+        assert_eq!(renewal_wait(&year, 0), Some(LOOK_AT_LEAST_EVERY));
     }
 
     #[test]
