@@ -202,10 +202,20 @@ impl ServerProcess {
         Self::start_with(dir, &[]).await
     }
 
+    /// Starts on two free ports. A port found free can be taken by another
+    /// test before the server binds it; a server that exits saying so is
+    /// started again on new ports (three tries).
     pub async fn start_with(dir: &Path, extra: &[&str]) -> Result<ServerProcess> {
-        let agent_port = free_port();
-        let api_port = free_port();
-        Self::start_on(dir, agent_port, api_port, extra).await
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Self::start_on(dir, free_port(), free_port(), extra).await {
+                Err(err) if tries < 3 && format!("{err:#}").contains("Address already in use") => {
+                    eprintln!("control plane lost a port race, starting again on new ports: {err:#}");
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Starts on given ports (to restart a server where agents expect it).
@@ -230,17 +240,27 @@ impl ServerProcess {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = dir.join(format!("server-{}.log", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos()));
-        let process = Process::spawn(program, &args, log)?;
+        let mut process = Process::spawn(program, &args, log)?;
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
         let health = format!("http://127.0.0.1:{api_port}/healthz");
+        // `Some(false)`: the server exited (a port taken, a bad flag), no
+        // point in waiting out the timeout.
         let ready = wait_for(Duration::from_secs(20), "the control plane to answer /healthz", || {
+            let exited = !process.is_running();
             let http = http.clone();
             let health = health.clone();
-            async move { http.get(&health).send().await.ok().filter(|r| r.status().is_success()) }
+            async move {
+                if exited {
+                    return Some(false);
+                }
+                http.get(&health).send().await.ok().filter(|r| r.status().is_success()).map(|_| true)
+            }
         })
         .await;
-        if let Err(err) = ready {
-            bail!("{err}\nserver log:\n{}", process.log_text());
+        match ready {
+            Ok(true) => {}
+            Ok(false) => bail!("the control plane exited before answering /healthz\nserver log:\n{}", process.log_text()),
+            Err(err) => bail!("{err}\nserver log:\n{}", process.log_text()),
         }
         let admin_token = std::fs::read_to_string(data.join("admin-token"))?.trim().to_string();
         let extra = extra.iter().map(|s| s.to_string()).collect();
