@@ -229,7 +229,21 @@ async fn fault_control_plane_killed_at_random_points_of_deploys() {
         assert_eq!(running.len(), 1, "{app}: {list}");
         wait_for(Duration::from_secs(30), "one container per app", || async { (running_containers_of_app(app) == 1).then_some(()) })
             .await
-            .unwrap_or_else(|e| panic!("{e}: {app} has {} containers", running_containers_of_app(app)));
+            .unwrap_or_else(|e| {
+                // What the next reader needs: which deployments the extra
+                // containers belong to, against the API's view, and the
+                // run's seed and kill points.
+                let ps = Command::new("docker")
+                    .args(["ps", "-a", "--filter", &format!("label=cloudweb.app={app}"), "--format", "{{.Names}} {{.Status}} {{.Labels}}"])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                panic!(
+                    "{e}: {app} has {} containers (seed {seed}, kills after {kills:?} ms)\ncontainers:\n{ps}\ndeployments: {list}\nagent log:\n{}",
+                    running_containers_of_app(app),
+                    agent.log_text()
+                )
+            });
     }
     let commands = wait_for(Duration::from_secs(30), "every command acked", || async {
         let (_, body) = server.call(Method::GET, &format!("/api/nodes/{node}/commands"), None).await.ok()?;

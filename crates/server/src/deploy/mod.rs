@@ -452,6 +452,19 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
                 }
             }
         }
+        // A late `running` (a report replayed after a control-plane
+        // restart, or one that raced the deployment's end) for a deployment
+        // that already failed or was superseded: writing `running` would
+        // clear a pending stop and leave the container running for good.
+        // An instance on its way out keeps its stop time; any other is
+        // stopped at the next reconciler pass.
+        "running" if matches!(DeploymentState::parse(&deployment.state), Some(DeploymentState::Failed | DeploymentState::Superseded)) => {
+            if instance.state != "stopping" {
+                tracing::info!(deployment = %deployment.id, instance = instance_no, state = %deployment.state, "an instance of an ended deployment reports running; stopping it");
+                let update = InstanceUpdate::to("stopping").on(node_id).address(report.address.as_deref()).stop_after(now);
+                state.store.update_instance(&deployment.id, instance_no, update, now).await?;
+            }
+        }
         "running" => {
             state.store.update_instance(&deployment.id, instance_no, InstanceUpdate::to("running").on(node_id).address(report.address.as_deref()), now).await?;
             if let Some(replaced) = instance.replaces {
