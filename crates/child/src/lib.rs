@@ -179,13 +179,22 @@ mod tests {
         })
         .join()
         .unwrap();
-        // The thread that forked it has exited: the kernel killed the child.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while alive(pid) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        // Reap it (it is this process's child).
-        let _ = nix::sys::wait::waitpid(Pid::from_raw(pid as i32), None);
-        assert!(!alive(pid), "the child outlived the thread that started it");
+        // The thread that forked it has exited: the kernel kills the child.
+        // Only ever poll (WNOHANG): a blocking wait would wait out the
+        // `sleep 60` and pass without the death signal. 10 s is slack for a
+        // loaded machine; the signal is sent when the thread exits.
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            match waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG)).unwrap() {
+                WaitStatus::StillAlive => {
+                    assert!(Instant::now() < deadline, "the child outlived the thread that started it by 10 s");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                status => break status,
+            }
+        };
+        assert_eq!(status, WaitStatus::Signaled(Pid::from_raw(pid as i32), Signal::SIGKILL, false), "the child ended otherwise than by the death signal");
+        assert!(!alive(pid));
     }
 }
