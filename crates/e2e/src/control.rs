@@ -142,3 +142,77 @@ impl Control {
         }
     }
 }
+
+/// Ready after `d` of wall time, polled as often as the runtime can: a
+/// cancellation point finer than the timer's millisecond.
+pub async fn spin(d: std::time::Duration) {
+    let start = std::time::Instant::now();
+    std::future::poll_fn(|cx| {
+        if start.elapsed() >= d {
+            std::task::Poll::Ready(())
+        } else {
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Wraps `future` and polls it only when it asked to be woken (and
+/// first): a wrapper sharing the task (a `select!`) would otherwise poll it
+/// at every wake-up of the others. Counts its polls that ended `Pending`.
+/// For a store write the first always does (its BEGIN runs in a task of
+/// its own, and that task's end is the only wake-up the write asks for);
+/// so a write whose second poll also ended `Pending` held its transaction
+/// object and was waiting on a statement or on the commit.
+pub struct Steps<F> {
+    inner: std::pin::Pin<Box<F>>,
+    counting: Arc<Counting>,
+    seen: Option<usize>,
+    pub pending: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<F: std::future::Future> Steps<F> {
+    pub fn new(future: F) -> Steps<F> {
+        let counting = Arc::new(Counting { wakes: Default::default(), outer: std::sync::Mutex::new(None) });
+        Steps { inner: Box::pin(future), counting, seen: None, pending: Arc::default() }
+    }
+}
+
+struct Counting {
+    wakes: std::sync::atomic::AtomicUsize,
+    outer: std::sync::Mutex<Option<std::task::Waker>>,
+}
+
+impl std::task::Wake for Counting {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.wakes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let Some(outer) = self.outer.lock().unwrap().as_ref() {
+            outer.wake_by_ref();
+        }
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for Steps<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        *self.counting.outer.lock().unwrap() = Some(cx.waker().clone());
+        let wakes = self.counting.wakes.load(std::sync::atomic::Ordering::SeqCst);
+        if self.seen == Some(wakes) {
+            // Not woken by its own waker since the last poll.
+            return std::task::Poll::Pending;
+        }
+        self.seen = Some(wakes);
+        let waker = std::task::Waker::from(self.counting.clone());
+        let poll = self.inner.as_mut().poll(&mut std::task::Context::from_waker(&waker));
+        if poll.is_pending() {
+            self.pending.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        poll
+    }
+}

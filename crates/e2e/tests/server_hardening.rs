@@ -5,10 +5,12 @@
 //! in bounded time, placement that waits for a node, retention, the
 //! database's failure paths, and idempotent joins and deploys.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use cloudweb_e2e::control::Control;
+use cloudweb_e2e::control::{spin, Control, Steps};
 use cloudweb_e2e::key_and_csr;
+use cloudweb_server::store::IdempotencyClaim;
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -632,26 +634,41 @@ async fn cancelled_writes_leave_no_transaction_open() {
     let cp = Control::start(dir.path(), |_| {}).await;
     let store = cp.server.state.store.clone();
     // Cancel transactions at many points of their progress: at the BEGIN,
-    // between its answer and the transaction object, in the middle.
-    for i in 0..600u64 {
-        let key = format!("cancel-{i}");
-        let write = store.claim_idempotency_key(&key, "digest", 0);
-        tokio::select! {
-            biased;
-            _ = write => {}
-            _ = spin(Duration::from_nanos(i * 500)) => {}
+    // between its answer and the transaction object, in the middle; again
+    // (up to 5 rounds) until some were cut off mid-transaction: holding
+    // their transaction object, and the key still free (nothing committed).
+    let (mut rolled_back, mut cut) = (0, 0);
+    for round in 0..5u64 {
+        for i in 0..600u64 {
+            let key = format!("cancel-{round}-{i}");
+            let write = Steps::new(store.claim_idempotency_key(&key, "digest", 0));
+            let pending = write.pending.clone();
+            let mid = tokio::select! {
+                biased;
+                _ = write => false,
+                _ = spin(Duration::from_nanos(i * 500)) => pending.load(Ordering::SeqCst) >= 2,
+            };
+            if mid {
+                cut += 1;
+                rolled_back += usize::from(store.claim_idempotency_key(&key, "digest", 0).await.unwrap() == IdempotencyClaim::New);
+            }
+            // Also from the user API: requests whose client gives up at once.
+            if i % 40 == 0 {
+                let client = reqwest::Client::builder().timeout(Duration::from_micros(300 + i)).build().unwrap();
+                let _ = client
+                    .post(format!("http://{}/api/apps", cp.server.api_addr))
+                    .bearer_auth(&cp.admin)
+                    .json(&json!({"name": format!("c{round}-{i}"), "repo_url": "https://git.example.com/a.git", "port": 80}))
+                    .send()
+                    .await;
+            }
         }
-        // Also from the user API: requests whose client gives up at once.
-        if i % 40 == 0 {
-            let client = reqwest::Client::builder().timeout(Duration::from_micros(300 + i)).build().unwrap();
-            let _ = client
-                .post(format!("http://{}/api/apps", cp.server.api_addr))
-                .bearer_auth(&cp.admin)
-                .json(&json!({"name": format!("c{i}"), "repo_url": "https://git.example.com/a.git", "port": 80}))
-                .send()
-                .await;
+        if rolled_back > 0 {
+            break;
         }
     }
+    eprintln!("{cut} writes cut off after their BEGIN, {rolled_back} of them before their commit");
+    assert!(rolled_back > 0, "no write was cancelled mid-transaction in 3000 ({cut} after their BEGIN, all committed)");
     // Every connection of the pool takes writes, and they commit.
     for i in 0..20 {
         let (status, body) = tokio::time::timeout(Duration::from_secs(10), cp.create_app(&format!("after{i}"), json!({}))).await.expect("a write hung");
@@ -664,21 +681,6 @@ async fn cancelled_writes_leave_no_transaction_open() {
     for i in 0..20 {
         assert!(server.state.store.app(&format!("after{i}")).await.unwrap().is_some(), "after{i} was lost");
     }
-}
-
-/// Ready after `d` of wall time, polled as often as the runtime can: a
-/// cancellation point finer than the timer's millisecond.
-async fn spin(d: Duration) {
-    let start = std::time::Instant::now();
-    std::future::poll_fn(|cx| {
-        if start.elapsed() >= d {
-            std::task::Poll::Ready(())
-        } else {
-            cx.waker().wake_by_ref();
-            std::task::Poll::Pending
-        }
-    })
-    .await
 }
 
 // Item: Idempotency-Key on deploy and rollback.
