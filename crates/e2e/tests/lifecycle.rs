@@ -32,13 +32,19 @@ async fn no_registry_outlives_its_server() {
         .unwrap();
 
     let mut server = ServerProcess::start_on(tmp.path(), agent_port, api_port, &flags).await.unwrap();
-    // Long enough for a restart loop (once a second) to show.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let running = processes_with(&marker);
-    assert_eq!(running.len(), 1, "exactly one registry: {running:?}");
+    // Exactly one registry, and it is the process holding the port: a
+    // leftover holding it would leave the new one exiting at once and
+    // restarted in a loop.
+    let port: u16 = registry.rsplit_once(':').unwrap().1.parse().unwrap();
+    let second = wait_for(Duration::from_secs(30), "one registry, listening on its port", || async {
+        let running = processes_with(&marker);
+        (running.len() == 1 && listening_pids(port).contains(&running[0])).then(|| running[0])
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {:?} run, {:?} listen\n{}", processes_with(&marker), listening_pids(port), server.process.log_text()));
+    assert_ne!(second, first);
     let log = server.process.log_text();
     assert!(!log.contains("image registry exited"), "{log}");
-    let second = running[0];
 
     // SIGTERM: exit status 0, promptly, and the registry is gone.
     server.process.signal("TERM");
@@ -47,4 +53,12 @@ async fn no_registry_outlives_its_server() {
     wait_for(Duration::from_secs(2), "the registry to stop with its server", || async { (!process_alive(second)).then_some(()) })
         .await
         .unwrap();
+}
+
+/// The pids of the processes listening on TCP `port` (from `ss`).
+fn listening_pids(port: u16) -> Vec<u32> {
+    let output = std::process::Command::new("ss").args(["-H", "-t", "-l", "-n", "-p", "sport", "=", &format!(":{port}")]).output().unwrap();
+    assert!(output.status.success(), "ss: {}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8_lossy(&output.stdout).to_string();
+    text.split("pid=").skip(1).filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()).collect()
 }
