@@ -113,18 +113,28 @@ async fn join_heartbeat_and_commands_survive_restarts() {
 #[tokio::test]
 async fn heartbeats_are_written_in_batches_and_survive_a_restart() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut server = ServerProcess::start_with(tmp.path(), &["--heartbeat-flush-seconds", "2"]).await.unwrap();
+    let mut server = ServerProcess::start_with(tmp.path(), &["--heartbeat-flush-seconds", "4"]).await.unwrap();
     let (token, ca_sha256) = server.join_token().await.unwrap();
     let mut agent = AgentNode::join(&server, &tmp.path().join("beta"), "beta", &token, &ca_sha256, &[]).unwrap().unwrap();
     let commits_before = server.metric("cloudweb_store_commits_total").await.unwrap();
     let beats_before = server.metric("cloudweb_heartbeats_total").await.unwrap();
-    agent.start(&["--heartbeat-interval-seconds", "1"]).unwrap();
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    let started = std::time::Instant::now();
+    // No usage sample in the window: only heartbeats write.
+    agent.start(&["--heartbeat-interval-seconds", "1", "--metrics-interval-seconds", "3600"]).unwrap();
+    // Wait for a number of heartbeats, not for a time: a slow machine only
+    // makes the batches bigger.
+    wait_for(Duration::from_secs(90), "12 heartbeats", || async {
+        (server.metric("cloudweb_heartbeats_total").await.ok()? - beats_before >= 12.0).then_some(())
+    })
+    .await
+    .unwrap();
+    let elapsed = started.elapsed().as_secs_f64();
     let commits = server.metric("cloudweb_store_commits_total").await.unwrap() - commits_before;
     let beats = server.metric("cloudweb_heartbeats_total").await.unwrap() - beats_before;
-    assert!(beats >= 5.0, "{beats} heartbeats");
-    // One batch every 2 s, whatever the number of heartbeats.
-    assert!(commits <= 4.0, "{commits} commits for {beats} heartbeats");
+    // One batch every 4 s, whatever the number of heartbeats (+2: a flush
+    // cut by the window's ends); a commit per heartbeat would be >= 12.
+    assert!(commits <= (elapsed / 4.0).ceil() + 2.0, "{commits} commits for {beats} heartbeats in {elapsed:.1} s");
+    assert!(commits * 2.0 <= beats, "{commits} commits for {beats} heartbeats: not batched");
 
     let before = server.node(&agent.node_id).await.unwrap();
     agent.kill();
