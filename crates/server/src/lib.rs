@@ -215,7 +215,23 @@ impl Drop for RunningServer {
     }
 }
 
+/// The control plane's state opened from its data dir, before anything
+/// listens: what [`start`] serves, and what the simulator (`crates/sim`)
+/// drives without sockets.
+pub struct OpenedState {
+    pub state: Arc<AppState>,
+    tls: Arc<rustls::ServerConfig>,
+    listener_cert: Arc<agent_api::listener_cert::ListenerCert>,
+}
+
 pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServer, StartError> {
+    let OpenedState { state, tls, listener_cert } = open_state(config, clock).await?;
+    serve(state, tls, listener_cert).await
+}
+
+/// Opens the database, the CA and the sealer, and builds the shared state,
+/// with its route table computed. Starts no task and binds no socket.
+pub async fn open_state(config: Config, clock: Arc<dyn Clock>) -> Result<OpenedState, StartError> {
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|source| StartError::DataDir { path: config.data_dir.clone(), source })?;
     let stamp = clock
@@ -293,7 +309,14 @@ pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServe
     // The first table exists before any node can connect, so a new
     // stream never sees a `routes` event for a table that did not change.
     routes::recompute(&state).await.map_err(|e| StartError::Database(format!("cannot compute the route table: {e:?}")))?;
+    Ok(OpenedState { state, tls, listener_cert })
+}
 
+async fn serve(
+    state: Arc<AppState>,
+    tls: Arc<rustls::ServerConfig>,
+    listener_cert: Arc<agent_api::listener_cert::ListenerCert>,
+) -> Result<RunningServer, StartError> {
     let agent_listener = bind(state.config.agent_listen).await?;
     let api_listener = bind(state.config.api_listen).await?;
     let agent_addr = agent_listener.local_addr().map_err(|source| StartError::Listen { addr: state.config.agent_listen, source })?;

@@ -581,9 +581,14 @@ pub async fn set_domains(
 #[serde(deny_unknown_fields)]
 struct DeployRequest {
     commit: Option<String>,
+    /// Let the app's older deployments that are still queued, building or
+    /// starting finish instead of superseding them now. Whichever way,
+    /// the newest requested deployment is the one that ends up running.
+    #[serde(default)]
+    keep_in_flight: bool,
 }
 
-#[utoipa::path(post, path = "/api/apps/{name}/deploy", tag = "apps", params(("name" = String, Path, description = "The app's name"), ("Idempotency-Key" = Option<String>, Header, description = "Deploy at most once per key")), request_body(content = serde_json::Value, description = "Optional: {\"commit\": \"<sha>\"}"), responses((status = 201, description = "A deployment is queued", body = serde_json::Value), (status = 400, description = "Invalid request", body = crate::error::ErrorDoc), (status = 404, description = "No such app", body = crate::error::ErrorDoc), (status = 409, description = "The same Idempotency-Key is still running", body = crate::error::ErrorDoc), (status = 422, description = "The Idempotency-Key was used with another request", body = crate::error::ErrorDoc)))]
+#[utoipa::path(post, path = "/api/apps/{name}/deploy", tag = "apps", params(("name" = String, Path, description = "The app's name"), ("Idempotency-Key" = Option<String>, Header, description = "Deploy at most once per key")), request_body(content = serde_json::Value, description = "Optional: {\"commit\": \"<sha>\", \"keep_in_flight\": false}"), responses((status = 201, description = "A deployment is queued", body = serde_json::Value), (status = 400, description = "Invalid request", body = crate::error::ErrorDoc), (status = 404, description = "No such app", body = crate::error::ErrorDoc), (status = 409, description = "The same Idempotency-Key is still running", body = crate::error::ErrorDoc), (status = 422, description = "The Idempotency-Key was used with another request", body = crate::error::ErrorDoc)))]
 pub async fn deploy(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
@@ -593,12 +598,13 @@ pub async fn deploy(
     let bytes = body_bytes(body)?;
     let route = format!("POST /api/apps/{name}/deploy");
     idempotent(&state, &headers, &route, &bytes, async {
-        let request: DeployRequest = if bytes.is_empty() { DeployRequest { commit: None } } else { parse_json(&bytes)? };
+        let request: DeployRequest = if bytes.is_empty() { DeployRequest { commit: None, keep_in_flight: false } } else { parse_json(&bytes)? };
         if let Some(commit) = &request.commit {
             deploy::commit(commit)?;
         }
         let app = load(&state, &name).await?;
-        let deployment = crate::deploy::create(&state, &app, Origin::Source { commit: request.commit }).await?;
+        let in_flight = if request.keep_in_flight { crate::deploy::InFlight::Keep } else { crate::deploy::InFlight::Supersede };
+        let deployment = crate::deploy::create_with(&state, &app, Origin::Source { commit: request.commit }, in_flight).await?;
         Ok((StatusCode::CREATED, json!({ "id": deployment.id, "state": deployment.state, "error": deployment.error })))
     })
     .await

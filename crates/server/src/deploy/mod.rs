@@ -46,6 +46,10 @@ pub enum Origin {
 }
 
 pub fn new_deployment_id() -> String {
+    // A simulated run numbers its deployments, so a seed replays them.
+    if let Some(n) = crate::store::steps::next_id() {
+        return format!("dep_{n:016x}");
+    }
     let bytes: [u8; 8] = rand::rng().random();
     format!("dep_{}", hex::encode(bytes))
 }
@@ -107,7 +111,23 @@ fn build_settings(app: &AppRow) -> Option<BuildSettings> {
 
 /// Records a deployment and places it. A deployment that cannot be placed
 /// is recorded as failed, with the scheduler's explanation as its error.
+/// The newest request wins: the app's older deployments that have not run
+/// yet are superseded at once and their builds cancelled.
 pub async fn create(state: &AppState, app: &AppRow, origin: Origin) -> Result<DeploymentRow, ApiError> {
+    create_with(state, app, origin, InFlight::Supersede).await
+}
+
+/// What a new deployment does to the app's older ones still in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlight {
+    /// Supersede them now (cancelling their builds): the default.
+    Supersede,
+    /// Let them finish (`keep_in_flight`); one that finishes while this one
+    /// is still on its way is superseded then, never switched to.
+    Keep,
+}
+
+pub async fn create_with(state: &AppState, app: &AppRow, origin: Origin, in_flight: InFlight) -> Result<DeploymentRow, ApiError> {
     let now = state.clock.now_ms();
     let (kind, commit, rollback_of, image) = match &origin {
         Origin::Source { commit } => ("source", commit.clone(), None, None),
@@ -127,9 +147,22 @@ pub async fn create(state: &AppState, app: &AppRow, origin: Origin) -> Result<De
         created_at: now,
         updated_at: now,
     };
-    let deployment = state.store.insert_deployment(&row, app.instances).await?;
+    let (deployment, superseded) = state.store.insert_deployment(&row, app.instances, in_flight == InFlight::Supersede).await?;
     tracing::info!(deployment = %deployment.id, app = %app.name, kind, "deployment queued");
     crate::git::deployment_moved(state, &deployment, DeploymentState::Queued);
+    // Their stops go out now, so agents abandon those builds; a kill
+    // before this line leaves them to the reconciler's next pass.
+    for old in superseded {
+        tracing::info!(deployment = %old, newer = %deployment.id, app = %app.name, "a newer deployment was requested; superseded before it ran");
+        if let Some(old) = state.store.deployment(&old).await? {
+            crate::git::deployment_moved(state, &old, DeploymentState::Superseded);
+            for instance in state.store.instances(&old.id).await? {
+                if instance.state == "stopping" {
+                    stop_instance(state, &instance, "a newer deployment was requested").await?;
+                }
+            }
+        }
+    }
     // From code only instance 1 starts (it builds); a built image goes to
     // every instance at once.
     let first_wave: Vec<i64> = match origin {
@@ -211,15 +244,13 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
         let nodes = snapshot(state).await?;
         match scheduler::place(&nodes, &request) {
             Placement::Node(node_id) => {
-                let now = state.clock.now_ms();
-                let container = state.store.assign_instance(&deployment.id, &app.name, instance, &node_id, now).await?;
                 let mut payload = deploy_payload(state, app, deployment, instance, build.clone())?;
-                payload.container = Some(container);
                 if let (Some(clone), Some(source)) = (&clone, payload.source.as_mut()) {
                     source.credentials = Some(clone.clone());
                 }
-                crate::queue_command(state, &node_id, cloudweb_protocol::CommandKind::Deploy, &serde_json::to_value(&payload).expect("payload serializes")).await?;
-                tracing::info!(deployment = %deployment.id, instance, node_id = %node_id, "instance placed");
+                if place_on(state, &deployment.id, &app.name, instance, &node_id, payload).await?.is_some() {
+                    tracing::info!(deployment = %deployment.id, instance, node_id = %node_id, "instance placed");
+                }
             }
             Placement::Nowhere(reason) => {
                 let message = if build.is_some() && reason.contains("static-sites") {
@@ -247,6 +278,36 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
         }
     }
     Ok(())
+}
+
+/// Places instance `instance` on `node_id` and queues its deploy command
+/// in the same transaction; returns the container name it got, or `None`
+/// when another path placed the instance first (nothing is queued then).
+pub(crate) async fn place_on(
+    state: &AppState,
+    deployment_id: &str,
+    app: &str,
+    instance: i64,
+    node_id: &str,
+    mut payload: DeployPayload,
+) -> Result<Option<String>, ApiError> {
+    let now = state.clock.now_ms();
+    let container = state
+        .store
+        .assign_instance(deployment_id, app, instance, node_id, now, |container| {
+            payload.container = Some(container.to_string());
+            let value = serde_json::to_value(&payload).expect("payload serializes");
+            crate::store::NewCommand {
+                node_id: node_id.to_string(),
+                kind: cloudweb_protocol::CommandKind::Deploy.as_str().to_string(),
+                payload: state.sealer.seal_json(&crate::command_context(node_id), &value),
+            }
+        })
+        .await?;
+    if container.is_some() {
+        state.hub.notify(node_id, cloudweb_protocol::events::COMMANDS);
+    }
+    Ok(container)
 }
 
 pub(crate) fn deploy_payload(
@@ -308,6 +369,16 @@ async fn transition(state: &AppState, deployment: &DeploymentRow, to: Deployment
     let from = DeploymentState::parse(&deployment.state)
         .ok_or_else(|| ApiError::Internal(format!("deployment {} has unknown state {}", deployment.id, deployment.state)))?;
     if from == to {
+        return Ok(false);
+    }
+    if from.is_terminal() {
+        // A report that raced the end (a cancelled build's failure, say).
+        tracing::debug!(deployment = %deployment.id, from = %from, to = %to, "the deployment has ended; the report changes nothing");
+        return Ok(false);
+    }
+    if from.is_behind(to) {
+        // A retried command reports a step the deployment has passed.
+        tracing::debug!(deployment = %deployment.id, from = %from, to = %to, "a late report of an earlier step; the deployment stays");
         return Ok(false);
     }
     if let Err(illegal) = from.transition(to) {
@@ -394,16 +465,22 @@ pub async fn check_report(state: &AppState, node_id: &str, report: &Report) -> R
 }
 
 /// Records the full commit an agent checked out for a deploy from code.
-/// The typed commit (possibly abbreviated) must be a prefix of it; the
-/// branch head (no commit typed) is recorded as reported.
+/// The commit is fixed once: by the user (a typed commit, possibly
+/// abbreviated, which the reported one must extend), or by the first build
+/// that resolved the branch head. A report of any other commit means the
+/// image would not be what the deployment names: the report is refused
+/// (409) and the deployment fails with the reason.
 async fn record_commit(state: &AppState, deployment: &DeploymentRow, commit: &str) -> Result<(), ApiError> {
     if deployment.kind != "source" || deployment.commit_sha.as_deref() == Some(commit) {
         return Ok(());
     }
-    if let Some(typed) = &deployment.commit_sha {
-        if !commit.starts_with(&typed.to_ascii_lowercase()) {
-            tracing::warn!(deployment = %deployment.id, typed = %typed, reported = %commit, "an agent reported a commit other than the one asked for; keeping the typed one");
-            return Ok(());
+    if let Some(fixed) = &deployment.commit_sha {
+        let full = fixed.len() >= 40;
+        if full || !commit.starts_with(&fixed.to_ascii_lowercase()) {
+            let reason = format!("the agent built commit {commit}, but this deployment is of commit {fixed}");
+            tracing::warn!(deployment = %deployment.id, fixed = %fixed, reported = %commit, "an agent reported another commit; failing the deployment");
+            fail(state, deployment, &reason).await?;
+            return Err(ApiError::Conflict(reason));
         }
     }
     state.store.set_deployment_commit(&deployment.id, commit, state.clock.now_ms()).await?;
@@ -475,9 +552,7 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
             let all_running = !live.is_empty() && live.iter().all(|i| i.state == "running");
             if all_running {
                 let deployment = state.store.deployment(&deployment.id).await?.unwrap_or(deployment);
-                if transition(state, &deployment, DeploymentState::Running, None, None).await? {
-                    supersede_others(state, &deployment).await?;
-                }
+                settle_running(state, &deployment).await?;
             }
         }
         "failed" => {
@@ -500,26 +575,39 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
     Ok(())
 }
 
-/// Marks the app's other running deployments superseded and schedules
-/// their instances to stop once the drain period has passed.
-async fn supersede_others(state: &AppState, current: &DeploymentRow) -> Result<(), ApiError> {
+/// Every instance of a deployment runs: it becomes the app's running
+/// deployment and the older running ones are superseded, their instances
+/// stopping once the drain period has passed and every ingress serves the
+/// table without them; or, when a newer deployment of the app runs or is
+/// on its way, it is superseded itself and never takes traffic. The store
+/// does either in one transaction.
+async fn settle_running(state: &AppState, deployment: &DeploymentRow) -> Result<(), ApiError> {
+    let Some(from) = DeploymentState::parse(&deployment.state) else { return Ok(()) };
+    if !from.can_transition(DeploymentState::Running) {
+        return Ok(());
+    }
     let now = state.clock.now_ms();
     let stop_after = now + state.config.drain_period.as_millis() as i64;
-    for old in state.store.app_deployments(&current.app).await? {
-        if old.id == current.id || DeploymentState::parse(&old.state) != Some(DeploymentState::Running) {
-            continue;
-        }
-        if transition(state, &old, DeploymentState::Superseded, None, None).await? {
-            for instance in state.store.instances(&old.id).await? {
-                if matches!(instance.state.as_str(), "running" | "pending") {
-                    state.store.update_instance(&old.id, instance.instance, InstanceUpdate::to("stopping").stop_after(stop_after), now).await?;
-                }
-            }
+    match state.store.settle_running(&deployment.id, from.as_str(), now, stop_after).await? {
+        crate::store::Settled::Running { superseded } => {
+            tracing::info!(deployment = %deployment.id, app = %deployment.app, from = %from, to = "running", "deployment state");
+            crate::git::deployment_moved(state, deployment, DeploymentState::Running);
             // The table without the old instances; they stop only once
             // every ingress serves it.
-            let version = crate::routes::app_changed(state, &current.app).await?;
-            state.store.set_stop_after_routes(&old.id, version as i64).await?;
+            let version = crate::routes::app_changed(state, &deployment.app).await?;
+            for old in superseded {
+                tracing::info!(deployment = %old, by = %deployment.id, app = %deployment.app, "deployment superseded");
+                state.store.set_stop_after_routes(&old, version as i64).await?;
+                if let Some(old) = state.store.deployment(&old).await? {
+                    crate::git::deployment_moved(state, &old, DeploymentState::Superseded);
+                }
+            }
         }
+        crate::store::Settled::Newer(newer) => {
+            tracing::info!(deployment = %deployment.id, %newer, app = %deployment.app, "deployment is healthy, but a newer one was requested: superseded without taking traffic");
+            crate::git::deployment_moved(state, deployment, DeploymentState::Superseded);
+        }
+        crate::store::Settled::Moved => {}
     }
     Ok(())
 }

@@ -85,10 +85,8 @@ pub(super) async fn start_replacement(
     };
     let now_ms = state.clock.now_ms();
     let number = state.store.insert_replacement(&deployment.id, replaced, now_ms).await?;
-    let container = state.store.assign_instance(&deployment.id, &app.name, number, &target, now_ms).await?;
-    let mut payload = deploy_payload(state, app, deployment, number, None)?;
-    payload.container = Some(container);
-    crate::queue_command(state, &target, CommandKind::Deploy, &serde_json::to_value(&payload).expect("payload serializes")).await?;
+    let payload = deploy_payload(state, app, deployment, number, None)?;
+    super::place_on(state, &deployment.id, &app.name, number, &target, payload).await?;
     Ok(Ok((target, number)))
 }
 

@@ -53,8 +53,10 @@ impl DeploymentState {
 
     /// `queued → building → deploying → running`, with `queued → deploying`
     /// for deployments that reuse a built image (rollback, reschedule); any
-    /// unfinished state may fail; a running deployment is superseded, or
-    /// fails when it has lost every instance (its node left the cluster).
+    /// unfinished state may fail; a running deployment is superseded (by a
+    /// newer one that runs), or fails when it has lost every instance (its
+    /// node left the cluster); an unfinished one is superseded by a newer
+    /// request, and so never runs.
     pub fn can_transition(self, to: DeploymentState) -> bool {
         use DeploymentState::*;
         matches!(
@@ -64,8 +66,23 @@ impl DeploymentState {
                 | (Building, Deploying)
                 | (Deploying, Running)
                 | (Queued | Building | Deploying | Running, Failed)
-                | (Running, Superseded)
+                | (Queued | Building | Deploying | Running, Superseded)
         )
+    }
+
+    /// Where `self` comes before `to` on the way to running: a report of
+    /// `to` after `self` is a retry that came late, not a change.
+    pub fn is_behind(self, to: DeploymentState) -> bool {
+        fn rank(state: DeploymentState) -> u8 {
+            match state {
+                DeploymentState::Queued => 0,
+                DeploymentState::Building => 1,
+                DeploymentState::Deploying => 2,
+                DeploymentState::Running => 3,
+                DeploymentState::Failed | DeploymentState::Superseded => 4,
+            }
+        }
+        rank(to) < rank(self)
     }
 
     pub fn transition(self, to: DeploymentState) -> Result<DeploymentState, IllegalTransition> {
@@ -108,6 +125,9 @@ mod tests {
             (Building, Failed),
             (Deploying, Failed),
             (Running, Failed),
+            (Queued, Superseded),
+            (Building, Superseded),
+            (Deploying, Superseded),
             (Running, Superseded),
         ];
         for from in DeploymentState::ALL {

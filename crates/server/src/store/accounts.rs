@@ -84,7 +84,7 @@ impl Store {
             .await;
         match result {
             Ok(_) => {
-                self.count_commit();
+                self.count_commit().await;
                 Ok(true)
             }
             Err(err) if is_unique_violation(&err) => Ok(false),
@@ -118,7 +118,7 @@ impl Store {
         let changed = sqlx::query("UPDATE users SET password_hash = $1 WHERE id = $2").bind(hash).bind(user_id).execute(&mut *tx).await?.rows_affected();
         sqlx::query("DELETE FROM sessions WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(changed > 0)
     }
 
@@ -131,7 +131,7 @@ impl Store {
         sqlx::query("UPDATE users SET disabled_at = $1 WHERE id = $2 AND disabled_at IS NULL").bind(now_ms).bind(user_id).execute(&mut *tx).await?;
         sqlx::query("DELETE FROM sessions WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(row.as_ref().map(user_from_row))
     }
 
@@ -147,7 +147,7 @@ impl Store {
         .bind(session.expires_at)
         .execute(&self.pool)
         .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -178,14 +178,14 @@ impl Store {
             .bind(id_sha256)
             .execute(&self.pool)
             .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
     /// Ends a session; returns whether it existed.
     pub async fn delete_session(&self, id_sha256: &str) -> Result<bool, StoreError> {
         let gone = sqlx::query("DELETE FROM sessions WHERE id_sha256 = $1").bind(id_sha256).execute(&self.pool).await?.rows_affected();
-        self.count_commit();
+        self.count_commit().await;
         Ok(gone > 0)
     }
 
@@ -198,7 +198,7 @@ impl Store {
             .execute(&self.pool)
             .await?
             .rows_affected();
-        self.count_commit();
+        self.count_commit().await;
         Ok(gone)
     }
 
@@ -215,7 +215,7 @@ impl Store {
         .bind(token.created_at)
         .execute(&self.pool)
         .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -253,7 +253,7 @@ impl Store {
             .await?
             .rows_affected();
         if changed > 0 {
-            self.count_commit();
+            self.count_commit().await;
         }
         Ok(())
     }
@@ -283,7 +283,7 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(row.as_ref().map(token_from_row))
     }
 
@@ -317,7 +317,7 @@ impl Store {
         }
         sqlx::query("DELETE FROM login_attempts WHERE window_start <= $1").bind(over_at_or_before_ms).execute(&mut *tx).await?;
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 

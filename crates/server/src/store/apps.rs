@@ -136,7 +136,7 @@ impl Store {
             }
         }
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(Ok(()))
     }
 
@@ -170,13 +170,13 @@ impl Store {
         .bind(&app.name)
         .execute(&self.pool)
         .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(result.rows_affected() == 1)
     }
 
     pub async fn set_app_env(&self, name: &str, env_sealed: &str) -> Result<bool, StoreError> {
         let result = sqlx::query("UPDATE apps SET env_sealed = $1 WHERE name = $2").bind(env_sealed).bind(name).execute(&self.pool).await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(result.rows_affected() == 1)
     }
 
@@ -199,7 +199,7 @@ impl Store {
             }
         }
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(Ok(()))
     }
 
@@ -224,7 +224,7 @@ impl Store {
             }
         }
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(lost)
     }
 
@@ -252,7 +252,7 @@ impl Store {
         sqlx::query("DELETE FROM app_hosts WHERE app = $1").bind(name).execute(&mut *tx).await?;
         let deleted = sqlx::query("DELETE FROM apps WHERE name = $1").bind(name).execute(&mut *tx).await?;
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(deleted.rows_affected() == 1)
     }
 }

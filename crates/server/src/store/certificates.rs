@@ -72,13 +72,13 @@ impl Store {
         .bind(row.issued_at_ms)
         .execute(&self.pool)
         .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
     pub async fn delete_certificate(&self, host: &str) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM certificates WHERE host = $1").bind(host).execute(&self.pool).await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -99,7 +99,7 @@ impl Store {
             .bind(host)
             .execute(&self.pool)
             .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -115,14 +115,14 @@ impl Store {
         .bind(error.map(|_| at_ms))
         .execute(&self.pool)
         .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
     /// Forgets the orders of a host no longer served.
     pub async fn delete_certificate_orders(&self, host: &str) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM certificate_orders WHERE host = $1").bind(host).execute(&self.pool).await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 }

@@ -38,19 +38,27 @@ fn command_from_row(row: &SqliteRow) -> CommandRow {
 
 const COMMAND_COLUMNS: &str = "seq, node_id, kind, payload, created_at, acked_at, ack_count";
 
+/// Queues a command inside a transaction of the caller's.
+pub(super) async fn insert_command(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, command: &NewCommand, now_ms: i64) -> Result<CommandRow, StoreError> {
+    let row = sqlx::query(&format!(
+        "INSERT INTO commands (node_id, kind, payload, created_at) VALUES ($1, $2, $3, $4) RETURNING {COMMAND_COLUMNS}"
+    ))
+    .bind(&command.node_id)
+    .bind(&command.kind)
+    .bind(&command.payload)
+    .bind(now_ms)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(command_from_row(&row))
+}
+
 impl Store {
     pub async fn enqueue_command(&self, command: &NewCommand, now_ms: i64) -> Result<CommandRow, StoreError> {
-        let row = sqlx::query(&format!(
-            "INSERT INTO commands (node_id, kind, payload, created_at) VALUES ($1, $2, $3, $4) RETURNING {COMMAND_COLUMNS}"
-        ))
-        .bind(&command.node_id)
-        .bind(&command.kind)
-        .bind(&command.payload)
-        .bind(now_ms)
-        .fetch_one(&self.pool)
-        .await?;
-        self.count_commit();
-        Ok(command_from_row(&row))
+        let mut tx = self.write_transaction().await?;
+        let row = insert_command(&mut tx, command, now_ms).await?;
+        tx.commit().await?;
+        self.count_commit().await;
+        Ok(row)
     }
 
     /// Un-acked commands of a node, oldest first.
@@ -88,7 +96,7 @@ impl Store {
         .bind(node_id)
         .execute(&self.pool)
         .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(updated.rows_affected() == 1)
     }
 }

@@ -104,10 +104,105 @@ impl<'a> InstanceUpdate<'a> {
     }
 }
 
+/// What [`Store::settle_running`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    /// The deployment runs; these older ones were superseded.
+    Running { superseded: Vec<String> },
+    /// A newer deployment (this one) runs or is on its way: the deployment
+    /// was superseded and its instances stop.
+    Newer(String),
+    /// It was no longer in the expected state: another path moved it.
+    Moved,
+}
+
+/// Compare-and-set of a deployment's state with its event, inside the
+/// caller's transaction.
+async fn move_deployment(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    id: &str,
+    from: &str,
+    to: &str,
+    error: Option<&str>,
+    image: Option<&str>,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let result = sqlx::query(
+        "UPDATE deployments SET state = $1, error = COALESCE($2, error), image = COALESCE($3, image), updated_at = $4 \
+         WHERE id = $5 AND state = $6",
+    )
+    .bind(to)
+    .bind(error)
+    .bind(image)
+    .bind(now_ms)
+    .bind(id)
+    .bind(from)
+    .execute(&mut **tx)
+    .await?;
+    if result.rows_affected() != 1 {
+        return Ok(false);
+    }
+    // Only the compare-and-set winner records the step, so each state
+    // appears once.
+    sqlx::query("INSERT INTO deployment_events (deployment_id, state, at) VALUES ($1, $2, $3)")
+        .bind(id)
+        .bind(to)
+        .bind(now_ms)
+        .execute(&mut **tx)
+        .await?;
+    Ok(true)
+}
+
+/// The instances of a deployment that ended before it ran: placed ones stop
+/// at `stop_after_ms` (the reconciler sends the stop), unplaced ones fail.
+async fn retire_instances(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &str, stop_after_ms: i64, now_ms: i64) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE instances SET state = 'stopping', stop_after = $1, updated_at = $2 \
+         WHERE deployment_id = $3 AND node_id IS NOT NULL AND state IN ('pending', 'running')",
+    )
+    .bind(stop_after_ms)
+    .bind(now_ms)
+    .bind(id)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query("UPDATE instances SET state = 'failed', updated_at = $1 WHERE deployment_id = $2 AND node_id IS NULL AND state = 'pending'")
+        .bind(now_ms)
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 impl Store {
     /// Records a new deployment with `instances` pending instance rows.
-    pub async fn insert_deployment(&self, deployment: &DeploymentRow, instances: i64) -> Result<DeploymentRow, StoreError> {
+    /// With `supersede_in_flight`, the app's older deployments that have
+    /// not run yet (queued, building, deploying) are superseded in the same
+    /// transaction and their placed instances set to stop now; their ids
+    /// come back with the new row.
+    pub async fn insert_deployment(
+        &self,
+        deployment: &DeploymentRow,
+        instances: i64,
+        supersede_in_flight: bool,
+    ) -> Result<(DeploymentRow, Vec<String>), StoreError> {
         let mut tx = self.write_transaction().await?;
+        let mut superseded = Vec::new();
+        if supersede_in_flight {
+            let in_flight: Vec<(String, String)> =
+                sqlx::query("SELECT id, state FROM deployments WHERE app = $1 AND state IN ('queued', 'building', 'deploying') ORDER BY seq")
+                    .bind(&deployment.app)
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .iter()
+                    .map(|r| (r.get("id"), r.get("state")))
+                    .collect();
+            let reason = format!("a newer deployment ({}) was requested", deployment.id);
+            for (id, state) in in_flight {
+                move_deployment(&mut tx, &id, &state, "superseded", Some(&reason), None, deployment.created_at).await?;
+                retire_instances(&mut tx, &id, deployment.created_at, deployment.created_at).await?;
+                superseded.push(id);
+            }
+        }
         let seq: i64 = sqlx::query("SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM deployments").fetch_one(&mut *tx).await?.get("seq");
         sqlx::query(&format!(
             "INSERT INTO deployments ({DEPLOYMENT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
@@ -140,8 +235,8 @@ impl Store {
                 .await?;
         }
         tx.commit().await?;
-        self.count_commit();
-        Ok(DeploymentRow { seq, ..deployment.clone() })
+        self.count_commit().await;
+        Ok((DeploymentRow { seq, ..deployment.clone() }, superseded))
     }
 
     pub async fn deployment(&self, id: &str) -> Result<Option<DeploymentRow>, StoreError> {
@@ -161,8 +256,9 @@ impl Store {
         Ok(rows.iter().map(deployment_from_row).collect())
     }
 
-    /// Moves a deployment from `from` to `to` (compare and set). Returns
-    /// false when it was no longer in `from`.
+    /// Moves a deployment from `from` to `to` (compare and set), recording
+    /// the step in the same transaction. Returns false when it was no
+    /// longer in `from`.
     pub async fn transition_deployment(
         &self,
         id: &str,
@@ -172,32 +268,98 @@ impl Store {
         image: Option<&str>,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        let result = sqlx::query(
-            "UPDATE deployments SET state = $1, error = COALESCE($2, error), image = COALESCE($3, image), updated_at = $4 \
-             WHERE id = $5 AND state = $6",
-        )
-        .bind(to)
-        .bind(error)
-        .bind(image)
-        .bind(now_ms)
-        .bind(id)
-        .bind(from)
-        .execute(&self.pool)
-        .await?;
-        self.count_commit();
-        let moved = result.rows_affected() == 1;
-        if moved {
-            // Only the compare-and-set winner records the step, so each
-            // state appears once.
-            sqlx::query("INSERT INTO deployment_events (deployment_id, state, at) VALUES ($1, $2, $3)")
-                .bind(id)
-                .bind(to)
-                .bind(now_ms)
-                .execute(&self.pool)
-                .await?;
-            self.count_commit();
+        let mut tx = self.write_transaction().await?;
+        let moved = move_deployment(&mut tx, id, from, to, error, image, now_ms).await?;
+        if !moved {
+            tx.rollback().await?;
+            return Ok(false);
         }
-        Ok(moved)
+        tx.commit().await?;
+        self.count_commit().await;
+        Ok(true)
+    }
+
+    /// A deployment's instances reported running: it becomes the app's
+    /// running deployment and supersedes the older running ones, whose
+    /// instances stop after `stop_after_ms` — or, when a newer deployment
+    /// of the app runs or is still on its way, it is superseded itself and
+    /// its instances stop now. One transaction, so there is no moment (and
+    /// no kill) at which the app has two running deployments, or none.
+    pub async fn settle_running(&self, id: &str, from: &str, now_ms: i64, stop_after_ms: i64) -> Result<Settled, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        let Some(row) = sqlx::query("SELECT app, seq, state FROM deployments WHERE id = $1").bind(id).fetch_optional(&mut *tx).await? else {
+            tx.rollback().await?;
+            return Ok(Settled::Moved);
+        };
+        let (app, seq, state): (String, i64, String) = (row.get("app"), row.get("seq"), row.get("state"));
+        if state != from {
+            tx.rollback().await?;
+            return Ok(Settled::Moved);
+        }
+        let newer: Option<String> = sqlx::query(
+            "SELECT id FROM deployments WHERE app = $1 AND seq > $2 AND state IN ('queued', 'building', 'deploying', 'running') \
+             ORDER BY seq DESC LIMIT 1",
+        )
+        .bind(&app)
+        .bind(seq)
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|r| r.get("id"));
+        if let Some(newer) = newer {
+            let reason = format!("a newer deployment ({newer}) was requested");
+            move_deployment(&mut tx, id, from, "superseded", Some(&reason), None, now_ms).await?;
+            retire_instances(&mut tx, id, now_ms, now_ms).await?;
+            tx.commit().await?;
+            self.count_commit().await;
+            return Ok(Settled::Newer(newer));
+        }
+        move_deployment(&mut tx, id, from, "running", None, None, now_ms).await?;
+        let older: Vec<String> = sqlx::query("SELECT id FROM deployments WHERE app = $1 AND seq < $2 AND state = 'running' ORDER BY seq")
+            .bind(&app)
+            .bind(seq)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| r.get("id"))
+            .collect();
+        for old in &older {
+            move_deployment(&mut tx, old, "running", "superseded", None, None, now_ms).await?;
+            sqlx::query(
+                "UPDATE instances SET state = 'stopping', stop_after = $1, updated_at = $2 \
+                 WHERE deployment_id = $3 AND state IN ('pending', 'running')",
+            )
+            .bind(stop_after_ms)
+            .bind(now_ms)
+            .bind(old)
+            .execute(&mut *tx)
+            .await?;
+        }
+        // The invariant, checked where it is made: one running deployment.
+        let running: i64 = sqlx::query("SELECT COUNT(*) AS n FROM deployments WHERE app = $1 AND state = 'running'")
+            .bind(&app)
+            .fetch_one(&mut *tx)
+            .await?
+            .get("n");
+        if running != 1 {
+            tx.rollback().await?;
+            return Err(StoreError::Invariant(format!("app {app} would have {running} running deployments; nothing was changed")));
+        }
+        tx.commit().await?;
+        self.count_commit().await;
+        Ok(Settled::Running { superseded: older })
+    }
+
+    /// An app's deployments, newest first, each with whether it ever ran
+    /// (one query: the simulation reads this after every commit).
+    pub async fn app_deployments_ran(&self, app: &str) -> Result<Vec<(DeploymentRow, bool)>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {DEPLOYMENT_COLUMNS}, EXISTS (SELECT 1 FROM deployment_events e WHERE e.deployment_id = deployments.id AND e.state = 'running') AS ran \
+             FROM deployments WHERE app = $1 ORDER BY seq DESC"
+        ))
+        .bind(app)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| (deployment_from_row(r), r.get::<bool, _>("ran"))).collect())
     }
 
     /// The states a deployment went through, oldest first: `(state, at_ms)`.
@@ -211,13 +373,13 @@ impl Store {
 
     pub async fn set_deployment_commit(&self, id: &str, commit: &str, now_ms: i64) -> Result<(), StoreError> {
         sqlx::query("UPDATE deployments SET commit_sha = $1, updated_at = $2 WHERE id = $3").bind(commit).bind(now_ms).bind(id).execute(&self.pool).await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
     pub async fn set_deployment_image(&self, id: &str, image: &str, now_ms: i64) -> Result<(), StoreError> {
         sqlx::query("UPDATE deployments SET image = $1, updated_at = $2 WHERE id = $3").bind(image).bind(now_ms).bind(id).execute(&self.pool).await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -253,7 +415,7 @@ impl Store {
         .bind(instance)
         .execute(&self.pool)
         .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -310,9 +472,22 @@ impl Store {
 }
 
 impl Store {
-    /// Places an instance: records its node and gives it the next container
-    /// name of its app, `cw-<app>-<n>`.
-    pub async fn assign_instance(&self, deployment_id: &str, app: &str, instance: i64, node_id: &str, now_ms: i64) -> Result<String, StoreError> {
+    /// Places an instance and queues its deploy command, in one
+    /// transaction, so an instance is never placed without the command that
+    /// starts it (a kill in between would leave it waiting forever). The
+    /// instance gets the next container name of its app, `cw-<app>-<n>`,
+    /// which `command` receives to build the command. Only an unplaced
+    /// instance is placed (compare and set): `None` when another path
+    /// placed it first, which would otherwise start a second container.
+    pub async fn assign_instance(
+        &self,
+        deployment_id: &str,
+        app: &str,
+        instance: i64,
+        node_id: &str,
+        now_ms: i64,
+        command: impl FnOnce(&str) -> super::NewCommand,
+    ) -> Result<Option<String>, StoreError> {
         let mut tx = self.write_transaction().await?;
         let placed: i64 = sqlx::query(
             "SELECT COUNT(*) AS n FROM instances i JOIN deployments d ON d.id = i.deployment_id \
@@ -323,9 +498,9 @@ impl Store {
         .await?
         .get("n");
         let container = format!("cw-{app}-{}", placed + 1);
-        sqlx::query(
+        let updated = sqlx::query(
             "UPDATE instances SET node_id = $1, container = $2, state = 'pending', updated_at = $3 \
-             WHERE deployment_id = $4 AND instance = $5",
+             WHERE deployment_id = $4 AND instance = $5 AND node_id IS NULL AND state = 'pending'",
         )
         .bind(node_id)
         .bind(&container)
@@ -334,9 +509,15 @@ impl Store {
         .bind(instance)
         .execute(&mut *tx)
         .await?;
+        if updated.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        let command = command(&container);
+        super::commands::insert_command(&mut tx, &command, now_ms).await?;
         tx.commit().await?;
-        self.count_commit();
-        Ok(container)
+        self.count_commit().await;
+        Ok(Some(container))
     }
 }
 
@@ -362,7 +543,7 @@ impl Store {
             .bind(deployment_id)
             .execute(&self.pool)
             .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 }
@@ -385,7 +566,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(next)
     }
 

@@ -115,7 +115,7 @@ impl Store {
         .bind(settings.updated_at)
         .execute(&self.pool)
         .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -149,7 +149,7 @@ impl Store {
             .bind(gitlab_user_id)
             .execute(&self.pool)
             .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(done.rows_affected() > 0)
     }
 
@@ -171,7 +171,7 @@ impl Store {
         .bind(account.updated_at)
         .execute(&self.pool)
         .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -199,13 +199,13 @@ impl Store {
             .bind(link.created_at)
             .execute(&self.pool)
             .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
     pub async fn set_app_hook_id(&self, app: &str, hook_id: i64) -> Result<(), StoreError> {
         sqlx::query("UPDATE app_git_links SET hook_id = $1 WHERE app = $2").bind(hook_id).bind(app).execute(&self.pool).await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -247,7 +247,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(inserted.rows_affected() == 1)
     }
 
@@ -259,7 +259,7 @@ impl Store {
             .bind(delivery)
             .execute(&self.pool)
             .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -276,7 +276,7 @@ impl Store {
     /// sender's retry is not taken for a redelivery.
     pub async fn release_webhook_delivery(&self, app: &str, delivery: &str) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM webhook_deliveries WHERE app = $1 AND delivery = $2").bind(app).bind(delivery).execute(&self.pool).await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -306,7 +306,7 @@ impl Store {
         .bind(now_ms)
         .execute(&self.pool)
         .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -323,7 +323,7 @@ impl Store {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(row.and_then(|r| r.get("deploy_token_id")))
     }
 

@@ -65,7 +65,7 @@ impl Store {
             }
         };
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(claim)
     }
 
@@ -77,7 +77,7 @@ impl Store {
             .bind(key)
             .execute(&self.pool)
             .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -89,14 +89,14 @@ impl Store {
     /// boot id on each claim.) Returns how many were freed.
     pub async fn release_unfinished_idempotency_keys(&self) -> Result<u64, StoreError> {
         let freed = sqlx::query("DELETE FROM idempotency_keys WHERE status IS NULL").execute(&self.pool).await?.rows_affected();
-        self.count_commit();
+        self.count_commit().await;
         Ok(freed)
     }
 
     /// Frees `key` after its request failed, so a retry runs it again.
     pub async fn release_idempotency_key(&self, key: &str) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM idempotency_keys WHERE key = $1 AND status IS NULL").bind(key).execute(&self.pool).await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 }

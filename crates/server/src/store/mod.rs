@@ -17,6 +17,7 @@ mod open;
 mod reports;
 pub mod retention;
 mod routes;
+pub mod steps;
 mod tokens;
 mod usage;
 
@@ -29,7 +30,7 @@ pub use accounts::{ApiTokenRow, SessionRow, UserRow};
 pub use apps::{AppRefusal, AppRow};
 pub use certificates::{CertificateOrders, CertificateRow};
 pub use commands::{CommandRow, NewCommand};
-pub use deployments::{DeploymentRow, InstanceRow, InstanceUpdate};
+pub use deployments::{DeploymentRow, InstanceRow, InstanceUpdate, Settled};
 pub use git::{AppGitLinkRow, DeploymentGitRow, GitlabAccountRow, GitlabSettingsRow};
 pub use idempotency::IdempotencyClaim;
 pub use nodes::{HeartbeatRow, JoinAnswer, JoinRefusal, NewNode, NodeRow, TrafficSample};
@@ -47,6 +48,10 @@ pub enum StoreError {
     Backup { path: String, source: sqlx::Error },
     #[error("i/o error on {path}: {source}")]
     Io { path: String, source: std::io::Error },
+    /// A change would have broken an invariant of the state; it was rolled
+    /// back.
+    #[error("refused: {0}")]
+    Invariant(String),
     /// SQLite's `quick_check` found damage (its first finding).
     #[error("the integrity check failed: {0}")]
     Damaged(String),
@@ -137,8 +142,11 @@ impl Store {
         self.pool.close().await;
     }
 
-    fn count_commit(&self) {
+    /// Counts a commit and passes a [`steps::step_point`], where a
+    /// simulation may hand control to another task or stop the process.
+    async fn count_commit(&self) {
         self.commits.fetch_add(1, Ordering::Relaxed);
+        steps::step_point().await;
     }
 
     /// Sets one text column of the row of `table` whose `key_column` is
@@ -158,7 +166,7 @@ impl Store {
              ON CONFLICT ({key_column}) DO UPDATE SET {column} = excluded.{column}"
         );
         sqlx::query(&sql).bind(key).bind(value).bind(now_ms).execute(&self.pool).await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 }

@@ -200,7 +200,7 @@ impl Store {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         let row = self.node(&node.id).await?.expect("node inserted in this transaction");
         Ok(Ok(row))
     }
@@ -283,7 +283,7 @@ impl Store {
             return Ok(Err(JoinRefusal::Token(TokenRejection::AlreadyUsed)));
         }
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         let row = self.node(&node.id).await?.expect("node updated in this transaction");
         Ok(Ok(row))
     }
@@ -302,7 +302,7 @@ impl Store {
         .bind(current_sha256)
         .execute(&self.pool)
         .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(updated.rows_affected() == 1)
     }
 
@@ -321,7 +321,7 @@ impl Store {
         .bind(next_sha256)
         .execute(&self.pool)
         .await?;
-        self.count_commit();
+        self.count_commit().await;
         if updated.rows_affected() != 1 {
             return Ok(None);
         }
@@ -371,7 +371,7 @@ impl Store {
 
     pub async fn set_draining(&self, id: &str, draining: bool) -> Result<bool, StoreError> {
         let result = sqlx::query("UPDATE nodes SET draining = $1 WHERE id = $2").bind(draining).bind(id).execute(&self.pool).await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(result.rows_affected() == 1)
     }
 
@@ -379,7 +379,7 @@ impl Store {
     /// changed). Returns whether the node exists.
     pub async fn set_endpoint(&self, id: &str, endpoint: &str) -> Result<bool, StoreError> {
         let result = sqlx::query("UPDATE nodes SET endpoint = $1 WHERE id = $2").bind(endpoint).bind(id).execute(&self.pool).await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(result.rows_affected() == 1)
     }
 
@@ -389,7 +389,7 @@ impl Store {
         sqlx::query("DELETE FROM commands WHERE node_id = $1").bind(id).execute(&mut *tx).await?;
         let deleted = sqlx::query("DELETE FROM nodes WHERE id = $1").bind(id).execute(&mut *tx).await?;
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(deleted.rows_affected() == 1)
     }
 
@@ -448,7 +448,7 @@ impl Store {
             .await?;
         }
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 }

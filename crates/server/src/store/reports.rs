@@ -34,7 +34,7 @@ impl Store {
             .await?;
         }
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 }

@@ -107,7 +107,7 @@ impl Store {
         .await?
         .rows_affected();
         tx.commit().await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(pruned)
     }
 }

@@ -20,7 +20,7 @@ impl Store {
             .bind(now_ms)
             .execute(&self.pool)
             .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
@@ -36,7 +36,7 @@ impl Store {
             .bind(expires_ms)
             .execute(&self.pool)
             .await?;
-        self.count_commit();
+        self.count_commit().await;
         Ok(())
     }
 
