@@ -12,6 +12,7 @@ use serde_json::json;
 
 use crate::server::{sibling_binary, Server};
 use crate::stats::{ms, summarize};
+use crate::target::Target;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -38,7 +39,7 @@ async fn create(server: &Server, name: &str) -> Result<()> {
     Ok(())
 }
 
-pub async fn run(args: Args) -> Result<()> {
+pub async fn run(args: Args) -> Result<Vec<Target>> {
     if args.sizes.is_empty() || args.samples == 0 || args.concurrency == 0 {
         bail!("--sizes, --samples and --concurrency must not be empty or zero");
     }
@@ -47,6 +48,7 @@ pub async fn run(args: Args) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let server = Server::start(&sibling_binary("cloudweb-server", None)?, dir.path(), &["--base-domain", "test"]).await?;
     let mut apps = 0usize;
+    let mut largest = None;
     println!("POST /api/apps, {} sequential creations timed at each table size", args.samples);
     println!("{:>8} {:>12} {:>12} {:>12} {:>12}", "apps", "p50", "p90", "p99", "max");
     for size in sizes {
@@ -71,7 +73,11 @@ pub async fn run(args: Args) -> Result<()> {
         }
         let s = summarize(micros);
         println!("{:>8} {:>12} {:>12} {:>12} {:>12}", size, ms(s.p50), ms(s.p90), ms(s.p99), ms(s.max));
+        largest = Some((size, s.p99.as_secs_f64() * 1000.0));
     }
-    println!("target: p99 under 10 ms at 10,000 apps");
-    Ok(())
+    // Issue 9, item 19: p99 under 10 ms at 10,000 apps. It is judged at the
+    // largest size measured (the time grows with the table, so a smaller
+    // size is a weaker check, and the line says which size it was).
+    let (size, p99) = largest.map_or((0, None), |(size, p99)| (size, Some(p99)));
+    Ok(vec![Target::below(format!("POST /api/apps p99 at {size} apps"), 10.0, "ms", p99)])
 }

@@ -54,7 +54,7 @@ pub struct Args {
     pub binaries: BinaryArgs,
 }
 
-pub async fn run(args: Args) -> Result<()> {
+pub async fn run(args: Args) -> Result<Vec<crate::target::Target>> {
     let results = with_cluster("deploy", &args, |app, binaries, engine| {
         println!(
             "deploy: {} run(s) of each; app {app}: busybox httpd (FROM {}, COPY index.html); health check GET / every 200 ms",
@@ -63,8 +63,7 @@ pub async fn run(args: Args) -> Result<()> {
         println!("control plane {}, agent {}, Docker Engine {engine}", binaries.server.display(), binaries.agent.display());
     }, async |cluster| measure_all(cluster, &args).await)
     .await?;
-    report::print(&results);
-    Ok(())
+    Ok(report::print(&results))
 }
 
 /// The frame of a benchmark on a [`Cluster`]: checks the base image and the

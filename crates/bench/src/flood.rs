@@ -3,7 +3,8 @@
 //! against a real control plane on loopback (started with its default
 //! connection limits). Prints how many the server still holds, the user
 //! API's latency and a fresh handshake's time under the flood, and how
-//! many are still open after the unauthenticated idle timeout.
+//! many are still open after the unauthenticated idle timeout, and the
+//! verdicts of issue 10's targets.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use tokio::net::TcpStream;
 
 use crate::server::{sibling_binary, Server};
 use crate::stats::{ms, summarize};
+use crate::target::{Cmp, Target};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -48,7 +50,7 @@ async fn closed<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, wait: Duration)
     matches!(tokio::time::timeout(wait, stream.read(&mut byte)).await, Ok(Ok(0)) | Ok(Err(_)))
 }
 
-pub async fn run(args: Args) -> Result<()> {
+pub async fn run(args: Args) -> Result<Vec<Target>> {
     raise_open_file_limit(args.connections as u64 + 500)?;
     let binary = sibling_binary("cloudweb-server", args.server_bin)?;
     let dir = tempfile::tempdir()?;
@@ -122,5 +124,15 @@ pub async fn run(args: Args) -> Result<()> {
     println!("  GET /api/nodes under the flood:   p50 {}  p99 {}  max {}", ms(api.p50), ms(api.p99), ms(api.max));
     println!("  a fresh TLS handshake:            p50 {}  p99 {}", ms(handshakes.p50), ms(handshakes.p99));
     println!("  still open {} s after the start: {open_after}", args.settle_seconds);
-    Ok(())
+    // Issue 10, item 3: under 2,000 such connections the user API answers
+    // within 1 s; its closing note set the bounds judged next: at most 1,024
+    // unauthenticated connections held in total, each closed 10 s after
+    // accept. A fresh handshake (a real agent reconnecting) had no figure;
+    // 1 s, as for the API, is chosen (issue 10's test saw tens of ms).
+    Ok(vec![
+        Target::below(format!("GET /api/nodes under {} idle connections, max", args.connections), 1000.0, "ms", Some(api.max.as_secs_f64() * 1000.0)),
+        Target::below("fresh TLS handshake under the flood, p99", 1000.0, "ms", Some(handshakes.p99.as_secs_f64() * 1000.0)),
+        Target::new("unauthenticated connections held", Cmp::AtMost, 1024.0, "", Some(held as f64)),
+        Target::new(format!("connections still open {} s after the start", args.settle_seconds), Cmp::AtMost, 0.0, "", Some(open_after as f64)),
+    ])
 }

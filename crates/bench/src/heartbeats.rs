@@ -3,7 +3,7 @@
 //! endpoint), opens one mTLS connection per agent, and has every agent send
 //! a heartbeat every `interval`, spread evenly. Prints the rate achieved,
 //! latency percentiles, the server's CPU and memory, and database commits
-//! per 1,000 heartbeats.
+//! per 1,000 heartbeats, and the verdicts of issue 2's targets.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,6 +24,7 @@ use tokio_rustls::TlsConnector;
 use crate::procstat::{self, mib};
 use crate::server::{sibling_binary, Server};
 use crate::stats::{ms, summarize};
+use crate::target::{Cmp, Target};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -55,13 +56,16 @@ struct Counters {
     failed: AtomicU64,
 }
 
-pub async fn run(args: Args) -> Result<()> {
+pub async fn run(args: Args) -> Result<Vec<Target>> {
     if args.agents == 0 || args.interval == 0 || args.duration == 0 {
         bail!("--agents, --interval and --duration must be positive");
     }
     let binary = sibling_binary("cloudweb-server", args.server_bin.clone())?;
     let dir = tempfile::tempdir()?;
-    let server = Arc::new(Server::start(&binary, dir.path(), &[]).await?);
+    // Every simulated agent connects from 127.0.0.1, where real ones come
+    // from an address each: the per-address cap on connections still in
+    // their handshake (128) is raised to the total cap (1,024), which stays.
+    let server = Arc::new(Server::start(&binary, dir.path(), &["--max-unauthenticated-per-address", "1024"]).await?);
     println!("heartbeats: {} agents, one heartbeat each every {} s, measured for {} s", args.agents, args.interval, args.duration);
 
     let enroll_start = Instant::now();
@@ -78,6 +82,10 @@ pub async fn run(args: Args) -> Result<()> {
     let recording = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let interval = Duration::from_secs(args.interval);
     let connected = Arc::new(AtomicU64::new(0));
+    // The server counts a connection as unauthenticated until its handshake
+    // is done and sheds the oldest past its caps (issue 10): at most 32
+    // handshakes at once keeps the bench well under them.
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(32));
     let epoch = Instant::now() + Duration::from_secs(2);
     let mut tasks = Vec::with_capacity(agents.len());
     for (index, agent) in agents.into_iter().enumerate() {
@@ -89,6 +97,7 @@ pub async fn run(args: Args) -> Result<()> {
             latencies: latencies.clone(),
             recording: recording.clone(),
             connected: connected.clone(),
+            handshakes: handshakes.clone(),
             interval,
             first: epoch + offset,
         };
@@ -146,7 +155,19 @@ pub async fn run(args: Args) -> Result<()> {
     );
     let per_thousand = if beats > 0.0 { 1000.0 * commits / beats } else { f64::NAN };
     println!("SQLite commits: {commits:.0} during the window = {per_thousand:.2} per 1,000 heartbeats");
-    Ok(())
+    // Issue 2: 10,000 agents at a 5 s interval (2,000 heartbeats/s) with p99
+    // under 50 ms and at most 10 commits per 1,000 heartbeats. The rate is
+    // judged against what this run offers (agents / interval); 5 % below it
+    // allows for the window's edges (issue 2's run: 2,009/s of 2,000). No
+    // issue set one for failed heartbeats; none is chosen (issue 2's runs
+    // had none, and a refused heartbeat makes a live node look late).
+    let offered = args.agents as f64 / args.interval as f64;
+    Ok(vec![
+        Target::new(format!("heartbeats accepted/s with {} agents every {} s", args.agents, args.interval), Cmp::AtLeast, 0.95 * offered, "/s", Some(beats / elapsed)),
+        Target::new("failed heartbeats", Cmp::AtMost, 0.0, "", Some(failed as f64)),
+        Target::below("heartbeat latency p99", 50.0, "ms", (summary.count > 0).then_some(summary.p99.as_secs_f64() * 1000.0)),
+        Target::new("SQLite commits per 1,000 heartbeats", Cmp::AtMost, 10.0, "", Some(per_thousand)),
+    ])
 }
 
 /// Creates a join token and joins, `count` times, with real keys and CSRs.
@@ -251,6 +272,7 @@ struct AgentTask {
     latencies: Arc<Mutex<Vec<u32>>>,
     recording: Arc<std::sync::atomic::AtomicBool>,
     connected: Arc<AtomicU64>,
+    handshakes: Arc<tokio::sync::Semaphore>,
     interval: Duration,
     first: Instant,
 }
@@ -263,7 +285,9 @@ impl AgentTask {
     }
 
     async fn run_inner(&self, agent: Enrolled) -> Result<()> {
+        let permit = self.handshakes.acquire().await?;
         let mut sender = connect(&self.roots, self.port, &agent).await?;
+        drop(permit);
         self.connected.fetch_add(1, Ordering::Relaxed);
 
         let mut next = self.first;

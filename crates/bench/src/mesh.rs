@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::process::Guarded;
+use crate::target::{Cmp, Target};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -256,11 +257,11 @@ struct Sample {
     p99: Duration,
 }
 
-pub async fn run(args: Args) -> Result<()> {
+pub async fn run(args: Args) -> Result<Vec<Target>> {
     tokio::task::spawn_blocking(move || measure(args)).await?
 }
 
-fn measure(args: Args) -> Result<()> {
+fn measure(args: Args) -> Result<Vec<Target>> {
     let prefix = format!("cwb{:04x}", std::process::id() & 0xffff);
     let tmp = tempfile::tempdir()?;
     let (a, b) = (format!("{prefix}-a"), format!("{prefix}-b"));
@@ -397,12 +398,13 @@ fn measure(args: Args) -> Result<()> {
     }
     let (_, plain_rate, plain_p50) = figures[0].clone();
     for (name, rate, p50) in &figures[1..] {
-        println!(
-            "{name}/plain: throughput {:.2} (target >= 0.5 for userspace), rtt p50 {:.2}x",
-            rate / plain_rate,
-            p50 / plain_p50
-        );
+        println!("{name}/plain: throughput {:.2}, rtt p50 {:.2}x", rate / plain_rate, p50 / plain_p50);
     }
+    // Issue 13: userspace WireGuard at least 0.5 of the plain path's
+    // throughput on this machine (not met with Debian 12's wireguard-go;
+    // the README says why).
+    let userspace = figures.iter().find(|(name, ..)| name == "userspace").map(|(_, rate, _)| rate / plain_rate);
+    let targets = vec![Target::new("userspace WireGuard throughput / plain", Cmp::AtLeast, 0.5, "", userspace)];
     // Only the tunnels use UDP here. wireguard-go 0.0.20220316 leaves its
     // socket at the host's default receive buffer (net.core.rmem_default),
     // and drops there cost the tunnel throughput.
@@ -413,5 +415,5 @@ fn measure(args: Args) -> Result<()> {
     }
     drop(daemons);
     drop((ns_a, ns_b));
-    Ok(())
+    Ok(targets)
 }

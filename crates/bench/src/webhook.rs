@@ -18,11 +18,12 @@ use serde_json::{json, Value};
 use crate::deploy::cluster::Cluster;
 pub use crate::deploy::Args;
 use crate::stats::spread;
+use crate::target::Target;
 
 const DOCKERFILE: &str = "FROM {base}\nCOPY index.html /www/index.html\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n";
 const QUIET_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub async fn run(args: Args) -> Result<()> {
+pub async fn run(args: Args) -> Result<Vec<Target>> {
     let announce = |app: &str, _: &_, _: &str| {
         println!("webhook: {} run(s) of each; app {app} from a GitLab project (stand-in on loopback), FROM {}", args.runs, args.base_image);
     };
@@ -41,22 +42,45 @@ pub async fn run(args: Args) -> Result<()> {
             println!("  {name:<34} median {:>8.1} ms   min {:>8.1} ms   max {:>8.1} ms", s.median, s.min, s.max);
         }
     }
-    if let (Some(w), Some(d)) = (spread(&webhook), spread(&deploy)) {
-        println!("  webhook − deploy (medians): {:+.1} ms", w.median - d.median);
+    let (w, d) = (spread(&webhook).map(|s| s.median), spread(&deploy).map(|s| s.median));
+    if let (Some(w), Some(d)) = (w, d) {
+        println!("  webhook − deploy (medians): {:+.1} ms", w - d);
     }
-    Ok(())
+    // No issue set a target here (issue 11 asked for the two figures). Its
+    // closing note measured medians of 852 ms by webhook and 846 ms by POST
+    // /deploy (debug build, loaded machine): 2x that is 1,700 ms. What the
+    // webhook adds (token check, delivery record, a deploy token made at
+    // GitLab) was +6 ms; 250 ms, a quarter of issue 3's 1 s deploy overhead,
+    // leaves room for the noise of a single run on a loaded 2-core machine.
+    Ok(vec![
+        Target::below("push webhook received → running, median", 1700.0, "ms", w),
+        Target::below("webhook → running minus POST /deploy → running, medians", 250.0, "ms", w.zip(d).map(|(w, d)| w - d)),
+    ])
 }
 
 fn no_redirects() -> Result<reqwest::Client> {
     Ok(reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).timeout(Duration::from_secs(20)).build()?)
 }
 
-async fn location(http: &reqwest::Client, url: &str) -> Result<String> {
+/// Where `url` redirects to, and the `name=value` of the cookie named
+/// `cookie` it set, if asked for one.
+async fn location(http: &reqwest::Client, url: &str, cookie: Option<&str>) -> Result<(String, Option<String>)> {
     let response = http.get(url).send().await?;
     if response.status().as_u16() != 302 {
         bail!("{url} answered {} instead of a redirect", response.status());
     }
-    Ok(response.headers().get("location").context("no Location")?.to_str()?.to_string())
+    let set = cookie.map(|name| {
+        response
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|v| v.starts_with(&format!("{name}=")))
+            .and_then(|line| line.split(';').next())
+            .map(str::to_string)
+            .with_context(|| format!("{url} set no {name} cookie"))
+    });
+    Ok((response.headers().get("location").context("no Location")?.to_str()?.to_string(), set.transpose()?))
 }
 
 /// Configures GitLab and logs in through the stand-in's OAuth flow.
@@ -67,9 +91,11 @@ async fn login(cluster: &Cluster, gitlab: &FakeGitlab) -> Result<()> {
         bail!("PUT /api/gitlab/settings answered {status}: {body}");
     }
     let http = no_redirects()?;
-    let authorize = location(&http, &format!("{}/api/auth/gitlab/login", cluster.server.api_url)).await?;
-    let callback = location(&http, &authorize).await?;
-    let response = http.get(&callback).send().await?;
+    // The login state is bound to the browser that started it by a cookie.
+    let (authorize, login_cookie) = location(&http, &format!("{}/api/auth/gitlab/login", cluster.server.api_url), Some("cloudweb_gitlab_login")).await?;
+    let (callback, _) = location(&http, &authorize, None).await?;
+    // As an API client: JSON instead of the browser's redirect.
+    let response = http.get(&callback).header("cookie", login_cookie.unwrap_or_default()).header("accept", "application/json").send().await?;
     if !response.status().is_success() {
         bail!("the GitLab login answered {}: {}", response.status(), response.text().await?);
     }
