@@ -11,6 +11,7 @@
 //! [`GitServer`] serves throwaway repositories over `git://`.
 
 pub mod control;
+pub mod docker;
 pub mod gitlab;
 pub mod engine;
 pub mod netns;

@@ -1,0 +1,27 @@
+//! The Docker CLI as the tests use it to look at what the agent left: every
+//! call is checked, so a Docker that fails (daemon down, bad filter) fails
+//! the test instead of reading as "no container".
+
+use std::process::Command;
+
+/// Runs `docker` with `args` (one argument each, no shell) and returns the
+/// non-empty lines of its stdout. Panics, with Docker's stderr, when it
+/// cannot be started or exits non-zero.
+pub fn docker(args: &[&str]) -> Vec<String> {
+    let output = Command::new("docker").args(args).output().unwrap_or_else(|e| panic!("docker {args:?} could not be started: {e}"));
+    assert!(
+        output.status.success(),
+        "docker {args:?} failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect()
+}
+
+/// `docker ps <args>`: one line per container listed (ids with `-q`, or
+/// whatever `--format` asks for). Panics when Docker fails.
+pub fn ps(args: &[&str]) -> Vec<String> {
+    let mut all = vec!["ps"];
+    all.extend_from_slice(args);
+    docker(&all)
+}
