@@ -216,6 +216,22 @@ pub async fn deploy(
     };
     // Reports of intermediate states went out from `run`; the final one
     // carries the last log lines.
+    let outcome = finish(runtime, client, &payload, result, logs, report).await;
+    if matches!(outcome, DeployOutcome::Done) {
+        // The command ends: no retry will need the commit its build fixed.
+        build::pins::Pins::new(&options.data_dir).remove(&payload.deployment_id);
+    }
+    outcome
+}
+
+async fn finish(
+    runtime: &DockerRuntime,
+    client: &ControlPlane,
+    payload: &DeployPayload,
+    result: Result<String, Failure>,
+    logs: LogShipper,
+    report: impl Fn(&str, Option<String>, Option<String>, Option<String>) -> Report,
+) -> DeployOutcome {
     match result {
         Ok(address) => {
             let mut running = report("running", None, None, Some(address));
@@ -608,16 +624,27 @@ async fn registry(client: &ControlPlane, options: &DeployOptions) -> Result<Opti
     Ok(Some(RegistryAuth { address, username, password }))
 }
 
-/// Records the full commit a build was made from on the deployment (a
-/// branch head or an abbreviation otherwise say nothing exact). Not worth
-/// failing the deploy over.
-async fn report_commit(client: &ControlPlane, payload: &DeployPayload, commit: &str) {
+/// Fixes the commit a deployment builds: pins it on this node (so a retry
+/// builds it again, never a newer branch head) and records it on the
+/// deployment before the image is used. The control plane refuses a commit
+/// other than the one the deployment already has (409): the deploy ends
+/// then. When the report cannot be delivered the deploy is tried again,
+/// with the same pinned commit.
+async fn fix_commit(client: &ControlPlane, options: &DeployOptions, payload: &DeployPayload, commit: &str) -> Result<(), Failure> {
+    let pins = build::pins::Pins::new(&options.data_dir);
+    if pins.get(&payload.deployment_id).as_deref() != Some(commit) {
+        pins.set(&payload.deployment_id, commit).map_err(|e| Failure::Failed(format!("cannot record the commit {commit} of this deployment: {e}")))?;
+    }
     let mut report = Report::new(payload.deployment_id.clone());
     report.instance = Some(payload.instance);
     report.commit = Some(commit.to_string());
-    if let Err(err) = client.report(&report).await {
-        tracing::warn!(error = %err, "could not report the commit");
-    }
+    client.report(&report).await.map_err(|e| {
+        if e.is_permanent() {
+            Failure::Refused(format!("the control plane refused commit {commit}: {e}"))
+        } else {
+            Failure::Retry(format!("could not report the commit: {e}"))
+        }
+    })
 }
 
 /// A build's work directory, removed when the build ends, also when it is
@@ -639,6 +666,17 @@ async fn build_from_source(
     logs: &LogShipper,
 ) -> Result<(), Failure> {
     let source = payload.source.as_ref().ok_or_else(|| Failure::Failed("no source to build".into()))?;
+    // A retry of this deployment builds the commit its first try resolved.
+    let pinned = build::pins::Pins::new(&options.data_dir).get(&payload.deployment_id);
+    let pinned_source;
+    let source = match pinned {
+        Some(commit) if source.commit.as_deref() != Some(commit.as_str()) => {
+            logs.line("build", format!("building commit {commit}, which an earlier try of this deployment resolved"));
+            pinned_source = cloudweb_protocol::Source { commit: Some(commit), ..source.clone() };
+            &pinned_source
+        }
+        _ => source,
+    };
     let work = options.data_dir.join("builds").join(format!("{}-{}", payload.deployment_id, payload.instance));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(|e| Failure::Failed(format!("cannot create {}: {e}", work.display())))?;
@@ -679,8 +717,7 @@ async fn build_in(
                     return Err(Failure::Failed(format!("commit {} resolves to {fetched} after the fetch, not {known}", source.commit.as_deref().unwrap_or_default())));
                 }
                 logs.line("build", format!("fetched branch {}: {fetched} is on it", source.branch));
-                report_commit(client, payload, &fetched).await;
-                Ok(())
+                fix_commit(client, options, payload, &fetched).await
             };
             let build = async {
                 logs.line("build", "building the Dockerfile");
@@ -703,13 +740,17 @@ async fn build_in(
             logs.line("build", "building the Dockerfile");
             runtime.build_image(archive, tag, |line| logs.line("build", line)).await.map_err(Failure::from)
         };
-        let ((), built) = tokio::join!(report_commit(client, payload, &commit), build);
-        return built;
+        let fixed = fix_commit(client, options, payload, &commit);
+        if let Err(failure) = tokio::try_join!(fixed, build) {
+            let _ = runtime.remove_tag(tag).await;
+            return Err(failure);
+        }
+        return Ok(());
     }
     // Static sites and buildpacks work on the files on disk.
     drop(archive);
     mirror.checkout(&commit, &checkout).await.map_err(|e| failed(&e))?;
-    report_commit(client, payload, &commit).await;
+    fix_commit(client, options, payload, &commit).await?;
     let plan = build::plan(&checkout, strategy, settings).map_err(|e| failed(&e))?;
     match plan {
         Plan::Dockerfile => {

@@ -5,6 +5,7 @@
 pub mod firewall;
 pub mod git;
 pub mod mirror;
+pub mod pins;
 pub mod static_site;
 
 use std::path::{Path, PathBuf};
