@@ -27,7 +27,7 @@ use crate::build::{self, Plan};
 use crate::client::ControlPlane;
 use crate::commands::now_rfc3339;
 use crate::redact::Redactor;
-use crate::runtime::{is_transient_registry_error, AppContainer, DockerRuntime, RegistryAuth, RuntimeError};
+use crate::runtime::{is_transient_registry_error, AppContainer, DockerRuntime, RegistryAuth, RuntimeError, LABEL_COMMIT};
 
 /// The pauses between tries of a push or pull that failed for a moment
 /// (see [`is_transient_registry_error`]): five tries over about 10 s,
@@ -721,7 +721,7 @@ async fn build_in(
             };
             let build = async {
                 logs.line("build", "building the Dockerfile");
-                runtime.build_image(archive, tag, |line| logs.line("build", line)).await.map_err(Failure::from)
+                runtime.build_image(archive, tag, &[(LABEL_COMMIT, known.as_str())], |line| logs.line("build", line)).await.map_err(Failure::from)
             };
             if let Err(failure) = tokio::try_join!(confirm, build) {
                 // Whatever the build made is not the deployment's image.
@@ -738,7 +738,7 @@ async fn build_in(
     if build::plan_from_archive(&archive, strategy, settings).map_err(|e| failed(&e))? == Some(Plan::Dockerfile) {
         let build = async {
             logs.line("build", "building the Dockerfile");
-            runtime.build_image(archive, tag, |line| logs.line("build", line)).await.map_err(Failure::from)
+            runtime.build_image(archive, tag, &[(LABEL_COMMIT, commit.as_str())], |line| logs.line("build", line)).await.map_err(Failure::from)
         };
         let fixed = fix_commit(client, options, payload, &commit);
         if let Err(failure) = tokio::try_join!(fixed, build) {
@@ -756,7 +756,7 @@ async fn build_in(
         Plan::Dockerfile => {
             logs.line("build", "building the Dockerfile");
             let context = build::context_archive(&checkout, "", &[]).map_err(|e| failed(&e))?;
-            runtime.build_image(context, tag, |line| logs.line("build", line)).await?;
+            runtime.build_image(context, tag, &[(LABEL_COMMIT, commit.as_str())], |line| logs.line("build", line)).await?;
         }
         Plan::Static(plan) => {
             logs.line("build", "building a static site");
@@ -770,6 +770,7 @@ async fn build_in(
                 port: payload.port,
                 public_env,
                 tag,
+                labels: &[(LABEL_COMMIT, commit.as_str())],
             };
             build::build_static_site(build, |stream, line| logs.line(&stream, line)).await.map_err(|e| Failure::Failed(e.to_string()))?;
         }

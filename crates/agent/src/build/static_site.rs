@@ -91,6 +91,8 @@ pub struct StaticBuild<'a> {
     /// `NAME=value` of the public variables only.
     pub public_env: Vec<String>,
     pub tag: &'a str,
+    /// Labels for the image (`cloudweb.commit`).
+    pub labels: &'a [(&'a str, &'a str)],
 }
 
 pub async fn build_static_site(build: StaticBuild<'_>, mut log: impl FnMut(String, String)) -> Result<(), BuildError> {
@@ -134,7 +136,7 @@ pub async fn build_static_site(build: StaticBuild<'_>, mut log: impl FnMut(Strin
     let archive = context_archive(&site, "site", &[("Dockerfile", dockerfile.as_bytes())])?;
     build
         .runtime
-        .build_image(archive, build.tag, |line| log("build".into(), line))
+        .build_image(archive, build.tag, build.labels, |line| log("build".into(), line))
         .await
         .map_err(|e| BuildError::Failed(e.to_string()))
 }

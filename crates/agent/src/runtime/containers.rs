@@ -444,7 +444,7 @@ mod tests {
         let err = runtime.run_once(&step).await.unwrap_err().to_string();
         assert!(err.contains("cannot create the build network cloudweb-build"), "{err}");
         assert!(err.contains("operation not permitted"), "{err}");
-        let err = runtime.build_image(Vec::new(), "web:1", |_| {}).await.unwrap_err().to_string();
+        let err = runtime.build_image(Vec::new(), "web:1", &[], |_| {}).await.unwrap_err().to_string();
         assert!(err.contains("cannot create the build network cloudweb-build"), "{err}");
 
         // Nothing ran on Docker's default bridge instead.

@@ -66,11 +66,14 @@ fn split_reference(image: &str) -> (&str, &str) {
 impl DockerRuntime {
     /// Builds `context` (a tar archive with a Dockerfile at its root) as
     /// `tag`, passing every output line to `log`.
-    pub async fn build_image(&self, context: Vec<u8>, tag: &str, mut log: impl FnMut(String)) -> Result<(), RuntimeError> {
+    /// Builds `tag` from a context archive; `labels` go on the image (the
+    /// agent sets `cloudweb.commit`, the commit it was built from).
+    pub async fn build_image(&self, context: Vec<u8>, tag: &str, labels: &[(&str, &str)], mut log: impl FnMut(String)) -> Result<(), RuntimeError> {
         let docker = self.docker()?;
         // RUN steps go on the build network, like static site builds.
         let network = self.build_network().await?;
-        let options = BuildImageOptionsBuilder::new().t(tag).rm(true).forcerm(true).networkmode(&network).build();
+        let labels: std::collections::HashMap<&str, &str> = labels.iter().copied().collect();
+        let options = BuildImageOptionsBuilder::new().t(tag).rm(true).forcerm(true).networkmode(&network).labels(&labels).build();
         let mut stream = docker.build_image(options, None, Some(bollard::body_full(Bytes::from(context))));
         while let Some(item) = stream.next().await {
             let info = item?;

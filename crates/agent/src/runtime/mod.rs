@@ -24,6 +24,8 @@ pub use usage::{Sample, UsageTracker};
 pub const LABEL_NODE: &str = "cloudweb.node";
 pub const LABEL_APP: &str = "cloudweb.app";
 pub const LABEL_DEPLOYMENT: &str = "cloudweb.deployment";
+/// On images built from code: the full commit they were built from.
+pub const LABEL_COMMIT: &str = "cloudweb.commit";
 pub const LABEL_INSTANCE: &str = "cloudweb.instance";
 
 /// Seconds a container gets to exit after SIGTERM before it is killed.
