@@ -25,3 +25,12 @@ pub fn ps(args: &[&str]) -> Vec<String> {
     all.extend_from_slice(args);
     docker(&all)
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    #[should_panic(expected = "failed")]
+    fn a_failing_docker_call_panics_instead_of_listing_nothing() {
+        super::ps(&["-q", "--filter", "no-such-filter=x"]);
+    }
+}

@@ -16,7 +16,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use cloudweb_e2e::{bin, previous_bin_dir, run_agent_program, start_platform_with, unique_name, wait_for, AgentNode, Platform};
+use cloudweb_e2e::{bin, docker, previous_bin_dir, run_agent_program, start_platform_with, unique_name, wait_for, AgentNode, Platform};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -91,11 +91,11 @@ async fn exercise(server_bin: PathBuf, agent_bin: PathBuf, agent_version: &str) 
     .await
     .unwrap_or_else(|e| panic!("{e}\nagent:\n{}\nserver:\n{}", agent.log_text(), server.process.log_text()));
     assert_eq!(running["state"], "running", "{running}\nagent:\n{}", agent.log_text());
-    let port = running["instances"][0]["port"].as_u64().or_else(|| running["instances"][0]["host_port"].as_u64());
-    if let Some(port) = port {
-        let page = reqwest::get(format!("http://127.0.0.1:{port}/")).await.unwrap().text().await.unwrap();
-        assert_eq!(page, "compatible\n");
-    }
+    // The app serves its page at the address the deployment view gives
+    // (both releases' views have `address`, host:port).
+    let address = running["instances"][0]["address"].as_str().unwrap_or_else(|| panic!("no instance address: {running}"));
+    let page = reqwest::get(format!("http://{address}/")).await.unwrap().text().await.unwrap();
+    assert_eq!(page, "compatible\n", "the page at {address}");
     // The agent acknowledges a deploy command once its last report is in,
     // which can land just after the server saw `running`.
     let acked = wait_for(Duration::from_secs(30), "the deploy command's ack", || async {
@@ -143,11 +143,7 @@ fn summary(line: &str) {
 }
 
 fn containers_of(deployment: &str) -> usize {
-    let output = std::process::Command::new("docker")
-        .args(["ps", "-q", "--filter", &format!("label=cloudweb.deployment={deployment}")])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&output.stdout).split_whitespace().count()
+    docker::ps(&["-q", "--filter", &format!("label=cloudweb.deployment={deployment}")]).len()
 }
 
 #[tokio::test]
