@@ -228,7 +228,7 @@ async fn an_env_name_a_log_line_and_a_commit_holding_script_render_as_text() {
         created_at: now,
         updated_at: now,
     };
-    state.store.insert_deployment(&deployment, 1).await.unwrap();
+    state.store.insert_deployment(&deployment, 1, false).await.unwrap();
     let report = Report {
         deployment_id: "dep_hostile".into(),
         state: None,

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cloudweb_e2e::{
-    caddy_bin, fault_summary, free_port, unique_name, wait_for, AgentNode, GitServer, ServerProcess,
+    caddy_bin, docker, fault_summary, free_port, unique_name, wait_for, AgentNode, GitServer, ServerProcess,
 };
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -107,6 +107,46 @@ async fn deployment(server: &ServerProcess, id: &str) -> Option<Value> {
     (status == 200).then_some(body)
 }
 
+/// Everything a failing fault case should print: the seed and kill
+/// points, each app's deployments with their timelines, and the containers.
+async fn diagnosis(server: &ServerProcess, apps: &[String], seed: u64, kills: &[u64], agent: &AgentNode) -> String {
+    let mut text = format!("seed {seed} (replay: CLOUDWEB_FAULT_SEED={seed}), kills after {kills:?} ms\n");
+    for app in apps {
+        text.push_str(&format!("app {app}:\n"));
+        let list = server.call(Method::GET, &format!("/api/apps/{app}/deployments"), None).await.map(|(_, body)| body).unwrap_or_default();
+        for d in list["deployments"].as_array().cloned().unwrap_or_default().iter().rev() {
+            let id = d["id"].as_str().unwrap_or_default();
+            let full = deployment(server, id).await.unwrap_or_else(|| d.clone());
+            let timeline: Vec<String> = full["timeline"].as_array().cloned().unwrap_or_default().iter().map(|e| format!("{} {}", e["state"].as_str().unwrap_or("?"), e["at"].as_str().unwrap_or(""))).collect();
+            text.push_str(&format!(
+                "  {id} {} commit {} error {} instances {}\n    {}\n",
+                full["state"], full["commit"], full["error"], full["instances"], timeline.join(" > ")
+            ));
+        }
+        let ps = docker::ps(&["-a", "--filter", &format!("label=cloudweb.app={app}"), "--format", "{{.Names}} {{.Status}} {{.Labels}}"]);
+        text.push_str(&format!("  containers:\n    {}\n", ps.join("\n    ")));
+    }
+    text.push_str(&format!("agent log:\n{}\nserver log:\n{}", agent.log_text(), server.process.log_text()));
+    text
+}
+
+/// Waits for a deployment to settle; on a timeout, panics with `explain`.
+async fn settled_or<F, Fut>(server: &ServerProcess, id: &str, within: Duration, explain: F) -> Value
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = String>,
+{
+    let waited = wait_for(within, "the deployment to settle", || async {
+        let d = deployment(server, id).await?;
+        TERMINAL.contains(&d["state"].as_str()?).then_some(d)
+    })
+    .await;
+    match waited {
+        Ok(d) => d,
+        Err(e) => panic!("{e} ({id})\n{}", explain().await),
+    }
+}
+
 async fn settled(server: &ServerProcess, id: &str, within: Duration) -> Value {
     wait_for(within, "the deployment to settle", || async {
         let d = deployment(server, id).await?;
@@ -118,16 +158,14 @@ async fn settled(server: &ServerProcess, id: &str, within: Duration) -> Value {
 
 /// Containers on the shared engine that match every `label=value` filter.
 fn containers(filters: &[String], all: bool) -> Vec<String> {
-    let mut command = Command::new("docker");
-    command.arg("ps").arg("-q");
+    let mut args: Vec<String> = vec!["-q".into()];
     if all {
-        command.arg("-a");
+        args.push("-a".into());
     }
     for filter in filters {
-        command.args(["--filter", &format!("label={filter}")]);
+        args.extend(["--filter".into(), format!("label={filter}")]);
     }
-    let output = command.output().unwrap();
-    String::from_utf8_lossy(&output.stdout).split_whitespace().map(str::to_string).collect()
+    docker::ps(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 fn running_containers_of_app(app: &str) -> usize {
@@ -210,48 +248,60 @@ async fn fault_control_plane_killed_at_random_points_of_deploys() {
         server = start_server(tmp.path(), &ports, &[]).await;
     }
 
-    // Convergence: every deployment ends, each app has exactly one running
-    // deployment and exactly one container, and every command was acked.
+    // Convergence: every deployment ends; each app runs its newest
+    // requested deployment (none of these builds fails), and only it, in
+    // exactly one container whose image was built from the commit the
+    // deployment names; every command was acked. Any failure says the
+    // seed, the kill points, every deployment with its timeline and the
+    // containers, so the run can be replayed with CLOUDWEB_FAULT_SEED.
+    let requested: Vec<(String, String)> = ids.iter().enumerate().map(|(round, id)| (apps[round % apps.len()].clone(), id.clone())).collect();
     let bound = Duration::from_secs(120);
     let start = Instant::now();
     let mut failed = Vec::new();
     for id in &ids {
         let left = bound.saturating_sub(start.elapsed()).max(Duration::from_secs(1));
-        let d = settled(&server, id, left).await;
+        let d = settled_or(&server, id, left, || diagnosis(&server, &apps, seed, &kills, &agent)).await;
         if d["state"] == "failed" {
             failed.push(format!("{id}: {}", d["error"]));
         }
     }
     let converged = Instant::now();
     for app in &apps {
+        let newest = requested.iter().rev().find(|(a, _)| a == app).map(|(_, id)| id.clone()).unwrap();
         let (_, list) = server.call(Method::GET, &format!("/api/apps/{app}/deployments"), None).await.unwrap();
         let running: Vec<&Value> = list["deployments"].as_array().unwrap().iter().filter(|d| d["state"] == "running").collect();
-        assert_eq!(running.len(), 1, "{app}: {list}");
-        wait_for(Duration::from_secs(30), "one container per app", || async { (running_containers_of_app(app) == 1).then_some(()) })
-            .await
-            .unwrap_or_else(|e| {
-                // What the next reader needs: which deployments the extra
-                // containers belong to, against the API's view, and the
-                // run's seed and kill points.
-                let ps = Command::new("docker")
-                    .args(["ps", "-a", "--filter", &format!("label=cloudweb.app={app}"), "--format", "{{.Names}} {{.Status}} {{.Labels}}"])
-                    .output()
-                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                    .unwrap_or_default();
-                panic!(
-                    "{e}: {app} has {} containers (seed {seed}, kills after {kills:?} ms)\ncontainers:\n{ps}\ndeployments: {list}\nagent log:\n{}",
-                    running_containers_of_app(app),
-                    agent.log_text()
-                )
-            });
+        if running.len() != 1 || running[0]["id"] != newest.as_str() {
+            panic!(
+                "{app}: {} running deployment(s), expected exactly the newest requested, {newest}\n{}",
+                running.len(),
+                diagnosis(&server, &apps, seed, &kills, &agent).await
+            );
+        }
+        let one = wait_for(Duration::from_secs(30), "one container per app", || async { (running_containers_of_app(app) == 1).then_some(()) }).await;
+        if let Err(e) = one {
+            panic!("{e}: {app} has {} containers\n{}", running_containers_of_app(app), diagnosis(&server, &apps, seed, &kills, &agent).await);
+        }
+        let named = running[0]["commit"].as_str().unwrap_or_default().to_string();
+        let container = containers(&[format!("cloudweb.app={app}")], false).remove(0);
+        let built = docker::docker(&["inspect", "--format", "{{.Image}}", &container]).remove(0);
+        let label = docker::docker(&["image", "inspect", "--format", "{{index .Config.Labels \"cloudweb.commit\"}}", &built]).remove(0);
+        if named.len() < 40 || label != named {
+            panic!(
+                "{app}: the running deployment names commit {named:?}, its container's image was built from {label:?}\n{}",
+                diagnosis(&server, &apps, seed, &kills, &agent).await
+            );
+        }
     }
     let commands = wait_for(Duration::from_secs(30), "every command acked", || async {
         let (_, body) = server.call(Method::GET, &format!("/api/nodes/{node}/commands"), None).await.ok()?;
         let commands = body["commands"].as_array()?.clone();
         commands.iter().all(|c| !c["acked_at"].is_null()).then_some(commands)
     })
-    .await
-    .unwrap();
+    .await;
+    let commands = match commands {
+        Ok(commands) => commands,
+        Err(e) => panic!("{e}\n{}", diagnosis(&server, &apps, seed, &kills, &agent).await),
+    };
     let reacked = commands.iter().filter(|c| c["ack_count"].as_u64().unwrap_or(0) > 1).count();
     assert_eq!(processes_of("docker-registry", &registry_config).len(), 1, "exactly one registry");
     let log = server.process.log_text();

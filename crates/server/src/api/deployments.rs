@@ -25,6 +25,14 @@ async fn view(state: &AppState, deployment: &DeploymentRow) -> Result<Value, Api
         .iter()
         .map(|i| json!({"instance": i.instance, "node_id": i.node_id, "container": i.container, "state": i.state, "address": i.address}))
         .collect();
+    // The states it went through, oldest first.
+    let timeline: Vec<Value> = state
+        .store
+        .deployment_events(&deployment.id)
+        .await?
+        .into_iter()
+        .map(|(step, at)| json!({"state": step, "at": rfc3339_ms(at)}))
+        .collect();
     Ok(json!({
         "id": deployment.id,
         "app": deployment.app,
@@ -37,6 +45,7 @@ async fn view(state: &AppState, deployment: &DeploymentRow) -> Result<Value, Api
         "created_at": rfc3339_ms(deployment.created_at),
         "updated_at": rfc3339_ms(deployment.updated_at),
         "instances": instances,
+        "timeline": timeline,
     }))
 }
 
