@@ -50,6 +50,7 @@ const fn step(name: &'static str, quick: &'static [&'static str], seconds: u64) 
 /// on the dashboard, 1,000 routes) and smaller where it is not.
 const STEPS: &[Step] = &[
     step("scheduler", &["--nodes", "10000", "--placements", "2000"], 30),
+    step("simulate", &["--seeds", "100"], 90),
     step("heartbeats", &["--agents", "2000", "--interval", "2", "--duration", "8"], 60),
     step("flood", &["--connections", "2000"], 45),
     step("apps", &["--sizes", "10,1000,10000", "--samples", "100"], 60),

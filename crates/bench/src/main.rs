@@ -26,6 +26,7 @@ mod process;
 mod procstat;
 mod scheduler;
 mod server;
+mod simulate;
 mod stats;
 mod target;
 mod timestamp;
@@ -57,6 +58,10 @@ enum Commands {
     /// Placements per second of the scheduler against simulated nodes, on
     /// one thread.
     Scheduler(scheduler::Args),
+    /// Seeds of the deterministic simulation of the control plane (real
+    /// store and deployment code, simulated agents, kills at any commit),
+    /// counted by broken invariant; `--seed N` replays one.
+    Simulate(simulate::Args),
     /// TCP throughput and latency between two network namespaces over
     /// userspace WireGuard (and kernel WireGuard where it exists) against
     /// the same link without it.
@@ -106,6 +111,7 @@ fn main() -> std::process::ExitCode {
             Commands::Webhook(args) => webhook::run(args).await,
             Commands::Heartbeats(args) => interruptible(heartbeats::run(args)).await,
             Commands::Scheduler(args) => scheduler::run(args),
+            Commands::Simulate(args) => simulate::run(args).await,
             Commands::Agent(args) => interruptible(agent_rss::run(args)).await,
             Commands::Flood(args) => interruptible(flood::run(args)).await,
             Commands::Apps(args) => interruptible(apps::run(args)).await,
