@@ -86,6 +86,11 @@ enum Command {
         /// A commit id (or an abbreviation of 4 or more hex digits).
         #[arg(long)]
         commit: Option<String>,
+        /// Let the app's older deployments that are still building finish
+        /// (by default this deploy supersedes them at once); whichever
+        /// finishes first, this one ends up running.
+        #[arg(long)]
+        keep_in_flight: bool,
         /// Show the state and the build log until the deployment runs
         /// (exit 0) or fails (exit 1).
         #[arg(long, short = 'f')]
@@ -386,7 +391,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Apps { command } => apps(&api, command.unwrap_or(AppsCommand::List), json).await,
         Command::Env { command } => env(&api, command, json).await,
         Command::Domains { command } => domains(&api, command, json).await,
-        Command::Deploy { app, commit, follow } => deploy(&api, &app, commit, follow, json).await,
+        Command::Deploy { app, commit, keep_in_flight, follow } => deploy(&api, &app, commit, keep_in_flight, follow, json).await,
         Command::Rollback { app, to, follow } => rollback(&api, &app, to, follow, json).await,
         Command::Deployments { app } => deployments(&api, &app, json).await,
         Command::Logs { app, follow, lines, deployment } => logs(&api, &app, follow, lines, deployment, json).await,
@@ -881,11 +886,14 @@ async fn started(api: &Api, deployment: Value, follow: bool, json: bool) -> Resu
     }
 }
 
-async fn deploy(api: &Api, app: &str, commit: Option<String>, follow: bool, json: bool) -> Result<(), Failure> {
-    let body = match commit {
-        Some(commit) => json!({"commit": commit}),
-        None => json!({}),
-    };
+async fn deploy(api: &Api, app: &str, commit: Option<String>, keep_in_flight: bool, follow: bool, json: bool) -> Result<(), Failure> {
+    let mut body = json!({});
+    if let Some(commit) = commit {
+        body["commit"] = json!(commit);
+    }
+    if keep_in_flight {
+        body["keep_in_flight"] = json!(true);
+    }
     let deployment = api.call(Method::POST, &format!("/api/apps/{}/deploy", segment(app)), Some(&body)).await?;
     started(api, deployment, follow, json).await
 }
