@@ -164,10 +164,14 @@ pub fn encode_figures(figures: &Figures) -> Result<String, std::fmt::Error> {
     Ok(out)
 }
 
-#[utoipa::path(get, path = "/metrics", tag = "metrics", responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
+/// The media type `/metrics` answers with, and the one its OpenAPI
+/// annotation names (one constant, so they cannot disagree).
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[utoipa::path(get, path = "/metrics", tag = "metrics", responses((status = 200, description = "OpenMetrics text format (Prometheus scrapes it)", content_type = METRICS_CONTENT_TYPE, body = String)))]
 pub async fn prometheus(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     match encode_figures(&figures(&state)) {
-        Ok(out) => (StatusCode::OK, [(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], out),
+        Ok(out) => (StatusCode::OK, [(CONTENT_TYPE, METRICS_CONTENT_TYPE)], out),
         Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, [(CONTENT_TYPE, "text/plain; charset=utf-8")], "cannot encode the metrics\n".to_string()),
     }
 }

@@ -100,12 +100,23 @@ pub fn router(state: Arc<AppState>) -> Router {
     let (router, document) = parts(Some(state.clone()));
     let document = Arc::new(openapi::Served::new(&document));
     router
-        .fallback(|| async { ApiError::NotFound("no such endpoint".to_string()) })
+        .fallback(unknown_path)
         .layer(axum::Extension(document))
         .layer(middleware::from_fn(run_to_completion))
         .layer(DefaultBodyLimit::max(crate::error::MAX_BODY_BYTES))
         .layer(middleware::from_fn(crate::error::refuse_declared_oversize))
         .with_state(state)
+}
+
+/// An unknown path: JSON under `/api/` (a program asked), the dashboard's
+/// HTML 404 page everywhere else (a browser asked; see
+/// [`crate::web::not_found_page`]).
+async fn unknown_path(state: axum::extract::State<Arc<AppState>>, request: Request) -> Response {
+    let path = request.uri().path();
+    if path == "/api" || path.starts_with("/api/") {
+        return ApiError::NotFound("no such endpoint".to_string()).into_response();
+    }
+    crate::web::not_found_page(state, request).await
 }
 
 /// Liveness: answers `ok` while the control plane serves.

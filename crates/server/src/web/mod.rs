@@ -87,11 +87,28 @@ fn asset(body: &'static str, content_type: &'static str) -> Response {
 
 async fn security_headers(request: axum::extract::Request, next: Next) -> Response {
     let mut response = next.run(request).await;
+    add_security_headers(&mut response);
+    response
+}
+
+fn add_security_headers(response: &mut Response) {
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+}
+
+/// What a browser gets for a path nothing serves (outside `/api/`, where
+/// the API answers JSON): the 404 page, or the login page's redirect
+/// without a session, like every page.
+pub async fn not_found_page(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let (mut parts, _) = request.into_parts();
+    let mut response = match Ctx::from_request_parts(&mut parts, &state).await {
+        Ok(ctx) => not_found(&ctx),
+        Err(rejection) => rejection,
+    };
+    add_security_headers(&mut response);
     response
 }
 
