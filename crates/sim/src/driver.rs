@@ -135,7 +135,7 @@ impl Sim {
             // lot and need no durability beyond the simulated kills.
             dir: tempfile::Builder::new()
                 .prefix("cloudweb-sim-")
-                .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() { std::path::Path::new("/dev/shm") } else { std::env::temp_dir().leak() })
+                .tempdir_in("/dev/shm")
                 .or_else(|_| tempfile::tempdir())
                 .expect("a temporary directory"),
             clock: SimClock(Arc::new(AtomicI64::new(1_900_000_000_000))),
@@ -170,7 +170,7 @@ impl Sim {
     }
 
     fn commit_id(&mut self) -> String {
-        format!("{:016x}{:016x}{:08x}", self.rng.next(), self.rng.next(), self.rng.next() as u32)
+        format!("{:016x}{:016x}{:08x}", self.rng.next_u64(), self.rng.next_u64(), self.rng.next_u64() as u32)
     }
 
     async fn open(&mut self) {
@@ -422,7 +422,7 @@ impl Sim {
                     }
                     0..=69 => {
                         let node = self.rng.pick(&self.nodes).cloned().expect("nodes");
-                        let seed = self.rng.next();
+                        let seed = self.rng.next_u64();
                         self.spawn(Activity::Agent { node, seed });
                     }
                     _ => self.spawn(Activity::Reconcile),
@@ -474,7 +474,7 @@ impl Sim {
             for node in self.nodes.clone() {
                 if !state.store.pending_commands(&node).await.unwrap_or_default().is_empty() {
                     pending = true;
-                    let seed = self.rng.next();
+                    let seed = self.rng.next_u64();
                     self.spawn(Activity::Agent { node, seed });
                 }
             }

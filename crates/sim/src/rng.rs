@@ -9,7 +9,7 @@ impl Rng {
         Rng(seed)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -19,7 +19,7 @@ impl Rng {
 
     /// A number in `0..bound` (`bound` > 0).
     pub fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound.max(1)
+        self.next_u64() % bound.max(1)
     }
 
     /// True with probability `percent` / 100.
@@ -40,9 +40,9 @@ impl Rng {
 mod tests {
     #[test]
     fn a_seed_replays() {
-        let a: Vec<u64> = { let mut r = super::Rng::new(7); (0..5).map(|_| r.next()).collect() };
-        let b: Vec<u64> = { let mut r = super::Rng::new(7); (0..5).map(|_| r.next()).collect() };
+        let a: Vec<u64> = { let mut r = super::Rng::new(7); (0..5).map(|_| r.next_u64()).collect() };
+        let b: Vec<u64> = { let mut r = super::Rng::new(7); (0..5).map(|_| r.next_u64()).collect() };
         assert_eq!(a, b);
-        assert_ne!(a, { let mut r = super::Rng::new(8); (0..5).map(|_| r.next()).collect::<Vec<_>>() });
+        assert_ne!(a, { let mut r = super::Rng::new(8); (0..5).map(|_| r.next_u64()).collect::<Vec<_>>() });
     }
 }

@@ -153,8 +153,8 @@ async fn move_deployment(
     Ok(true)
 }
 
-/// The instances of a deployment that ended before it ran: placed ones stop
-/// at `stop_after_ms` (the reconciler sends the stop), unplaced ones fail.
+/// The instances of a deployment that ended: placed ones stop at
+/// `stop_after_ms` (the reconciler sends the stop), unplaced ones fail.
 async fn retire_instances(tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>, id: &str, stop_after_ms: i64, now_ms: i64) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE instances SET state = 'stopping', stop_after = $1, updated_at = $2 \
@@ -324,15 +324,7 @@ impl Store {
             .collect();
         for old in &older {
             move_deployment(&mut tx, old, "running", "superseded", None, None, now_ms).await?;
-            sqlx::query(
-                "UPDATE instances SET state = 'stopping', stop_after = $1, updated_at = $2 \
-                 WHERE deployment_id = $3 AND state IN ('pending', 'running')",
-            )
-            .bind(stop_after_ms)
-            .bind(now_ms)
-            .bind(old)
-            .execute(&mut *tx)
-            .await?;
+            retire_instances(&mut tx, old, stop_after_ms, now_ms).await?;
         }
         // The invariant, checked where it is made: one running deployment.
         let running: i64 = sqlx::query("SELECT COUNT(*) AS n FROM deployments WHERE app = $1 AND state = 'running'")
