@@ -32,10 +32,18 @@ use crate::redact::Redactor;
 use crate::runtime::{is_transient_registry_error, AppContainer, DockerRuntime, RegistryAuth, RuntimeError, LABEL_COMMIT};
 
 /// The pauses between tries of a push or pull that failed for a moment
-/// (see [`is_transient_registry_error`]): five tries over about 10 s,
-/// which covers a registry restart by the control plane.
-const REGISTRY_RETRY_DELAYS: [Duration; 4] =
-    [Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(3), Duration::from_secs(4)];
+/// (see [`is_transient_registry_error`]): eight tries over about 30 s,
+/// which covers a registry restart by the control plane and a restart of
+/// the control plane itself (the registry is its child).
+const REGISTRY_RETRY_DELAYS: [Duration; 7] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(3),
+    Duration::from_secs(4),
+    Duration::from_secs(5),
+    Duration::from_secs(5),
+    Duration::from_secs(5),
+];
 
 /// Runs a push or pull (`what`), again after each of `delays` while it
 /// fails with a transient registry error; each retry goes to `log` (the

@@ -42,6 +42,9 @@ pub fn is_transient_registry_error(err: &RuntimeError) -> bool {
     let message = match err {
         RuntimeError::Failed(message) => message.as_str(),
         RuntimeError::Engine(bollard::errors::Error::DockerResponseServerError { message, .. }) => message.as_str(),
+        // A push or pull reports the registry's failure in its progress
+        // stream (`Put "https://…/v2/…": connection refused`).
+        RuntimeError::Engine(bollard::errors::Error::DockerStreamError { error }) => error.as_str(),
         _ => return false,
     };
     let message = message.to_ascii_lowercase();
@@ -152,6 +155,11 @@ mod tests {
             failed("push of r/web:d1 failed: write tcp 127.0.0.1:1->127.0.0.1:5000: write: broken pipe"),
             engine("received unexpected HTTP status: 502 Bad Gateway"),
             failed("push of r/web:d1 failed: received unexpected HTTP status: 503 Service Unavailable"),
+            // What a push says when the control plane (and its registry)
+            // restarts under it, as seen in the kill fault test.
+            RuntimeError::Engine(bollard::errors::Error::DockerStreamError {
+                error: "Get \"http://127.0.0.1:33047/v2/\": dial tcp 127.0.0.1:33047: connect: connection refused".into(),
+            }),
         ] {
             assert!(is_transient_registry_error(&transient), "{transient}");
         }
@@ -163,6 +171,7 @@ mod tests {
             engine("received unexpected HTTP status: 500 Internal Server Error"),
             failed("push of r/eofweb:d1 failed: denied: requested access to the resource is denied"),
             RuntimeError::Unavailable("the Docker Engine does not answer".into()),
+            RuntimeError::Engine(bollard::errors::Error::DockerStreamError { error: "unauthorized: authentication required".into() }),
         ] {
             assert!(!is_transient_registry_error(&lasting), "{lasting}");
         }
