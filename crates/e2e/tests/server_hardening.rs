@@ -197,10 +197,11 @@ async fn a_deployment_on_a_node_that_goes_silent_fails() {
     cp.alive(&node).await;
     assert_eq!(cp.create_app("hung", json!({})).await.0, 201);
     let mut ids = Vec::new();
-    // One still queued on the node, one building there.
+    // One still queued on the node, one building there (the second keeps
+    // the first in flight: by default a newer request supersedes it).
     let (_, body) = cp.call(Method::POST, "/api/apps/hung/deploy", None).await;
     ids.push(body["id"].as_str().unwrap().to_string());
-    let (_, body) = cp.call(Method::POST, "/api/apps/hung/deploy", None).await;
+    let (_, body) = cp.call(Method::POST, "/api/apps/hung/deploy", Some(json!({"keep_in_flight": true}))).await;
     let building = body["id"].as_str().unwrap().to_string();
     assert_eq!(cp.report(&node, json!({"deployment_id": building, "state": "building"})).await, 202);
     ids.push(building);
