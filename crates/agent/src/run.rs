@@ -90,8 +90,17 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     let client = Arc::new(ControlPlane::for_node(&identity, options.protocol)?.with_upgrade_retry(options.upgrade_retry));
     let runtime = DockerRuntime::new(&options.docker_host, &identity.info.node_id)?;
     // A builder container left by an agent that was killed mid-build would
-    // run on beside the one the redelivered deploy starts.
-    remove_builders(&runtime, "left by an earlier agent").await;
+    // run on beside the one the redelivered deploy starts. It goes in the
+    // background: heartbeats start at once, and only the command loop
+    // waits for it (so never two builders run).
+    let (builders_gone, leftovers_removed) = tokio::sync::watch::channel(false);
+    {
+        let runtime = runtime.clone();
+        tokio::spawn(async move {
+            remove_builders(&runtime, "left by an earlier agent").await;
+            let _ = builders_gone.send(true);
+        });
+    }
     match crate::build::firewall::isolate(crate::runtime::BUILD_BRIDGE).await {
         Ok(0) => {}
         Ok(added) => tracing::info!(added, bridge = crate::runtime::BUILD_BRIDGE, "firewall rules keep builds off the host and private networks"),
@@ -124,7 +133,12 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     }
     tasks.push(tokio::spawn(crate::logs::run(client.clone(), runtime.clone())));
     tasks.push(tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared, samples, health, mesh)));
-    tasks.push(tokio::spawn(command_loop(client.clone(), executor, options, routes_changed, peers_changed)));
+    let commands_client = client.clone();
+    tasks.push(tokio::spawn(async move {
+        let mut leftovers_removed = leftovers_removed;
+        let _ = leftovers_removed.wait_for(|gone| *gone).await;
+        command_loop(commands_client, executor, options, routes_changed, peers_changed).await
+    }));
     // The loops run until one of these happens.
     let removed = tokio::select! {
         _ = client.removed() => true,
@@ -171,14 +185,36 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     Ok(())
 }
 
-/// Removes this node's build step containers, within 10 s; `why` goes in
-/// the log.
+/// How long listing the builder containers, and then killing and
+/// removing each, may take.
+const BUILDER_REMOVAL_LIMIT: Duration = Duration::from_secs(10);
+
+/// Kills and removes this node's build step containers; `why` goes in
+/// the log, which says which step did not work: the Docker Engine did not
+/// list the containers, or did not remove one of them (and why).
 async fn remove_builders(runtime: &DockerRuntime, why: &str) {
-    match tokio::time::timeout(Duration::from_secs(10), runtime.remove_builders()).await {
-        Ok(Ok(0)) => {}
-        Ok(Ok(count)) => tracing::warn!(count, "removed builder containers {why}"),
-        Ok(Err(err)) => tracing::warn!(error = %err, "could not look for builder containers {why}"),
-        Err(_) => tracing::warn!("the Docker Engine did not answer within 10 s; builder containers {why} may remain"),
+    let limit = BUILDER_REMOVAL_LIMIT.as_secs();
+    let found = match tokio::time::timeout(BUILDER_REMOVAL_LIMIT, runtime.builders()).await {
+        Ok(Ok(found)) => found,
+        Ok(Err(err)) => {
+            tracing::warn!(error = %err, "could not list builder containers {why}; any there remain");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!("the Docker Engine did not list containers within {limit} s; builder containers {why} may remain");
+            return;
+        }
+    };
+    let mut removed = Vec::new();
+    for (id, name, state) in found {
+        match tokio::time::timeout(BUILDER_REMOVAL_LIMIT, runtime.kill_and_remove(&id)).await {
+            Ok(Ok(())) => removed.push(format!("{name} ({state})")),
+            Ok(Err(err)) => tracing::warn!(container = %name, state = %state, error = %err, "could not remove a builder container {why}"),
+            Err(_) => tracing::warn!(container = %name, state = %state, "the Docker Engine did not remove the builder container {why} within {limit} s; it may remain"),
+        }
+    }
+    if !removed.is_empty() {
+        tracing::info!(count = removed.len(), containers = %removed.join(", "), "removed builder containers {why}");
     }
 }
 

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use bollard::models::{ContainerCreateBody, HostConfig, PortBinding, RestartPolicy, RestartPolicyNameEnum};
-use bollard::query_parameters::{CreateContainerOptionsBuilder, LogsOptionsBuilder, WaitContainerOptionsBuilder};
+use bollard::query_parameters::{CreateContainerOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder, WaitContainerOptionsBuilder};
 use futures_util::StreamExt;
 
 use super::{DockerRuntime, RuntimeError, LABEL_APP, LABEL_DEPLOYMENT, LABEL_INSTANCE, LABEL_NODE};
@@ -329,10 +329,36 @@ impl DockerRuntime {
         Ok((removed, failed))
     }
 
-    /// Stops and removes this node's build step containers; returns how
-    /// many there were.
-    pub async fn remove_builders(&self) -> Result<usize, RuntimeError> {
-        self.remove_role(ROLE_BUILDER).await
+    /// This node's build step containers, running or not, as (id, name,
+    /// Docker's state word).
+    pub async fn builders(&self) -> Result<Vec<(String, String, String)>, RuntimeError> {
+        let labels = vec![format!("{}={}", super::LABEL_NODE, self.node_id), format!("{LABEL_ROLE}={ROLE_BUILDER}")];
+        let filters = HashMap::from([("label", labels)]);
+        let containers = self
+            .docker()?
+            .list_containers(Some(bollard::query_parameters::ListContainersOptionsBuilder::new().all(true).filters(&filters).build()))
+            .await?;
+        Ok(containers
+            .into_iter()
+            .filter_map(|c| {
+                let name = super::first_name(c.names);
+                Some((c.id?, name, c.state.map(|s| s.to_string()).unwrap_or_default()))
+            })
+            .collect())
+    }
+
+    /// Kills and removes one build step container at once, without a stop
+    /// grace period: a build step's work is worthless once its build is
+    /// abandoned, and a shell as PID 1 ignores SIGTERM, so a grace period
+    /// would only hold the caller for its whole length.
+    pub async fn kill_and_remove(&self, id: &str) -> Result<(), RuntimeError> {
+        self.changed();
+        let options = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+        match self.docker()?.remove_container(id, Some(options)).await {
+            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, message }) if message.contains("already in progress") => Ok(()),
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// Stops and removes this node's containers with the given role label;

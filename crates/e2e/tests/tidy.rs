@@ -1,0 +1,92 @@
+//! Leave nothing behind, say nothing false (issue 31), with the real
+//! binaries and the real Docker Engine: a builder cut off by kill -9 is
+//! removed at the agent's next start without holding the start up, and
+//! the agent's log says what happened.
+
+use std::time::{Duration, Instant};
+
+use cloudweb_e2e::{docker, start_platform, unique_name, wait_for, AgentNode, Platform};
+use reqwest::Method;
+use serde_json::json;
+
+const AGENT_FLAGS: [&str; 8] = [
+    "--heartbeat-interval-seconds", "1",
+    "--publish-ip", "127.0.0.1",
+    "--advertise-host", "127.0.0.1",
+    "--static-builder-image", "cloudweb-test/busybox:latest",
+];
+
+/// Ids of this node's build step containers, running or not.
+fn builders(node_id: &str) -> Vec<String> {
+    docker::ps(&["-aq", "--no-trunc", "--filter", &format!("label=cloudweb.node={node_id}"), "--filter", "label=cloudweb.role=builder"])
+}
+
+/// Issue 31 items 2 and 3. The build step is a shell running `sleep`:
+/// as PID 1 it ignores SIGTERM, so a stop with a grace period would hold
+/// the restarted agent for the whole period and leave the builder exited
+/// but not removed.
+#[tokio::test]
+async fn a_builder_cut_off_by_kill_9_is_gone_at_once_and_the_log_says_so() {
+    let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "killed", &token, &ca, &[]).unwrap().unwrap();
+    agent.start(&AGENT_FLAGS).unwrap();
+    let node_id = agent.node_id.clone();
+    wait_for(Duration::from_secs(15), "the node to be ready", || async {
+        (server.node(&node_id).await.ok()?["state"] == "ready").then_some(())
+    })
+    .await
+    .unwrap();
+    let name = unique_name("cutoff");
+    git.commit(&name, &[("index.html", "<h1>cut off</h1>\n")], "cut off").unwrap();
+    let body = json!({"name": name, "repo_url": git.url(&name), "port": 8080,
+                      "build": {"build_cmd": "sleep 600 && mkdir -p dist && cp index.html dist/", "output_dir": "dist"}});
+    let (status, app) = server.call(Method::POST, "/api/apps", Some(body)).await.unwrap();
+    assert_eq!(status, 201, "{app}");
+    let (status, deployment) = server.call(Method::POST, &format!("/api/apps/{name}/deploy"), None).await.unwrap();
+    assert_eq!(status, 201, "{deployment}");
+    // The build step itself (other steps, such as the checkout, also run
+    // as builders, briefly).
+    let id = deployment["id"].as_str().unwrap().to_string();
+    let diagnose = || async {
+        let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.unwrap();
+        let logs = server.http.get(server.api(&format!("/api/deployments/{id}/logs"))).bearer_auth(&server.admin_token).send().await.unwrap();
+        format!("{d}\n{}", logs.text().await.unwrap_or_default())
+    };
+    let first = wait_for(Duration::from_secs(60), "the build step to run", || async {
+        let ids = builders(&node_id);
+        let running = docker::ps(&["--no-trunc", "--filter", "label=cloudweb.role=builder", "--filter", "status=running", "--format", "{{.ID}} {{.Command}}"]);
+        running.iter().find(|l| l.contains("sleep 600")).and_then(|l| l.split(' ').next()).filter(|id| ids.iter().any(|i| i == id)).map(str::to_string)
+    })
+    .await;
+    let first = match first {
+        Ok(first) => first,
+        Err(e) => panic!("{e}\n{}\n{}", diagnose().await, agent.log_text()),
+    };
+
+    let process = agent.process.as_mut().unwrap();
+    process.signal("KILL");
+    assert!(process.wait_exit(Duration::from_secs(5)).await.is_some(), "the agent died");
+    assert_eq!(docker::ps(&["-q", "--no-trunc", "--filter", &format!("id={first}")]).len(), 1, "the builder runs on without its agent");
+    let restarted = Instant::now();
+    agent.start(&AGENT_FLAGS).unwrap();
+    // Gone, not just stopped (`-a` lists exited containers too).
+    wait_for(Duration::from_secs(5), "the cut-off builder to be removed", || async {
+        docker::ps(&["-aq", "--no-trunc", "--filter", &format!("id={first}")]).is_empty().then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
+    // The start is not held for it: the first heartbeat goes out at once
+    // (the agent logs each at debug level).
+    wait_for(Duration::from_secs(4), "the restarted agent's first heartbeat", || async {
+        agent.log_text().contains("heartbeat sent").then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e} (restarted {:?} ago)\n{}", restarted.elapsed(), agent.log_text()));
+    let log = agent.log_text();
+    let line = log.lines().find(|l| l.contains("removed builder containers left by an earlier agent")).unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains("count=1") && line.contains("running"), "the line names the one builder and its state: {line}");
+    assert!(!log.contains("did not answer") && !log.contains("may remain"), "nothing false about the engine:\n{log}");
+
+    server.call(Method::DELETE, &format!("/api/apps/{name}"), None).await.unwrap();
+}
