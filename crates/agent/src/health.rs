@@ -24,15 +24,22 @@ pub struct Latest {
 }
 
 /// One check of the registry at `address`: any HTTP answer from `/v2/`
-/// (401 included) means reachable.
-async fn probe(address: &str, ca_pem: Option<&str>) -> Result<(), String> {
+/// (401 included) means reachable. It goes with this node's registry
+/// credentials when it has them: an anonymous `/v2/` makes the registry
+/// log an authorization error on every check, which would bury the real
+/// ones.
+async fn probe(address: &str, ca_pem: Option<&str>, credentials: Option<(&str, &str)>) -> Result<(), String> {
     let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(5)).connect_timeout(Duration::from_secs(3));
     if let Some(ca) = ca_pem {
         let certificate = reqwest::Certificate::from_pem(ca.as_bytes()).map_err(|e| format!("registry CA: {e}"))?;
         builder = builder.add_root_certificate(certificate);
     }
     let http = builder.build().map_err(|e| e.to_string())?;
-    match http.get(format!("https://{address}/v2/")).send().await {
+    let mut request = http.get(format!("https://{address}/v2/"));
+    if let Some((username, password)) = credentials {
+        request = request.basic_auth(username, Some(password));
+    }
+    match request.send().await {
         Ok(_) => Ok(()),
         Err(err) => {
             let mut text = err.to_string();
@@ -57,7 +64,8 @@ pub async fn checker(client: Arc<ControlPlane>, runtime: DockerRuntime, interval
             _ => match client.registry().await {
                 Ok(config) if config.configured => {
                     let address = override_address.clone().or(config.address).unwrap_or_default();
-                    match probe(&address, config.ca.as_deref()).await {
+                    let credentials = config.username.as_deref().zip(config.password.as_deref());
+                    match probe(&address, config.ca.as_deref(), credentials).await {
                         Ok(()) => {
                             failures = 0;
                             RegistryHealth { configured: true, reachable: true, error: None }

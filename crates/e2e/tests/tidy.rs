@@ -90,3 +90,54 @@ async fn a_builder_cut_off_by_kill_9_is_gone_at_once_and_the_log_says_so() {
 
     server.call(Method::DELETE, &format!("/api/apps/{name}"), None).await.unwrap();
 }
+
+/// Lines of the registry's output (it writes into the control plane's
+/// log) that report an authorization failure.
+fn authorization_errors(server: &cloudweb_e2e::ServerProcess) -> Vec<String> {
+    server.process.log_text().lines().filter(|l| l.contains("error authorizing context")).map(str::to_string).collect()
+}
+
+/// Issue 31 item 4. The agents' health checks of the registry log no
+/// authorization error; a request with a bad credential still does.
+#[tokio::test]
+async fn registry_health_checks_log_no_authorization_error_and_a_bad_credential_does() {
+    let Platform { tmp, git: _git, server } = start_platform(&[]).await.unwrap();
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "prober", &token, &ca, &[]).unwrap().unwrap();
+    let mut flags = AGENT_FLAGS.to_vec();
+    flags.extend(["--health-interval-seconds", "1"]);
+    agent.start(&flags).unwrap();
+    let node_id = agent.node_id.clone();
+    // Reachable twice in a row, with a second between the checks: the
+    // checks have run; then a few more.
+    wait_for(Duration::from_secs(20), "the node to report the registry reachable", || async {
+        let node = server.node(&node_id).await.ok()?;
+        let registry = &node["health_report"]["registry"];
+        (registry["reachable"] == true && registry["error"].is_null()).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(authorization_errors(&server), Vec::<String>::new(), "health checks made the registry log errors");
+
+    // A real failure still stands out.
+    let log = server.process.log_text();
+    let address = log
+        .lines()
+        .find(|l| l.contains("image registry running"))
+        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("listen=")))
+        .unwrap_or_else(|| panic!("no registry address in the log:\n{log}"))
+        .to_string();
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(server.ca_pem().as_bytes()).unwrap())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let response = http.get(format!("https://{address}/v2/")).basic_auth("intruder", Some("wrong")).send().await.unwrap();
+    assert_eq!(response.status(), 401);
+    wait_for(Duration::from_secs(5), "the registry to log the bad credential", || async {
+        (!authorization_errors(&server).is_empty()).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", server.process.log_text()));
+}
