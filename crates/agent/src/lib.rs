@@ -13,6 +13,7 @@ pub mod ingress;
 pub mod join;
 pub mod logs;
 pub mod mesh;
+pub mod prune;
 pub mod redact;
 pub mod renew;
 pub mod run;

@@ -148,6 +148,13 @@ struct RunArgs {
     /// control plane gives (a node that reaches it by another route).
     #[arg(long)]
     registry_check_address: Option<String>,
+    /// Images kept per app on this node besides those containers use; older
+    /// images of superseded deployments are removed (the registry keeps them).
+    #[arg(long, default_value_t = cloudweb_agent::prune::DEFAULT_KEEP)]
+    keep_images: usize,
+    /// Seconds between two prunings of superseded deployments' images.
+    #[arg(long, default_value_t = cloudweb_agent::prune::DEFAULT_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86400))]
+    image_prune_interval_seconds: u64,
     /// Seconds between two usage samples sent with heartbeats.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     metrics_interval_seconds: u64,
@@ -326,6 +333,8 @@ fn real_main() -> anyhow::Result<()> {
                     mesh,
                     metrics_interval: Duration::from_secs(args.metrics_interval_seconds),
                     health_interval: Duration::from_secs(args.health_interval_seconds),
+                    keep_images: args.keep_images,
+                    image_prune_interval: Duration::from_secs(args.image_prune_interval_seconds),
                     registry_check_address: match args.registry_check_address {
                         Some(address) => {
                             cloudweb_protocol::validate::endpoint("--registry-check-address", &address).map_err(anyhow::Error::msg)?;

@@ -48,6 +48,10 @@ pub struct RunOptions {
     pub health_interval: Duration,
     /// Check this registry address instead of the one the control plane gives.
     pub registry_check_address: Option<String>,
+    /// Images of each app kept on the node, and how often the rest of the
+    /// superseded ones are pruned (see [`crate::prune`]).
+    pub keep_images: usize,
+    pub image_prune_interval: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +136,7 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
         tasks.push(tokio::spawn(crate::mesh::run(client.clone(), mesh_options, peers_changed.clone(), mesh.clone())));
     }
     tasks.push(tokio::spawn(crate::logs::run(client.clone(), runtime.clone())));
+    tasks.push(tokio::spawn(crate::prune::pruner(client.clone(), runtime.clone(), options.image_prune_interval, options.keep_images)));
     tasks.push(tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared, samples, health, mesh)));
     let commands_client = client.clone();
     tasks.push(tokio::spawn(async move {

@@ -121,13 +121,7 @@ async fn registry_health_checks_log_no_authorization_error_and_a_bad_credential_
     assert_eq!(authorization_errors(&server), Vec::<String>::new(), "health checks made the registry log errors");
 
     // A real failure still stands out.
-    let log = server.process.log_text();
-    let address = log
-        .lines()
-        .find(|l| l.contains("image registry running"))
-        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("listen=")))
-        .unwrap_or_else(|| panic!("no registry address in the log:\n{log}"))
-        .to_string();
+    let address = registry_address(&server);
     let http = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(server.ca_pem().as_bytes()).unwrap())
         .timeout(Duration::from_secs(10))
@@ -140,4 +134,88 @@ async fn registry_health_checks_log_no_authorization_error_and_a_bad_credential_
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", server.process.log_text()));
+}
+
+/// The cluster registry's address, from the control plane's log.
+fn registry_address(server: &cloudweb_e2e::ServerProcess) -> String {
+    let log = server.process.log_text();
+    log.lines()
+        .find(|l| l.contains("image registry running"))
+        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("listen=")))
+        .unwrap_or_else(|| panic!("no registry address in the log:\n{log}"))
+        .to_string()
+}
+
+/// `repository:tag` of the engine's images whose reference starts with `prefix`.
+fn images_starting(prefix: &str) -> Vec<String> {
+    let mut found: Vec<String> =
+        docker::docker(&["images", "--format", "{{.Repository}}:{{.Tag}}"]).into_iter().filter(|r| r.starts_with(prefix)).collect();
+    found.sort();
+    found
+}
+
+/// Issue 31 item 1 (the node's part). With `--keep-images 1`, the images
+/// of superseded deployments leave the node once no container uses them;
+/// the running one stays, other images are not touched, and a rollback
+/// to a pruned image pulls it from the registry again.
+#[tokio::test]
+async fn images_of_superseded_deployments_are_pruned_from_the_node() {
+    let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "pruner", &token, &ca, &[]).unwrap().unwrap();
+    let mut flags = AGENT_FLAGS.to_vec();
+    flags.extend(["--keep-images", "1", "--image-prune-interval-seconds", "1"]);
+    agent.start(&flags).unwrap();
+    let node_id = agent.node_id.clone();
+    wait_for(Duration::from_secs(15), "the node to be ready", || async {
+        (server.node(&node_id).await.ok()?["state"] == "ready").then_some(())
+    })
+    .await
+    .unwrap();
+    let name = unique_name("pruned");
+    let dockerfile = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n";
+    let body = json!({"name": name, "repo_url": git.url(&name), "port": 8080, "health_timeout_seconds": 20});
+    let mut deployments = Vec::new();
+    for version in 1..=3 {
+        let page = format!("v{version}\n");
+        let commit = git.commit(&name, &[("Dockerfile", dockerfile), ("index.html", page.as_str())], "v").unwrap();
+        if version == 1 {
+            let (status, app) = server.call(Method::POST, "/api/apps", Some(body.clone())).await.unwrap();
+            assert_eq!(status, 201, "{app}");
+        }
+        let (status, d) = server.call(Method::POST, &format!("/api/apps/{name}/deploy"), Some(json!({"commit": commit}))).await.unwrap();
+        assert_eq!(status, 201, "{d}");
+        let id = d["id"].as_str().unwrap().to_string();
+        let settled = wait_for(Duration::from_secs(120), "the deployment to run", || async {
+            let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+            matches!(d["state"].as_str(), Some("running" | "failed")).then_some(d)
+        })
+        .await
+        .unwrap();
+        assert_eq!(settled["state"], "running", "{settled}\n{}", agent.log_text());
+        deployments.push(id);
+    }
+    let prefix = format!("{}/{name}:", registry_address(&server));
+    let running = format!("{prefix}{}", deployments[2]);
+    wait_for(Duration::from_secs(30), "the superseded deployments' images to be pruned", || async {
+        (images_starting(&prefix) == vec![running.clone()]).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {:?}\n{}", images_starting(&prefix), agent.log_text()));
+    assert!(agent.log_text().contains("pruned the image of a superseded deployment"), "{}", agent.log_text());
+    assert_eq!(images_starting("cloudweb-test/busybox:latest"), vec!["cloudweb-test/busybox:latest"], "base images stay");
+
+    // The registry still has the first image: a rollback pulls it.
+    let (status, rollback) =
+        server.call(Method::POST, &format!("/api/apps/{name}/rollback"), Some(json!({"deployment_id": deployments[0]}))).await.unwrap();
+    assert_eq!(status, 201, "{rollback}");
+    let id = rollback["id"].as_str().unwrap().to_string();
+    let settled = wait_for(Duration::from_secs(60), "the rollback to run", || async {
+        let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        matches!(d["state"].as_str(), Some("running" | "failed")).then_some(d)
+    })
+    .await
+    .unwrap();
+    assert_eq!(settled["state"], "running", "{settled}\n{}", agent.log_text());
+    server.call(Method::DELETE, &format!("/api/apps/{name}"), None).await.unwrap();
 }

@@ -5,7 +5,18 @@ use bollard::query_parameters::{BuildImageOptionsBuilder, CreateImageOptionsBuil
 use bytes::Bytes;
 use futures_util::StreamExt;
 
-use super::{DockerRuntime, RuntimeError};
+use super::{DockerRuntime, RuntimeError, LABEL_APP, LABEL_BUILT_BY};
+
+/// An image of a cloud-web app on this engine (it carries [`LABEL_APP`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppImage {
+    pub id: String,
+    /// `repository:tag` references.
+    pub tags: Vec<String>,
+    pub app: String,
+    /// Unix seconds.
+    pub created: i64,
+}
 
 /// Credentials for the cluster registry.
 #[derive(Clone)]
@@ -75,7 +86,13 @@ impl DockerRuntime {
         let docker = self.docker()?;
         // RUN steps go on the build network, like static site builds.
         let network = self.build_network().await?;
-        let labels: std::collections::HashMap<&str, &str> = labels.iter().copied().collect();
+        // The app is the repository's last path segment (see the deploy's
+        // build tag): with it and the node, images can be pruned and found.
+        let (repository, _) = split_reference(tag);
+        let app = repository.rsplit('/').next().unwrap_or(repository);
+        let mut labels: std::collections::HashMap<&str, &str> = labels.iter().copied().collect();
+        labels.insert(LABEL_APP, app);
+        labels.insert(LABEL_BUILT_BY, &self.node_id);
         let options = BuildImageOptionsBuilder::new().t(tag).rm(true).forcerm(true).networkmode(&network).labels(&labels).build();
         let mut stream = docker.build_image(options, None, Some(bollard::body_full(Bytes::from(context))));
         while let Some(item) = stream.next().await {
@@ -129,6 +146,31 @@ impl DockerRuntime {
     pub async fn remove_tag(&self, tag: &str) -> Result<(), RuntimeError> {
         self.docker()?.remove_image(tag, None::<bollard::query_parameters::RemoveImageOptions>, None).await?;
         Ok(())
+    }
+
+    /// Every image on the engine labelled as a cloud-web app's (built by
+    /// any agent: a pulled image carries its builder's labels).
+    pub async fn app_images(&self) -> Result<Vec<AppImage>, RuntimeError> {
+        let filters = std::collections::HashMap::from([("label", vec![LABEL_APP.to_string()])]);
+        let options = bollard::query_parameters::ListImagesOptionsBuilder::new().filters(&filters).build();
+        let images = self.docker()?.list_images(Some(options)).await?;
+        Ok(images
+            .into_iter()
+            .map(|image| AppImage {
+                app: image.labels.get(LABEL_APP).cloned().unwrap_or_default(),
+                id: image.id,
+                tags: image.repo_tags,
+                created: image.created,
+            })
+            .collect())
+    }
+
+    /// Ids of the images any container on the engine (running or not) was
+    /// made from.
+    pub async fn images_in_use(&self) -> Result<std::collections::HashSet<String>, RuntimeError> {
+        let options = bollard::query_parameters::ListContainersOptionsBuilder::new().all(true).build();
+        let containers = self.docker()?.list_containers(Some(options)).await?;
+        Ok(containers.into_iter().filter_map(|c| c.image_id).collect())
     }
 
     pub async fn image_exists(&self, image: &str) -> Result<bool, RuntimeError> {

@@ -17,7 +17,7 @@ use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOpt
 use bollard::Docker;
 
 pub use containers::{AppContainer, CaddyContainer, ContainerState, OneShot, BUILD_BRIDGE, BUILD_NETWORK};
-pub use images::{is_transient_registry_error, RegistryAuth};
+pub use images::{is_transient_registry_error, AppImage, RegistryAuth};
 pub use logs::{AppInstance, OutputLine};
 pub use usage::{Sample, UsageTracker};
 
@@ -27,6 +27,9 @@ pub const LABEL_DEPLOYMENT: &str = "cloudweb.deployment";
 /// On images built from code: the full commit they were built from.
 pub const LABEL_COMMIT: &str = "cloudweb.commit";
 pub const LABEL_INSTANCE: &str = "cloudweb.instance";
+/// On images this agent builds: its node id (images also carry
+/// [`LABEL_APP`], the app, which [`crate::prune`] goes by).
+pub const LABEL_BUILT_BY: &str = "cloudweb.built-by";
 
 /// Seconds a container gets to exit after SIGTERM before it is killed.
 const STOP_GRACE_SECONDS: i32 = 10;

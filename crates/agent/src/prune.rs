@@ -1,0 +1,106 @@
+//! Pruning the images of superseded deployments from this node.
+//!
+//! Every [`DEFAULT_INTERVAL`] the agent removes, from its Docker Engine,
+//! the images of cloud-web apps (those carrying the `cloudweb.app` label
+//! that every image an agent builds gets, and that pulled images bring
+//! along) in this cluster's repositories (`<registry>/…`, or `cloudweb/…`
+//! without a registry) that are neither used by a container nor among the
+//! newest `keep` ([`DEFAULT_KEEP`], `--keep-images`) of their app. Other
+//! images (base images, images deployed by reference) are never touched.
+//! The cluster registry keeps every pushed image, so a rollback to a pruned
+//! one pulls it again.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::client::ControlPlane;
+use crate::runtime::{AppImage, DockerRuntime};
+
+/// Images of each app kept besides those in use.
+pub const DEFAULT_KEEP: usize = 3;
+/// Time between two prunings.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(600);
+
+/// The references to remove: per app, the images in `prefix` beyond the
+/// newest `keep` that no container uses; only their references in
+/// `prefix` (the image goes with its last reference).
+pub fn to_remove(images: &[AppImage], prefix: &str, in_use: &HashSet<String>, keep: usize) -> Vec<String> {
+    let mut by_app: BTreeMap<&str, Vec<&AppImage>> = BTreeMap::new();
+    for image in images.iter().filter(|i| !i.app.is_empty() && i.tags.iter().any(|t| t.starts_with(prefix))) {
+        by_app.entry(image.app.as_str()).or_default().push(image);
+    }
+    let mut remove = Vec::new();
+    for (_, mut images) in by_app {
+        images.sort_by(|a, b| b.created.cmp(&a.created).then_with(|| b.id.cmp(&a.id)));
+        for image in images.into_iter().skip(keep).filter(|i| !in_use.contains(&i.id)) {
+            remove.extend(image.tags.iter().filter(|t| t.starts_with(prefix)).cloned());
+        }
+    }
+    remove
+}
+
+/// Prunes every `interval` until the task is aborted.
+pub async fn pruner(client: Arc<ControlPlane>, runtime: DockerRuntime, interval: Duration, keep: usize) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let prefix = match client.registry().await {
+            Ok(config) if config.configured => match config.address {
+                Some(address) => format!("{address}/"),
+                None => continue,
+            },
+            Ok(_) => "cloudweb/".to_string(),
+            Err(err) => {
+                tracing::debug!(error = %err, "no registry settings; images are pruned next time");
+                continue;
+            }
+        };
+        let listed = async { Ok::<_, crate::runtime::RuntimeError>((runtime.app_images().await?, runtime.images_in_use().await?)) };
+        let (images, in_use) = match listed.await {
+            Ok(listed) => listed,
+            Err(err) => {
+                tracing::warn!(error = %err, "could not list images to prune");
+                continue;
+            }
+        };
+        for reference in to_remove(&images, &prefix, &in_use, keep) {
+            match runtime.remove_tag(&reference).await {
+                Ok(()) => tracing::info!(image = %reference, keep, "pruned the image of a superseded deployment"),
+                // In use since the listing, or gone already: next time.
+                Err(err) => tracing::debug!(image = %reference, error = %err, "could not prune an image"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(id: &str, app: &str, created: i64, tags: &[&str]) -> AppImage {
+        AppImage { id: id.into(), app: app.into(), created, tags: tags.iter().map(|t| t.to_string()).collect() }
+    }
+
+    #[test]
+    fn keeps_the_newest_and_those_in_use_and_touches_nothing_else() {
+        let r = "10.77.0.1:5000/";
+        let images = vec![
+            image("a1", "web", 1, &["10.77.0.1:5000/web:dep_1"]),
+            image("a2", "web", 2, &["10.77.0.1:5000/web:dep_2"]),
+            image("a3", "web", 3, &["10.77.0.1:5000/web:dep_3"]),
+            image("a4", "web", 4, &["10.77.0.1:5000/web:dep_4", "mine/web:keep"]),
+            image("a5", "web", 5, &["10.77.0.1:5000/web:dep_5"]),
+            image("b1", "api", 1, &["10.77.0.1:5000/api:dep_1"]),
+            // Another cluster's registry, and no app label: not ours.
+            image("c1", "web", 0, &["127.0.0.1:9/web:dep_0"]),
+            image("d1", "", 0, &["10.77.0.1:5000/base:latest"]),
+        ];
+        let in_use = HashSet::from(["a1".to_string()]);
+        let mut removed = to_remove(&images, r, &in_use, 2);
+        removed.sort();
+        assert_eq!(removed, vec!["10.77.0.1:5000/web:dep_2", "10.77.0.1:5000/web:dep_3"]);
+        let removed = to_remove(&images, r, &HashSet::new(), 4);
+        assert_eq!(removed, vec!["10.77.0.1:5000/web:dep_1"]);
+        assert!(to_remove(&images, "cloudweb/", &HashSet::new(), 0).is_empty());
+    }
+}
