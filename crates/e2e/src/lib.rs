@@ -10,6 +10,7 @@
 //! local Docker images (nothing can be pulled on test machines), and
 //! [`GitServer`] serves throwaway repositories over `git://`.
 
+pub mod cleanup;
 pub mod control;
 pub mod docker;
 pub mod gitlab;
@@ -196,6 +197,8 @@ pub struct ServerProcess {
     pub api_port: u16,
     pub admin_token: String,
     pub http: reqwest::Client,
+    /// Its cluster's leftovers go with the last reference.
+    pub cluster: cleanup::ClusterRef,
 }
 
 impl ServerProcess {
@@ -264,8 +267,9 @@ impl ServerProcess {
             Err(err) => bail!("{err}\nserver log:\n{}", process.log_text()),
         }
         let admin_token = std::fs::read_to_string(data.join("admin-token"))?.trim().to_string();
-        let extra = extra.iter().map(|s| s.to_string()).collect();
-        Ok(ServerProcess { process, program: program.to_path_buf(), extra, dir: dir.to_path_buf(), agent_port, api_port, admin_token, http })
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let cluster = cleanup::ClusterRef::of_server(&data, &extra);
+        Ok(ServerProcess { process, program: program.to_path_buf(), extra, dir: dir.to_path_buf(), agent_port, api_port, admin_token, http, cluster })
     }
 
     /// Kills the control plane (with its registry), as a crash would, and
@@ -335,6 +339,8 @@ pub struct AgentNode {
     pub process: Option<Process>,
     /// The `cloudweb-agent` binary this node runs.
     pub program: PathBuf,
+    /// Held until this node's containers are removed (see [`cleanup`]).
+    pub cluster: cleanup::ClusterRef,
 }
 
 /// Output of a finished command.
@@ -391,12 +397,9 @@ impl AgentNode {
             return Ok(Err(finished.output));
         }
         let info: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("node.json"))?)?;
-        Ok(Ok(AgentNode {
-            dir: dir.to_path_buf(),
-            node_id: info["node_id"].as_str().unwrap().to_string(),
-            process: None,
-            program: program.to_path_buf(),
-        }))
+        let node_id = info["node_id"].as_str().unwrap().to_string();
+        let cluster = server.cluster.for_node(&node_id);
+        Ok(Ok(AgentNode { dir: dir.to_path_buf(), node_id, process: None, program: program.to_path_buf(), cluster }))
     }
 
     /// Starts `cloudweb-agent run` with the given extra flags.

@@ -219,3 +219,46 @@ async fn images_of_superseded_deployments_are_pruned_from_the_node() {
     assert_eq!(settled["state"], "running", "{settled}\n{}", agent.log_text());
     server.call(Method::DELETE, &format!("/api/apps/{name}"), None).await.unwrap();
 }
+
+/// Issue 31 item 1 (the tests' part). A test cluster that built and pushed
+/// an image leaves, once its control plane and agent are dropped, no image
+/// of its own and no `/etc/docker/certs.d` entry for its registry.
+#[tokio::test]
+async fn a_test_cluster_leaves_no_image_and_no_certs_entry_behind() {
+    let (registry, node_id, name) = {
+        let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
+        let (token, ca) = server.join_token().await.unwrap();
+        let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "tidy", &token, &ca, &[]).unwrap().unwrap();
+        agent.start(&AGENT_FLAGS).unwrap();
+        let node_id = agent.node_id.clone();
+        wait_for(Duration::from_secs(15), "the node to be ready", || async {
+            (server.node(&node_id).await.ok()?["state"] == "ready").then_some(())
+        })
+        .await
+        .unwrap();
+        let name = unique_name("leftover");
+        git.commit(&name, &[("index.html", "<h1>left over?</h1>\n")], "site").unwrap();
+        let (status, app) = server.call(Method::POST, "/api/apps", Some(json!({"name": name, "repo_url": git.url(&name), "port": 8080}))).await.unwrap();
+        assert_eq!(status, 201, "{app}");
+        let (status, d) = server.call(Method::POST, &format!("/api/apps/{name}/deploy"), None).await.unwrap();
+        assert_eq!(status, 201, "{d}");
+        let id = d["id"].as_str().unwrap().to_string();
+        let settled = wait_for(Duration::from_secs(120), "the deployment to run", || async {
+            let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+            matches!(d["state"].as_str(), Some("running" | "failed")).then_some(d)
+        })
+        .await
+        .unwrap();
+        assert_eq!(settled["state"], "running", "{settled}\n{}", agent.log_text());
+        let registry = registry_address(&server);
+        assert!(std::path::Path::new("/etc/docker/certs.d").join(&registry).join("ca.crt").is_file(), "the agent trusted the registry");
+        assert_eq!(images_starting(&format!("{registry}/{name}:")).len(), 1, "the built image is there");
+        (registry, node_id, name)
+        // The agent, the control plane and the git daemon are dropped here.
+    };
+    assert_eq!(images_starting(&format!("{registry}/")), Vec::<String>::new(), "images named after the cluster's registry stay");
+    let built = docker::docker(&["images", "-q", "--filter", &format!("label=cloudweb.built-by={node_id}")]);
+    assert_eq!(built, Vec::<String>::new(), "images built by the node stay");
+    assert!(!std::path::Path::new("/etc/docker/certs.d").join(&registry).exists(), "the certs.d entry of {registry} stays");
+    assert!(docker::ps(&["-aq", "--filter", &format!("name=cw-{name}-")]).is_empty(), "containers stay");
+}
