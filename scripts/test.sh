@@ -33,7 +33,13 @@ export CLOUDWEB_FAULT_SUMMARY
 # The same for the compatibility matrix that ran.
 CLOUDWEB_COMPAT_SUMMARY=$(mktemp)
 export CLOUDWEB_COMPAT_SUMMARY
-trap 'rm -f "$CLOUDWEB_FAULT_SUMMARY" "$CLOUDWEB_COMPAT_SUMMARY"' EXIT
+# In a full run: what the host's Docker holds now (certs.d entries, images,
+# containers), which it must hold again at the end (scripts/docker-leftovers.sh).
+docker_before=$(mktemp)
+trap 'rm -f "$CLOUDWEB_FAULT_SUMMARY" "$CLOUDWEB_COMPAT_SUMMARY" "$docker_before"' EXIT
+if [ $# -eq 0 ]; then
+    bash scripts/docker-leftovers.sh list > "$docker_before"
+fi
 
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
@@ -59,6 +65,12 @@ if [ $# -eq 0 ]; then
         echo "test: the installer smoke test needs root (sudo ./scripts/test.sh, or CLOUDWEB_SKIP_SMOKE=1 to leave it out)" >&2
         status=1
     fi
+fi
+
+# The leftover check, after everything in a full run (the smoke test too):
+# tests and their clusters remove what they add.
+if [ $# -eq 0 ]; then
+    bash scripts/docker-leftovers.sh compare "$docker_before" || status=1
 fi
 
 if [ -s "$CLOUDWEB_COMPAT_SUMMARY" ]; then

@@ -262,3 +262,62 @@ async fn a_test_cluster_leaves_no_image_and_no_certs_entry_behind() {
     assert!(!std::path::Path::new("/etc/docker/certs.d").join(&registry).exists(), "the certs.d entry of {registry} stays");
     assert!(docker::ps(&["-aq", "--filter", &format!("name=cw-{name}-")]).is_empty(), "containers stay");
 }
+
+/// Issue 31 item 1 (the check). `scripts/docker-leftovers.sh compare`, which
+/// ends every full `scripts/test.sh` run, fails and names what a run left
+/// (a certs.d entry, an image, a container) and passes once it is gone.
+/// A fake `docker` and a temporary certs dir stand in for the host's, which
+/// the tests running beside this one change.
+#[test]
+fn the_leftover_check_fails_on_anything_left_behind_and_names_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = tmp.path().join("certs.d");
+    std::fs::create_dir_all(certs.join("10.77.0.1:5000")).unwrap();
+    let images = tmp.path().join("images");
+    let containers = tmp.path().join("containers");
+    std::fs::write(&images, "image cloudweb-test/busybox:latest sha256:1\n").unwrap();
+    std::fs::write(&containers, "").unwrap();
+    let fake = tmp.path().join("docker");
+    let script = format!("#!/bin/sh\ncase \"$1\" in images) cat {};; ps) cat {};; *) exit 9;; esac\n", images.display(), containers.display());
+    std::fs::write(&fake, script).unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/docker-leftovers.sh");
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new("bash")
+            .arg(&script)
+            .args(args)
+            .env("CLOUDWEB_DOCKER_CERTS_DIR", &certs)
+            .env("CLOUDWEB_DOCKER", &fake)
+            .output()
+            .unwrap();
+        (output.status.success(), String::from_utf8_lossy(&output.stdout).to_string(), String::from_utf8_lossy(&output.stderr).to_string())
+    };
+    let (listed, before, _) = run(&["list"]);
+    assert!(listed, "list works");
+    assert_eq!(before, "certs.d entry 10.77.0.1:5000\nimage cloudweb-test/busybox:latest sha256:1\n");
+    let before_file = tmp.path().join("before");
+    std::fs::write(&before_file, &before).unwrap();
+    let before_arg = before_file.display().to_string();
+    assert!(run(&["compare", &before_arg]).0, "nothing changed");
+
+    for (leftover, file, line) in [
+        ("certs.d entry", None, "127.0.0.1:41205"),
+        ("image", Some(&images), "image 127.0.0.1:41205/web:dep_1 sha256:2"),
+        ("container", Some(&containers), "container cw-web-1 (127.0.0.1:41205/web:dep_1)"),
+    ] {
+        let original = file.map(|f| std::fs::read_to_string(f).unwrap());
+        match file {
+            Some(file) => std::fs::write(file, format!("{}{line}\n", original.clone().unwrap())).unwrap(),
+            None => std::fs::create_dir(certs.join(line)).unwrap(),
+        }
+        let (passed, _, said) = run(&["compare", &before_arg]);
+        assert!(!passed, "a {leftover} left behind passes the check");
+        assert!(said.contains(&format!("number of {leftover}s")) && said.contains(&format!("+ {}", if file.is_some() { line.to_string() } else { format!("certs.d entry {line}") })), "{said}");
+        match file {
+            Some(file) => std::fs::write(file, original.unwrap()).unwrap(),
+            None => std::fs::remove_dir(certs.join(line)).unwrap(),
+        }
+        assert!(run(&["compare", &before_arg]).0, "the {leftover} is gone again");
+    }
+}

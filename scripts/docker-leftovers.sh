@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# What a full test run may not leave in the host's Docker (issue 31): the
+# registry CA directories under /etc/docker/certs.d, the images and the
+# containers, one line each, sorted.
+#
+#   docker-leftovers.sh list > before    # before the tests
+#   docker-leftovers.sh compare before   # after them: exit 1, printing
+#                                        # what changed, when a count did
+#
+# CLOUDWEB_DOCKER_CERTS_DIR and CLOUDWEB_DOCKER (the docker program) may
+# point elsewhere (the script's own test uses both).
+set -euo pipefail
+
+certs=${CLOUDWEB_DOCKER_CERTS_DIR:-/etc/docker/certs.d}
+docker=${CLOUDWEB_DOCKER:-docker}
+
+list() {
+    {
+        if [ -d "$certs" ]; then
+            find "$certs" -mindepth 1 -maxdepth 1 -printf 'certs.d entry %f\n'
+        fi
+        "$docker" images --no-trunc --format 'image {{.Repository}}:{{.Tag}} {{.ID}}'
+        "$docker" ps -a --no-trunc --format 'container {{.Names}} ({{.Image}})'
+    } | LC_ALL=C sort
+}
+
+case "${1:-}" in
+    list)
+        list
+        ;;
+    compare)
+        before_file=${2:?usage: docker-leftovers.sh compare BEFORE_FILE}
+        after=$(list)
+        before=$(cat "$before_file")
+        status=0
+        for kind in "certs.d entry" image container; do
+            before_count=$(printf '%s\n' "$before" | grep -c "^$kind " || true)
+            after_count=$(printf '%s\n' "$after" | grep -c "^$kind " || true)
+            if [ "$before_count" != "$after_count" ]; then
+                echo "leftovers: the run changed the number of ${kind}s in the host's Docker: $before_count before, $after_count after" >&2
+                status=1
+            fi
+        done
+        if [ "$status" != 0 ]; then
+            echo "leftovers: new since the run began (another run on this Docker Engine at the same time also shows here):" >&2
+            LC_ALL=C comm -13 <(printf '%s\n' "$before") <(printf '%s\n' "$after") | sed 's/^/  + /' >&2
+            echo "leftovers: gone since the run began:" >&2
+            LC_ALL=C comm -23 <(printf '%s\n' "$before") <(printf '%s\n' "$after") | sed 's/^/  - /' >&2
+        fi
+        exit "$status"
+        ;;
+    *)
+        echo "usage: docker-leftovers.sh list | compare BEFORE_FILE" >&2
+        exit 2
+        ;;
+esac
