@@ -29,18 +29,29 @@ case "${1:-}" in
         list
         ;;
     compare)
+        # Only what the run added fails it: a kind whose count grew, or an
+        # entry whose name (an image's repository:tag, a container's name)
+        # was not there before. What the run removed (a test cluster that
+        # also cleared an older run's leftovers under a reused port) and an
+        # image rebuilt under the same name are not leftovers.
         before_file=${2:?usage: docker-leftovers.sh compare BEFORE_FILE}
         after=$(list)
         before=$(cat "$before_file")
+        names() { sed -E 's/^(image [^ ]+) .*/\1/; s/^(container [^ ]+) .*/\1/' | LC_ALL=C sort -u; }
         status=0
         for kind in "certs.d entry" image container; do
             before_count=$(printf '%s\n' "$before" | grep -c "^$kind " || true)
             after_count=$(printf '%s\n' "$after" | grep -c "^$kind " || true)
-            if [ "$before_count" != "$after_count" ]; then
+            if [ "$after_count" -gt "$before_count" ]; then
                 echo "leftovers: the run changed the number of ${kind}s in the host's Docker: $before_count before, $after_count after" >&2
                 status=1
             fi
         done
+        new_names=$(LC_ALL=C comm -13 <(printf '%s\n' "$before" | names) <(printf '%s\n' "$after" | names) | grep -v '^$' || true)
+        if [ -n "$new_names" ]; then
+            echo "leftovers: the run left entries that were not there before:" >&2
+            status=1
+        fi
         if [ "$status" != 0 ]; then
             echo "leftovers: new since the run began (another run on this Docker Engine at the same time also shows here):" >&2
             LC_ALL=C comm -13 <(printf '%s\n' "$before") <(printf '%s\n' "$after") | sed 's/^/  + /' >&2
