@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use cloudweb_e2e::{docker, start_platform, unique_name, wait_for, AgentNode, Platform};
+use cloudweb_e2e::{docker, start_platform, unique_name, wait_for, AgentNode, Platform, ServerProcess};
 use reqwest::Method;
 use serde_json::json;
 
@@ -15,6 +15,18 @@ const AGENT_FLAGS: [&str; 8] = [
     "--advertise-host", "127.0.0.1",
     "--static-builder-image", "cloudweb-test/busybox:latest",
 ];
+
+/// Joins a node, starts its agent with `flags` and waits until it is ready.
+async fn ready_agent(server: &ServerProcess, dir: &std::path::Path, name: &str, flags: &[&str]) -> AgentNode {
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(server, dir, name, &token, &ca, &[]).unwrap().unwrap();
+    agent.start(flags).unwrap();
+    let node_id = agent.node_id.clone();
+    wait_for(Duration::from_secs(15), "the node to be ready", || async { (server.node(&node_id).await.ok()?["state"] == "ready").then_some(()) })
+        .await
+        .unwrap();
+    agent
+}
 
 /// Ids of this node's build step containers, running or not.
 fn builders(node_id: &str) -> Vec<String> {
@@ -28,15 +40,8 @@ fn builders(node_id: &str) -> Vec<String> {
 #[tokio::test]
 async fn a_builder_cut_off_by_kill_9_is_gone_at_once_and_the_log_says_so() {
     let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
-    let (token, ca) = server.join_token().await.unwrap();
-    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "killed", &token, &ca, &[]).unwrap().unwrap();
-    agent.start(&AGENT_FLAGS).unwrap();
+    let mut agent = ready_agent(&server, &tmp.path().join("node"), "killed", &AGENT_FLAGS).await;
     let node_id = agent.node_id.clone();
-    wait_for(Duration::from_secs(15), "the node to be ready", || async {
-        (server.node(&node_id).await.ok()?["state"] == "ready").then_some(())
-    })
-    .await
-    .unwrap();
     let name = unique_name("cutoff");
     git.commit(&name, &[("index.html", "<h1>cut off</h1>\n")], "cut off").unwrap();
     let body = json!({"name": name, "repo_url": git.url(&name), "port": 8080,
@@ -161,17 +166,9 @@ fn images_starting(prefix: &str) -> Vec<String> {
 #[tokio::test]
 async fn images_of_superseded_deployments_are_pruned_from_the_node() {
     let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
-    let (token, ca) = server.join_token().await.unwrap();
-    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "pruner", &token, &ca, &[]).unwrap().unwrap();
     let mut flags = AGENT_FLAGS.to_vec();
     flags.extend(["--keep-images", "1", "--image-prune-interval-seconds", "1"]);
-    agent.start(&flags).unwrap();
-    let node_id = agent.node_id.clone();
-    wait_for(Duration::from_secs(15), "the node to be ready", || async {
-        (server.node(&node_id).await.ok()?["state"] == "ready").then_some(())
-    })
-    .await
-    .unwrap();
+    let agent = ready_agent(&server, &tmp.path().join("node"), "pruner", &flags).await;
     let name = unique_name("pruned");
     let dockerfile = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n";
     let body = json!({"name": name, "repo_url": git.url(&name), "port": 8080, "health_timeout_seconds": 20});
@@ -227,15 +224,8 @@ async fn images_of_superseded_deployments_are_pruned_from_the_node() {
 async fn a_test_cluster_leaves_no_image_and_no_certs_entry_behind() {
     let (registry, node_id, name) = {
         let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
-        let (token, ca) = server.join_token().await.unwrap();
-        let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "tidy", &token, &ca, &[]).unwrap().unwrap();
-        agent.start(&AGENT_FLAGS).unwrap();
+        let agent = ready_agent(&server, &tmp.path().join("node"), "tidy", &AGENT_FLAGS).await;
         let node_id = agent.node_id.clone();
-        wait_for(Duration::from_secs(15), "the node to be ready", || async {
-            (server.node(&node_id).await.ok()?["state"] == "ready").then_some(())
-        })
-        .await
-        .unwrap();
         let name = unique_name("leftover");
         git.commit(&name, &[("index.html", "<h1>left over?</h1>\n")], "site").unwrap();
         let (status, app) = server.call(Method::POST, "/api/apps", Some(json!({"name": name, "repo_url": git.url(&name), "port": 8080}))).await.unwrap();
