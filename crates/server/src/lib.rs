@@ -3,25 +3,14 @@
 //! user API until the returned [`RunningServer`] is dropped. `main.rs` only
 //! parses flags and calls it; tests call it in-process with their own clock.
 
-pub mod acme;
-pub mod agent_api;
-pub mod api;
-pub mod auth;
-pub mod ca;
-pub mod clock;
-pub mod config;
-pub mod deploy;
-pub mod error;
-pub mod git;
-pub mod hub;
-pub mod live;
-pub mod registry;
-pub mod registry_credentials;
-pub mod routes;
-pub mod runtime_logs;
-pub mod secrets;
-pub mod store;
-pub mod web;
+// The layers below, under the paths the tests and tools have always
+// used (`cloudweb_server::config::Config`, `cloudweb_server::store`, ...).
+pub use cloudweb_core::{
+    acme, ca, clock, config, deploy, deployment_state, heartbeats, hub, live, registry,
+    registry_credentials, routes, runtime_logs, secrets, store, AppState, ADMIN_TOKEN_FILE,
+};
+pub use cloudweb_http::{agent_api, api, auth, error, git};
+pub use cloudweb_web as web;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -29,7 +18,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 
-use cloudweb_protocol::{events, RegistryConfig, RouteTable};
+use cloudweb_protocol::{RegistryConfig, RouteTable};
 use rand::Rng;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -37,52 +26,10 @@ use tokio::task::JoinHandle;
 use crate::ca::{sha256_hex, ClusterCa};
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::error::ApiError;
+use crate::heartbeats::{flush_heartbeats, heartbeat_writer};
 use crate::hub::Hub;
 use crate::live::NodeRegistry;
 use crate::store::Store;
-
-/// File holding the initial admin API token.
-pub const ADMIN_TOKEN_FILE: &str = "admin-token";
-
-/// Everything request handlers share.
-pub struct AppState {
-    pub config: Config,
-    pub store: Store,
-    pub ca: ClusterCa,
-    pub clock: Arc<dyn Clock>,
-    pub nodes: NodeRegistry,
-    pub hub: Hub,
-    /// "New log lines" per deployment, for log streams.
-    pub log_hub: Hub,
-    /// Recent stdout/stderr lines of every app's instances.
-    pub runtime_logs: runtime_logs::RuntimeLogs,
-    /// SHA-256 digests of valid admin API tokens.
-    pub admin_tokens: RwLock<HashSet<String>>,
-    pub routes: RwLock<RouteTable>,
-    /// The per-app view the table is kept from (see `routes`).
-    pub route_index: routes::Index,
-    /// Apps that could not be moved off a node, and why, per node id.
-    pub waiting: std::sync::Mutex<std::collections::HashMap<String, Vec<(String, String)>>>,
-    /// The last heartbeat body of each node, as sent.
-    pub last_bodies: std::sync::Mutex<std::collections::HashMap<String, String>>,
-    pub registry: RwLock<RegistryConfig>,
-    /// Each node's registry credential, when the registry runs.
-    pub registry_credentials: Option<Arc<registry_credentials::Credentials>>,
-    pub heartbeats_total: AtomicU64,
-    pub sealer: secrets::Sealer,
-    pub agent_binary: Option<agent_api::installer::AgentBinary>,
-    /// curl `--pinnedpubkey` value of the agent listener's key.
-    pub listener_pin: String,
-    /// ACME certificates and pending challenges.
-    pub acme: acme::Acme,
-    /// GitLab login, push-to-deploy and commit statuses.
-    pub git: git::GitState,
-    /// Login limits and password hashing slots.
-    pub auth: auth::AuthState,
-    /// The dashboard's one-shot messages, per browser session.
-    pub web_flashes: web::flash::Flashes,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -221,7 +168,7 @@ impl Drop for RunningServer {
 pub struct OpenedState {
     pub state: Arc<AppState>,
     tls: Arc<rustls::ServerConfig>,
-    listener_cert: Arc<agent_api::listener_cert::ListenerCert>,
+    listener_cert: Arc<cloudweb_core::listener_cert::ListenerCert>,
 }
 
 pub async fn start(config: Config, clock: Arc<dyn Clock>) -> Result<RunningServer, StartError> {
@@ -263,7 +210,7 @@ pub async fn open_state(config: Config, clock: Arc<dyn Clock>) -> Result<OpenedS
     let agent_binary = match &config.agent_binary {
         Some(path) => {
             let bytes = std::fs::read(path).map_err(|source| StartError::AgentBinary { path: path.clone(), source })?;
-            Some(agent_api::installer::AgentBinary { sha256: sha256_hex(&bytes), bytes })
+            Some(cloudweb_core::AgentBinary { sha256: sha256_hex(&bytes), bytes })
         }
         None => None,
     };
@@ -315,7 +262,7 @@ pub async fn open_state(config: Config, clock: Arc<dyn Clock>) -> Result<OpenedS
 async fn serve(
     state: Arc<AppState>,
     tls: Arc<rustls::ServerConfig>,
-    listener_cert: Arc<agent_api::listener_cert::ListenerCert>,
+    listener_cert: Arc<cloudweb_core::listener_cert::ListenerCert>,
 ) -> Result<RunningServer, StartError> {
     let agent_listener = bind(state.config.agent_listen).await?;
     let api_listener = bind(state.config.api_listen).await?;
@@ -352,10 +299,15 @@ async fn serve(
         .layer(axum::middleware::from_fn(api::run_to_completion))
         .layer(axum::extract::DefaultBodyLimit::max(error::MAX_BODY_BYTES))
         .with_state(state.clone())
-        .merge(api::router(state.clone()));
+        .merge(api::router_with_pages(
+            state.clone(),
+            Some(|state, request| {
+                Box::pin(web::not_found_page(axum::extract::State(state), request))
+            }),
+        ));
     tasks.extend([
         tokio::spawn(agent_api::listener::serve(agent_listener, tls, agent_router, state.config.agent_connections.clone(), listener_cert.renewals())),
-        tokio::spawn(agent_api::listener_cert::renew(state.clone(), listener_cert)),
+        tokio::spawn(cloudweb_core::listener_cert::renew(state.clone(), listener_cert)),
         tokio::spawn(async move {
             // The peer address is what login attempts are limited by.
             let service = api_router.into_make_service_with_connect_info::<SocketAddr>();
@@ -410,85 +362,4 @@ async fn ensure_admin_token(config: &Config, store: &Store, clock: &dyn Clock) -
         digests.insert(digest);
     }
     Ok(digests)
-}
-
-/// Writes the heartbeats received since the last write, in one transaction,
-/// every `heartbeat_flush_interval`.
-async fn heartbeat_writer(state: Arc<AppState>) {
-    let mut interval = tokio::time::interval(state.config.heartbeat_flush_interval);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_downsample = tokio::time::Instant::now();
-    loop {
-        interval.tick().await;
-        flush_heartbeats(&state).await;
-        if last_downsample.elapsed() >= std::time::Duration::from_secs(600) {
-            last_downsample = tokio::time::Instant::now();
-            if let Err(err) = state.store.downsample_usage(state.clock.now_ms()).await {
-                tracing::error!(error = %err, "could not downsample the usage history");
-            }
-            match auth::sessions::prune(&state).await {
-                Ok(ended) => tracing::debug!(ended, "deleted expired sessions"),
-                Err(err) => tracing::error!(error = ?err, "could not delete expired sessions"),
-            }
-            match state.store.prune(state.clock.now_ms()).await {
-                Ok(pruned) => tracing::debug!(?pruned, "pruned old rows"),
-                Err(err) => tracing::error!(error = %err, "could not prune old rows"),
-            }
-        }
-    }
-}
-
-async fn flush_heartbeats(state: &AppState) {
-    let batch = state.nodes.take_dirty();
-    let traffic = state.nodes.take_traffic();
-    let usage = state.nodes.take_usage();
-    if let Err(err) = state.store.save_heartbeats(&batch, &traffic, &usage).await {
-        tracing::error!(error = %err, nodes = batch.len(), "could not persist heartbeats");
-    }
-}
-
-/// Removes a node everywhere: its row and queued commands, its entry in the
-/// live registry (so its certificate stops working at once) and its stream.
-pub async fn remove_node(state: &AppState, node_id: &str) -> Result<(), ApiError> {
-    state.store.delete_node(node_id).await?;
-    state.nodes.remove(node_id);
-    state.hub.remove(node_id);
-    state.hub.notify_all(events::PEERS);
-    state.last_bodies.lock().expect("last bodies lock").remove(node_id);
-    if let Some(credentials) = &state.registry_credentials {
-        // The node is gone either way; a credential that could not be
-        // deleted now is dropped at the next start.
-        if let Err(err) = credentials.revoke(node_id).await {
-            tracing::error!(node_id, error = %err, "could not revoke the node's registry credential");
-        }
-    }
-    routes::recompute(state).await?;
-    Ok(())
-}
-
-/// Queues a command for a node and tells its stream. The payload is sealed
-/// at rest: deploy payloads carry the app's environment and git
-/// credentials.
-pub async fn queue_command(
-    state: &AppState,
-    node_id: &str,
-    kind: cloudweb_protocol::CommandKind,
-    payload: &serde_json::Value,
-) -> Result<store::CommandRow, ApiError> {
-    let sealed = state.sealer.seal_json(&command_context(node_id), payload);
-    let command = store::NewCommand { node_id: node_id.to_string(), kind: kind.as_str().to_string(), payload: sealed };
-    let row = state.store.enqueue_command(&command, state.clock.now_ms()).await?;
-    state.hub.notify(node_id, events::COMMANDS);
-    Ok(row)
-}
-
-/// The sealing context of a node's command payloads.
-pub fn command_context(node_id: &str) -> String {
-    format!("command:{node_id}")
-}
-
-/// The node's address on the WireGuard mesh (10.77.0.0/16).
-pub fn mesh_address(index: i64) -> String {
-    let index = index.clamp(1, 65534);
-    format!("10.77.{}.{}", index >> 8, index & 0xff)
 }

@@ -1,0 +1,293 @@
+//! Login attempts, limited per account and per address in fixed windows
+//! on the server's clock. Every attempt counts against both before the
+//! password is checked (so parallel guesses cannot slip past the limit);
+//! a successful login takes its attempt back and clears the account's
+//! count. Past a limit the answer is 429 with `Retry-After`, whatever the
+//! password, until the window ends.
+//!
+//! Memory is bounded: each table holds at most `max_entries` keys; when
+//! full, finished windows are dropped first, then the oldest windows.
+//! IPv6 addresses count per /64, the block one client usually holds.
+//!
+//! The counts outlive a restart: every change is returned as
+//! [`Change`]s, which the caller writes to the database (table
+//! `login_attempts`), and [`LoginLimiter::restore`] loads them at start.
+//! Keys go through the limiter's digest (a keyed hash in the server, see
+//! [`LoginLimiter::keyed`]), so what is stored is never a typed name, which
+//! may be a password typed into the wrong field.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub per_account: u32,
+    pub per_address: u32,
+    pub window: Duration,
+    pub max_entries: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { per_account: 5, per_address: 20, window: Duration::from_secs(15 * 60), max_entries: 10_000 }
+    }
+}
+
+pub use cloudweb_store::login_attempts::{Change, Kind, Window};
+
+struct Table {
+    kind: Kind,
+    entries: HashMap<String, Window>,
+}
+
+impl Table {
+    fn live(&self, key: &str, now_ms: i64, window_ms: i64) -> Option<Window> {
+        self.entries.get(key).copied().filter(|w| now_ms < w.start_ms + window_ms)
+    }
+
+    fn change(&self, key: &str) -> Change {
+        Change { kind: self.kind, key: key.to_string(), window: self.entries.get(key).copied() }
+    }
+
+    /// Counts an attempt; the changes, with the keys dropped to make room.
+    fn bump(&mut self, key: &str, now_ms: i64, window_ms: i64, max_entries: usize, changes: &mut Vec<Change>) {
+        match self.live(key, now_ms, window_ms) {
+            Some(_) => {
+                if let Some(w) = self.entries.get_mut(key) {
+                    w.attempts += 1;
+                }
+            }
+            None => {
+                if !self.entries.contains_key(key) && self.entries.len() >= max_entries {
+                    let kind = self.kind;
+                    self.entries.retain(|key, w| {
+                        let live = now_ms < w.start_ms + window_ms;
+                        if !live {
+                            changes.push(Change { kind, key: key.clone(), window: None });
+                        }
+                        live
+                    });
+                    while self.entries.len() >= max_entries {
+                        let Some(oldest) = self.entries.iter().min_by_key(|(_, w)| w.start_ms).map(|(k, _)| k.clone()) else { break };
+                        self.entries.remove(&oldest);
+                        changes.push(Change { kind, key: oldest, window: None });
+                    }
+                }
+                self.entries.insert(key.to_string(), Window { start_ms: now_ms, attempts: 1 });
+            }
+        }
+        changes.push(self.change(key));
+    }
+
+    fn take_back(&mut self, key: &str) -> Option<Change> {
+        let w = self.entries.get_mut(key)?;
+        w.attempts = w.attempts.saturating_sub(1);
+        Some(self.change(key))
+    }
+}
+
+pub struct LoginLimiter {
+    limits: Limits,
+    inner: Mutex<(Table, Table)>,
+    /// Turns a key (an account name in lower case, an address key) into
+    /// the key that is kept and stored.
+    digest: Digest,
+}
+
+/// What [`LoginLimiter::keyed`] keeps keys as.
+type Digest = Box<dyn Fn(Kind, &str) -> String + Send + Sync>;
+
+/// Past a limit: try again after this many seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryAfter(pub u64);
+
+/// The key an address counts under.
+fn address_key(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+            }
+        },
+    }
+}
+
+impl LoginLimiter {
+    /// A limiter that keeps keys as they are (names in lower case).
+    pub fn new(limits: Limits) -> LoginLimiter {
+        LoginLimiter::keyed(limits, |_, key| key.to_string())
+    }
+
+    /// A limiter that keeps (and hands out for storing) `digest(kind, key)`
+    /// instead of each key.
+    pub fn keyed(limits: Limits, digest: impl Fn(Kind, &str) -> String + Send + Sync + 'static) -> LoginLimiter {
+        let tables = (Table { kind: Kind::Account, entries: HashMap::new() }, Table { kind: Kind::Address, entries: HashMap::new() });
+        LoginLimiter { limits, inner: Mutex::new(tables), digest: Box::new(digest) }
+    }
+
+    fn keys(&self, account: &str, address: Option<IpAddr>) -> (String, Option<String>) {
+        let account = (self.digest)(Kind::Account, &account.to_ascii_lowercase());
+        let address = address.map(|a| (self.digest)(Kind::Address, &address_key(a)));
+        (account, address)
+    }
+
+    /// How long a window lasts, in ms: stored windows that started before
+    /// `now - window_ms` are over.
+    pub fn window_ms(&self) -> i64 {
+        self.limits.window.as_millis() as i64
+    }
+
+    /// Loads stored windows (at start): those still running at `now_ms`,
+    /// up to the bound of each table.
+    pub fn restore(&self, stored: impl IntoIterator<Item = Change>, now_ms: i64) {
+        let window_ms = self.window_ms();
+        let mut guard = self.inner.lock().expect("login limiter lock");
+        let (accounts, addresses) = &mut *guard;
+        for change in stored {
+            let Some(window) = change.window.filter(|w| now_ms < w.start_ms + window_ms) else { continue };
+            let table = match change.kind {
+                Kind::Account => &mut *accounts,
+                Kind::Address => &mut *addresses,
+            };
+            if table.entries.len() < self.limits.max_entries || table.entries.contains_key(&change.key) {
+                table.entries.insert(change.key, window);
+            }
+        }
+    }
+
+    /// Counts an attempt for `account` from `address` (returning what
+    /// changed, to store), or says when to come back if either is over its
+    /// limit (then nothing is counted).
+    pub fn begin(&self, account: &str, address: Option<IpAddr>, now_ms: i64) -> Result<Vec<Change>, RetryAfter> {
+        let window_ms = self.window_ms();
+        let (account, address) = self.keys(account, address);
+        let mut guard = self.inner.lock().expect("login limiter lock");
+        let (accounts, addresses) = &mut *guard;
+        let mut retry_at = None;
+        if let Some(w) = accounts.live(&account, now_ms, window_ms).filter(|w| w.attempts >= self.limits.per_account) {
+            retry_at = Some(w.start_ms + window_ms);
+        }
+        if let Some(w) = address.as_deref().and_then(|a| addresses.live(a, now_ms, window_ms)).filter(|w| w.attempts >= self.limits.per_address) {
+            retry_at = Some(retry_at.unwrap_or(0).max(w.start_ms + window_ms));
+        }
+        if let Some(at) = retry_at {
+            return Err(RetryAfter(((at - now_ms).max(0) as u64).div_ceil(1000).max(1)));
+        }
+        let mut changes = Vec::new();
+        accounts.bump(&account, now_ms, window_ms, self.limits.max_entries, &mut changes);
+        if let Some(a) = &address {
+            addresses.bump(a, now_ms, window_ms, self.limits.max_entries, &mut changes);
+        }
+        Ok(changes)
+    }
+
+    /// The attempt begun for `account` from `address` succeeded; returns
+    /// what changed, to store.
+    pub fn succeeded(&self, account: &str, address: Option<IpAddr>) -> Vec<Change> {
+        let (account, address) = self.keys(account, address);
+        let mut guard = self.inner.lock().expect("login limiter lock");
+        let (accounts, addresses) = &mut *guard;
+        accounts.entries.remove(&account);
+        let mut changes = vec![Change { kind: Kind::Account, key: account, window: None }];
+        changes.extend(address.and_then(|a| addresses.take_back(&a)));
+        changes
+    }
+
+    /// Keys held now (accounts, addresses), for tests of the bound.
+    pub fn sizes(&self) -> (usize, usize) {
+        let guard = self.inner.lock().expect("login limiter lock");
+        (guard.0.entries.len(), guard.1.entries.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter() -> LoginLimiter {
+        LoginLimiter::new(Limits { per_account: 3, per_address: 5, window: Duration::from_secs(60), max_entries: 4 })
+    }
+
+    #[test]
+    fn an_account_is_limited_until_its_window_ends() {
+        let l = limiter();
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        for _ in 0..3 {
+            assert!(l.begin("Alice", Some(ip), 1_000).is_ok());
+        }
+        assert_eq!(l.begin("alice", Some(ip), 2_000), Err(RetryAfter(59)));
+        // Another address for the same account is refused too.
+        assert!(l.begin("alice", Some("192.0.2.2".parse().unwrap()), 2_000).is_err());
+        assert!(l.begin("alice", Some(ip), 61_000).is_ok(), "a new window");
+    }
+
+    #[test]
+    fn an_address_is_limited_across_accounts_and_ipv6_counts_per_64() {
+        let l = LoginLimiter::new(Limits { per_account: 100, per_address: 2, window: Duration::from_secs(60), max_entries: 100 });
+        assert!(l.begin("a", Some("2001:db8::1".parse().unwrap()), 0).is_ok());
+        assert!(l.begin("b", Some("2001:db8::2".parse().unwrap()), 0).is_ok());
+        assert!(l.begin("c", Some("2001:db8::ffff".parse().unwrap()), 0).is_err());
+        assert!(l.begin("c", Some("2001:db8:0:1::1".parse().unwrap()), 0).is_ok(), "another /64");
+    }
+
+    #[test]
+    fn success_clears_the_account_and_takes_the_attempt_back() {
+        let l = limiter();
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        for _ in 0..2 {
+            l.begin("bob", Some(ip), 0).unwrap();
+        }
+        l.begin("bob", Some(ip), 0).unwrap();
+        l.succeeded("bob", Some(ip));
+        for _ in 0..3 {
+            assert!(l.begin("bob", Some(ip), 0).is_ok());
+        }
+    }
+
+    #[test]
+    fn counts_survive_a_restart_through_the_changes() {
+        let digest = |kind: Kind, key: &str| format!("{}:{}", kind.as_str(), key.len());
+        let first = LoginLimiter::keyed(Limits { per_account: 3, per_address: 5, window: Duration::from_secs(60), max_entries: 4 }, digest);
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        // The stored rows: the newest change of each key wins.
+        let mut stored: HashMap<(&str, String), Change> = HashMap::new();
+        for _ in 0..3 {
+            for change in first.begin("Carol", Some(ip), 1_000).unwrap() {
+                assert!(!change.key.contains("carol"), "keys go through the digest: {change:?}");
+                stored.insert((change.kind.as_str(), change.key.clone()), change);
+            }
+        }
+        assert_eq!(stored.len(), 2);
+        let second = LoginLimiter::keyed(Limits { per_account: 3, per_address: 5, window: Duration::from_secs(60), max_entries: 4 }, digest);
+        second.restore(stored.values().cloned(), 2_000);
+        assert_eq!(second.begin("carol", Some(ip), 2_000), Err(RetryAfter(59)), "still limited after the restart");
+        // Windows that are over are not restored.
+        let third = LoginLimiter::keyed(Limits { per_account: 3, per_address: 5, window: Duration::from_secs(60), max_entries: 4 }, digest);
+        third.restore(stored.values().cloned(), 61_000);
+        assert_eq!(third.sizes(), (0, 0));
+        // A success is stored as the account dropped and the address's
+        // attempt taken back.
+        let changes = second.succeeded("carol", Some(ip));
+        assert_eq!(changes[0].window, None);
+        assert_eq!(changes[1].window.map(|w| w.attempts), Some(2));
+    }
+
+    #[test]
+    fn memory_stays_bounded() {
+        let l = limiter();
+        let mut dropped = 0;
+        for i in 0..1000 {
+            if let Ok(changes) = l.begin(&format!("user{i}"), Some(IpAddr::from([10, 0, (i / 256) as u8, (i % 256) as u8])), i) {
+                dropped += changes.iter().filter(|c| c.window.is_none()).count();
+            }
+        }
+        assert!(dropped >= 2 * (1000 - 4), "the keys dropped for room are reported, to be deleted from the store: {dropped}");
+        let (accounts, addresses) = l.sizes();
+        assert!(accounts <= 4 && addresses <= 4, "{accounts} {addresses}");
+    }
+}

@@ -1,0 +1,157 @@
+//! The control plane's domain, without HTTP: the shared state every loop
+//! and handler gets ([`AppState`]), the deployment state machine and the
+//! scheduler (`deploy`, `deployment_state`), the ingress route table
+//! (`routes`), the live node registry (`live`), runtime logs, the cluster
+//! CA and the listener's certificate, sealed secrets, the image registry
+//! and its credentials, ACME certificates, accounts (`auth`: users,
+//! sessions, tokens, login limits), the glue to git providers (`git`), and
+//! the loops that keep it all true (the deploy reconciler, the heartbeat
+//! writer, the ACME manager, the git status poster).
+//!
+//! What it must never do: route HTTP requests or parse request bodies
+//! (that is `cloudweb-http`), render pages (`cloudweb-web`), hold SQL
+//! (`cloudweb-store`, re-exported here as `store`) or speak a git host's
+//! API (`cloudweb-git`). Its one HTTP-shaped piece is [`error::ApiError`],
+//! the failure kinds every layer above answers with, which carries its own
+//! status and JSON body so that each route answers a failure the same way.
+
+pub mod acme;
+pub mod auth;
+pub mod ca;
+pub mod clock;
+pub mod config;
+pub mod deploy;
+pub mod deployment_state;
+pub mod error;
+pub mod flash;
+pub mod git;
+pub mod heartbeats;
+pub mod hub;
+pub mod listener_cert;
+pub mod live;
+pub mod registry;
+pub mod registry_credentials;
+pub mod routes;
+pub mod runtime_logs;
+pub mod secrets;
+
+pub use cloudweb_store as store;
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
+
+use cloudweb_protocol::{events, RegistryConfig, RouteTable};
+
+use crate::ca::ClusterCa;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::hub::Hub;
+use crate::live::NodeRegistry;
+use crate::store::Store;
+
+/// File holding the initial admin API token.
+pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+
+/// Everything request handlers share.
+pub struct AppState {
+    pub config: Config,
+    pub store: Store,
+    pub ca: ClusterCa,
+    pub clock: Arc<dyn Clock>,
+    pub nodes: NodeRegistry,
+    pub hub: Hub,
+    /// "New log lines" per deployment, for log streams.
+    pub log_hub: Hub,
+    /// Recent stdout/stderr lines of every app's instances.
+    pub runtime_logs: runtime_logs::RuntimeLogs,
+    /// SHA-256 digests of valid admin API tokens.
+    pub admin_tokens: RwLock<HashSet<String>>,
+    pub routes: RwLock<RouteTable>,
+    /// The per-app view the table is kept from (see `routes`).
+    pub route_index: routes::Index,
+    /// Apps that could not be moved off a node, and why, per node id.
+    pub waiting: std::sync::Mutex<std::collections::HashMap<String, Vec<(String, String)>>>,
+    /// The last heartbeat body of each node, as sent.
+    pub last_bodies: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    pub registry: RwLock<RegistryConfig>,
+    /// Each node's registry credential, when the registry runs.
+    pub registry_credentials: Option<Arc<registry_credentials::Credentials>>,
+    pub heartbeats_total: AtomicU64,
+    pub sealer: secrets::Sealer,
+    pub agent_binary: Option<AgentBinary>,
+    /// curl `--pinnedpubkey` value of the agent listener's key.
+    pub listener_pin: String,
+    /// ACME certificates and pending challenges.
+    pub acme: acme::Acme,
+    /// GitLab login, push-to-deploy and commit statuses.
+    pub git: git::GitState,
+    /// Login limits and password hashing slots.
+    pub auth: auth::AuthState,
+    /// The dashboard's one-shot messages, per browser session.
+    pub web_flashes: flash::Flashes,
+}
+
+/// The agent binary the control plane offers, read once at start.
+pub struct AgentBinary {
+    pub bytes: Vec<u8>,
+    pub sha256: String,
+}
+
+/// Removes a node everywhere: its row and queued commands, its entry in the
+/// live registry (so its certificate stops working at once) and its stream.
+pub async fn remove_node(state: &AppState, node_id: &str) -> Result<(), ApiError> {
+    state.store.delete_node(node_id).await?;
+    state.nodes.remove(node_id);
+    state.hub.remove(node_id);
+    state.hub.notify_all(events::PEERS);
+    state
+        .last_bodies
+        .lock()
+        .expect("last bodies lock")
+        .remove(node_id);
+    if let Some(credentials) = &state.registry_credentials {
+        // The node is gone either way; a credential that could not be
+        // deleted now is dropped at the next start.
+        if let Err(err) = credentials.revoke(node_id).await {
+            tracing::error!(node_id, error = %err, "could not revoke the node's registry credential");
+        }
+    }
+    routes::recompute(state).await?;
+    Ok(())
+}
+
+/// Queues a command for a node and tells its stream. The payload is sealed
+/// at rest: deploy payloads carry the app's environment and git
+/// credentials.
+pub async fn queue_command(
+    state: &AppState,
+    node_id: &str,
+    kind: cloudweb_protocol::CommandKind,
+    payload: &serde_json::Value,
+) -> Result<store::CommandRow, ApiError> {
+    let sealed = state.sealer.seal_json(&command_context(node_id), payload);
+    let command = store::NewCommand {
+        node_id: node_id.to_string(),
+        kind: kind.as_str().to_string(),
+        payload: sealed,
+    };
+    let row = state
+        .store
+        .enqueue_command(&command, state.clock.now_ms())
+        .await?;
+    state.hub.notify(node_id, events::COMMANDS);
+    Ok(row)
+}
+
+/// The sealing context of a node's command payloads.
+pub fn command_context(node_id: &str) -> String {
+    format!("command:{node_id}")
+}
+
+/// The node's address on the WireGuard mesh (10.77.0.0/16).
+pub fn mesh_address(index: i64) -> String {
+    let index = index.clamp(1, 65534);
+    format!("10.77.{}.{}", index >> 8, index & 0xff)
+}

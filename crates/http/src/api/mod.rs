@@ -1,0 +1,156 @@
+//! The user API on `--api-listen`: JSON authenticated by the admin token,
+//! a personal API token or a browser session (see [`crate::auth`]), plus
+//! `/healthz` (open), Prometheus `/metrics` and the OpenAPI document at
+//! `/api/openapi.json` (open).
+//!
+//! Every route is registered through [`routes`] with `utoipa_axum`'s
+//! `routes!`, which takes each handler's `#[utoipa::path]` annotation: the
+//! router and the OpenAPI document come from the same list, and the
+//! `openapi` tests check that nothing is registered around it.
+
+pub mod apps;
+pub mod deployments;
+pub mod join_tokens;
+mod metrics;
+pub mod nodes;
+pub mod openapi;
+mod runtime_logs;
+pub mod traffic;
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth;
+use crate::error::ApiError;
+use crate::AppState;
+
+/// Every route, with its documentation. Routes that need no credential
+/// are in [`public_routes`]; everything here goes through the
+/// [`auth::guard`].
+fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::new()
+        .routes(routes!(auth::routes::logout))
+        .routes(routes!(auth::routes::me))
+        .routes(routes!(auth::routes::list_tokens, auth::routes::create_token))
+        .routes(routes!(auth::routes::revoke_token))
+        .routes(routes!(auth::routes::list_users, auth::routes::create_user))
+        .routes(routes!(auth::routes::disable_user))
+        .routes(routes!(join_tokens::create))
+        .routes(routes!(nodes::list))
+        .routes(routes!(nodes::show, nodes::remove))
+        .routes(routes!(nodes::commands, nodes::enqueue))
+        .routes(routes!(nodes::drain))
+        .routes(routes!(nodes::undrain))
+        .routes(routes!(apps::list, apps::create_as_caller))
+        .routes(routes!(apps::show, apps::update, apps::remove))
+        .routes(routes!(apps::set_env, apps::patch_env))
+        .routes(routes!(apps::set_domains))
+        .routes(routes!(apps::certificates))
+        .routes(routes!(apps::deploy))
+        .routes(routes!(apps::rollback))
+        .routes(routes!(deployments::of_app))
+        .routes(routes!(runtime_logs::logs))
+        .routes(routes!(deployments::show))
+        .routes(routes!(deployments::logs))
+        .routes(routes!(deployments::cancel))
+        .routes(routes!(traffic::routes))
+        .routes(routes!(traffic::traffic))
+        .routes(routes!(traffic::last_heartbeat))
+        .routes(routes!(traffic::node_usage))
+        .routes(routes!(metrics::prometheus))
+        .routes(routes!(crate::git::api::get_settings, crate::git::api::put_settings))
+        .routes(routes!(crate::git::api::accounts))
+        .routes(routes!(crate::git::api::projects))
+        .routes(routes!(crate::git::api::branches))
+}
+
+/// Routes anyone may call. Each must say `security(())` in its annotation
+/// (the document then shows it needs no credential) and be listed in
+/// [`openapi::PUBLIC_OPERATIONS`].
+fn public_routes() -> OpenApiRouter<Arc<AppState>> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(auth::routes::login))
+        .routes(routes!(openapi::document))
+        // GitLab login, and webhooks that authenticate themselves
+        // (X-Gitlab-Token, an HMAC signature).
+        .routes(routes!(crate::git::oauth::login))
+        .routes(routes!(crate::git::oauth::callback))
+        .routes(routes!(crate::git::webhooks::gitlab))
+        .routes(routes!(crate::git::webhooks::generic))
+}
+
+/// The router and the document, from one list.
+pub fn parts(state: Option<Arc<AppState>>) -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
+    let mut authenticated = authenticated_routes();
+    if let Some(state) = state {
+        authenticated = authenticated.route_layer(middleware::from_fn_with_state(state, auth::guard::require_principal));
+    }
+    let (router, document) = OpenApiRouter::with_openapi(openapi::base()).merge(public_routes()).merge(authenticated).split_for_parts();
+    (router, openapi::finish(document))
+}
+
+/// The page that answers an unknown path outside `/api/` (the dashboard's
+/// HTML 404 page, from the layer above).
+pub type NotFoundPage =
+    fn(Arc<AppState>, Request) -> futures_util::future::BoxFuture<'static, Response>;
+
+/// The user API alone: every unknown path answers JSON.
+pub fn router(state: Arc<AppState>) -> Router {
+    router_with_pages(state, None)
+}
+
+/// The user API, with `pages` answering unknown paths outside `/api/`.
+pub fn router_with_pages(state: Arc<AppState>, pages: Option<NotFoundPage>) -> Router {
+    let (router, document) = parts(Some(state.clone()));
+    let document = Arc::new(openapi::Served::new(&document));
+    router
+        .fallback(
+            move |state: axum::extract::State<Arc<AppState>>, request: Request| {
+                unknown_path(state, request, pages)
+            },
+        )
+        .layer(axum::Extension(document))
+        .layer(middleware::from_fn(run_to_completion))
+        .layer(DefaultBodyLimit::max(crate::error::MAX_BODY_BYTES))
+        .layer(middleware::from_fn(crate::error::refuse_declared_oversize))
+        .with_state(state)
+}
+
+/// An unknown path: JSON under `/api/` (a program asked), the dashboard's
+/// HTML 404 page everywhere else (a browser asked; `cloudweb_web`'s
+/// `not_found_page`, given as `pages`).
+async fn unknown_path(
+    state: axum::extract::State<Arc<AppState>>,
+    request: Request,
+    pages: Option<NotFoundPage>,
+) -> Response {
+    let path = request.uri().path();
+    match pages {
+        Some(page) if path != "/api" && !path.starts_with("/api/") => page(state.0, request).await,
+        _ => ApiError::NotFound("no such endpoint".to_string()).into_response(),
+    }
+}
+
+/// Liveness: answers `ok` while the control plane serves.
+#[utoipa::path(get, path = "/healthz", tag = "meta", security(()), responses((status = 200, description = "ok", content_type = "text/plain", body = String)))]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Runs the handler in its own task, so a client that hangs up does not
+/// cancel it halfway through a change (the user API's handlers write in
+/// several steps: an app row and its route table, a deployment and its
+/// placement). The answer is simply not delivered.
+pub async fn run_to_completion(request: Request, next: Next) -> Response {
+    match tokio::spawn(next.run(request)).await {
+        Ok(response) => response,
+        Err(err) => ApiError::Internal(format!("request handler failed: {err}")).into_response(),
+    }
+}

@@ -1,0 +1,286 @@
+//! The GitLab routes of the user API (`/api/gitlab/...`), and what
+//! creating or deleting an app does with its provider: an app made from a
+//! GitLab project gets a push webhook with its own random secret; an app
+//! from any other git URL can ask for a webhook URL and secret for the
+//! generic, HMAC-signed webhook.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::gitlab;
+use super::provider::GitProvider;
+use crate::auth::Principal;
+use crate::ca::sha256_hex;
+use crate::error::{body_bytes, parse_json, ApiError};
+use crate::store::{AppGitLinkRow, GitlabSettingsRow};
+use crate::AppState;
+
+/// Longest allow-list.
+const MAX_ALLOWED: usize = 1000;
+
+fn settings_view(state: &AppState, row: &GitlabSettingsRow) -> Value {
+    json!({
+        "base_url": row.base_url,
+        "client_id": row.client_id,
+        // The secret itself never leaves the control plane.
+        "client_secret_set": true,
+        "allowed_users": serde_json::from_str::<Value>(&row.allowed_users).unwrap_or(Value::Null),
+        "allowed_groups": serde_json::from_str::<Value>(&row.allowed_groups).unwrap_or(Value::Null),
+        "redirect_uri": super::redirect_uri(state),
+        "login_url": format!("{}/api/auth/gitlab/login", state.git.public_url()),
+    })
+}
+
+#[utoipa::path(get, path = "/api/gitlab/settings", tag = "git", responses((status = 200, description = "The GitLab connection (never the client secret)", body = serde_json::Value), (status = 404, description = "GitLab is not configured", body = crate::error::ErrorDoc)))]
+pub async fn get_settings(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let row = state.store.gitlab_settings().await?.ok_or_else(|| ApiError::NotFound("GitLab is not configured".into()))?;
+    Ok(Json(settings_view(&state, &row)))
+}
+
+pub use crate::git::settings::SettingsInput;
+
+/// Validates and stores GitLab settings (from the API or the flags).
+pub async fn apply_settings(state: &AppState, input: SettingsInput) -> Result<GitlabSettingsRow, ApiError> {
+    let base_url = gitlab::base_url(&input.base_url, state.config.allow_private_git_hosts).map_err(ApiError::BadRequest)?;
+    cloudweb_protocol::validate::bounded_text("client_id", &input.client_id, 256)?;
+    if input.client_id.is_empty() || input.client_id.contains(char::is_whitespace) {
+        return Err(ApiError::BadRequest("invalid client_id".into()));
+    }
+    if input.allowed_users.len() > MAX_ALLOWED || input.allowed_groups.len() > MAX_ALLOWED {
+        return Err(ApiError::BadRequest(format!("at most {MAX_ALLOWED} allowed users and groups")));
+    }
+    for (field, list) in [("allowed_users", &input.allowed_users), ("allowed_groups", &input.allowed_groups)] {
+        for entry in list {
+            cloudweb_protocol::validate::bounded_text(field, entry, 255)?;
+            if entry.is_empty() || !entry.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b)) {
+                return Err(ApiError::BadRequest(format!("invalid {field} entry {entry:?}: GitLab names are letters, digits, '.', '_', '-' (and '/' in group paths)")));
+            }
+        }
+    }
+    let client_secret_sealed = match input.client_secret {
+        Some(secret) => {
+            cloudweb_protocol::validate::bounded_text("client_secret", &secret, 1024)?;
+            if secret.is_empty() {
+                return Err(ApiError::BadRequest("client_secret must not be empty".into()));
+            }
+            state.sealer.seal(super::client_secret_context(), secret.as_bytes())
+        }
+        None => match state.store.gitlab_settings().await? {
+            Some(existing) => existing.client_secret_sealed,
+            None => return Err(ApiError::BadRequest("client_secret is required the first time".into())),
+        },
+    };
+    let row = GitlabSettingsRow {
+        base_url,
+        client_id: input.client_id,
+        client_secret_sealed,
+        allowed_users: serde_json::to_string(&input.allowed_users).expect("strings serialize"),
+        allowed_groups: serde_json::to_string(&input.allowed_groups).expect("strings serialize"),
+        updated_at: state.clock.now_ms(),
+    };
+    state.store.put_gitlab_settings(&row).await?;
+    tracing::info!(base_url = %row.base_url, "GitLab settings saved");
+    Ok(row)
+}
+
+#[utoipa::path(put, path = "/api/gitlab/settings", tag = "git", request_body = serde_json::Value, responses((status = 200, description = "Saved; the client secret is sealed", body = serde_json::Value), (status = 400, description = "Invalid settings", body = crate::error::ErrorDoc)))]
+pub async fn put_settings(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+    let input: SettingsInput = parse_json(&body_bytes(body)?)?;
+    let row = apply_settings(&state, input).await?;
+    Ok(Json(settings_view(&state, &row)))
+}
+
+#[utoipa::path(get, path = "/api/gitlab/accounts", tag = "git", responses((status = 200, description = "GitLab identities that logged in (never a token)", body = serde_json::Value)))]
+pub async fn accounts(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let accounts: Vec<Value> = state
+        .store
+        .gitlab_accounts()
+        .await?
+        .into_iter()
+        .map(|a| json!({ "gitlab_user_id": a.gitlab_user_id, "username": a.username, "linked_user": a.local_user, "token_expires_at": a.expires_at.map(crate::clock::rfc3339_ms) }))
+        .collect();
+    Ok(Json(json!({ "accounts": accounts })))
+}
+
+/// Which GitLab identity acts for the caller. A user acts through the
+/// identities linked to them: the one named (it must be theirs), else
+/// their only one. The admin token may name any identity, else the only
+/// one there is.
+async fn account_for(state: &AppState, principal: &Principal, named: Option<i64>) -> Result<i64, ApiError> {
+    if let Some(user) = principal.user() {
+        let mine = state.store.gitlab_accounts_of_user(&user.id).await?;
+        if let Some(id) = named {
+            return mine
+                .iter()
+                .find(|a| a.gitlab_user_id == id)
+                .map(|a| a.gitlab_user_id)
+                .ok_or_else(|| ApiError::Forbidden(format!("the GitLab account {id} is not linked to your user")));
+        }
+        return match mine.as_slice() {
+            [only] => Ok(only.gitlab_user_id),
+            [] => Err(ApiError::NotFound("your user has no GitLab identity: log in with GitLab first (/api/auth/gitlab/login)".into())),
+            _ => Err(ApiError::BadRequest("several GitLab identities are linked to your user: name one with account (gitlab_account when creating an app)".into())),
+        };
+    }
+    if let Some(id) = named {
+        return state.store.gitlab_account(id).await?.map(|a| a.gitlab_user_id).ok_or_else(|| ApiError::NotFound(format!("no GitLab account {id}")));
+    }
+    let accounts = state.store.gitlab_accounts().await?;
+    match accounts.as_slice() {
+        [only] => Ok(only.gitlab_user_id),
+        [] => Err(ApiError::NotFound("no GitLab account: log in with GitLab first (/api/auth/gitlab/login)".into())),
+        _ => Err(ApiError::BadRequest("several GitLab accounts exist: name one with account (gitlab_account when creating an app)".into())),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct ProjectsQuery {
+    account: Option<i64>,
+    search: Option<String>,
+}
+
+#[utoipa::path(get, path = "/api/gitlab/projects", tag = "git", params(("search" = Option<String>, Query, description = "Part of the project path"), ("account" = Option<i64>, Query, description = "GitLab user id acting; by default the caller's own linked identity")), responses((status = 200, description = "The user's projects", body = serde_json::Value), (status = 400, description = "Several accounts: name one", body = crate::error::ErrorDoc), (status = 403, description = "The named GitLab account is not linked to the caller", body = crate::error::ErrorDoc), (status = 404, description = "No GitLab account or not configured", body = crate::error::ErrorDoc), (status = 502, description = "GitLab failed", body = crate::error::ErrorDoc)))]
+pub async fn projects(State(state): State<Arc<AppState>>, Extension(principal): Extension<Principal>, Query(query): Query<ProjectsQuery>) -> Result<Json<Value>, ApiError> {
+    if let Some(search) = &query.search {
+        cloudweb_protocol::validate::bounded_text("search", search, 100)?;
+    }
+    let projects = list_projects(&state, &principal, query.account, query.search.as_deref()).await?;
+    Ok(Json(json!({ "projects": projects })))
+}
+
+/// The GitLab projects `principal` can reach through its identity (the
+/// one named, else its only one): what `GET /api/gitlab/projects` answers
+/// and the dashboard's new-app form offers.
+pub async fn list_projects(state: &AppState, principal: &Principal, account: Option<i64>, search: Option<&str>) -> Result<Vec<super::provider::Project>, ApiError> {
+    let account = account_for(state, principal, account).await?;
+    let gitlab = super::gitlab_as(state, account).await?;
+    gitlab.projects(search).await.map_err(super::provider_error)
+}
+
+#[derive(Deserialize)]
+pub struct AccountQuery {
+    account: Option<i64>,
+}
+
+#[utoipa::path(get, path = "/api/gitlab/projects/{id}/branches", tag = "git", params(("id" = i64, Path, description = "GitLab project id"), ("account" = Option<i64>, Query, description = "GitLab user id acting")), responses((status = 200, description = "The project's branches", body = serde_json::Value), (status = 404, description = "No such project or account", body = crate::error::ErrorDoc), (status = 502, description = "GitLab failed", body = crate::error::ErrorDoc)))]
+pub async fn branches(State(state): State<Arc<AppState>>, Extension(principal): Extension<Principal>, Path(project): Path<i64>, Query(query): Query<AccountQuery>) -> Result<Json<Value>, ApiError> {
+    let account = account_for(&state, &principal, query.account).await?;
+    let gitlab = super::gitlab_as(&state, account).await?;
+    let branches = gitlab.branches(project).await.map_err(super::provider_error)?;
+    Ok(Json(json!({ "branches": branches })))
+}
+
+/// A GitLab project named when creating an app: its id, or its path.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ProjectRef {
+    Id(i64),
+    Path(String),
+}
+
+/// What app creation learned from the provider, to link once the app row exists.
+pub enum LinkPlan {
+    Gitlab { account: i64, project: super::Project },
+    Generic,
+}
+
+/// Looks up the GitLab project an app is created from.
+pub async fn resolve_project(state: &AppState, principal: &Principal, project: &ProjectRef, account: Option<i64>) -> Result<(i64, super::Project), ApiError> {
+    let account = account_for(state, principal, account).await?;
+    let key = match project {
+        ProjectRef::Id(id) => id.to_string(),
+        ProjectRef::Path(path) => {
+            cloudweb_protocol::validate::bounded_text("gitlab_project", path, 512)?;
+            if path.is_empty() || path.starts_with('/') || path.contains("..") {
+                return Err(ApiError::BadRequest("invalid gitlab_project: a numeric id or group/name".into()));
+            }
+            path.clone()
+        }
+    };
+    let gitlab = super::gitlab_as(state, account).await?;
+    let project = gitlab.project(&key).await.map_err(super::provider_error)?;
+    Ok((account, project))
+}
+
+/// After the app row exists: registers the GitLab webhook (or makes the
+/// generic webhook's secret) and records the link. Returns what the
+/// creator sees: for a generic webhook, the URL and the secret, once.
+pub async fn link_app(state: &AppState, app: &str, branch: &str, plan: LinkPlan) -> Result<Value, ApiError> {
+    let secret = super::random_secret();
+    let now = state.clock.now_ms();
+    match plan {
+        LinkPlan::Gitlab { account, project } => {
+            let url = format!("{}/api/webhooks/gitlab", state.git.public_url());
+            let gitlab = super::gitlab_as(state, account).await?;
+            let hook_id = gitlab.register_webhook(project.id, &url, &secret, branch).await.map_err(super::provider_error)?;
+            let link = AppGitLinkRow {
+                app: app.to_string(),
+                provider: "gitlab".into(),
+                project_id: Some(project.id),
+                project_path: Some(project.path.clone()),
+                account: Some(account),
+                hook_id,
+                webhook_secret_sha256: sha256_hex(secret.as_bytes()),
+                webhook_secret_sealed: None,
+                created_at: now,
+            };
+            if let Err(err) = state.store.insert_app_git_link(&link).await {
+                if let Some(hook) = hook_id {
+                    let _ = gitlab.remove_webhook(project.id, hook).await;
+                }
+                return Err(err.into());
+            }
+            tracing::info!(app, project = %project.path, "registered the GitLab push webhook");
+            Ok(super::link_view(&link))
+        }
+        LinkPlan::Generic => {
+            let link = AppGitLinkRow {
+                app: app.to_string(),
+                provider: "generic".into(),
+                project_id: None,
+                project_path: None,
+                account: None,
+                hook_id: None,
+                webhook_secret_sha256: sha256_hex(secret.as_bytes()),
+                webhook_secret_sealed: Some(state.sealer.seal(&super::webhook_context(app), secret.as_bytes())),
+                created_at: now,
+            };
+            state.store.insert_app_git_link(&link).await?;
+            let mut view = super::link_view(&link);
+            view["webhook"] = json!({
+                "url": format!("{}/api/webhooks/generic/{app}", state.git.public_url()),
+                // Shown this once; stored sealed.
+                "secret": secret,
+                "signature_header": "X-Cloudweb-Signature",
+                "signature": "sha256=<lowercase hex HMAC-SHA256 of the raw body, keyed with the secret> (X-Hub-Signature-256 is accepted too)",
+                "body": "{\"ref\": \"refs/heads/<branch>\", \"after\": \"<full commit id>\"}",
+                "delivery_header": "X-Cloudweb-Delivery",
+            });
+            Ok(view)
+        }
+    }
+}
+
+/// Before an app is deleted: removes its GitLab webhook (a failure is
+/// logged; the hook then answers 401 from here on).
+pub async fn app_removed(state: &AppState, app: &str) {
+    let Ok(Some(link)) = state.store.app_git_link(app).await else {
+        return;
+    };
+    if let (Some(project), Some(hook), Some(account)) = (link.project_id, link.hook_id, link.account) {
+        let result = match super::gitlab_as(state, account).await {
+            Ok(gitlab) => gitlab.remove_webhook(project, hook).await.map_err(super::provider_error),
+            Err(err) => Err(err),
+        };
+        match result {
+            Ok(()) => tracing::info!(app, "removed the GitLab webhook"),
+            Err(err) => tracing::warn!(app, error = %err, "could not remove the GitLab webhook"),
+        }
+    }
+}

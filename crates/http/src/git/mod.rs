@@ -1,0 +1,12 @@
+//! The git routes: `oauth.rs` (`/api/auth/gitlab/login` and `/callback`),
+//! `webhooks.rs` (`POST /api/webhooks/gitlab` and
+//! `/api/webhooks/generic/{app}`), `api.rs` (the GitLab settings, accounts,
+//! projects and branches routes, and what app creation and deletion do
+//! with a provider). The providers and their glue are `cloudweb_core::git`,
+//! re-exported here.
+
+pub mod api;
+pub mod oauth;
+pub mod webhooks;
+
+pub use cloudweb_core::git::*;

@@ -1,0 +1,175 @@
+//! All SQL lives here. The rest of the control plane calls typed methods and
+//! never sees a query, so a PostgreSQL backend can later sit behind the same
+//! methods. Queries use `$n` placeholders and portable types for that reason.
+//!
+//! Every method that writes counts its commit in [`Store::commits`], which the
+//! heartbeat benchmark reads to prove heartbeats are persisted in batches.
+
+mod accounts;
+mod apps;
+mod certificates;
+mod commands;
+mod deployments;
+mod git;
+mod idempotency;
+pub mod login_attempts;
+mod nodes;
+mod open;
+mod reports;
+pub mod retention;
+mod routes;
+pub mod steps;
+mod tokens;
+mod usage;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use sqlx::SqlitePool;
+
+pub use accounts::{ApiTokenRow, SessionRow, UserRow};
+pub use apps::{AppRefusal, AppRow};
+pub use certificates::{CertificateOrders, CertificateRow};
+pub use commands::{CommandRow, NewCommand};
+pub use deployments::{DeploymentRow, InstanceRow, InstanceUpdate, Settled};
+pub use git::{AppGitLinkRow, DeploymentGitRow, GitlabAccountRow, GitlabSettingsRow};
+pub use idempotency::IdempotencyClaim;
+pub use nodes::{
+    HeartbeatRow, JoinAnswer, JoinRefusal, NewNode, NodeRow, TrafficRow, TrafficSample,
+};
+pub use open::DATABASE_FILE;
+pub use tokens::TokenRejection;
+pub use usage::{AppUsage, AppUsageRow, NodeUsageRow, NodeUsageSample, FINE as USAGE_FINE_SECONDS};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("cannot back up the database to {path}: {source}")]
+    Backup { path: String, source: sqlx::Error },
+    #[error("i/o error on {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    /// A change would have broken an invariant of the state; it was rolled
+    /// back.
+    #[error("refused: {0}")]
+    Invariant(String),
+    /// SQLite's `quick_check` found damage (its first finding).
+    #[error("the integrity check failed: {0}")]
+    Damaged(String),
+}
+
+/// SQLite's primary result codes that say the disk is full, or that the
+/// database file is not a database.
+const SQLITE_FULL: &str = "13";
+const SQLITE_CORRUPT: &str = "11";
+const SQLITE_NOTADB: &str = "26";
+/// errno ENOSPC.
+const ENOSPC: i32 = 28;
+
+impl StoreError {
+    fn sqlx(&self) -> Option<&sqlx::Error> {
+        match self {
+            StoreError::Database(err) | StoreError::Backup { source: err, .. } => Some(err),
+            StoreError::Migrate(sqlx::migrate::MigrateError::Execute(err))
+            | StoreError::Migrate(sqlx::migrate::MigrateError::ExecuteMigration(err, _)) => Some(err),
+            _ => None,
+        }
+    }
+
+    /// SQLite's primary result code (the extended code's low byte).
+    fn sqlite_code(&self) -> Option<String> {
+        let sqlx::Error::Database(db) = self.sqlx()? else { return None };
+        let code: i64 = db.code()?.parse().ok()?;
+        Some((code & 0xff).to_string())
+    }
+
+    /// The write failed because the disk (or the file system's quota) is
+    /// full: SQLITE_FULL, or ENOSPC from the file system.
+    pub fn is_disk_full(&self) -> bool {
+        if self.sqlite_code().as_deref() == Some(SQLITE_FULL) {
+            return true;
+        }
+        match self {
+            StoreError::Io { source, .. } => source.raw_os_error() == Some(ENOSPC),
+            _ => matches!(self.sqlx(), Some(sqlx::Error::Io(io)) if io.raw_os_error() == Some(ENOSPC)),
+        }
+    }
+
+    /// The database file is damaged or not a SQLite database at all.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, StoreError::Damaged(_)) || matches!(self.sqlite_code().as_deref(), Some(SQLITE_CORRUPT | SQLITE_NOTADB))
+    }
+}
+
+/// Handle to the control plane's state. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: SqlitePool,
+    commits: Arc<AtomicU64>,
+}
+
+impl Store {
+    /// Number of write transactions committed since the process started.
+    pub fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Starts a transaction that takes the write lock up front. A deferred
+    /// SQLite transaction that reads and then writes can fail with "database
+    /// is locked" when another writer got in between; taking the lock at
+    /// BEGIN makes concurrent writers queue (up to the busy timeout) instead.
+    ///
+    /// The BEGIN runs in its own task: sqlx acknowledges a custom BEGIN
+    /// before it builds the `Transaction` that would roll it back on drop,
+    /// so a caller cancelled in between (an HTTP handler whose client hung
+    /// up) left the pooled connection inside a transaction that nobody
+    /// would end. That connection then refused every later BEGIN ("non-zero
+    /// transaction depth"), held the write lock ("database is locked" for
+    /// every other writer) and silently dropped what it wrote afterwards.
+    /// A spawned task always finishes; if its caller is gone, the
+    /// `Transaction` it returns is dropped, which rolls it back.
+    async fn write_transaction(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
+        let pool = self.pool.clone();
+        let begin = tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await });
+        match begin.await {
+            Ok(result) => Ok(result?),
+            Err(join) => Err(StoreError::Database(sqlx::Error::Protocol(format!("BEGIN task failed: {join}")))),
+        }
+    }
+
+    /// Closes every connection (waiting for those in use), which also
+    /// folds the write-ahead log into the database file.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Counts a commit and passes a [`steps::step_point`], where a
+    /// simulation may hand control to another task or stop the process.
+    async fn count_commit(&self) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        steps::step_point().await;
+    }
+
+    /// Sets one text column of the row of `table` whose `key_column` is
+    /// `key`, making that row (with `created_at = now_ms`) where there is
+    /// none. Table and column names are the caller's constants, never input.
+    async fn upsert_column(
+        &self,
+        table: &'static str,
+        key_column: &'static str,
+        key: &str,
+        column: &'static str,
+        value: &str,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO {table} ({key_column}, {column}, created_at) VALUES ($1, $2, $3) \
+             ON CONFLICT ({key_column}) DO UPDATE SET {column} = excluded.{column}"
+        );
+        sqlx::query(&sql).bind(key).bind(value).bind(now_ms).execute(&self.pool).await?;
+        self.count_commit().await;
+        Ok(())
+    }
+}

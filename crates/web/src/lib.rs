@@ -1,0 +1,319 @@
+//! The dashboard: server-rendered HTML (maud) on the user API's listener
+//! at `/`, with one stylesheet and one small script compiled into the
+//! binary. Every page works without JavaScript (forms post and redirect);
+//! the script only makes pages live (the node table, the build log and an
+//! app's runtime log follow server-sent events).
+//!
+//! Who may see the pages is the accounts module's business: the login
+//! form checks a user's name and password under the same rate limits as
+//! `POST /api/session` and starts an [`auth::sessions`] session, whose
+//! cookie opens the dashboard and the API alike; forms carry that
+//! session's CSRF token (field `csrf_token`).
+//!
+//! Pages act through the same handlers as the JSON API (`cloudweb_http::api`), so
+//! validation and effects are the API's; this module only turns forms into
+//! those calls and answers into HTML. Everything printed goes through
+//! maud, which escapes it.
+//!
+//! This crate sits on top of `cloudweb-http` and must never reach below it
+//! for a change: no SQL of its own and no effect that bypasses the API's
+//! handlers; it may read the shared state to render a page.
+
+mod apps;
+mod chart;
+mod deployments;
+mod format;
+pub mod i18n;
+mod layout;
+mod monitoring;
+mod nodes;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
+use axum::http::header::{self, HeaderValue};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Form, Router};
+use maud::{html, Markup};
+
+// The layers below under the paths these modules use (`crate::store`,
+// `crate::api`, ...).
+pub(crate) use cloudweb_core::{acme, ca, clock, deploy, flash, routes, store, AppState};
+pub(crate) use cloudweb_http::{api, auth, error, git};
+
+use crate::auth::sessions;
+use crate::error::ApiError;
+use flash::Flash;
+use i18n::Lang;
+
+/// The language cookie: remembered for a year.
+const LANG_COOKIE: &str = "cw_lang";
+
+const CSS: &str = include_str!("assets/app.css");
+const JS: &str = include_str!("assets/app.js");
+
+/// Content-Security-Policy of every page: only our own script and style,
+/// nothing inline, no framing.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+pub fn router() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/nodes") }))
+        .route("/login", get(login_page).post(login))
+        .route("/logout", post(logout))
+        .route("/lang", post(switch_language))
+        .route("/assets/app.css", get(|| async { asset(CSS, "text/css; charset=utf-8") }))
+        .route("/assets/app.js", get(|| async { asset(JS, "text/javascript; charset=utf-8") }))
+        .route("/nodes", get(nodes::page))
+        .route("/nodes/table", get(nodes::table_stream))
+        .route("/nodes/join-token", post(nodes::join_token))
+        .route("/nodes/{id}/{action}", get(nodes::confirm).post(nodes::act))
+        .route("/apps", get(apps::list).post(apps::create))
+        .route("/apps/{name}", get(apps::show))
+        .route("/apps/{name}/env", post(apps::set_env))
+        .route("/apps/{name}/domains", post(apps::set_domains))
+        .route("/apps/{name}/settings", post(apps::set_settings))
+        .route("/apps/{name}/deploy", post(apps::deploy))
+        .route("/apps/{name}/rollback", post(apps::rollback))
+        .route("/apps/{name}/delete", get(apps::confirm_delete).post(apps::delete))
+        .route("/deployments/{id}", get(deployments::page))
+        .route("/deployments/{id}/logs", get(deployments::log_stream))
+        .route("/monitoring", get(monitoring::page))
+        .layer(middleware::from_fn(security_headers))
+}
+
+fn asset(body: &'static str, content_type: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "public, max-age=3600")], body).into_response()
+}
+
+async fn security_headers(request: axum::extract::Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    add_security_headers(&mut response);
+    response
+}
+
+fn add_security_headers(response: &mut Response) {
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+}
+
+/// What a browser gets for a path nothing serves (outside `/api/`, where
+/// the API answers JSON): the 404 page, or the login page's redirect
+/// without a session, like every page.
+pub async fn not_found_page(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let (mut parts, _) = request.into_parts();
+    let mut response = match Ctx::from_request_parts(&mut parts, &state).await {
+        Ok(ctx) => not_found(&ctx),
+        Err(rejection) => rejection,
+    };
+    add_security_headers(&mut response);
+    response
+}
+
+/// The language of a request: the remembered switch, else Accept-Language.
+fn language(parts: &Parts) -> Lang {
+    let cookies = parts.headers.get(header::COOKIE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if let Some(lang) = flash::cookie(cookies, LANG_COOKIE).and_then(Lang::parse) {
+        return lang;
+    }
+    let accept = parts.headers.get(header::ACCEPT_LANGUAGE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    Lang::from_accept_language(accept)
+}
+
+/// What every page needs: the language, and the logged-in user's
+/// session (the accounts module's: its CSRF token, and the flash).
+pub struct Ctx {
+    pub lang: Lang,
+    /// The session's id digest (the flash is kept under it).
+    pub session_key: String,
+    pub csrf: String,
+    pub user_name: String,
+    /// The logged-in user as the API sees them (their session), so forms
+    /// act with the user's own rights and linked identities.
+    pub principal: auth::Principal,
+    pub flash: Option<Flash>,
+    pub state: Arc<AppState>,
+}
+
+impl Ctx {
+    pub fn t(&self, key: &'static str) -> &'static str {
+        self.lang.t(key)
+    }
+
+    /// Checks the session's CSRF token a form posted (field `csrf_token`):
+    /// the 403 page to answer when it is wrong, `None` when it is right.
+    pub fn refusal(&self, form: &HashMap<String, String>) -> Option<Response> {
+        let posted = form.get(sessions::CSRF_FIELD).map(String::as_str).unwrap_or("");
+        if auth::constant_time_eq(posted.as_bytes(), self.csrf.as_bytes()) {
+            None
+        } else {
+            Some((StatusCode::FORBIDDEN, layout::message(self, self.t("csrf.invalid"))).into_response())
+        }
+    }
+
+    pub fn flash(&self, flash: Flash) {
+        self.state.web_flashes.put(&self.session_key, flash, self.state.clock.now_ms());
+    }
+
+    /// Redirects to `to` after a form, with the outcome as the flash.
+    pub fn outcome<T>(&self, result: Result<T, ApiError>, to: &str) -> Response {
+        match result {
+            Ok(_) => self.flash(Flash::Done),
+            Err(err) => self.flash(Flash::Error(error_text(&err))),
+        }
+        Redirect::to(to).into_response()
+    }
+}
+
+/// The text of an API error for a page (never holds a secret: API errors
+/// are written not to).
+pub fn error_text(err: &ApiError) -> String {
+    err.to_string()
+}
+
+/// Pages need the accounts module's session cookie; without a live one
+/// the browser goes to the login page. A form post must also come from
+/// this site (the same check the API makes) before its CSRF token is read.
+impl FromRequestParts<Arc<AppState>> for Ctx {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Ctx, Response> {
+        let lang = language(parts);
+        let cookie = sessions::session_cookie(&parts.headers).unwrap_or("").to_string();
+        let session = match sessions::lookup(state, &cookie).await {
+            Ok(Some(session)) => session,
+            Ok(None) => return Err(Redirect::to("/login").into_response()),
+            Err(err) => return Err(err.into_response()),
+        };
+        if !matches!(parts.method, Method::GET | Method::HEAD) {
+            if let Err(err) = auth::guard::same_origin(&parts.headers) {
+                return Err(err.into_response());
+            }
+        }
+        let flash = state.web_flashes.take(&session.id_sha256, state.clock.now_ms());
+        let via = auth::Via::Session { id_sha256: session.id_sha256.clone(), csrf_token: session.csrf_token.clone(), expires_at: session.expires_at };
+        Ok(Ctx {
+            lang,
+            session_key: session.id_sha256,
+            csrf: session.csrf_token,
+            user_name: session.user.name.clone(),
+            principal: auth::Principal::User { user: session.user, via },
+            flash,
+            state: state.clone(),
+        })
+    }
+}
+
+/// The language of a request that needs no session (the login page).
+pub struct PublicLang(pub Lang);
+
+impl<S: Send + Sync> FromRequestParts<S> for PublicLang {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<PublicLang, Self::Rejection> {
+        Ok(PublicLang(language(parts)))
+    }
+}
+
+async fn login_page(PublicLang(lang): PublicLang) -> Markup {
+    layout::login(lang, None)
+}
+
+/// Logs a user in with a name and password: the accounts module's check
+/// (same rate limits as `POST /api/session`) and its session, so one
+/// cookie opens both the dashboard and the API.
+async fn login(State(state): State<Arc<AppState>>, PublicLang(lang): PublicLang, request: Request) -> Response {
+    let address = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
+    let refuse = |status: StatusCode, text: &str| (status, layout::login(lang, Some(text))).into_response();
+    // A cross-site login would log a victim into the attacker's account.
+    if auth::guard::same_origin(&headers).is_err() {
+        return refuse(StatusCode::FORBIDDEN, lang.t("csrf.invalid"));
+    }
+    let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, lang.t("login.invalid"));
+    };
+    let form: HashMap<String, String> = url::form_urlencoded::parse(&bytes).into_owned().collect();
+    let name = form.get("name").map(|n| n.trim()).unwrap_or("");
+    let password = form.get("password").map(String::as_str).unwrap_or("");
+    let user = match auth::routes::check_login(&state, name, password, address).await {
+        Ok(user) => user,
+        Err(ApiError::TooManyRequests { retry_after_s, .. }) => {
+            let text = format!("{} ({retry_after_s} s)", lang.t("login.too_many"));
+            let mut response = refuse(StatusCode::TOO_MANY_REQUESTS, &text);
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+            return response;
+        }
+        Err(ApiError::Unauthorized(_)) => return refuse(StatusCode::UNAUTHORIZED, lang.t("login.invalid")),
+        Err(err) => return err.into_response(),
+    };
+    // A new login replaces the session this browser had.
+    if let Some(old) = sessions::session_cookie(&headers) {
+        if let Err(err) = sessions::end(&state, &crate::ca::sha256_hex(old.as_bytes())).await {
+            return err.into_response();
+        }
+    }
+    let session = match sessions::start(&state, &user.id).await {
+        Ok(session) => session,
+        Err(ApiError::Forbidden(_)) => return refuse(StatusCode::UNAUTHORIZED, lang.t("login.invalid")),
+        Err(err) => return err.into_response(),
+    };
+    let mut response = Redirect::to("/nodes").into_response();
+    for cookie in sessions::set_cookie_headers(&state, &headers, &session) {
+        response.headers_mut().append(header::SET_COOKIE, cookie);
+    }
+    response
+}
+
+/// Ends the session on the server (its cookie stops opening the API too)
+/// and clears the cookies.
+async fn logout(ctx: Ctx, headers: HeaderMap, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Some(refused) = ctx.refusal(&form) {
+        return refused;
+    }
+    if let Err(err) = sessions::end(&ctx.state, &ctx.session_key).await {
+        return err.into_response();
+    }
+    ctx.state.web_flashes.forget(&ctx.session_key);
+    tracing::info!(user = %ctx.user_name, "session ended by dashboard logout");
+    let mut response = Redirect::to("/login").into_response();
+    for cookie in sessions::clear_cookie_headers(&ctx.state, &headers) {
+        response.headers_mut().append(header::SET_COOKIE, cookie);
+    }
+    response
+}
+
+/// Remembers the chosen language in a cookie and goes back to the page
+/// the switch was on (a local path only).
+async fn switch_language(Form(form): Form<HashMap<String, String>>) -> Response {
+    let lang = form.get("lang").and_then(|l| Lang::parse(l)).unwrap_or(Lang::En);
+    let back = form
+        .get("back")
+        .filter(|b| b.starts_with('/') && !b.starts_with("//") && !b.contains('\\') && b.len() < 512)
+        .map(String::as_str)
+        .unwrap_or("/nodes");
+    let mut response = Redirect::to(back).into_response();
+    let cookie = format!("{LANG_COOKIE}={}; Path=/; SameSite=Lax; Max-Age=31536000", lang.code());
+    response.headers_mut().insert(header::SET_COOKIE, HeaderValue::from_str(&cookie).expect("ascii cookie"));
+    response
+}
+
+/// A page for a missing thing.
+pub fn not_found(ctx: &Ctx) -> Response {
+    (StatusCode::NOT_FOUND, layout::message(ctx, ctx.t("common.not_found"))).into_response()
+}
+
+/// A hidden CSRF field for a form.
+pub fn csrf_field(ctx: &Ctx) -> Markup {
+    html! { input type="hidden" name=(sessions::CSRF_FIELD) value=(ctx.csrf); }
+}
