@@ -34,6 +34,13 @@ fn shown(path: &Path, base: &Path) -> String {
     path.strip_prefix(base).unwrap_or(path).display().to_string()
 }
 
+/// A path as written, less the `self` that ends a `use` group's entry
+/// (`super::backend::{self, …}` shows as `super::backend`).
+fn shown_path(path: &[String]) -> String {
+    let keep = path.iter().enumerate().filter(|(i, s)| *i == 0 || s.as_str() != "self");
+    keep.map(|(_, s)| s.as_str()).collect::<Vec<_>>().join("::")
+}
+
 /// The circles of one target's tree; file names are shown relative to `base`.
 pub fn find(tree: &Tree, base: &Path) -> Vec<Circle> {
     // (from, to) module -> evidence.
@@ -52,7 +59,7 @@ pub fn find(tree: &Tree, base: &Path) -> Vec<Circle> {
             edges
                 .entry(key)
                 .and_modify(|e| e.count += 1)
-                .or_insert_with(|| Evidence { from_file: shown(&file.path, base), line: r.line, path: r.path.join("::"), to_file: shown(&target_file.path, base), count: 1 });
+                .or_insert_with(|| Evidence { from_file: shown(&file.path, base), line: r.line, path: shown_path(&r.path), to_file: shown(&target_file.path, base), count: 1 });
         }
     }
     let mut nodes: Vec<Vec<String>> = edges.keys().flat_map(|(a, b)| [a.clone(), b.clone()]).collect();
@@ -135,8 +142,15 @@ pub fn strongly_connected(successors: &[Vec<usize>]) -> Vec<Vec<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{find, strongly_connected};
+    use super::{find, shown_path, strongly_connected};
     use crate::modules::load;
+
+    #[test]
+    fn paths_show_without_a_group_self() {
+        let path = |p: &str| p.split("::").map(String::from).collect::<Vec<_>>();
+        assert_eq!(shown_path(&path("super::backend::self")), "super::backend");
+        assert_eq!(shown_path(&path("self::key")), "self::key");
+    }
 
     #[test]
     fn components() {
