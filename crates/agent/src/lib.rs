@@ -19,6 +19,7 @@ pub mod renew;
 pub mod run;
 pub mod runtime;
 pub mod shutdown;
+pub mod timestamp;
 pub mod usage;
 
 /// This agent's version, sent in `X-Cloudweb-Agent-Version`.
