@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 use crate::client::ControlPlane;
 use crate::deploy::{DeployOptions, DeployOutcome};
-use crate::identity::write_private;
+use crate::files::write_private;
 use crate::runtime::{DockerRuntime, RuntimeError};
 use crate::timestamp::now_rfc3339;
 

@@ -7,6 +7,7 @@ pub mod capacity;
 pub mod client;
 pub mod commands;
 pub mod deploy;
+pub mod files;
 pub mod health;
 pub mod identity;
 pub mod ingress;
