@@ -6,6 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The structure check (issue 19): every crate depends only on lower layers
+# of crates/layers/layers.toml, and no crate has an import circle between
+# its modules. It reads text only, so it runs first and fails fast.
+cargo run -q --locked -p cloudweb-layers
+
 # The compatibility suite (crates/e2e/tests/compat.rs) runs the previous
 # release's server and agent against this tree's. They are built first
 # (cached by commit; see scripts/compat-build.sh) because their build

@@ -28,8 +28,9 @@ use tokio::sync::watch;
 
 use crate::client::ControlPlane;
 use crate::deploy::{DeployOptions, DeployOutcome};
-use crate::identity::write_private;
+use crate::files::write_private;
 use crate::runtime::{DockerRuntime, RuntimeError};
+use crate::timestamp::now_rfc3339;
 
 const HANDLED_FILE: &str = "handled-commands.json";
 /// How many handled ids to remember.
@@ -423,10 +424,6 @@ impl Inner {
             tracing::warn!(error = %err, "could not record handled commands");
         }
     }
-}
-
-pub fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
 }
 
 #[cfg(test)]

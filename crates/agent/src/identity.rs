@@ -3,11 +3,11 @@
 //! is generated here and never leaves the node.
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::files::{self, FileError};
 
 pub const KEY_FILE: &str = "node.key";
 pub const CERT_FILE: &str = "node.crt";
@@ -28,6 +28,16 @@ pub enum IdentityError {
     NotJoined(PathBuf),
     #[error("this node already joined as {node_id} and its certificate is valid until {not_after}; run `cloudweb-agent leave` before joining again (a re-join is for a node whose certificate expired)")]
     AlreadyJoined { node_id: String, not_after: String },
+}
+
+/// The same error, for a file of the data dir handled outside this module.
+impl From<FileError> for IdentityError {
+    fn from(err: FileError) -> IdentityError {
+        match err {
+            FileError::Io { path, source } => IdentityError::Io { path, source },
+            FileError::Invalid { path, reason } => IdentityError::Invalid { path, reason },
+        }
+    }
 }
 
 /// `node.json`.
@@ -115,7 +125,7 @@ impl Identity {
 
     /// Deletes the identity files (after leaving the cluster).
     pub fn erase(dir: &Path) -> Result<(), IdentityError> {
-        for file in [NODE_FILE, CERT_FILE, KEY_FILE, CA_FILE, NEXT_KEY_FILE, NEXT_CERT_FILE, crate::mesh::key::KEY_FILE, crate::mesh::status::CACHE_FILE] {
+        for file in [NODE_FILE, CERT_FILE, KEY_FILE, CA_FILE, NEXT_KEY_FILE, NEXT_CERT_FILE, files::WIREGUARD_KEY_FILE, files::MESH_CACHE_FILE] {
             let path = dir.join(file);
             match fs::remove_file(&path) {
                 Ok(()) => {}
@@ -193,13 +203,7 @@ fn read(path: &Path) -> Result<String, IdentityError> {
     fs::read_to_string(path).map_err(|source| IdentityError::Io { path: path.to_path_buf(), source })
 }
 
-/// Writes a file that only its owner can read, replacing any old one.
-pub fn write_private(path: &Path, contents: &[u8]) -> Result<(), IdentityError> {
-    let io = |source| IdentityError::Io { path: path.to_path_buf(), source };
-    let tmp = path.with_extension("tmp");
-    let _ = fs::remove_file(&tmp);
-    let mut file = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(io)?;
-    file.write_all(contents).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    fs::rename(&tmp, path).map_err(io)
+/// [`files::write_private`], with its error as this module's.
+fn write_private(path: &Path, contents: &[u8]) -> Result<(), IdentityError> {
+    Ok(files::write_private(path, contents)?)
 }

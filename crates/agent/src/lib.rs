@@ -7,6 +7,7 @@ pub mod capacity;
 pub mod client;
 pub mod commands;
 pub mod deploy;
+pub mod files;
 pub mod health;
 pub mod identity;
 pub mod ingress;
@@ -19,6 +20,7 @@ pub mod renew;
 pub mod run;
 pub mod runtime;
 pub mod shutdown;
+pub mod timestamp;
 pub mod usage;
 
 /// This agent's version, sent in `X-Cloudweb-Agent-Version`.

@@ -14,6 +14,7 @@ pub mod api;
 pub mod auth;
 pub mod error;
 pub mod git;
+pub mod whole_requests;
 
 // The domain under the paths these modules use (`crate::store`,
 // `crate::deploy`, ...): one crate below, re-exported.

@@ -7,8 +7,8 @@ use cloudweb_protocol::{LogLine, Report};
 use tokio::sync::mpsc;
 
 use crate::client::ControlPlane;
-use crate::commands::now_rfc3339;
 use crate::redact::Redactor;
+use crate::timestamp::now_rfc3339;
 
 /// Sends log lines to the control plane in batches, from its own task, so
 /// a slow control plane never stalls a build. The lines still waiting when

@@ -131,7 +131,7 @@ impl TlsAlpn {
                 .iter()
                 .filter(|c| {
                     let usable = cloudweb_protocol::validate::route_host("host", &c.host).is_ok()
-                        && !super::config::internal_host(&c.host)
+                        && !cloudweb_protocol::certificates::internal_host(&c.host)
                         && cloudweb_protocol::certificates::key_authorization("key_authorization", &c.key_authorization).is_ok();
                     if !usable {
                         tracing::warn!(host = %c.host, "dropping a TLS-ALPN-01 challenge the ingress cannot answer");

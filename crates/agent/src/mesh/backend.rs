@@ -5,7 +5,7 @@
 
 use std::future::Future;
 
-use super::device::DeviceError;
+use super::device_error::DeviceError;
 
 /// What `--mesh-mode` asks for, once the mesh is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,39 +7,20 @@
 //! status do not depend on the backend.
 
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
 use super::backend::{self, Backend, Choice};
-use super::kernel::{self, KernelError};
+pub use super::device_error::DeviceError;
+use super::kernel;
 use super::key::KeyPair;
-use super::uapi::{self, UapiError};
+use super::uapi;
 
 /// How long an `ip` call or the device's start may take.
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
-
-#[derive(Debug, thiserror::Error)]
-pub enum DeviceError {
-    #[error("cannot run {program}: {source}")]
-    Spawn { program: String, source: std::io::Error },
-    #[error("`ip {args}` failed: {output}")]
-    Ip { args: String, output: String },
-    #[error("`ip {0}` did not finish within 10 s")]
-    IpTimeout(String),
-    #[error("wireguard-go exited before its socket appeared ({0})")]
-    EarlyExit(String),
-    #[error("wireguard-go did not create {0} within 10 s")]
-    NoSocket(PathBuf),
-    #[error("interface {0} still exists after deleting it")]
-    Stale(String),
-    #[error(transparent)]
-    Uapi(#[from] UapiError),
-    #[error(transparent)]
-    Kernel(#[from] KernelError),
-}
 
 /// A running device. Dropping it removes the interface: the userspace one
 /// by killing wireguard-go, the kernel one by deleting the link.

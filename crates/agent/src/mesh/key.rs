@@ -8,14 +8,13 @@ use std::path::Path;
 use base64::Engine;
 use rand::Rng;
 
-use crate::identity::{write_private, IdentityError};
-
-pub const KEY_FILE: &str = "wireguard.key";
+pub use crate::files::WIREGUARD_KEY_FILE as KEY_FILE;
+use crate::files::{write_private, FileError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     #[error(transparent)]
-    Io(#[from] IdentityError),
+    Io(#[from] FileError),
     #[error("{0} is not a WireGuard private key (base64 of 32 bytes)")]
     Invalid(std::path::PathBuf),
     #[error("this node has no WireGuard key ({0}); it joined before the mesh existed: leave and join again")]
@@ -73,7 +72,7 @@ impl KeyPair {
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(KeyError::Missing(path)),
-            Err(source) => return Err(IdentityError::Io { path, source }.into()),
+            Err(source) => return Err(FileError::Io { path, source }.into()),
         };
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(text.trim())

@@ -11,6 +11,7 @@
 pub mod backend;
 pub mod converge;
 pub mod device;
+pub mod device_error;
 pub mod kernel;
 pub mod key;
 pub mod relay;

@@ -12,14 +12,11 @@ use serde::{Deserialize, Serialize};
 
 use super::key::base64_to_hex;
 use super::uapi::Device;
-use crate::identity::{write_private, IdentityError};
+pub use crate::files::MESH_CACHE_FILE as CACHE_FILE;
+use crate::files::{write_private, FileError};
 
 /// Handshake age under which a peer counts as connected.
 pub const CONNECTED_WITHIN: Duration = Duration::from_secs(180);
-
-/// Written by the running agent after every peer list it applies, so that
-/// `mesh status` (another process) knows the interface and peer names.
-pub const CACHE_FILE: &str = "mesh.json";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MeshCache {
@@ -29,18 +26,18 @@ pub struct MeshCache {
 }
 
 impl MeshCache {
-    pub fn save(&self, dir: &Path) -> Result<(), IdentityError> {
+    pub fn save(&self, dir: &Path) -> Result<(), FileError> {
         write_private(&dir.join(CACHE_FILE), &serde_json::to_vec_pretty(self).expect("cache serializes"))
     }
 
-    pub fn load(dir: &Path) -> Result<Option<MeshCache>, IdentityError> {
+    pub fn load(dir: &Path) -> Result<Option<MeshCache>, FileError> {
         let path = dir.join(CACHE_FILE);
         match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map(Some)
-                .map_err(|e| IdentityError::Invalid { path, reason: e.to_string() }),
+                .map_err(|e| FileError::Invalid { path, reason: e.to_string() }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(IdentityError::Io { path, source }),
+            Err(source) => Err(FileError::Io { path, source }),
         }
     }
 }

@@ -84,7 +84,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(authenticated)
         .fallback(|| async { ApiError::NotFound("no such agent endpoint".to_string()) })
         // A dropped connection must not cancel a join or a report halfway.
-        .layer(middleware::from_fn(crate::api::run_to_completion))
+        .layer(middleware::from_fn(crate::whole_requests::run_to_completion))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn(crate::error::refuse_declared_oversize))
         .layer(middleware::from_fn_with_state(state.clone(), check_version))

@@ -20,7 +20,7 @@ pub mod traffic;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use utoipa_axum::router::OpenApiRouter;
@@ -144,13 +144,4 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Runs the handler in its own task, so a client that hangs up does not
-/// cancel it halfway through a change (the user API's handlers write in
-/// several steps: an app row and its route table, a deployment and its
-/// placement). The answer is simply not delivered.
-pub async fn run_to_completion(request: Request, next: Next) -> Response {
-    match tokio::spawn(next.run(request)).await {
-        Ok(response) => response,
-        Err(err) => ApiError::Internal(format!("request handler failed: {err}")).into_response(),
-    }
-}
+pub use crate::whole_requests::run_to_completion;
