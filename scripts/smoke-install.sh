@@ -133,7 +133,7 @@ STUB_LOG=$stubs/log PATH=$stubs:$PATH bash -c 'set -euo pipefail
 # (readable by every user in /proc/*/cmdline) and hand it over as a header
 # file.
 say "the installer reads no JSON itself (the binaries print what it needs)"
-! grep -nE 'json\.load|python3 -c .*json|jq ' scripts/install.sh crates/server/src/agent_api/node.sh || fail "JSON parsed in a shell script"
+! grep -nE 'json\.load|python3 -c .*json|jq ' scripts/install.sh crates/http/src/agent_api/node.sh || fail "JSON parsed in a shell script"
 
 say "the admin token is not in curl's argv"
 cat > "$stubs/curl" <<'STUB'
