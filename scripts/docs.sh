@@ -107,6 +107,9 @@ cleanup() {
     rm -rf "$tmp"
 }
 trap cleanup EXIT
+# A run stopped by a signal still stops the server (through the EXIT trap).
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 read -r api_port agent_port < <(python3 -c '
 import socket
@@ -154,5 +157,17 @@ if grep -Eq '(^| )(WARN|ERROR) ' "$tmp/mdbook.log"; then
 fi
 
 # --- 4. Internal links ---------------------------------------------------
+
+# First the checker itself must fail on a page with a broken link (to a
+# missing file and to a missing id), or a pass below would mean nothing.
+mkdir -p "$tmp/planted"
+printf '<h1 id="here">x</h1><a href="#here">ok</a><a href="missing.html">1</a><a href="index.html#nowhere">2</a>\n' \
+    > "$tmp/planted/index.html"
+if python3 scripts/check-links.py "$tmp/planted" > "$tmp/planted.log" 2>&1 \
+    || [ "$(grep -c '^broken link' "$tmp/planted.log")" != 2 ]; then
+    echo "docs: the link checker did not find the 2 planted broken links:" >&2
+    cat "$tmp/planted.log" >&2
+    exit 1
+fi
 
 python3 scripts/check-links.py docs/book
