@@ -20,6 +20,11 @@ def anchor(name):
     return "schema-" + re.sub(r"[^a-z0-9_-]", "", name.lower().replace(" ", "-"))
 
 
+def op_anchor(method, path):
+    """An id for one operation's heading, from its method and path."""
+    return "op-" + re.sub(r"[^a-z0-9]+", "-", f"{method} {path}".lower()).strip("-")
+
+
 def cell(text):
     """Text fit for one table cell: one line, pipes escaped."""
     return " ".join(str(text).split()).replace("|", "\\|")
@@ -102,7 +107,7 @@ def main():
     say("| Method | Path | Summary | operationId |")
     say("|---|---|---|---|")
     for path, method, op, _ in operations:
-        say(f"| {method.upper()} | `{path}` | {cell(op.get('summary', ''))} | `{op.get('operationId', '')}` |")
+        say(f"| {method.upper()} | [`{path}`](#{op_anchor(method, path)}) | {cell(op.get('summary', ''))} | `{op.get('operationId', '')}` |")
     say("")
 
     for tag in tags:
@@ -111,7 +116,7 @@ def main():
         for path, method, op, shared in operations:
             if tag not in (op.get("tags") or ["other"]):
                 continue
-            say(f"#### `{method.upper()} {path}`")
+            say(f"#### `{method.upper()} {path}` {{#{op_anchor(method, path)}}}")
             say("")
             if op.get("summary"):
                 say(cell(op["summary"]))
