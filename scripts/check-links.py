@@ -2,16 +2,22 @@
 """Checks the internal links of a built book (standard library only).
 
 Usage: check-links.py BOOK_DIR
+       check-links.py --markdown FILE...
 
 Every relative href and src of every HTML file under BOOK_DIR must name a
 file that exists under BOOK_DIR, and every #fragment must be an id (or an
 <a name>) in the file it points to. Links with a scheme (https:, mailto:,
 javascript:, data:) or to another host (//host) are not checked: the book
 is checked offline. Exits 1 listing each broken link, 0 otherwise.
+
+With --markdown, the relative links of markdown files outside the book
+(README.md, which links into docs/src) must name existing files, and a
+#fragment into a .md file one of its headings.
 """
 
 import html.parser
 import os
+import re
 import sys
 import urllib.parse
 
@@ -47,9 +53,43 @@ def parse(path):
     return page
 
 
+def slug(heading):
+    """The id a heading gets: lower case, punctuation dropped, spaces to -."""
+    text = re.sub(r"[`*_]|\{#.*\}$", "", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def check_markdown(files):
+    """Relative links of markdown files outside the book (README.md):
+    the file must exist and a #fragment into a .md file must be a heading."""
+    broken = []
+    for name in files:
+        with open(name, encoding="utf-8") as f:
+            text = f.read()
+        text = re.sub(r"```.*?```", "", text, flags=re.S)
+        for match in re.finditer(r"\]\(([^)\s]+)\)", text):
+            parts = urllib.parse.urlsplit(match.group(1))
+            if parts.scheme or parts.netloc:
+                continue
+            target = os.path.normpath(os.path.join(os.path.dirname(name), parts.path)) if parts.path else name
+            where = f"{name}: ({match.group(1)})"
+            if not os.path.exists(target):
+                broken.append(f"{where}: no file {target}")
+            elif parts.fragment and target.endswith(".md"):
+                with open(target, encoding="utf-8") as f:
+                    headings = {slug(line.lstrip("#")) for line in f if line.startswith("#")}
+                if parts.fragment not in headings:
+                    broken.append(f"{where}: no heading #{parts.fragment} in {target}")
+    for line in broken:
+        print(f"broken link: {line}", file=sys.stderr)
+    return 1 if broken else 0
+
+
 def main():
+    if len(sys.argv) >= 3 and sys.argv[1] == "--markdown":
+        return check_markdown(sys.argv[2:])
     if len(sys.argv) != 2:
-        print("usage: check-links.py BOOK_DIR", file=sys.stderr)
+        print("usage: check-links.py BOOK_DIR | --markdown FILE...", file=sys.stderr)
         return 2
     root = os.path.realpath(sys.argv[1])
     if not os.path.isdir(root):

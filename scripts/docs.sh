@@ -7,7 +7,8 @@
 #      plane serves (started on loopback with a temporary data dir, and
 #      always stopped again);
 #   3. `mdbook build docs`;
-#   4. scripts/check-links.py over the built HTML.
+#   4. scripts/check-links.py over the built HTML, and over README.md's
+#      links into docs/src.
 # The binaries come from target/debug (built first by scripts/test.sh), or
 # from CLOUDWEB_BIN_DIR.
 set -euo pipefail
@@ -171,3 +172,5 @@ if python3 scripts/check-links.py "$tmp/planted" > "$tmp/planted.log" 2>&1 \
 fi
 
 python3 scripts/check-links.py docs/book
+# README.md links into docs/src: those links must hold too.
+python3 scripts/check-links.py --markdown README.md
