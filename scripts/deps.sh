@@ -32,6 +32,14 @@ if ! "$caddy_bin" version >/dev/null 2>&1; then
 fi
 "$caddy_bin" version
 
+# mdbook builds the book in docs/ (scripts/docs.sh, run by scripts/test.sh),
+# from crates.io, in a target dir of its own so it never shares the
+# workspace's; the version the book was last checked with.
+if ! mdbook --version >/dev/null 2>&1; then
+    CARGO_TARGET_DIR=/tmp/mdbook-target cargo install mdbook --locked --version 0.5.4
+fi
+mdbook --version
+
 if ! docker info >/dev/null 2>&1; then
     echo "deps: the Docker Engine is not reachable; the end-to-end tests need it" >&2
     exit 1

@@ -2,7 +2,8 @@
 # Runs the whole test suite: unit tests, the in-process server tests, and the
 # end-to-end tests that start the real cloudweb-server and cloudweb-agent
 # binaries (which need a running Docker Engine), then the installer's smoke
-# test.
+# test. It also builds the book in docs/ (scripts/docs.sh) and fails on a
+# broken link in it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,6 +48,11 @@ if [ $# -eq 0 ]; then
 fi
 
 status=0
+# The book (docs/): the command-line and API reference generated from these
+# binaries, `mdbook build`, and the internal link check. A failure fails
+# the run, after the tests have run too.
+bash scripts/docs.sh || status=$?
+
 if cargo nextest --version >/dev/null 2>&1; then
     # Each test gets its own process; the e2e tests mostly wait on children,
     # so a few more threads than cores keeps both cores busy.
