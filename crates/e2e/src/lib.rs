@@ -101,7 +101,7 @@ impl Process {
         let child = std::os::unix::process::CommandExt::process_group(&mut Command::new(program), 0)
             .args(args)
             .envs(env.iter().copied())
-            .env("CLOUDWEB_LOG", "info,cloudweb_server=debug,cloudweb_agent=debug")
+            .env("CLOUDWEB_LOG", "info,cloudweb_server=debug,cloudweb_core=debug,cloudweb_http=debug,cloudweb_web=debug,cloudweb_store=debug,cloudweb_git=debug,cloudweb_agent=debug")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
