@@ -15,6 +15,7 @@ pub mod control;
 pub mod docker;
 pub mod git_server;
 pub mod gitlab;
+pub mod mesh_cluster;
 pub mod engine;
 pub mod netns;
 pub mod pebble;
