@@ -112,18 +112,6 @@ impl From<CaError> for ApiError {
     }
 }
 
-/// The error answer every route gives, as the OpenAPI document shows it
-/// (the same fields as `cloudweb_protocol::ErrorBody`).
-#[derive(utoipa::ToSchema)]
-#[schema(as = Error)]
-#[allow(dead_code)]
-pub struct ErrorDoc {
-    /// What went wrong, for a person.
-    error: String,
-    /// A machine-readable code, for the few errors that have one.
-    code: Option<String>,
-}
-
 /// Parses a JSON body into `T`, answering 400 with serde's reason (which
 /// names the field and position) when it does not fit.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
