@@ -184,9 +184,24 @@ impl Served {
     }
 }
 
+/// What `GET /api/openapi.json` answers, as far as a schema can say: an
+/// OpenAPI 3.1 document (<https://spec.openapis.org/oas/v3.1.0>).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct OpenApiDocument {
+    /// `3.1.0`.
+    openapi: String,
+    #[schema(value_type = Object)]
+    info: serde_json::Value,
+    #[schema(value_type = Object)]
+    paths: serde_json::Value,
+    #[schema(value_type = Option<Object>)]
+    components: Option<serde_json::Value>,
+}
+
 /// This document.
-#[utoipa::path(get, path = "/api/openapi.json", tag = "meta", security(()),
-    responses((status = 200, description = "The OpenAPI 3.1 document of this API", content_type = "application/json", body = serde_json::Value)))]
+#[utoipa::path(get, path = "/api/openapi.json", operation_id = "openapi_document", tag = "meta", security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", content_type = "application/json", body = OpenApiDocument)))]
 pub async fn document(Extension(served): Extension<Arc<Served>>) -> Response {
     ([(CONTENT_TYPE, "application/json")], served.json.clone()).into_response()
 }
