@@ -29,3 +29,6 @@ pub use error::ErrorBody;
 pub fn present<'de, T: serde::Deserialize<'de>, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Option<T>>, D::Error> {
     <Option<T> as serde::Deserialize>::deserialize(deserializer).map(Some)
 }
+
+#[cfg(test)]
+mod tests;
