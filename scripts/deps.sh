@@ -40,6 +40,18 @@ if ! mdbook --version >/dev/null 2>&1; then
 fi
 mdbook --version
 
+# The OpenAPI test (crates/e2e/tests/openapi.rs) validates the served
+# document with openapi-spec-validator and drives a real control plane
+# through a client that openapi-python-client generates from it.
+if ! python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check openapi-spec-validator
+fi
+openapi_client_bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/openapi-python-client
+if ! "$openapi_client_bin" --version >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check openapi-python-client
+fi
+"$openapi_client_bin" --version
+
 if ! docker info >/dev/null 2>&1; then
     echo "deps: the Docker Engine is not reachable; the end-to-end tests need it" >&2
     exit 1

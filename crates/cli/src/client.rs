@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
+use cloudweb_api_types::ErrorBody;
 use reqwest::Method;
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use crate::config::Config;
 use crate::Failure;
@@ -51,8 +53,9 @@ impl Api {
         format!("{}{path}", self.server)
     }
 
-    /// Sends a request; the JSON answer (Null for an empty body).
-    pub async fn call(&self, method: Method, path: &str, body: Option<&Value>) -> Result<Value, Failure> {
+    /// Sends a request (with `body` as JSON); the answer's bytes, or the
+    /// server's refusal.
+    async fn send<B: Serialize + ?Sized>(&self, method: Method, path: &str, body: Option<&B>) -> Result<bytes::Bytes, Failure> {
         let mut request = self.http.request(method, self.url(path)).bearer_auth(&self.token);
         if let Some(body) = body {
             request = request.json(body);
@@ -63,14 +66,27 @@ impl Api {
         if !status.is_success() {
             return Err(api_error(status.as_u16(), &bytes));
         }
-        if bytes.is_empty() {
-            return Ok(Value::Null);
-        }
-        serde_json::from_slice(&bytes).map_err(|e| Failure::Action(format!("the server's answer is not JSON: {e}")))
+        Ok(bytes)
     }
 
-    pub async fn get(&self, path: &str) -> Result<Value, Failure> {
-        self.call(Method::GET, path, None).await
+    /// Sends a request; its JSON answer as `T`.
+    pub async fn call<T: DeserializeOwned, B: Serialize + ?Sized>(&self, method: Method, path: &str, body: Option<&B>) -> Result<T, Failure> {
+        let bytes = self.send(method, path, body).await?;
+        serde_json::from_slice(&bytes).map_err(|e| Failure::Action(format!("the server's answer is not what this cloudweb expects: {e}")))
+    }
+
+    /// A request without a body.
+    pub async fn post<T: DeserializeOwned>(&self, path: &str) -> Result<T, Failure> {
+        self.call(Method::POST, path, NO_BODY).await
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, Failure> {
+        self.call(Method::GET, path, NO_BODY).await
+    }
+
+    /// `DELETE`, answered with no body (204).
+    pub async fn delete(&self, path: &str) -> Result<(), Failure> {
+        self.send(Method::DELETE, path, NO_BODY).await.map(drop)
     }
 
     /// Opens a server-sent event stream.
@@ -106,6 +122,9 @@ impl Api {
     }
 }
 
+/// No request body.
+const NO_BODY: Option<&()> = None;
+
 /// A stream that did not open: the HTTP status (none when the server was
 /// not reached) and what to tell.
 pub struct StreamRefused {
@@ -115,9 +134,9 @@ pub struct StreamRefused {
 
 /// The server's `{"error": ...}` text with the status.
 fn api_error(status: u16, body: &[u8]) -> Failure {
-    let message = serde_json::from_slice::<Value>(body)
+    let message = serde_json::from_slice::<ErrorBody>(body)
         .ok()
-        .and_then(|v| v.get("error").and_then(Value::as_str).map(str::to_string))
+        .map(|b| b.error)
         .unwrap_or_else(|| crate::render::clean(&String::from_utf8_lossy(&body[..body.len().min(300)])));
     let hint = match status {
         401 => " (run `cloudweb login` with a valid API token)",

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
-use serde_json::Value;
+use cloudweb_api_types::deployments::{BuildLogLine, DeploymentView};
+use cloudweb_api_types::traffic::RuntimeLine;
 
 use crate::client::{segment, Api};
 use crate::render::clean;
@@ -76,7 +77,7 @@ impl Progress {
 /// Streams a deployment's build log and shows its state until it settles;
 /// gives the deployment and whether it runs (or ran: superseded). With
 /// `quiet` (for `--json`) it prints nothing and only waits.
-pub async fn deployment(api: &Api, id: &str, quiet: bool) -> Result<(Value, bool), Failure> {
+pub async fn deployment(api: &Api, id: &str, quiet: bool) -> Result<(DeploymentView, bool), Failure> {
     let tty = !quiet && std::io::stdout().is_terminal();
     let mut progress = Progress { tty, id: id.to_string(), state: String::new(), started: Instant::now(), frame: 0, shown: false };
     let path = format!("/api/deployments/{}", segment(id));
@@ -97,9 +98,8 @@ pub async fn deployment(api: &Api, id: &str, quiet: bool) -> Result<(Value, bool
             event = async { events.as_mut().expect("guarded").next().await }, if events.is_some() => match event {
                 Some(Ok(event)) if event.event == "log" => {
                     if !quiet {
-                        if let Ok(line) = serde_json::from_str::<Value>(&event.data) {
-                            let stream = line["stream"].as_str().unwrap_or("log");
-                            progress.line(&format!("{stream:<6} {}", clean(line["line"].as_str().unwrap_or_default())));
+                        if let Ok(line) = serde_json::from_str::<BuildLogLine>(&event.data) {
+                            progress.line(&format!("{:<6} {}", line.stream, clean(&line.line)));
                         }
                     }
                 }
@@ -111,8 +111,8 @@ pub async fn deployment(api: &Api, id: &str, quiet: bool) -> Result<(Value, bool
                 }
             },
             _ = poll.tick() => {
-                let deployment = api.get(&path).await?;
-                let state = deployment["state"].as_str().unwrap_or_default().to_string();
+                let deployment: DeploymentView = api.get(&path).await?;
+                let state = deployment.state;
                 if !quiet {
                     progress.state(&state);
                 }
@@ -126,25 +126,18 @@ pub async fn deployment(api: &Api, id: &str, quiet: bool) -> Result<(Value, bool
             }
         }
     }
-    let deployment = api.get(&path).await?;
+    let deployment: DeploymentView = api.get(&path).await?;
     {
         let mut out = std::io::stdout().lock();
         progress.clear(&mut out);
     }
-    let state = deployment["state"].as_str().unwrap_or_default();
-    let ok = matches!(state, "running" | "superseded");
-    Ok((deployment.clone(), ok))
+    let ok = matches!(deployment.state.as_str(), "running" | "superseded");
+    Ok((deployment, ok))
 }
 
 /// One runtime log line for people.
-pub fn runtime_line(line: &Value) -> String {
-    format!(
-        "{} {} {:<6} {}",
-        line["ts"].as_str().unwrap_or("-"),
-        clean(line["container"].as_str().unwrap_or("-")),
-        line["stream"].as_str().unwrap_or("-"),
-        clean(line["line"].as_str().unwrap_or_default())
-    )
+pub fn runtime_line(line: &RuntimeLine) -> String {
+    format!("{} {} {:<6} {}", line.ts, clean(&line.container), line.stream, clean(&line.line))
 }
 
 /// How long `logs --follow` waits before each reconnect after the stream
@@ -207,9 +200,9 @@ async fn print_app_logs(response: reqwest::Response, json: bool, last_id: &mut O
                 if !event.id.is_empty() {
                     *last_id = Some(event.id.clone());
                 }
-                let Ok(line) = serde_json::from_str::<Value>(&event.data) else { continue };
+                let Ok(line) = serde_json::from_str::<RuntimeLine>(&event.data) else { continue };
                 if json {
-                    println!("{}", serde_json::to_string(&line).expect("JSON serializes"));
+                    println!("{}", serde_json::to_string(&crate::render::to_json(&line)).expect("JSON serializes"));
                 } else {
                     println!("{}", runtime_line(&line));
                 }

@@ -4,6 +4,7 @@
 
 use std::io::Write;
 
+use serde::Serialize;
 use serde_json::Value;
 
 /// Control characters (escape sequences, carriage returns) written as
@@ -20,15 +21,59 @@ pub fn clean(text: &str) -> String {
     out
 }
 
-/// A JSON value as a table cell: strings as they are, null as `-`.
-pub fn cell(value: &Value) -> String {
-    match value {
-        Value::Null => "-".to_string(),
-        Value::String(s) => clean(s),
-        Value::Array(items) if items.is_empty() => "-".to_string(),
-        Value::Array(items) => items.iter().map(cell).collect::<Vec<_>>().join(","),
-        other => clean(&other.to_string()),
+/// A field of an API body as a table cell: text made safe, an absent
+/// value or an empty list as `-`, a list joined with `,`.
+pub trait Cell {
+    fn cell(&self) -> String;
+}
+
+impl Cell for str {
+    fn cell(&self) -> String {
+        clean(self)
     }
+}
+
+impl Cell for String {
+    fn cell(&self) -> String {
+        clean(self)
+    }
+}
+
+macro_rules! number_cells {
+    ($($t:ty),*) => {$(
+        impl Cell for $t {
+            fn cell(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+number_cells!(i64, u64, u32, u16);
+
+impl<T: Cell> Cell for Option<T> {
+    fn cell(&self) -> String {
+        self.as_ref().map_or_else(|| "-".to_string(), Cell::cell)
+    }
+}
+
+impl<T: Cell> Cell for [T] {
+    fn cell(&self) -> String {
+        if self.is_empty() {
+            return "-".to_string();
+        }
+        self.iter().map(Cell::cell).collect::<Vec<_>>().join(",")
+    }
+}
+
+impl<T: Cell> Cell for Vec<T> {
+    fn cell(&self) -> String {
+        self.as_slice().cell()
+    }
+}
+
+/// `value` as a table cell (see [`Cell`]).
+pub fn cell(value: &(impl Cell + ?Sized)) -> String {
+    value.cell()
 }
 
 /// Prints rows under a header, columns padded to their widest cell.
@@ -58,14 +103,20 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// Pretty JSON on stdout.
-pub fn json(value: &Value) {
-    println!("{}", serde_json::to_string_pretty(value).expect("JSON serializes"));
+/// `value` as JSON with its object keys in order, as the API's JSON has
+/// always been printed (whatever order the type declares its fields in).
+pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Value {
+    serde_json::to_value(value).expect("API bodies serialize")
+}
+
+/// Pretty JSON on stdout, keys sorted.
+pub fn json<T: Serialize + ?Sized>(value: &T) {
+    println!("{}", serde_json::to_string_pretty(&to_json(value)).expect("JSON serializes"));
 }
 
 /// Bytes in KiB/MiB/GiB, one decimal.
-pub fn bytes(value: &Value) -> String {
-    let Some(n) = value.as_f64() else { return "-".to_string() };
+pub fn bytes(value: Option<u64>) -> String {
+    let Some(n) = value.map(|n| n as f64) else { return "-".to_string() };
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut n = n;
     let mut unit = 0;
@@ -87,9 +138,19 @@ mod tests {
     #[test]
     fn remote_text_cannot_drive_the_terminal() {
         assert_eq!(clean("a\u{1b}[2Jb\rc\td"), "a\\u{1b}[2Jb\\u{d}c\td");
-        assert_eq!(cell(&Value::Null), "-");
-        assert_eq!(cell(&serde_json::json!(["a", "b"])), "a,b");
-        assert_eq!(bytes(&serde_json::json!(1536)), "1.5 KiB");
-        assert_eq!(bytes(&serde_json::json!(12)), "12 B");
+        assert_eq!(cell(&None::<String>), "-");
+        assert_eq!(cell(&vec!["a".to_string(), "b\u{1b}".to_string()]), "a,b\\u{1b}");
+        assert_eq!(cell(&Vec::<String>::new()), "-");
+        assert_eq!(cell(&Some(8080i64)), "8080");
+        assert_eq!(bytes(Some(1536)), "1.5 KiB");
+        assert_eq!(bytes(Some(12)), "12 B");
+        assert_eq!(bytes(None), "-");
+        // Keys come out sorted, as the API's JSON always printed.
+        #[derive(serde::Serialize)]
+        struct Shape {
+            zebra: u8,
+            apple: u8,
+        }
+        assert_eq!(serde_json::to_string(&to_json(&Shape { zebra: 1, apple: 2 })).unwrap(), r#"{"apple":2,"zebra":1}"#);
     }
 }

@@ -449,6 +449,10 @@ async fn the_openapi_document_lists_every_route_and_every_listed_route_is_guarde
                 for status in ["401", "403", "500"] {
                     assert!(op["responses"][status].is_object(), "{method} {path} documents {status}");
                 }
+                // The credentials the gate takes: a bearer token, or the
+                // session cookie, with the CSRF header for a change.
+                let session = if method == "GET" { json!({"session": []}) } else { json!({"session": [], "csrf": []}) };
+                assert_eq!(op["security"], json!([{"bearer": []}, session]), "{method} {path}");
             }
             documented.push((method, path.clone(), is_public));
         }

@@ -1,23 +1,12 @@
 //! The HTTP side of errors: the failure kinds and their answers are
 //! `cloudweb_core::error` (re-exported here); this adds reading bodies,
-//! the body limit both listeners enforce, and the error's OpenAPI shape.
+//! and the body limit both listeners enforce (the error's OpenAPI shape is
+//! `cloudweb_api_types::ErrorBody`).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 pub use cloudweb_core::error::*;
-
-/// The error answer every route gives, as the OpenAPI document shows it
-/// (the same fields as `cloudweb_protocol::ErrorBody`).
-#[derive(utoipa::ToSchema)]
-#[schema(as = Error)]
-#[allow(dead_code)]
-pub struct ErrorDoc {
-    /// What went wrong, for a person.
-    error: String,
-    /// A machine-readable code, for the few errors that have one.
-    code: Option<String>,
-}
 
 /// A request body, or the reason it could not be read (too large, cut
 /// off), as a JSON error.

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::validate::{self, ValidationError};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct Command {
     pub id: String,
     #[serde(rename = "type")]

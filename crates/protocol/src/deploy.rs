@@ -21,6 +21,7 @@ pub fn is_public_env(name: &str) -> bool {
 pub const MAX_BUILD_COMMAND: usize = 512;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Spa {
     #[default]
@@ -32,6 +33,7 @@ pub enum Spa {
 /// How the agent turns a checkout into an image. `Auto` detects: a
 /// Dockerfile at the root, else a static site, else buildpacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Strategy {
     #[default]
@@ -44,6 +46,7 @@ pub enum Strategy {
 /// What a user sets for a static site. Every field is optional; what is
 /// missing the agent detects.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct BuildSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub install_cmd: Option<String>,

@@ -14,6 +14,7 @@ pub const MAX_TRAFFIC_HOSTS: usize = 200;
 pub const MAX_FEATURES: usize = 32;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct Heartbeat {
     pub cpu_cores: u32,
     pub mem_bytes: u64,
@@ -34,6 +35,7 @@ pub struct Heartbeat {
 
 /// What the ingress of a node serves.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct IngressStatus {
     /// Version of the route table the proxy serves now.
     pub routes_version: u64,
@@ -43,6 +45,7 @@ pub struct IngressStatus {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct Health {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry: Option<RegistryHealth>,
@@ -53,6 +56,7 @@ pub struct Health {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct RegistryHealth {
     pub configured: bool,
     pub reachable: bool,
@@ -61,6 +65,7 @@ pub struct RegistryHealth {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct MeshHealth {
     pub peers: u32,
     pub connected: u32,
@@ -68,6 +73,7 @@ pub struct MeshHealth {
 
 /// A usage sample. Fields that could not be measured are absent, never zero.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct Metrics {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<NodeUsage>,
@@ -82,6 +88,7 @@ pub struct Metrics {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct NodeUsage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_pct: Option<f64>,
@@ -92,6 +99,7 @@ pub struct NodeUsage {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct ContainerUsage {
     pub container: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -108,6 +116,7 @@ pub struct ContainerUsage {
 
 /// Per-host HTTP counts for one sample interval (deltas, not totals).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct HostTraffic {
     pub host: String,
     pub requests: u64,

@@ -202,6 +202,7 @@ impl Report {
 
 /// `GET /agent/v1/routes`: what every ingress node should serve.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct RouteTable {
     /// Grows on every change; an agent reloads its proxy only when it moves.
     pub version: u64,
@@ -209,6 +210,7 @@ pub struct RouteTable {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct Route {
     pub host: String,
     /// `address:port` of healthy instances.

@@ -26,7 +26,7 @@ use crate::AppState;
 /// The nodes as the API shows them, with their active instance counts.
 async fn load(state: &Arc<AppState>) -> Result<(Vec<Value>, HashMap<String, usize>), ApiError> {
     let Json(list) = api::nodes::list(State(state.clone())).await?;
-    let nodes = list.get("nodes").and_then(Value::as_array).cloned().unwrap_or_default();
+    let nodes = list.nodes.iter().map(|node| serde_json::to_value(node).unwrap_or(Value::Null)).collect();
     let mut instances: HashMap<String, usize> = HashMap::new();
     for instance in state.store.active_instances().await? {
         if let Some(node) = instance.node_id {

@@ -367,12 +367,13 @@ async fn on_moved(state: &AppState, event: &Moved) -> Result<(), ApiError> {
 }
 
 /// The link an app has to its provider, for views.
-pub fn link_view(link: &AppGitLinkRow) -> serde_json::Value {
-    serde_json::json!({
-        "provider": link.provider,
-        "project_id": link.project_id,
-        "project": link.project_path,
-        "account": link.account,
-        "webhook_registered": link.hook_id.is_some(),
-    })
+pub fn link_view(link: &AppGitLinkRow) -> cloudweb_api_types::apps::GitLink {
+    cloudweb_api_types::apps::GitLink {
+        provider: link.provider.clone(),
+        project_id: link.project_id,
+        project: link.project_path.clone(),
+        account: link.account,
+        webhook_registered: link.hook_id.is_some(),
+        webhook: None,
+    }
 }

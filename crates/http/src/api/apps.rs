@@ -1,7 +1,6 @@
 //! `/api/apps`: create, list, inspect and delete apps, set their
 //! environment, deploy them and roll them back.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -12,10 +11,14 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use sha2::Digest;
-use cloudweb_protocol::deploy::{self, BuildSettings, Spa, Strategy};
+use cloudweb_protocol::deploy::{self, BuildSettings, Strategy};
 use cloudweb_protocol::validate;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use cloudweb_api_types::apps::{
+    AppList, AppPatch, AppView, BuildInput, CertificateList, CertificateStatus, CreateApp, DeployRequest, DeploymentQueued, DomainList,
+    DomainsView, EnvPatch, EnvVars, EnvView, RollbackRequest,
+};
+use cloudweb_api_types::ErrorBody;
+use serde_json::Value;
 
 use crate::clock::rfc3339_ms;
 use crate::deploy::{app_env, env_context, git_context, Origin};
@@ -27,68 +30,16 @@ use crate::AppState;
 pub const MAX_INSTANCES: u32 = 20;
 pub const MAX_DOMAINS: usize = 20;
 
-/// Build settings as a user sends them: unknown fields are an error here
-/// (a typo should not be silently ignored), unlike on the agent protocol.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BuildInput {
-    install_cmd: Option<String>,
-    build_cmd: Option<String>,
-    output_dir: Option<String>,
-    spa: Option<Spa>,
-}
-
-impl BuildInput {
-    fn settings(self) -> Result<BuildSettings, ApiError> {
-        let settings = BuildSettings { install_cmd: self.install_cmd, build_cmd: self.build_cmd, output_dir: self.output_dir, spa: self.spa };
-        settings.validate()?;
-        Ok(settings)
-    }
+/// Checks build settings as a user sent them.
+fn build_settings(input: BuildInput) -> Result<BuildSettings, ApiError> {
+    let settings = BuildSettings::from(input);
+    settings.validate()?;
+    Ok(settings)
 }
 
 /// How a strategy is stored (`auto`, `dockerfile`, `static`, `buildpacks`).
 fn strategy_name(strategy: Strategy) -> String {
     serde_json::to_value(strategy).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_else(|| "auto".into())
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CreateApp {
-    name: String,
-    /// Any git URL; absent for an app made from a GitLab project.
-    #[serde(default)]
-    repo_url: String,
-    /// The branch to deploy: `main`, or the GitLab project's default branch.
-    branch: Option<String>,
-    /// Make the app from this GitLab project (id or `group/name`): its
-    /// clone URL, a push webhook, clone credentials per deploy.
-    gitlab_project: Option<crate::git::api::ProjectRef>,
-    /// Which logged-in GitLab identity acts for the app (when several).
-    gitlab_account: Option<i64>,
-    /// For an app from any other git URL: make a webhook URL and secret
-    /// for the generic, HMAC-signed push webhook.
-    #[serde(default)]
-    webhook: bool,
-    port: u16,
-    #[serde(default)]
-    domains: Vec<String>,
-    build: Option<BuildInput>,
-    strategy: Option<Strategy>,
-    instances: Option<u32>,
-    /// CPU cores reserved and allowed per instance.
-    cpu: Option<f64>,
-    /// Memory in bytes reserved and allowed per instance.
-    memory: Option<u64>,
-    health_path: Option<String>,
-    health_timeout_seconds: Option<u32>,
-    /// How long a build may take (default 30 min, at most 2 h).
-    build_timeout_seconds: Option<u32>,
-    git_username: Option<String>,
-    git_password: Option<String>,
-    /// The app's own ssh private key, for ssh:// and scp-like URLs.
-    git_ssh_key: Option<String>,
-    /// `known_hosts` lines of the git host (as `ssh-keyscan` prints them).
-    git_known_hosts: Option<String>,
 }
 
 /// The settings that creation and `PATCH` check alike (each only when
@@ -191,43 +142,53 @@ fn validate_create(request: &CreateApp, allow_file_repos: bool, allow_private_gi
     check_build_strategy(request.build.is_some(), request.strategy)
 }
 
-pub fn view(state: &AppState, app: &AppRow) -> Value {
+pub fn view(state: &AppState, app: &AppRow) -> AppView {
     let env_names: Vec<String> = app_env(state, app).map(|env| env.into_keys().collect()).unwrap_or_default();
     let git = crate::deploy::app_git(state, app).unwrap_or_default();
-    json!({
-        "name": app.name,
-        "repo_url": app.repo_url,
-        "branch": app.branch,
-        "port": app.port,
-        "domains": serde_json::from_str::<Value>(&app.domains).unwrap_or(Value::Null),
-        "build": app.build.as_deref().and_then(|b| serde_json::from_str::<Value>(b).ok()),
-        "strategy": app.strategy,
-        "instances": app.instances,
-        "cpu": app.cpu,
-        "memory": app.memory_bytes,
-        "health_path": app.health_path,
-        "health_timeout_seconds": app.health_timeout_s,
-        "build_timeout_seconds": app.build_timeout_s.unwrap_or(i64::from(deploy::DEFAULT_BUILD_TIMEOUT_SECONDS)),
+    AppView {
+        name: app.name.clone(),
+        repo_url: app.repo_url.clone(),
+        branch: app.branch.clone(),
+        port: app.port,
+        domains: serde_json::from_str(&app.domains).unwrap_or_default(),
+        build: app.build.as_deref().and_then(|b| serde_json::from_str(b).ok()),
+        strategy: app.strategy.clone(),
+        instances: app.instances,
+        cpu: app.cpu,
+        memory: app.memory_bytes,
+        health_path: app.health_path.clone(),
+        health_timeout_seconds: app.health_timeout_s,
+        build_timeout_seconds: app.build_timeout_s.unwrap_or(i64::from(deploy::DEFAULT_BUILD_TIMEOUT_SECONDS)),
         // Names only: values never leave the control plane through the API.
-        "env": env_names,
-        "git_credentials": git.username.is_some(),
-        "git_ssh_key": git.ssh_key.is_some(),
-        "created_at": rfc3339_ms(app.created_at),
-    })
+        env: env_names,
+        git_credentials: git.username.is_some(),
+        git_ssh_key: git.ssh_key.is_some(),
+        created_at: rfc3339_ms(app.created_at),
+        git: None,
+    }
 }
 
-#[utoipa::path(post, path = "/api/apps", tag = "apps", request_body = serde_json::Value, responses((status = 201, description = "Created", body = serde_json::Value), (status = 400, description = "Invalid app", body = crate::error::ErrorDoc), (status = 409, description = "The name or a host is taken", body = crate::error::ErrorDoc)))]
+#[utoipa::path(post, path = "/api/apps", operation_id = "apps_create", tag = "apps", request_body = CreateApp,
+    responses(
+        (status = 201, description = "Created; `git.webhook` (a generic webhook's URL and secret) is shown only now", body = AppView),
+        (status = 400, description = "Invalid app", body = ErrorBody),
+        (status = 403, description = "The named GitLab account is not linked to the caller", body = ErrorBody),
+        (status = 404, description = "No such GitLab project or account", body = ErrorBody),
+        (status = 409, description = "The name or a host is taken", body = ErrorBody),
+        (status = 413, description = "Body over 1 MiB", body = ErrorBody),
+        (status = 502, description = "GitLab failed", body = ErrorBody),
+    ))]
 pub async fn create_as_caller(
     State(state): State<Arc<AppState>>,
     Extension(principal): Extension<crate::auth::Principal>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<AppView>), ApiError> {
     create_for(state, &principal, body).await
 }
 
 /// Creates an app for `principal`: an app from a GitLab project uses the
 /// caller's own linked GitLab identity by default.
-pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<Value>), ApiError> {
+pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<AppView>), ApiError> {
     let mut request: CreateApp = parse_json(&body_bytes(body)?)?;
     let plan = match &request.gitlab_project {
         Some(project) => {
@@ -254,7 +215,7 @@ pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal
     }
     let branch = request.branch.get_or_insert_with(|| "main".to_string()).clone();
     validate_create(&request, state.config.allow_file_repos, state.config.allows_private_git(&request.repo_url))?;
-    let build = request.build.map(BuildInput::settings).transpose()?;
+    let build = request.build.map(build_settings).transpose()?;
     let strategy = match (request.strategy, &build) {
         (Some(strategy), _) => strategy,
         (None, Some(_)) => Strategy::Static,
@@ -294,7 +255,7 @@ pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal
     let mut answer = view(&state, &app);
     if let Some(plan) = plan {
         match crate::git::api::link_app(&state, &app.name, &branch, plan).await {
-            Ok(git) => answer["git"] = git,
+            Ok(git) => answer.git = Some(git),
             Err(err) => {
                 // No half-made app: without its webhook it would never deploy on push.
                 state.store.delete_app(&app.name).await?;
@@ -307,115 +268,101 @@ pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal
     Ok((StatusCode::CREATED, Json(answer)))
 }
 
-#[utoipa::path(get, path = "/api/apps", tag = "apps", responses((status = 200, description = "Every app", body = serde_json::Value)))]
-pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
-    let apps: Vec<Value> = state.store.apps().await?.iter().map(|app| view(&state, app)).collect();
-    Ok(Json(json!({ "apps": apps })))
+#[utoipa::path(get, path = "/api/apps", operation_id = "apps_list", tag = "apps", responses((status = 200, description = "Every app", body = AppList)))]
+pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<AppList>, ApiError> {
+    let apps = state.store.apps().await?.iter().map(|app| view(&state, app)).collect();
+    Ok(Json(AppList { apps }))
 }
 
 async fn load(state: &AppState, name: &str) -> Result<AppRow, ApiError> {
     state.store.app(name).await?.ok_or_else(|| ApiError::NotFound(format!("no app {name:?}")))
 }
 
-#[utoipa::path(get, path = "/api/apps/{name}", tag = "apps", params(("name" = String, Path, description = "The app's name")), responses((status = 200, description = "The app", body = serde_json::Value), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
-pub async fn show(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/apps/{name}", operation_id = "apps_show", tag = "apps", params(("name" = String, Path, description = "The app's name")),
+    responses((status = 200, description = "The app", body = AppView), (status = 404, description = "No such app", body = ErrorBody)))]
+pub async fn show(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<AppView>, ApiError> {
     let mut answer = view(&state, &load(&state, &name).await?);
     if let Some(link) = state.store.app_git_link(&name).await? {
-        answer["git"] = crate::git::link_view(&link);
+        answer.git = Some(crate::git::link_view(&link));
     }
     Ok(Json(answer))
 }
 
 /// The certificate of each host the app is served under: state, dates,
 /// issuer, orders placed and the last failure's reason.
-#[utoipa::path(get, path = "/api/apps/{name}/certificates", tag = "apps", params(("name" = String, Path, description = "The app's name")), responses((status = 200, description = "{\"certificates\": [{host, state, not_before, not_after, issuer, orders, last_error, last_error_at, next_attempt_at}]}", body = serde_json::Value), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
-pub async fn certificates(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/apps/{name}/certificates", operation_id = "apps_certificates", tag = "apps", params(("name" = String, Path, description = "The app's name")),
+    responses((status = 200, description = "The certificate of each host the app is served under", body = CertificateList), (status = 404, description = "No such app", body = ErrorBody)))]
+pub async fn certificates(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<CertificateList>, ApiError> {
     let app = load(&state, &name).await?;
     let hosts = crate::routes::app_hosts(&app.name, &state.config.base_domain, &app.domains);
-    Ok(Json(json!({ "certificates": crate::acme::host_status(&state, &hosts) })))
+    let certificates = crate::acme::host_status(&state, &hosts)
+        .into_iter()
+        .map(|status| CertificateStatus {
+            host: status.host,
+            state: status.state.to_string(),
+            not_before: status.not_before,
+            not_after: status.not_after,
+            issuer: status.issuer,
+            orders: status.orders,
+            last_error: status.last_error,
+            last_error_at: status.last_error_at,
+            next_attempt_at: status.next_attempt_at,
+        })
+        .collect();
+    Ok(Json(CertificateList { certificates }))
 }
 
-/// `PATCH /api/apps/{name}`: the settings a user may change after
-/// creation. A field left out stays as it is; `null` puts `build`, `cpu`,
-/// `memory` and `build_timeout_seconds` back to their defaults.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AppPatch {
-    branch: Option<String>,
-    port: Option<u16>,
-    #[serde(default, deserialize_with = "present")]
-    build: Option<Option<BuildInput>>,
-    strategy: Option<Strategy>,
-    instances: Option<u32>,
-    #[serde(default, deserialize_with = "present")]
-    cpu: Option<Option<f64>>,
-    #[serde(default, deserialize_with = "present")]
-    memory: Option<Option<u64>>,
-    health_path: Option<String>,
-    health_timeout_seconds: Option<u32>,
-    #[serde(default, deserialize_with = "present")]
-    build_timeout_seconds: Option<Option<u32>>,
-}
-
-/// A field that is present (even as `null`) is `Some`; one left out is
-/// `None` (through `#[serde(default)]`).
-fn present<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Option<T>>, D::Error> {
-    Option::<T>::deserialize(deserializer).map(Some)
-}
-
-impl AppPatch {
-    /// Checks the patch as creation checks the same fields, and applies it
-    /// to `app`.
-    fn apply(self, app: &mut AppRow) -> Result<(), ApiError> {
-        validate_settings(&Settings {
-            branch: self.branch.as_deref(),
-            port: self.port,
-            instances: self.instances,
-            cpu: self.cpu.flatten(),
-            memory: self.memory.flatten(),
-            health_path: self.health_path.as_deref(),
-            health_timeout_seconds: self.health_timeout_seconds,
-            build_timeout_seconds: self.build_timeout_seconds.flatten(),
-        })?;
-        if let Some(build) = self.build {
-            app.build = build.map(BuildInput::settings).transpose()?.map(|b| serde_json::to_string(&b).expect("settings serialize"));
-        }
-        let strategy = match self.strategy.or_else(|| serde_json::from_value(Value::String(app.strategy.clone())).ok()) {
-            // Build settings make an `auto` app a static site, as at
-            // creation.
-            Some(Strategy::Auto) | None if app.build.is_some() => Some(Strategy::Static),
-            strategy => strategy,
-        };
-        check_build_strategy(app.build.is_some(), strategy)?;
-        if let Some(strategy) = strategy {
-            app.strategy = strategy_name(strategy);
-        }
-        if let Some(branch) = self.branch {
-            app.branch = branch;
-        }
-        if let Some(port) = self.port {
-            app.port = i64::from(port);
-        }
-        if let Some(instances) = self.instances {
-            app.instances = i64::from(instances);
-        }
-        if let Some(cpu) = self.cpu {
-            app.cpu = cpu;
-        }
-        if let Some(memory) = self.memory {
-            app.memory_bytes = memory.map(|m| m as i64);
-        }
-        if let Some(path) = self.health_path {
-            app.health_path = path;
-        }
-        if let Some(timeout) = self.health_timeout_seconds {
-            app.health_timeout_s = i64::from(timeout);
-        }
-        if let Some(timeout) = self.build_timeout_seconds {
-            app.build_timeout_s = timeout.map(i64::from);
-        }
-        Ok(())
+/// Checks a settings change as creation checks the same fields, and
+/// applies it to `app`.
+fn apply_patch(patch: AppPatch, app: &mut AppRow) -> Result<(), ApiError> {
+    validate_settings(&Settings {
+        branch: patch.branch.as_deref(),
+        port: patch.port,
+        instances: patch.instances,
+        cpu: patch.cpu.flatten(),
+        memory: patch.memory.flatten(),
+        health_path: patch.health_path.as_deref(),
+        health_timeout_seconds: patch.health_timeout_seconds,
+        build_timeout_seconds: patch.build_timeout_seconds.flatten(),
+    })?;
+    if let Some(build) = patch.build {
+        app.build = build.map(build_settings).transpose()?.map(|b| serde_json::to_string(&b).expect("settings serialize"));
     }
+    let strategy = match patch.strategy.or_else(|| serde_json::from_value(Value::String(app.strategy.clone())).ok()) {
+        // Build settings make an `auto` app a static site, as at
+        // creation.
+        Some(Strategy::Auto) | None if app.build.is_some() => Some(Strategy::Static),
+        strategy => strategy,
+    };
+    check_build_strategy(app.build.is_some(), strategy)?;
+    if let Some(strategy) = strategy {
+        app.strategy = strategy_name(strategy);
+    }
+    if let Some(branch) = patch.branch {
+        app.branch = branch;
+    }
+    if let Some(port) = patch.port {
+        app.port = i64::from(port);
+    }
+    if let Some(instances) = patch.instances {
+        app.instances = i64::from(instances);
+    }
+    if let Some(cpu) = patch.cpu {
+        app.cpu = cpu;
+    }
+    if let Some(memory) = patch.memory {
+        app.memory_bytes = memory.map(|m| m as i64);
+    }
+    if let Some(path) = patch.health_path {
+        app.health_path = path;
+    }
+    if let Some(timeout) = patch.health_timeout_seconds {
+        app.health_timeout_s = i64::from(timeout);
+    }
+    if let Some(timeout) = patch.build_timeout_seconds {
+        app.build_timeout_s = timeout.map(i64::from);
+    }
+    Ok(())
 }
 
 /// One settings change at a time, so two `PATCH`es (read, change, write)
@@ -425,18 +372,24 @@ static SETTINGS_WRITES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new((
 /// Changes an app's branch and build and run settings. Running instances
 /// keep what they were started with: the change applies from the next
 /// deployment on (a deploy, a rollback, an instance placed again).
-#[utoipa::path(patch, path = "/api/apps/{name}", tag = "apps", params(("name" = String, Path, description = "The app's name")), request_body(content = serde_json::Value, description = "Any of: branch, port, build, strategy, instances, cpu, memory, health_path, health_timeout_seconds, build_timeout_seconds"), responses((status = 200, description = "The app", body = serde_json::Value), (status = 400, description = "Invalid settings", body = crate::error::ErrorDoc), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
+#[utoipa::path(patch, path = "/api/apps/{name}", operation_id = "apps_update", tag = "apps", params(("name" = String, Path, description = "The app's name")), request_body = AppPatch,
+    responses(
+        (status = 200, description = "The app", body = AppView),
+        (status = 400, description = "Invalid settings", body = ErrorBody),
+        (status = 404, description = "No such app", body = ErrorBody),
+        (status = 413, description = "Body over 1 MiB", body = ErrorBody),
+    ))]
 pub async fn update(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<AppView>, ApiError> {
     let patch: AppPatch = parse_json(&body_bytes(body)?)?;
     Ok(Json(update_settings(&state, &name, patch).await?))
 }
 
 /// Applies a settings change (the API's and the dashboard form's).
-async fn update_settings(state: &AppState, name: &str, patch: AppPatch) -> Result<Value, ApiError> {
+async fn update_settings(state: &AppState, name: &str, patch: AppPatch) -> Result<AppView, ApiError> {
     let _one_writer = SETTINGS_WRITES.lock().await;
     let mut app = load(state, name).await?;
     let link = state.store.app_git_link(name).await?;
@@ -447,20 +400,21 @@ async fn update_settings(state: &AppState, name: &str, patch: AppPatch) -> Resul
             "the branch of an app made from a GitLab project is fixed by its webhook; make a new app for another branch".into(),
         ));
     }
-    patch.apply(&mut app)?;
+    apply_patch(patch, &mut app)?;
     if !state.store.update_app_settings(&app).await? {
         return Err(ApiError::NotFound(format!("no app {name:?}")));
     }
     tracing::info!(app = %name, "app settings changed");
     let mut answer = view(state, &app);
     if let Some(link) = &link {
-        answer["git"] = crate::git::link_view(link);
+        answer.git = Some(crate::git::link_view(link));
     }
     Ok(answer)
 }
 
 /// Deletes an app after queueing a stop for every instance it still runs.
-#[utoipa::path(delete, path = "/api/apps/{name}", tag = "apps", params(("name" = String, Path, description = "The app's name")), responses((status = 204, description = "Deleted"), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
+#[utoipa::path(delete, path = "/api/apps/{name}", operation_id = "apps_delete", tag = "apps", params(("name" = String, Path, description = "The app's name")),
+    responses((status = 204, description = "Deleted"), (status = 404, description = "No such app", body = ErrorBody)))]
 pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
     load(&state, &name).await?;
     crate::git::api::app_removed(&state, &name).await;
@@ -474,44 +428,48 @@ pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>
 
 /// Replaces the app's environment. Values are sealed before they are
 /// stored and are never returned.
-#[utoipa::path(put, path = "/api/apps/{name}/env", tag = "apps", params(("name" = String, Path, description = "The app's name")), request_body(content = serde_json::Value, description = "A JSON object of string values"), responses((status = 200, description = "The names of the variables now set", body = serde_json::Value), (status = 400, description = "Invalid environment", body = crate::error::ErrorDoc), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
+#[utoipa::path(put, path = "/api/apps/{name}/env", operation_id = "apps_env_replace", tag = "apps", params(("name" = String, Path, description = "The app's name")),
+    request_body(content = EnvVars, description = "A JSON object of string values: the whole environment"),
+    responses(
+        (status = 200, description = "The names of the variables now set", body = EnvView),
+        (status = 400, description = "Invalid environment", body = ErrorBody),
+        (status = 404, description = "No such app", body = ErrorBody),
+        (status = 413, description = "Body over 1 MiB", body = ErrorBody),
+    ))]
 pub async fn set_env(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let vars: BTreeMap<String, String> = parse_json(&body_bytes(body)?)
+) -> Result<Json<EnvView>, ApiError> {
+    let EnvVars(vars) = parse_json(&body_bytes(body)?)
         .map_err(|_| ApiError::BadRequest("the body must be a JSON object of string values".into()))?;
     deploy::env(&vars)?;
     let _one_writer = ENV_WRITES.lock().await;
     load(&state, &name).await?;
     let sealed = state.sealer.seal_json(&env_context(&name), &vars);
     state.store.set_app_env(&name, &sealed).await?;
-    Ok(Json(json!({ "app": name, "env": vars.keys().collect::<Vec<_>>() })))
+    Ok(Json(EnvView { app: name, env: vars.into_keys().collect() }))
 }
 
 /// One environment change at a time, so two `PATCH`es (read, change,
 /// write) never lose one of them.
 static ENV_WRITES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EnvPatch {
-    #[serde(default)]
-    set: BTreeMap<String, String>,
-    #[serde(default)]
-    unset: Vec<String>,
-}
-
 /// `PATCH /api/apps/{name}/env`: sets some variables and removes others,
 /// keeping the rest (whose values a client cannot read back). A name both
 /// set and unset is a 400.
-#[utoipa::path(patch, path = "/api/apps/{name}/env", tag = "apps", params(("name" = String, Path, description = "The app's name")), request_body(content = serde_json::Value, description = "{\"set\": {NAME: value}, \"unset\": [NAME]}"), responses((status = 200, description = "The names of the variables now set", body = serde_json::Value), (status = 400, description = "Invalid change", body = crate::error::ErrorDoc), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
+#[utoipa::path(patch, path = "/api/apps/{name}/env", operation_id = "apps_env_update", tag = "apps", params(("name" = String, Path, description = "The app's name")), request_body = EnvPatch,
+    responses(
+        (status = 200, description = "The names of the variables now set", body = EnvView),
+        (status = 400, description = "Invalid change", body = ErrorBody),
+        (status = 404, description = "No such app", body = ErrorBody),
+        (status = 413, description = "Body over 1 MiB", body = ErrorBody),
+    ))]
 pub async fn patch_env(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<EnvView>, ApiError> {
     let patch: EnvPatch = parse_json(&body_bytes(body)?)?;
     for unset in &patch.unset {
         validate::bounded_text("unset", unset, 256)?;
@@ -530,7 +488,7 @@ pub async fn patch_env(
     deploy::env(&vars)?;
     let sealed = state.sealer.seal_json(&env_context(&name), &vars);
     state.store.set_app_env(&name, &sealed).await?;
-    Ok(Json(json!({ "app": name, "env": vars.keys().collect::<Vec<_>>() })))
+    Ok(Json(EnvView { app: name, env: vars.into_keys().collect() }))
 }
 
 /// Checks a list of custom domains.
@@ -560,13 +518,21 @@ fn refusal_error(app: &str, refusal: AppRefusal) -> ApiError {
 }
 
 /// Replaces the app's custom domains; the ingress picks them up at once.
-#[utoipa::path(put, path = "/api/apps/{name}/domains", tag = "apps", params(("name" = String, Path, description = "The app's name")), request_body(content = Vec<String>, description = "Host names"), responses((status = 200, description = "The app", body = serde_json::Value), (status = 400, description = "Invalid domains", body = crate::error::ErrorDoc), (status = 404, description = "No such app", body = crate::error::ErrorDoc), (status = 409, description = "A host belongs to another app", body = crate::error::ErrorDoc)))]
+#[utoipa::path(put, path = "/api/apps/{name}/domains", operation_id = "apps_domains_replace", tag = "apps", params(("name" = String, Path, description = "The app's name")),
+    request_body(content = DomainList, description = "Host names: every custom domain, replacing the old"),
+    responses(
+        (status = 200, description = "The app's custom domains now", body = DomainsView),
+        (status = 400, description = "Invalid domains", body = ErrorBody),
+        (status = 404, description = "No such app", body = ErrorBody),
+        (status = 409, description = "A host belongs to another app", body = ErrorBody),
+        (status = 413, description = "Body over 1 MiB", body = ErrorBody),
+    ))]
 pub async fn set_domains(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let domains: Vec<String> = parse_json(&body_bytes(body)?)
+) -> Result<Json<DomainsView>, ApiError> {
+    let DomainList(domains) = parse_json(&body_bytes(body)?)
         .map_err(|_| ApiError::BadRequest("the body must be a JSON array of host names".into()))?;
     validate_domains(&domains)?;
     let domains: Vec<String> = domains.into_iter().map(|d| d.to_ascii_lowercase()).collect();
@@ -574,21 +540,20 @@ pub async fn set_domains(
         return Err(refusal_error(&name, refusal));
     }
     crate::routes::app_changed(&state, &name).await?;
-    Ok(Json(json!({"app": name, "domains": domains})))
+    Ok(Json(DomainsView { app: name, domains }))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DeployRequest {
-    commit: Option<String>,
-    /// Let the app's older deployments that are still queued, building or
-    /// starting finish instead of superseding them now. Whichever way,
-    /// the newest requested deployment is the one that ends up running.
-    #[serde(default)]
-    keep_in_flight: bool,
-}
-
-#[utoipa::path(post, path = "/api/apps/{name}/deploy", tag = "apps", params(("name" = String, Path, description = "The app's name"), ("Idempotency-Key" = Option<String>, Header, description = "Deploy at most once per key")), request_body(content = serde_json::Value, description = "Optional: {\"commit\": \"<sha>\", \"keep_in_flight\": false}"), responses((status = 201, description = "A deployment is queued", body = serde_json::Value), (status = 400, description = "Invalid request", body = crate::error::ErrorDoc), (status = 404, description = "No such app", body = crate::error::ErrorDoc), (status = 409, description = "The same Idempotency-Key is still running", body = crate::error::ErrorDoc), (status = 422, description = "The Idempotency-Key was used with another request", body = crate::error::ErrorDoc)))]
+#[utoipa::path(post, path = "/api/apps/{name}/deploy", operation_id = "apps_deploy", tag = "apps",
+    params(("name" = String, Path, description = "The app's name"), ("Idempotency-Key" = Option<String>, Header, description = "Deploy at most once per key")),
+    request_body(content = Option<DeployRequest>, description = "Optional: an empty body deploys the branch's head"),
+    responses(
+        (status = 201, description = "A deployment is queued", body = DeploymentQueued),
+        (status = 400, description = "Invalid request", body = ErrorBody),
+        (status = 404, description = "No such app", body = ErrorBody),
+        (status = 409, description = "The same Idempotency-Key is still running", body = ErrorBody),
+        (status = 413, description = "Body over 1 MiB", body = ErrorBody),
+        (status = 422, description = "The Idempotency-Key was used with another request", body = ErrorBody),
+    ))]
 pub async fn deploy(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
@@ -598,14 +563,14 @@ pub async fn deploy(
     let bytes = body_bytes(body)?;
     let route = format!("POST /api/apps/{name}/deploy");
     idempotent(&state, &headers, &route, &bytes, async {
-        let request: DeployRequest = if bytes.is_empty() { DeployRequest { commit: None, keep_in_flight: false } } else { parse_json(&bytes)? };
+        let request: DeployRequest = if bytes.is_empty() { DeployRequest::default() } else { parse_json(&bytes)? };
         if let Some(commit) = &request.commit {
             deploy::commit(commit)?;
         }
         let app = load(&state, &name).await?;
         let in_flight = if request.keep_in_flight { crate::deploy::InFlight::Keep } else { crate::deploy::InFlight::Supersede };
         let deployment = crate::deploy::create_with(&state, &app, Origin::Source { commit: request.commit }, in_flight).await?;
-        Ok((StatusCode::CREATED, json!({ "id": deployment.id, "state": deployment.state, "error": deployment.error })))
+        Ok((StatusCode::CREATED, DeploymentQueued { id: deployment.id, state: deployment.state, error: deployment.error }))
     })
     .await
 }
@@ -624,7 +589,7 @@ async fn idempotent(
     headers: &HeaderMap,
     route: &str,
     body: &[u8],
-    work: impl std::future::Future<Output = Result<(StatusCode, Value), ApiError>>,
+    work: impl std::future::Future<Output = Result<(StatusCode, DeploymentQueued), ApiError>>,
 ) -> Result<Response, ApiError> {
     let Some(key) = headers.get(IDEMPOTENCY_KEY) else {
         let (status, value) = work.await?;
@@ -658,7 +623,8 @@ async fn idempotent(
     }
     match work.await {
         Ok((status, value)) => {
-            state.store.finish_idempotency_key(&key, status.as_u16(), &value.to_string()).await?;
+            let stored = serde_json::to_string(&value).map_err(|e| ApiError::Internal(format!("cannot serialize the answer: {e}")))?;
+            state.store.finish_idempotency_key(&key, status.as_u16(), &stored).await?;
             Ok((status, Json(value)).into_response())
         }
         Err(err) => {
@@ -670,14 +636,18 @@ async fn idempotent(
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RollbackRequest {
-    deployment_id: String,
-}
-
 /// Runs an earlier deployment's image again: no build.
-#[utoipa::path(post, path = "/api/apps/{name}/rollback", tag = "apps", params(("name" = String, Path, description = "The app's name"), ("Idempotency-Key" = Option<String>, Header, description = "Roll back at most once per key")), request_body(content = serde_json::Value, description = "{\"deployment_id\": \"<id>\"}"), responses((status = 201, description = "A deployment of the earlier image is queued", body = serde_json::Value), (status = 400, description = "Invalid request", body = crate::error::ErrorDoc), (status = 404, description = "No such app or deployment", body = crate::error::ErrorDoc), (status = 409, description = "That deployment cannot be rolled back to", body = crate::error::ErrorDoc), (status = 422, description = "The Idempotency-Key was used with another request", body = crate::error::ErrorDoc)))]
+#[utoipa::path(post, path = "/api/apps/{name}/rollback", operation_id = "apps_rollback", tag = "apps",
+    params(("name" = String, Path, description = "The app's name"), ("Idempotency-Key" = Option<String>, Header, description = "Roll back at most once per key")),
+    request_body = RollbackRequest,
+    responses(
+        (status = 201, description = "A deployment of the earlier image is queued", body = DeploymentQueued),
+        (status = 400, description = "Invalid request", body = ErrorBody),
+        (status = 404, description = "No such app or deployment", body = ErrorBody),
+        (status = 409, description = "That deployment cannot be rolled back to, or the same Idempotency-Key is still running", body = ErrorBody),
+        (status = 413, description = "Body over 1 MiB", body = ErrorBody),
+        (status = 422, description = "The Idempotency-Key was used with another request", body = ErrorBody),
+    ))]
 pub async fn rollback(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
@@ -706,7 +676,7 @@ pub async fn rollback(
             }
         };
         let deployment = crate::deploy::create(&state, &app, Origin::Rollback { of: target.id.clone(), image }).await?;
-        Ok((StatusCode::CREATED, json!({ "id": deployment.id, "state": deployment.state, "error": deployment.error })))
+        Ok((StatusCode::CREATED, DeploymentQueued { id: deployment.id, state: deployment.state, error: deployment.error }))
     })
     .await
 }

@@ -9,7 +9,8 @@ use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
-use serde_json::{json, Value};
+use cloudweb_api_types::deployments::{BuildLogEnd, BuildLogLine, DeploymentList, DeploymentView, InstanceView, TimelineEntry};
+use cloudweb_api_types::ErrorBody;
 
 use crate::clock::rfc3339_ms;
 use crate::deploy::state::DeploymentState;
@@ -17,46 +18,48 @@ use crate::error::ApiError;
 use crate::store::DeploymentRow;
 use crate::AppState;
 
-async fn view(state: &AppState, deployment: &DeploymentRow) -> Result<Value, ApiError> {
-    let instances: Vec<Value> = state
+async fn view(state: &AppState, deployment: &DeploymentRow) -> Result<DeploymentView, ApiError> {
+    let instances = state
         .store
         .instances(&deployment.id)
         .await?
-        .iter()
-        .map(|i| json!({"instance": i.instance, "node_id": i.node_id, "container": i.container, "state": i.state, "address": i.address}))
+        .into_iter()
+        .map(|i| InstanceView { instance: i.instance, node_id: i.node_id, container: i.container, state: i.state, address: i.address })
         .collect();
     // The states it went through, oldest first.
-    let timeline: Vec<Value> = state
+    let timeline = state
         .store
         .deployment_events(&deployment.id)
         .await?
         .into_iter()
-        .map(|(step, at)| json!({"state": step, "at": rfc3339_ms(at)}))
+        .map(|(step, at)| TimelineEntry { state: step, at: rfc3339_ms(at) })
         .collect();
-    Ok(json!({
-        "id": deployment.id,
-        "app": deployment.app,
-        "kind": deployment.kind,
-        "state": deployment.state,
-        "commit": deployment.commit_sha,
-        "rollback_of": deployment.rollback_of,
-        "image": deployment.image,
-        "error": deployment.error,
-        "created_at": rfc3339_ms(deployment.created_at),
-        "updated_at": rfc3339_ms(deployment.updated_at),
-        "instances": instances,
-        "timeline": timeline,
-    }))
+    Ok(DeploymentView {
+        id: deployment.id.clone(),
+        app: deployment.app.clone(),
+        kind: deployment.kind.clone(),
+        state: deployment.state.clone(),
+        commit: deployment.commit_sha.clone(),
+        rollback_of: deployment.rollback_of.clone(),
+        image: deployment.image.clone(),
+        error: deployment.error.clone(),
+        created_at: rfc3339_ms(deployment.created_at),
+        updated_at: rfc3339_ms(deployment.updated_at),
+        instances,
+        timeline,
+    })
 }
 
-#[utoipa::path(get, path = "/api/deployments/{id}", tag = "deployments", params(("id" = String, Path, description = "The deployment's id")), responses((status = 200, description = "The deployment and its instances", body = serde_json::Value), (status = 404, description = "No such deployment", body = crate::error::ErrorDoc)))]
-pub async fn show(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/deployments/{id}", operation_id = "deployments_show", tag = "deployments", params(("id" = String, Path, description = "The deployment's id")),
+    responses((status = 200, description = "The deployment and its instances", body = DeploymentView), (status = 404, description = "No such deployment", body = ErrorBody)))]
+pub async fn show(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<DeploymentView>, ApiError> {
     let deployment = state.store.deployment(&id).await?.ok_or_else(|| ApiError::NotFound(format!("no deployment {id:?}")))?;
     Ok(Json(view(&state, &deployment).await?))
 }
 
-#[utoipa::path(get, path = "/api/apps/{name}/deployments", tag = "deployments", params(("name" = String, Path, description = "The app's name")), responses((status = 200, description = "The app's deployments, newest first", body = serde_json::Value), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
-pub async fn of_app(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/apps/{name}/deployments", operation_id = "apps_deployments_list", tag = "deployments", params(("name" = String, Path, description = "The app's name")),
+    responses((status = 200, description = "The app's deployments, newest first", body = DeploymentList), (status = 404, description = "No such app", body = ErrorBody)))]
+pub async fn of_app(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<DeploymentList>, ApiError> {
     if state.store.app(&name).await?.is_none() {
         return Err(ApiError::NotFound(format!("no app {name:?}")));
     }
@@ -64,15 +67,20 @@ pub async fn of_app(State(state): State<Arc<AppState>>, Path(name): Path<String>
     for deployment in state.store.app_deployments(&name).await? {
         deployments.push(view(&state, &deployment).await?);
     }
-    Ok(Json(json!({ "deployments": deployments })))
+    Ok(Json(DeploymentList { deployments }))
 }
 
 /// `POST /api/deployments/{id}/cancel`: ends a queued, building or
 /// deploying deployment as `failed` ("cancelled by the user"); the node
 /// stops its build or container. 409 once it has finished or runs (a
 /// running deployment is replaced by deploying or rolling back).
-#[utoipa::path(post, path = "/api/deployments/{id}/cancel", tag = "deployments", params(("id" = String, Path, description = "The deployment's id")), responses((status = 200, description = "The deployment, failed (cancelled)", body = serde_json::Value), (status = 404, description = "No such deployment", body = crate::error::ErrorDoc), (status = 409, description = "It has finished or runs", body = crate::error::ErrorDoc)))]
-pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(post, path = "/api/deployments/{id}/cancel", operation_id = "deployments_cancel", tag = "deployments", params(("id" = String, Path, description = "The deployment's id")),
+    responses(
+        (status = 200, description = "The deployment, failed (cancelled)", body = DeploymentView),
+        (status = 404, description = "No such deployment", body = ErrorBody),
+        (status = 409, description = "It has finished or runs", body = ErrorBody),
+    ))]
+pub async fn cancel(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<DeploymentView>, ApiError> {
     let deployment = state.store.deployment(&id).await?.ok_or_else(|| ApiError::NotFound(format!("no deployment {id:?}")))?;
     let unfinished = matches!(
         DeploymentState::parse(&deployment.state),
@@ -106,7 +114,11 @@ struct Cursor {
 /// `{"ts","stream","line"}`), then new ones as agents report them; the
 /// stream ends with `event: end` (data `{"state"}`) once the deployment has
 /// settled and no line came for a few seconds.
-#[utoipa::path(get, path = "/api/deployments/{id}/logs", tag = "deployments", params(("id" = String, Path, description = "The deployment's id")), responses((status = 200, description = "Server-sent events: `log` lines, then `end`", content_type = "text/event-stream", body = String), (status = 404, description = "No such deployment", body = crate::error::ErrorDoc)))]
+#[utoipa::path(get, path = "/api/deployments/{id}/logs", operation_id = "deployments_logs", tag = "deployments", params(("id" = String, Path, description = "The deployment's id")),
+    responses(
+        (status = 200, description = "Server-sent events: `log` events (data: a BuildLogLine), then one `end` (data: a BuildLogEnd)", content_type = "text/event-stream", body = String),
+        (status = 404, description = "No such deployment", body = ErrorBody),
+    ))]
 pub async fn logs(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -133,7 +145,7 @@ pub fn log_events(state: Arc<AppState>, id: String, after_seq: i64) -> impl Stre
                 cursor.quiet_since = None;
                 let events: Vec<Event> = lines
                     .into_iter()
-                    .map(|(_, ts, stream, line)| Event::default().event("log").data(json!({"ts": ts, "stream": stream, "line": line}).to_string()))
+                    .map(|(_, ts, stream, line)| Event::default().event("log").data(json_text(&BuildLogLine { ts, stream, line })))
                     .collect();
                 return Some((events, cursor));
             }
@@ -143,7 +155,7 @@ pub fn log_events(state: Arc<AppState>, id: String, after_seq: i64) -> impl Stre
                 let since = *cursor.quiet_since.get_or_insert_with(tokio::time::Instant::now);
                 if since.elapsed() >= LINGER {
                     cursor.done = true;
-                    let end = Event::default().event("end").data(json!({"state": deployment.state}).to_string());
+                    let end = Event::default().event("end").data(json_text(&BuildLogEnd { state: deployment.state }));
                     return Some((vec![end], cursor));
                 }
             }
@@ -154,4 +166,9 @@ pub fn log_events(state: Arc<AppState>, id: String, after_seq: i64) -> impl Stre
         }
     })
     .flat_map(|events| stream::iter(events.into_iter().map(Ok)))
+}
+
+/// An event's data.
+fn json_text(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_default()
 }

@@ -6,23 +6,15 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use rand::Rng;
-use serde::Serialize;
+use cloudweb_api_types::nodes::JoinToken;
 
 use crate::ca::sha256_hex;
 use crate::clock::rfc3339_ms;
 use crate::error::ApiError;
 use crate::AppState;
 
-#[derive(Debug, Serialize)]
-pub struct CreatedJoinToken {
-    token: String,
-    expires_at: String,
-    ca_sha256: String,
-    command: String,
-}
-
-#[utoipa::path(post, path = "/api/join-tokens", tag = "nodes", responses((status = 201, description = "A single-use join token and the command that uses it", body = serde_json::Value)))]
-pub async fn create(State(state): State<Arc<AppState>>) -> Result<(StatusCode, Json<CreatedJoinToken>), ApiError> {
+#[utoipa::path(post, path = "/api/join-tokens", operation_id = "join_tokens_create", tag = "nodes", responses((status = 201, description = "A single-use join token and the command that uses it", body = JoinToken)))]
+pub async fn create(State(state): State<Arc<AppState>>) -> Result<(StatusCode, Json<JoinToken>), ApiError> {
     let bytes: [u8; 32] = rand::rng().random();
     let token = format!("cwj_{}", hex::encode(bytes));
     let now_ms = state.clock.now_ms();
@@ -35,5 +27,5 @@ pub async fn create(State(state): State<Arc<AppState>>) -> Result<(StatusCode, J
         &token,
         &ca_sha256,
     );
-    Ok((StatusCode::CREATED, Json(CreatedJoinToken { token, expires_at: rfc3339_ms(expires_ms), ca_sha256, command })))
+    Ok((StatusCode::CREATED, Json(JoinToken { token, expires_at: rfc3339_ms(expires_ms), ca_sha256, command })))
 }

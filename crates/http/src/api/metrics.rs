@@ -168,7 +168,7 @@ pub fn encode_figures(figures: &Figures) -> Result<String, std::fmt::Error> {
 /// annotation names (one constant, so they cannot disagree).
 pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-#[utoipa::path(get, path = "/metrics", tag = "metrics", responses((status = 200, description = "OpenMetrics text format (Prometheus scrapes it)", content_type = METRICS_CONTENT_TYPE, body = String)))]
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics_prometheus", tag = "metrics", responses((status = 200, description = "OpenMetrics text format (Prometheus scrapes it)", content_type = METRICS_CONTENT_TYPE, body = String)))]
 pub async fn prometheus(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     match encode_figures(&figures(&state)) {
         Ok(out) => (StatusCode::OK, [(CONTENT_TYPE, METRICS_CONTENT_TYPE)], out),

@@ -139,7 +139,7 @@ async fn unknown_path(
 }
 
 /// Liveness: answers `ok` while the control plane serves.
-#[utoipa::path(get, path = "/healthz", tag = "meta", security(()), responses((status = 200, description = "ok", content_type = "text/plain", body = String)))]
+#[utoipa::path(get, path = "/healthz", operation_id = "healthz", tag = "meta", security(()), responses((status = 200, description = "ok", content_type = "text/plain", body = String)))]
 async fn healthz() -> &'static str {
     "ok"
 }

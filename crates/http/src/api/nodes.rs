@@ -8,8 +8,9 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use cloudweb_protocol::{CommandKind, StopPayload};
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use cloudweb_api_types::nodes::{Capacity, CommandRequest, MetricsView, NodeCertificate, NodeCommand, NodeCommandList, NodeList, NodeView, Waiting};
+use cloudweb_api_types::ErrorBody;
+use serde::Deserialize;
 use tokio::time::Instant;
 
 use crate::agent_api::commands as commands_wire;
@@ -18,36 +19,6 @@ use crate::error::{body_bytes, parse_json, ApiError};
 use crate::live::HealthState;
 use crate::store::NodeRow;
 use crate::AppState;
-
-#[derive(Debug, Serialize)]
-pub struct NodeView {
-    id: String,
-    name: String,
-    hostname: String,
-    state: &'static str,
-    /// May receive new instances.
-    eligible: bool,
-    ingress: bool,
-    mesh_address: String,
-    /// `host:port` other nodes reach its WireGuard at (none behind NAT).
-    mesh_endpoint: Option<String>,
-    version: Option<String>,
-    protocol: Option<i64>,
-    joined_at: String,
-    last_heartbeat: Option<String>,
-    capacity: Option<Value>,
-    health: &'static str,
-    health_reason: Option<String>,
-    health_report: Option<Value>,
-    features: Vec<String>,
-    metrics: Option<Value>,
-    /// Apps that could not be moved off this node (draining or
-    /// unreachable), with the scheduler's reason.
-    waiting: Vec<Value>,
-    /// The node's client certificate: its fingerprint, when it ends, and
-    /// when the node last switched to a renewed one.
-    certificate: Value,
-}
 
 fn view(state: &AppState, row: &NodeRow, now: Instant) -> NodeView {
     let live = state.nodes.get(&row.id);
@@ -63,10 +34,10 @@ fn view(state: &AppState, row: &NodeRow, now: Instant) -> NodeView {
                 live.state(now, state.config.unreachable_after).as_str(),
                 health,
                 reason,
-                current.map(|h| serde_json::to_value(h).unwrap_or(Value::Null)),
+                current.cloned(),
                 current.and_then(|h| h.features.clone()).unwrap_or_default(),
-                live.metrics.as_ref().map(|m| json!({"at": rfc3339_ms(m.at_ms), "sample": m.value})),
-                live.capacity.map(|c| json!({"cpu_cores": c.cpu_cores, "mem_bytes": c.mem_bytes, "disk_bytes": c.disk_bytes})),
+                live.metrics.as_ref().map(|m| MetricsView { at: rfc3339_ms(m.at_ms), sample: m.value.clone() }),
+                live.capacity.map(|c| Capacity { cpu_cores: c.cpu_cores, mem_bytes: c.mem_bytes, disk_bytes: c.disk_bytes }),
                 live.heartbeat_at_ms,
                 live.agent_version.clone(),
                 Some(i64::from(live.protocol)),
@@ -78,7 +49,7 @@ fn view(state: &AppState, row: &NodeRow, now: Instant) -> NodeView {
         id: row.id.clone(),
         name: row.name.clone(),
         hostname: row.hostname.clone(),
-        state: node_state,
+        state: node_state.to_string(),
         eligible: live.as_ref().is_some_and(|l| l.eligible(now, state.config.unreachable_after)),
         ingress: row.ingress,
         mesh_address: crate::mesh_address(row.mesh_index),
@@ -88,7 +59,7 @@ fn view(state: &AppState, row: &NodeRow, now: Instant) -> NodeView {
         joined_at: rfc3339_ms(row.joined_at),
         last_heartbeat: heartbeat_ms.map(rfc3339_ms),
         capacity,
-        health,
+        health: health.to_string(),
         health_reason: reason,
         health_report: report,
         features,
@@ -98,18 +69,14 @@ fn view(state: &AppState, row: &NodeRow, now: Instant) -> NodeView {
             .lock()
             .expect("waiting lock")
             .get(&row.id)
-            .map(|apps| apps.iter().map(|(app, reason)| json!({"app": app, "reason": reason})).collect())
+            .map(|apps| apps.iter().map(|(app, reason)| Waiting { app: app.clone(), reason: reason.clone() }).collect())
             .unwrap_or_default(),
         certificate: {
             let (sha256, not_after) = match &live {
                 Some(live) => (live.cert_sha256.clone(), live.cert_not_after),
                 None => (row.cert_sha256.clone(), row.cert_not_after),
             };
-            json!({
-                "sha256": sha256,
-                "not_after": not_after.map(rfc3339_ms),
-                "renewed_at": row.cert_renewed_at.map(rfc3339_ms),
-            })
+            NodeCertificate { sha256, not_after: not_after.map(rfc3339_ms), renewed_at: row.cert_renewed_at.map(rfc3339_ms) }
         },
     }
 }
@@ -132,26 +99,29 @@ async fn set_draining(state: &AppState, id: &str, draining: bool) -> Result<Json
 
 /// Stops placing instances on the node and moves its instances elsewhere;
 /// each old instance stops once its replacement runs.
-#[utoipa::path(post, path = "/api/nodes/{id}/drain", tag = "nodes", params(("id" = String, Path, description = "The node's id")), responses((status = 200, description = "The node, draining", body = serde_json::Value), (status = 404, description = "No such node", body = crate::error::ErrorDoc)))]
+#[utoipa::path(post, path = "/api/nodes/{id}/drain", operation_id = "nodes_drain", tag = "nodes", params(("id" = String, Path, description = "The node's id")),
+    responses((status = 200, description = "The node, draining; `waiting` lists apps that cannot move yet", body = NodeView), (status = 404, description = "No such node", body = ErrorBody)))]
 pub async fn drain(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<NodeView>, ApiError> {
     set_draining(&state, &id, true).await
 }
 
 /// The node takes new instances again. Moves already started go on.
-#[utoipa::path(post, path = "/api/nodes/{id}/undrain", tag = "nodes", params(("id" = String, Path, description = "The node's id")), responses((status = 200, description = "The node, taking instances again", body = serde_json::Value), (status = 404, description = "No such node", body = crate::error::ErrorDoc)))]
+#[utoipa::path(post, path = "/api/nodes/{id}/undrain", operation_id = "nodes_undrain", tag = "nodes", params(("id" = String, Path, description = "The node's id")),
+    responses((status = 200, description = "The node, taking instances again", body = NodeView), (status = 404, description = "No such node", body = ErrorBody)))]
 pub async fn undrain(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<NodeView>, ApiError> {
     set_draining(&state, &id, false).await
 }
 
-#[utoipa::path(get, path = "/api/nodes", tag = "nodes", responses((status = 200, description = "Every node", body = serde_json::Value)))]
-pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/nodes", operation_id = "nodes_list", tag = "nodes", responses((status = 200, description = "Every node", body = NodeList)))]
+pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<NodeList>, ApiError> {
     let now = Instant::now();
     let rows = state.store.nodes().await?;
-    let nodes: Vec<NodeView> = rows.iter().map(|row| view(&state, row, now)).collect();
-    Ok(Json(json!({ "nodes": nodes })))
+    let nodes = rows.iter().map(|row| view(&state, row, now)).collect();
+    Ok(Json(NodeList { nodes }))
 }
 
-#[utoipa::path(get, path = "/api/nodes/{id}", tag = "nodes", params(("id" = String, Path, description = "The node's id")), responses((status = 200, description = "The node", body = serde_json::Value), (status = 404, description = "No such node", body = crate::error::ErrorDoc)))]
+#[utoipa::path(get, path = "/api/nodes/{id}", operation_id = "nodes_show", tag = "nodes", params(("id" = String, Path, description = "The node's id")),
+    responses((status = 200, description = "The node", body = NodeView), (status = 404, description = "No such node", body = ErrorBody)))]
 pub async fn show(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<NodeView>, ApiError> {
     let row = state.store.node(&id).await?.ok_or_else(|| ApiError::NotFound(format!("no node {id:?}")))?;
     Ok(Json(view(&state, &row, Instant::now())))
@@ -171,7 +141,14 @@ impl RemoveQuery {
 /// Removes a node that runs nothing. A node that still has instances can
 /// only be removed when it is unreachable and `force=1` is given; its
 /// instances become failed.
-#[utoipa::path(delete, path = "/api/nodes/{id}", tag = "nodes", params(("id" = String, Path, description = "The node's id"), ("force" = Option<String>, Query, description = "1: remove an unreachable node that still has instances")), responses((status = 204, description = "Removed"), (status = 404, description = "No such node", body = crate::error::ErrorDoc), (status = 409, description = "The node still runs instances", body = crate::error::ErrorDoc)))]
+#[utoipa::path(delete, path = "/api/nodes/{id}", operation_id = "nodes_delete", tag = "nodes",
+    params(("id" = String, Path, description = "The node's id"), ("force" = Option<String>, Query, description = "1: remove an unreachable node that still has instances")),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = 400, description = "Invalid force", body = ErrorBody),
+        (status = 404, description = "No such node", body = ErrorBody),
+        (status = 409, description = "The node still runs instances", body = ErrorBody),
+    ))]
 pub async fn remove(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -203,22 +180,21 @@ pub async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Debug, Deserialize)]
-struct EnqueueRequest {
-    #[serde(rename = "type")]
-    kind: String,
-    payload: Value,
-}
-
 /// Queues a command for one node. Only `stop` may be queued by hand; deploys
 /// come from the scheduler.
-#[utoipa::path(post, path = "/api/nodes/{id}/commands", tag = "nodes", params(("id" = String, Path, description = "The node's id")), request_body = serde_json::Value, responses((status = 201, description = "Queued", body = serde_json::Value), (status = 400, description = "Only stop commands may be queued by hand", body = crate::error::ErrorDoc), (status = 404, description = "No such node", body = crate::error::ErrorDoc)))]
+#[utoipa::path(post, path = "/api/nodes/{id}/commands", operation_id = "nodes_commands_create", tag = "nodes", params(("id" = String, Path, description = "The node's id")), request_body = CommandRequest,
+    responses(
+        (status = 201, description = "Queued: the command as the node will get it", body = cloudweb_protocol::Command),
+        (status = 400, description = "Only stop commands may be queued by hand", body = ErrorBody),
+        (status = 404, description = "No such node", body = ErrorBody),
+        (status = 413, description = "Body over 1 MiB", body = ErrorBody),
+    ))]
 pub async fn enqueue(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let request: EnqueueRequest = parse_json(&body_bytes(body)?)?;
+) -> Result<(StatusCode, Json<cloudweb_protocol::Command>), ApiError> {
+    let request: CommandRequest = parse_json(&body_bytes(body)?)?;
     match CommandKind::parse(&request.kind) {
         Some(CommandKind::Stop) => {
             let payload: StopPayload = serde_json::from_value(request.payload.clone())
@@ -235,26 +211,25 @@ pub async fn enqueue(
     }
     let row = crate::queue_command(&state, &id, CommandKind::Stop, &request.payload).await?;
     let wire = commands_wire::to_wire(&state, &row)?;
-    Ok((StatusCode::CREATED, Json(serde_json::to_value(wire).unwrap_or(Value::Null))))
+    Ok((StatusCode::CREATED, Json(wire)))
 }
 
-#[utoipa::path(get, path = "/api/nodes/{id}/commands", tag = "nodes", params(("id" = String, Path, description = "The node's id")), responses((status = 200, description = "The node's queued commands", body = serde_json::Value), (status = 404, description = "No such node", body = crate::error::ErrorDoc)))]
-pub async fn commands(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/nodes/{id}/commands", operation_id = "nodes_commands_list", tag = "nodes", params(("id" = String, Path, description = "The node's id")),
+    responses((status = 200, description = "The node's latest commands", body = NodeCommandList), (status = 404, description = "No such node", body = ErrorBody)))]
+pub async fn commands(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Json<NodeCommandList>, ApiError> {
     if state.store.node(&id).await?.is_none() {
         return Err(ApiError::NotFound(format!("no node {id:?}")));
     }
     let rows = state.store.node_commands(&id, 100).await?;
-    let commands: Vec<Value> = rows
+    let commands = rows
         .iter()
-        .map(|row| {
-            json!({
-                "id": commands_wire::command_id(row.seq),
-                "type": row.kind,
-                "created_at": rfc3339_ms(row.created_at),
-                "acked_at": row.acked_at.map(rfc3339_ms),
-                "ack_count": row.ack_count,
-            })
+        .map(|row| NodeCommand {
+            id: commands_wire::command_id(row.seq),
+            kind: row.kind.clone(),
+            created_at: rfc3339_ms(row.created_at),
+            acked_at: row.acked_at.map(rfc3339_ms),
+            ack_count: row.ack_count,
         })
         .collect();
-    Ok(Json(json!({ "commands": commands })))
+    Ok(Json(NodeCommandList { commands }))
 }

@@ -1,10 +1,16 @@
 //! The OpenAPI 3.1 document of the user API, generated from the handlers'
 //! `#[utoipa::path]` annotations and served at `GET /api/openapi.json`.
+//! Every body is a type of `cloudweb-api-types` (or of `cloudweb-protocol`
+//! where the agent protocol already has the shape), and every operation id
+//! is unique (`<resource>_<verb>`), so generated clients get one method
+//! per route.
 //!
 //! [`finish`] adds what every operation shares, so annotations only list
 //! their own answers: every operation may answer 500 and 503, every
 //! authenticated one 401 and 403, and every error answer has the `Error`
-//! shape (`{"error": "…", "code"?: "…"}`).
+//! shape (`{"error": "…", "code"?: "…"}`). It also names each guarded
+//! operation's credentials: the bearer token, or the session cookie (plus
+//! the CSRF header for anything but GET).
 
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
@@ -35,7 +41,7 @@ pub const PUBLIC_OPERATIONS: &[&str] = &[
             or a personal API token), or with the `cloudweb_session` cookie from `POST /api/session`; requests made with \
             the cookie that change anything must also send the session's CSRF token in `X-CSRF-Token`.",
     ),
-    components(schemas(crate::error::ErrorDoc)),
+    components(schemas(cloudweb_api_types::ErrorBody)),
     modifiers(&SecuritySchemes),
     security(("bearer" = []), ("session" = [])),
     tags(
@@ -72,6 +78,13 @@ impl utoipa::Modify for SecuritySchemes {
                 "A browser session from POST /api/session; state-changing requests also need X-CSRF-Token",
             ))),
         );
+        components.add_security_scheme(
+            "csrf",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                crate::auth::sessions::CSRF_HEADER,
+                "The session's CSRF token (csrf_token of POST /api/session or GET /api/me), with the session cookie on every request but GET, HEAD and OPTIONS",
+            ))),
+        );
     }
 }
 
@@ -97,11 +110,32 @@ pub fn operations(item: &PathItem) -> Vec<(&'static str, &Operation)> {
     .collect()
 }
 
-fn operations_mut(item: &mut PathItem) -> Vec<&mut Operation> {
-    [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.options, &mut item.head, &mut item.patch, &mut item.trace]
-        .into_iter()
-        .filter_map(Option::as_mut)
-        .collect()
+fn operations_mut(item: &mut PathItem) -> Vec<(&'static str, &mut Operation)> {
+    [
+        ("GET", &mut item.get),
+        ("PUT", &mut item.put),
+        ("POST", &mut item.post),
+        ("DELETE", &mut item.delete),
+        ("OPTIONS", &mut item.options),
+        ("HEAD", &mut item.head),
+        ("PATCH", &mut item.patch),
+        ("TRACE", &mut item.trace),
+    ]
+    .into_iter()
+    .filter_map(|(method, op)| op.as_mut().map(|op| (method, op)))
+    .collect()
+}
+
+/// The credentials a guarded operation takes (see [`crate::auth::guard`]):
+/// a bearer token, or the session cookie, which for a change also needs
+/// the CSRF header.
+fn guarded_security(method: &str) -> Vec<SecurityRequirement> {
+    let session = if matches!(method, "GET" | "HEAD" | "OPTIONS") {
+        SecurityRequirement::new("session", Vec::<String>::new())
+    } else {
+        SecurityRequirement::new("session", Vec::<String>::new()).add("csrf", Vec::<String>::new())
+    };
+    vec![SecurityRequirement::new("bearer", Vec::<String>::new()), session]
 }
 
 /// Whether an operation needs no credential (its security is `[{}]`).
@@ -119,8 +153,11 @@ fn error_response(description: &str) -> utoipa::openapi::Response {
 /// Adds the answers every operation shares.
 pub fn finish(mut document: OpenApi) -> OpenApi {
     for item in document.paths.paths.values_mut() {
-        for operation in operations_mut(item) {
+        for (method, operation) in operations_mut(item) {
             let public = is_public(operation);
+            if !public {
+                operation.security = Some(guarded_security(method));
+            }
             let responses = &mut operation.responses.responses;
             let mut add = |status: &str, description: &str| {
                 responses.entry(status.to_string()).or_insert_with(|| error_response(description).into());
@@ -147,9 +184,24 @@ impl Served {
     }
 }
 
+/// What `GET /api/openapi.json` answers, as far as a schema can say: an
+/// OpenAPI 3.1 document (<https://spec.openapis.org/oas/v3.1.0>).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+struct OpenApiDocument {
+    /// `3.1.0`.
+    openapi: String,
+    #[schema(value_type = Object)]
+    info: serde_json::Value,
+    #[schema(value_type = Object)]
+    paths: serde_json::Value,
+    #[schema(value_type = Option<Object>)]
+    components: Option<serde_json::Value>,
+}
+
 /// This document.
-#[utoipa::path(get, path = "/api/openapi.json", tag = "meta", security(()),
-    responses((status = 200, description = "The OpenAPI 3.1 document of this API", content_type = "application/json", body = serde_json::Value)))]
+#[utoipa::path(get, path = "/api/openapi.json", operation_id = "openapi_document", tag = "meta", security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", content_type = "application/json", body = OpenApiDocument)))]
 pub async fn document(Extension(served): Extension<Arc<Served>>) -> Response {
     ([(CONTENT_TYPE, "application/json")], served.json.clone()).into_response()
 }

@@ -13,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, StreamExt};
 use serde::Deserialize;
-use serde_json::json;
+use cloudweb_api_types::traffic::{RuntimeLogEnd, RuntimeLogs};
+use cloudweb_api_types::ErrorBody;
 
 use crate::error::ApiError;
 use crate::runtime_logs::{RuntimeLine, MAX_APP_LINES};
@@ -47,11 +48,32 @@ fn parse_flag(name: &str, value: Option<&str>) -> Result<bool, ApiError> {
     }
 }
 
-fn event(line: &RuntimeLine) -> Event {
-    Event::default().event("log").id(line.seq.to_string()).data(serde_json::to_string(line).unwrap_or_default())
+/// A stored line as the API shows it.
+fn line_view(line: &RuntimeLine) -> cloudweb_api_types::traffic::RuntimeLine {
+    cloudweb_api_types::traffic::RuntimeLine {
+        seq: line.seq,
+        ts: line.ts.clone(),
+        stream: line.stream.clone(),
+        line: line.line.clone(),
+        deployment_id: line.deployment_id.clone(),
+        instance: line.instance,
+        node_id: line.node_id.clone(),
+        container: line.container.clone(),
+    }
 }
 
-#[utoipa::path(get, path = "/api/apps/{name}/logs", tag = "apps", params(("name" = String, Path, description = "The app's name"), ("lines" = Option<u32>, Query, description = "How many recent lines"), ("deployment" = Option<String>, Query, description = "Only this deployment's lines"), ("follow" = Option<bool>, Query, description = "1: stream as server-sent events")), responses((status = 200, description = "Recent runtime log lines (JSON), or with follow=1 server-sent `log` events", body = serde_json::Value), (status = 400, description = "Invalid query", body = crate::error::ErrorDoc), (status = 404, description = "No such app", body = crate::error::ErrorDoc)))]
+fn event(line: &RuntimeLine) -> Event {
+    Event::default().event("log").id(line.seq.to_string()).data(serde_json::to_string(&line_view(line)).unwrap_or_default())
+}
+
+#[utoipa::path(get, path = "/api/apps/{name}/logs", operation_id = "apps_logs", tag = "apps",
+    params(("name" = String, Path, description = "The app's name"), ("lines" = Option<u32>, Query, description = "How many recent lines (default 100)"), ("deployment" = Option<String>, Query, description = "Only this deployment's lines"), ("follow" = Option<bool>, Query, description = "1: stream as server-sent events"), ("Last-Event-ID" = Option<String>, Header, description = "With follow: go on after this line")),
+    responses(
+        (status = 200, description = "Recent runtime log lines; with follow=1, server-sent `log` events (data: a RuntimeLine, id: its seq) and an `end` (data: a RuntimeLogEnd) once the app is deleted",
+            content((RuntimeLogs = "application/json"), (String = "text/event-stream"))),
+        (status = 400, description = "Invalid query", body = ErrorBody),
+        (status = 404, description = "No such app", body = ErrorBody),
+    ))]
 pub async fn logs(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
@@ -68,7 +90,7 @@ pub async fn logs(
     }
     if !follow {
         let lines = state.runtime_logs.recent(&name, 0, limit, query.deployment.as_deref());
-        return Ok(Json(json!({"app": name, "lines": lines})).into_response());
+        return Ok(Json(RuntimeLogs { app: name, lines: lines.iter().map(line_view).collect() }).into_response());
     }
     // A reconnecting EventSource sends the last id it saw: carry on after
     // it rather than repeat the tail.
@@ -109,7 +131,7 @@ pub async fn logs(
             let deleted = matches!(woke, Ok("deleted") | Err(tokio::sync::broadcast::error::RecvError::Closed));
             if deleted || cursor.state.store.app(&cursor.app).await.ok().flatten().is_none() {
                 cursor.done = true;
-                let end = Event::default().event("end").data(json!({"reason": "app deleted"}).to_string());
+                let end = Event::default().event("end").data(serde_json::to_string(&RuntimeLogEnd { reason: "app deleted".to_string() }).unwrap_or_default());
                 return Some((vec![end], cursor));
             }
         }

@@ -8,23 +8,24 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use cloudweb_api_types::traffic::{IngressNode, RouteTableView, TrafficSample, TrafficView, UsageSample, UsageView};
+use cloudweb_api_types::ErrorBody;
 
 use crate::clock::rfc3339_ms;
 use crate::error::ApiError;
 use crate::AppState;
 
-#[utoipa::path(get, path = "/api/routes", tag = "traffic", responses((status = 200, description = "The ingress route table", body = serde_json::Value)))]
-pub async fn routes(State(state): State<Arc<AppState>>) -> Json<Value> {
+#[utoipa::path(get, path = "/api/routes", operation_id = "routes_show", tag = "traffic", responses((status = 200, description = "The ingress route table, and what each ingress node serves", body = RouteTableView)))]
+pub async fn routes(State(state): State<Arc<AppState>>) -> Json<RouteTableView> {
     let table = state.routes.read().expect("routes lock").clone();
-    let ingress: Vec<Value> = state
+    let ingress = state
         .nodes
         .all()
         .iter()
         .filter(|n| n.ingress)
-        .map(|n| json!({"node_id": n.id, "name": n.name, "status": n.ingress_status}))
+        .map(|n| IngressNode { node_id: n.id.clone(), name: n.name.clone(), status: n.ingress_status.clone() })
         .collect();
-    Json(json!({"version": table.version, "routes": table.routes, "ingress": ingress}))
+    Json(RouteTableView { version: table.version, routes: table.routes, ingress })
 }
 
 #[derive(Debug, Deserialize)]
@@ -44,29 +45,37 @@ fn since_ms(state: &AppState, query: &TrafficQuery) -> Result<i64, ApiError> {
 }
 
 /// A host's request counts per sample, summed over ingress nodes.
-#[utoipa::path(get, path = "/api/traffic/{host}", tag = "traffic", params(("host" = String, Path, description = "A host name"), ("seconds" = Option<u64>, Query, description = "Window, 1 to 2592000 (default 3600)")), responses((status = 200, description = "Request counts per sample", body = serde_json::Value), (status = 400, description = "Invalid window", body = crate::error::ErrorDoc)))]
+#[utoipa::path(get, path = "/api/traffic/{host}", operation_id = "traffic_show", tag = "traffic", params(("host" = String, Path, description = "A host name"), ("seconds" = Option<u64>, Query, description = "Window, 1 to 2592000 (default 3600)")),
+    responses((status = 200, description = "Request counts per sample", body = TrafficView), (status = 400, description = "Invalid host or window", body = ErrorBody)))]
 pub async fn traffic(
     State(state): State<Arc<AppState>>,
     Path(host): Path<String>,
     Query(query): Query<TrafficQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TrafficView>, ApiError> {
     cloudweb_protocol::validate::hostname("host", &host)?;
     let since = since_ms(&state, &query)?;
-    let samples: Vec<Value> = state
+    let samples = state
         .store
         .traffic(&host.to_ascii_lowercase(), since)
         .await?
         .into_iter()
-        .map(|(at, requests, r2xx, r3xx, r4xx, r5xx, dur_sum_ms, slow)| {
-            json!({"at": rfc3339_ms(at), "requests": requests, "r2xx": r2xx, "r3xx": r3xx, "r4xx": r4xx, "r5xx": r5xx,
-                   "avg_ms": if requests > 0 { dur_sum_ms / requests as f64 } else { 0.0 }, "slow": slow})
+        .map(|(at, requests, r2xx, r3xx, r4xx, r5xx, dur_sum_ms, slow)| TrafficSample {
+            at: rfc3339_ms(at),
+            requests,
+            r2xx,
+            r3xx,
+            r4xx,
+            r5xx,
+            avg_ms: if requests > 0 { dur_sum_ms / requests as f64 } else { 0.0 },
+            slow,
         })
         .collect();
-    Ok(Json(json!({"host": host, "samples": samples})))
+    Ok(Json(TrafficView { host, samples }))
 }
 
 /// The last heartbeat body a node sent, byte for byte.
-#[utoipa::path(get, path = "/api/nodes/{id}/last-heartbeat", tag = "nodes", params(("id" = String, Path, description = "The node's id")), responses((status = 200, description = "The last heartbeat body, byte for byte", body = serde_json::Value), (status = 404, description = "No heartbeat since start", body = crate::error::ErrorDoc)))]
+#[utoipa::path(get, path = "/api/nodes/{id}/last-heartbeat", operation_id = "nodes_last_heartbeat", tag = "nodes", params(("id" = String, Path, description = "The node's id")),
+    responses((status = 200, description = "The last heartbeat body, byte for byte", body = cloudweb_protocol::Heartbeat), (status = 404, description = "No heartbeat since start", body = ErrorBody)))]
 pub async fn last_heartbeat(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let body = state.last_bodies.lock().expect("last bodies lock").get(&id).cloned();
     match body {
@@ -77,26 +86,31 @@ pub async fn last_heartbeat(State(state): State<Arc<AppState>>, Path(id): Path<S
 
 /// A node's usage history: 30 s samples for the last day, 5-minute
 /// averages before that.
-#[utoipa::path(get, path = "/api/nodes/{id}/usage", tag = "nodes", params(("id" = String, Path, description = "The node's id"), ("seconds" = Option<u64>, Query, description = "Window, 1 to 2592000 (default 3600)")), responses((status = 200, description = "Usage samples", body = serde_json::Value), (status = 400, description = "Invalid window", body = crate::error::ErrorDoc), (status = 404, description = "No such node", body = crate::error::ErrorDoc)))]
+#[utoipa::path(get, path = "/api/nodes/{id}/usage", operation_id = "nodes_usage", tag = "nodes", params(("id" = String, Path, description = "The node's id"), ("seconds" = Option<u64>, Query, description = "Window, 1 to 2592000 (default 3600)")),
+    responses((status = 200, description = "Usage samples", body = UsageView), (status = 400, description = "Invalid window", body = ErrorBody), (status = 404, description = "No such node", body = ErrorBody)))]
 pub async fn node_usage(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     Query(query): Query<TrafficQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<UsageView>, ApiError> {
     let since = since_ms(&state, &query)?;
     // An unknown node is a 404, as on every other node route, not an empty
     // history that looks like a node that never reported.
     if state.store.node(&id).await?.is_none() {
         return Err(ApiError::NotFound(format!("no node {id:?}")));
     }
-    let samples: Vec<Value> = state
+    let samples = state
         .store
         .node_usage(&id, since)
         .await?
         .into_iter()
-        .map(|(at, resolution, cpu_pct, mem_used, disk_used)| {
-            json!({"at": rfc3339_ms(at), "resolution_seconds": resolution, "cpu_pct": cpu_pct, "mem_used": mem_used, "disk_used": disk_used})
+        .map(|(at, resolution, cpu_pct, mem_used, disk_used)| UsageSample {
+            at: rfc3339_ms(at),
+            resolution_seconds: resolution,
+            cpu_pct,
+            mem_used,
+            disk_used,
         })
         .collect();
-    Ok(Json(json!({"node_id": id, "samples": samples})))
+    Ok(Json(UsageView { node_id: id, samples }))
 }

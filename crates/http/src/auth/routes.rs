@@ -10,8 +10,8 @@ use axum::http::header::{CONTENT_TYPE, LOCATION, SET_COOKIE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+pub use cloudweb_api_types::accounts::{CreatedTokenView, LoginRequest, MeView, NewTokenRequest, NewUserRequest, SessionView, TokenView, UserView};
+use cloudweb_api_types::ErrorBody;
 
 use super::{guard, sessions, tokens, users, Principal, Via};
 use crate::clock::rfc3339_ms;
@@ -19,115 +19,33 @@ use crate::error::{parse_json, ApiError};
 use crate::store::{ApiTokenRow, UserRow};
 use crate::AppState;
 
-/// A login, as JSON or as a form.
-#[derive(Debug, Deserialize, ToSchema)]
-pub struct LoginRequest {
-    pub name: String,
-    pub password: String,
-    /// Forms only: where to send the browser after a successful login (a
-    /// path on this host; default `/`).
-    #[serde(default)]
-    pub next: Option<String>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct UserView {
-    pub id: String,
-    pub name: String,
-    /// RFC 3339.
-    pub created_at: String,
-    /// Set once the user is disabled (RFC 3339).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub disabled_at: Option<String>,
-}
-
-impl From<&UserRow> for UserView {
-    fn from(user: &UserRow) -> Self {
-        UserView {
-            id: user.id.clone(),
-            name: user.name.clone(),
-            created_at: rfc3339_ms(user.created_at),
-            disabled_at: user.disabled_at.map(rfc3339_ms),
-        }
+/// A user as the API shows it.
+pub fn user_view(user: &UserRow) -> UserView {
+    UserView {
+        id: user.id.clone(),
+        name: user.name.clone(),
+        created_at: rfc3339_ms(user.created_at),
+        disabled_at: user.disabled_at.map(rfc3339_ms),
     }
 }
 
-/// A session just started (its id is only in the `cloudweb_session` cookie).
-#[derive(Debug, Serialize, ToSchema)]
-pub struct SessionView {
-    pub user: UserView,
-    /// Send it in `X-CSRF-Token` with every state-changing request.
-    pub csrf_token: String,
-    /// The session's absolute end, RFC 3339.
-    pub expires_at: String,
-    /// The session also ends after this long without a request.
-    pub idle_timeout_seconds: u64,
-}
-
-/// Who is calling.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct MeView {
-    /// `admin_token`, `session` or `api_token`.
-    pub auth: String,
-    /// Absent for the admin token.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub user: Option<UserView>,
-    /// Sessions only.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub csrf_token: Option<String>,
-    /// Sessions only: the absolute end, RFC 3339.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub session_expires_at: Option<String>,
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NewTokenRequest {
-    pub name: String,
-}
-
-/// A personal API token, without the token itself.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct TokenView {
-    pub id: String,
-    pub name: String,
-    /// The token's first characters.
-    pub prefix: String,
-    pub created_at: String,
-    /// To the minute; absent if never used.
-    pub last_used_at: Option<String>,
-    pub revoked_at: Option<String>,
-}
-
-impl From<&ApiTokenRow> for TokenView {
-    fn from(row: &ApiTokenRow) -> Self {
-        TokenView {
-            id: row.id.clone(),
-            name: row.name.clone(),
-            prefix: row.prefix.clone(),
-            created_at: rfc3339_ms(row.created_at),
-            last_used_at: row.last_used_at.map(rfc3339_ms),
-            revoked_at: row.revoked_at.map(rfc3339_ms),
-        }
+/// A personal API token as the API shows it (never the secret).
+pub fn token_view(row: &ApiTokenRow) -> TokenView {
+    TokenView {
+        id: row.id.clone(),
+        name: row.name.clone(),
+        prefix: row.prefix.clone(),
+        created_at: rfc3339_ms(row.created_at),
+        last_used_at: row.last_used_at.map(rfc3339_ms),
+        revoked_at: row.revoked_at.map(rfc3339_ms),
     }
-}
-
-/// A token just created: the only time `token` is shown.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct CreatedTokenView {
-    pub id: String,
-    pub name: String,
-    pub prefix: String,
-    pub created_at: String,
-    /// Use as `Authorization: Bearer <token>`. Shown only now.
-    pub token: String,
 }
 
 /// Log in with a name and password. JSON answers 200 with the CSRF token;
 /// a form (`application/x-www-form-urlencoded`) is answered with a 303 to
 /// its `next` path. Both set the `cloudweb_session` (HttpOnly) and
 /// `cloudweb_csrf` cookies.
-#[utoipa::path(post, path = "/api/session", tag = "accounts", security(()),
+#[utoipa::path(post, path = "/api/session", operation_id = "auth_login", tag = "accounts", security(()),
     request_body(content(
         (LoginRequest = "application/json"),
         (LoginRequest = "application/x-www-form-urlencoded"),
@@ -136,10 +54,10 @@ pub struct CreatedTokenView {
         (status = 200, description = "Logged in (JSON)", body = SessionView,
             headers(("set-cookie" = String, description = "cloudweb_session and cloudweb_csrf"))),
         (status = 303, description = "Logged in (form): go to `next`"),
-        (status = 400, description = "Malformed request", body = crate::error::ErrorDoc),
-        (status = 401, description = "Wrong name or password", body = crate::error::ErrorDoc),
-        (status = 403, description = "Sent from another origin", body = crate::error::ErrorDoc),
-        (status = 429, description = "Too many attempts for this account or address", body = crate::error::ErrorDoc,
+        (status = 400, description = "Malformed request", body = ErrorBody),
+        (status = 401, description = "Wrong name or password", body = ErrorBody),
+        (status = 403, description = "Sent from another origin", body = ErrorBody),
+        (status = 429, description = "Too many attempts for this account or address", body = ErrorBody,
             headers(("retry-after" = u64, description = "Seconds until attempts are allowed again"))),
     ))]
 pub async fn login(State(state): State<Arc<AppState>>, request: Request) -> Result<Response, ApiError> {
@@ -185,7 +103,7 @@ pub async fn login(State(state): State<Arc<AppState>>, request: Request) -> Resu
         response
     } else {
         Json(SessionView {
-            user: UserView::from(&user),
+            user: user_view(&user),
             csrf_token: session.csrf_token.clone(),
             expires_at: rfc3339_ms(session.expires_at),
             idle_timeout_seconds: state.config.auth.session_idle.as_secs(),
@@ -251,10 +169,10 @@ fn local_path(next: &str) -> Result<String, ApiError> {
 }
 
 /// Log out: ends the session on the server and clears the cookies.
-#[utoipa::path(delete, path = "/api/session", tag = "accounts",
+#[utoipa::path(delete, path = "/api/session", operation_id = "auth_logout", tag = "accounts",
     responses(
         (status = 204, description = "The session is ended"),
-        (status = 400, description = "The request was not made with a session", body = crate::error::ErrorDoc),
+        (status = 400, description = "The request was not made with a session", body = ErrorBody),
     ))]
 pub async fn logout(State(state): State<Arc<AppState>>, Extension(principal): Extension<Principal>, headers: HeaderMap) -> Result<Response, ApiError> {
     let Principal::User { via: Via::Session { id_sha256, .. }, user } = &principal else {
@@ -270,16 +188,16 @@ pub async fn logout(State(state): State<Arc<AppState>>, Extension(principal): Ex
 }
 
 /// Who is calling, and (for a session) its CSRF token.
-#[utoipa::path(get, path = "/api/me", tag = "accounts", responses((status = 200, description = "The caller", body = MeView)))]
+#[utoipa::path(get, path = "/api/me", operation_id = "auth_me", tag = "accounts", responses((status = 200, description = "The caller", body = MeView)))]
 pub async fn me(Extension(principal): Extension<Principal>) -> Json<MeView> {
     Json(match principal {
         Principal::Admin => MeView { auth: "admin_token".to_string(), user: None, csrf_token: None, session_expires_at: None },
         Principal::User { user, via: Via::Token { .. } } => {
-            MeView { auth: "api_token".to_string(), user: Some(UserView::from(&user)), csrf_token: None, session_expires_at: None }
+            MeView { auth: "api_token".to_string(), user: Some(user_view(&user)), csrf_token: None, session_expires_at: None }
         }
         Principal::User { user, via: Via::Session { csrf_token, expires_at, .. } } => MeView {
             auth: "session".to_string(),
-            user: Some(UserView::from(&user)),
+            user: Some(user_view(&user)),
             csrf_token: Some(csrf_token),
             session_expires_at: Some(rfc3339_ms(expires_at)),
         },
@@ -293,23 +211,23 @@ fn token_owner(principal: &Principal) -> Result<&UserRow, ApiError> {
 }
 
 /// The caller's personal API tokens, newest first (revoked ones too).
-#[utoipa::path(get, path = "/api/tokens", tag = "accounts",
+#[utoipa::path(get, path = "/api/tokens", operation_id = "tokens_list", tag = "accounts",
     responses(
         (status = 200, description = "The tokens, without their secrets", body = Vec<TokenView>),
-        (status = 403, description = "Called with the admin token", body = crate::error::ErrorDoc),
+        (status = 403, description = "Called with the admin token", body = ErrorBody),
     ))]
 pub async fn list_tokens(State(state): State<Arc<AppState>>, Extension(principal): Extension<Principal>) -> Result<Json<Vec<TokenView>>, ApiError> {
     let user = token_owner(&principal)?;
-    Ok(Json(state.store.api_tokens_of(&user.id).await?.iter().map(TokenView::from).collect()))
+    Ok(Json(state.store.api_tokens_of(&user.id).await?.iter().map(token_view).collect()))
 }
 
 /// Creates a personal API token; the answer is the only time it is shown.
-#[utoipa::path(post, path = "/api/tokens", tag = "accounts", request_body = NewTokenRequest,
+#[utoipa::path(post, path = "/api/tokens", operation_id = "tokens_create", tag = "accounts", request_body = NewTokenRequest,
     responses(
         (status = 201, description = "Created; `token` is shown only now", body = CreatedTokenView),
-        (status = 400, description = "Invalid name", body = crate::error::ErrorDoc),
-        (status = 403, description = "Called with the admin token", body = crate::error::ErrorDoc),
-        (status = 409, description = "A token of that name exists, or too many tokens", body = crate::error::ErrorDoc),
+        (status = 400, description = "Invalid name", body = ErrorBody),
+        (status = 403, description = "Called with the admin token", body = ErrorBody),
+        (status = 409, description = "A token of that name exists, or too many tokens", body = ErrorBody),
     ))]
 pub async fn create_token(
     State(state): State<Arc<AppState>>,
@@ -326,12 +244,12 @@ pub async fn create_token(
 }
 
 /// Revokes one of the caller's tokens; it stops working at once.
-#[utoipa::path(delete, path = "/api/tokens/{id}", tag = "accounts",
+#[utoipa::path(delete, path = "/api/tokens/{id}", operation_id = "tokens_revoke", tag = "accounts",
     params(("id" = String, Path, description = "The token's id")),
     responses(
         (status = 204, description = "Revoked (or already revoked)"),
-        (status = 403, description = "Called with the admin token", body = crate::error::ErrorDoc),
-        (status = 404, description = "The caller has no token with that id", body = crate::error::ErrorDoc),
+        (status = 403, description = "Called with the admin token", body = ErrorBody),
+        (status = 404, description = "The caller has no token with that id", body = ErrorBody),
     ))]
 pub async fn revoke_token(
     State(state): State<Arc<AppState>>,
@@ -343,28 +261,19 @@ pub async fn revoke_token(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NewUserRequest {
-    /// 1 to 64 letters, digits, `.`, `_` or `-`; unique without regard to case.
-    pub name: String,
-    /// At least 10 characters; stored as an argon2id hash.
-    pub password: String,
-}
-
 /// Every user, by name.
-#[utoipa::path(get, path = "/api/users", tag = "accounts", responses((status = 200, description = "The users", body = Vec<UserView>)))]
+#[utoipa::path(get, path = "/api/users", operation_id = "users_list", tag = "accounts", responses((status = 200, description = "The users", body = Vec<UserView>)))]
 pub async fn list_users(State(state): State<Arc<AppState>>) -> Result<Json<Vec<UserView>>, ApiError> {
-    Ok(Json(state.store.users().await?.iter().map(UserView::from).collect()))
+    Ok(Json(state.store.users().await?.iter().map(user_view).collect()))
 }
 
 /// Creates a user who logs in with a name and password (the first user
 /// comes from `cloudweb-server admin create-user`).
-#[utoipa::path(post, path = "/api/users", tag = "accounts", request_body = NewUserRequest,
+#[utoipa::path(post, path = "/api/users", operation_id = "users_create", tag = "accounts", request_body = NewUserRequest,
     responses(
         (status = 201, description = "Created", body = UserView),
-        (status = 400, description = "Invalid name or password", body = crate::error::ErrorDoc),
-        (status = 409, description = "The name is taken", body = crate::error::ErrorDoc),
+        (status = 400, description = "Invalid name or password", body = ErrorBody),
+        (status = 409, description = "The name is taken", body = ErrorBody),
     ))]
 pub async fn create_user(
     State(state): State<Arc<AppState>>,
@@ -375,18 +284,18 @@ pub async fn create_user(
     let user = users::create(&state.store, state.clock.now_ms(), &request.name, Some(&request.password)).await?;
     let by = principal.user().map_or("the admin token", |u| u.name.as_str()).to_string();
     tracing::info!(user = %user.name, by = %by, "user created");
-    Ok((StatusCode::CREATED, Json(UserView::from(&user))))
+    Ok((StatusCode::CREATED, Json(user_view(&user))))
 }
 
 /// Disables a user: their sessions end and their tokens stop working at
 /// once, and they can no longer log in. The row stays (names are not
 /// reused). Nobody disables themselves.
-#[utoipa::path(delete, path = "/api/users/{id}", tag = "accounts",
+#[utoipa::path(delete, path = "/api/users/{id}", operation_id = "users_disable", tag = "accounts",
     params(("id" = String, Path, description = "The user's id")),
     responses(
         (status = 204, description = "Disabled (or already disabled)"),
-        (status = 404, description = "No such user", body = crate::error::ErrorDoc),
-        (status = 409, description = "That is the caller", body = crate::error::ErrorDoc),
+        (status = 404, description = "No such user", body = ErrorBody),
+        (status = 409, description = "That is the caller", body = ErrorBody),
     ))]
 pub async fn disable_user(
     State(state): State<Arc<AppState>>,

@@ -10,8 +10,10 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use axum::{Extension, Json};
+use cloudweb_api_types::apps::{GitLink, WebhookSetup};
+use cloudweb_api_types::git::{Branch, BranchList, GitlabAccount, GitlabAccountList, GitlabSettingsView, Project, ProjectList};
+use cloudweb_api_types::ErrorBody;
 use serde::Deserialize;
-use serde_json::{json, Value};
 
 use super::gitlab;
 use super::provider::GitProvider;
@@ -24,21 +26,22 @@ use crate::AppState;
 /// Longest allow-list.
 const MAX_ALLOWED: usize = 1000;
 
-fn settings_view(state: &AppState, row: &GitlabSettingsRow) -> Value {
-    json!({
-        "base_url": row.base_url,
-        "client_id": row.client_id,
+fn settings_view(state: &AppState, row: &GitlabSettingsRow) -> GitlabSettingsView {
+    GitlabSettingsView {
+        base_url: row.base_url.clone(),
+        client_id: row.client_id.clone(),
         // The secret itself never leaves the control plane.
-        "client_secret_set": true,
-        "allowed_users": serde_json::from_str::<Value>(&row.allowed_users).unwrap_or(Value::Null),
-        "allowed_groups": serde_json::from_str::<Value>(&row.allowed_groups).unwrap_or(Value::Null),
-        "redirect_uri": super::redirect_uri(state),
-        "login_url": format!("{}/api/auth/gitlab/login", state.git.public_url()),
-    })
+        client_secret_set: true,
+        allowed_users: serde_json::from_str(&row.allowed_users).unwrap_or_default(),
+        allowed_groups: serde_json::from_str(&row.allowed_groups).unwrap_or_default(),
+        redirect_uri: super::redirect_uri(state),
+        login_url: format!("{}/api/auth/gitlab/login", state.git.public_url()),
+    }
 }
 
-#[utoipa::path(get, path = "/api/gitlab/settings", tag = "git", responses((status = 200, description = "The GitLab connection (never the client secret)", body = serde_json::Value), (status = 404, description = "GitLab is not configured", body = crate::error::ErrorDoc)))]
-pub async fn get_settings(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/gitlab/settings", operation_id = "gitlab_settings_show", tag = "git",
+    responses((status = 200, description = "The GitLab connection (never the client secret)", body = GitlabSettingsView), (status = 404, description = "GitLab is not configured", body = ErrorBody)))]
+pub async fn get_settings(State(state): State<Arc<AppState>>) -> Result<Json<GitlabSettingsView>, ApiError> {
     let row = state.store.gitlab_settings().await?.ok_or_else(|| ApiError::NotFound("GitLab is not configured".into()))?;
     Ok(Json(settings_view(&state, &row)))
 }
@@ -89,23 +92,29 @@ pub async fn apply_settings(state: &AppState, input: SettingsInput) -> Result<Gi
     Ok(row)
 }
 
-#[utoipa::path(put, path = "/api/gitlab/settings", tag = "git", request_body = serde_json::Value, responses((status = 200, description = "Saved; the client secret is sealed", body = serde_json::Value), (status = 400, description = "Invalid settings", body = crate::error::ErrorDoc)))]
-pub async fn put_settings(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(put, path = "/api/gitlab/settings", operation_id = "gitlab_settings_replace", tag = "git", request_body = SettingsInput,
+    responses((status = 200, description = "Saved; the client secret is sealed", body = GitlabSettingsView), (status = 400, description = "Invalid settings", body = ErrorBody), (status = 413, description = "Body over 1 MiB", body = ErrorBody)))]
+pub async fn put_settings(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Json<GitlabSettingsView>, ApiError> {
     let input: SettingsInput = parse_json(&body_bytes(body)?)?;
     let row = apply_settings(&state, input).await?;
     Ok(Json(settings_view(&state, &row)))
 }
 
-#[utoipa::path(get, path = "/api/gitlab/accounts", tag = "git", responses((status = 200, description = "GitLab identities that logged in (never a token)", body = serde_json::Value)))]
-pub async fn accounts(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
-    let accounts: Vec<Value> = state
+#[utoipa::path(get, path = "/api/gitlab/accounts", operation_id = "gitlab_accounts_list", tag = "git", responses((status = 200, description = "GitLab identities that logged in (never a token)", body = GitlabAccountList)))]
+pub async fn accounts(State(state): State<Arc<AppState>>) -> Result<Json<GitlabAccountList>, ApiError> {
+    let accounts = state
         .store
         .gitlab_accounts()
         .await?
         .into_iter()
-        .map(|a| json!({ "gitlab_user_id": a.gitlab_user_id, "username": a.username, "linked_user": a.local_user, "token_expires_at": a.expires_at.map(crate::clock::rfc3339_ms) }))
+        .map(|a| GitlabAccount {
+            gitlab_user_id: a.gitlab_user_id,
+            username: a.username,
+            linked_user: a.local_user,
+            token_expires_at: a.expires_at.map(crate::clock::rfc3339_ms),
+        })
         .collect();
-    Ok(Json(json!({ "accounts": accounts })))
+    Ok(Json(GitlabAccountList { accounts }))
 }
 
 /// Which GitLab identity acts for the caller. A user acts through the
@@ -145,13 +154,25 @@ pub struct ProjectsQuery {
     search: Option<String>,
 }
 
-#[utoipa::path(get, path = "/api/gitlab/projects", tag = "git", params(("search" = Option<String>, Query, description = "Part of the project path"), ("account" = Option<i64>, Query, description = "GitLab user id acting; by default the caller's own linked identity")), responses((status = 200, description = "The user's projects", body = serde_json::Value), (status = 400, description = "Several accounts: name one", body = crate::error::ErrorDoc), (status = 403, description = "The named GitLab account is not linked to the caller", body = crate::error::ErrorDoc), (status = 404, description = "No GitLab account or not configured", body = crate::error::ErrorDoc), (status = 502, description = "GitLab failed", body = crate::error::ErrorDoc)))]
-pub async fn projects(State(state): State<Arc<AppState>>, Extension(principal): Extension<Principal>, Query(query): Query<ProjectsQuery>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/gitlab/projects", operation_id = "gitlab_projects_list", tag = "git",
+    params(("search" = Option<String>, Query, description = "Part of the project path"), ("account" = Option<i64>, Query, description = "GitLab user id acting; by default the caller's own linked identity")),
+    responses(
+        (status = 200, description = "The user's projects", body = ProjectList),
+        (status = 400, description = "Several accounts: name one", body = ErrorBody),
+        (status = 403, description = "The named GitLab account is not linked to the caller", body = ErrorBody),
+        (status = 404, description = "No GitLab account or not configured", body = ErrorBody),
+        (status = 502, description = "GitLab failed", body = ErrorBody),
+    ))]
+pub async fn projects(State(state): State<Arc<AppState>>, Extension(principal): Extension<Principal>, Query(query): Query<ProjectsQuery>) -> Result<Json<ProjectList>, ApiError> {
     if let Some(search) = &query.search {
         cloudweb_protocol::validate::bounded_text("search", search, 100)?;
     }
     let projects = list_projects(&state, &principal, query.account, query.search.as_deref()).await?;
-    Ok(Json(json!({ "projects": projects })))
+    let projects = projects
+        .into_iter()
+        .map(|p| Project { id: p.id, path: p.path, clone_url: p.clone_url, default_branch: p.default_branch, web_url: p.web_url })
+        .collect();
+    Ok(Json(ProjectList { projects }))
 }
 
 /// The GitLab projects `principal` can reach through its identity (the
@@ -168,21 +189,24 @@ pub struct AccountQuery {
     account: Option<i64>,
 }
 
-#[utoipa::path(get, path = "/api/gitlab/projects/{id}/branches", tag = "git", params(("id" = i64, Path, description = "GitLab project id"), ("account" = Option<i64>, Query, description = "GitLab user id acting")), responses((status = 200, description = "The project's branches", body = serde_json::Value), (status = 404, description = "No such project or account", body = crate::error::ErrorDoc), (status = 502, description = "GitLab failed", body = crate::error::ErrorDoc)))]
-pub async fn branches(State(state): State<Arc<AppState>>, Extension(principal): Extension<Principal>, Path(project): Path<i64>, Query(query): Query<AccountQuery>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/gitlab/projects/{id}/branches", operation_id = "gitlab_branches_list", tag = "git",
+    params(("id" = i64, Path, description = "GitLab project id"), ("account" = Option<i64>, Query, description = "GitLab user id acting")),
+    responses(
+        (status = 200, description = "The project's branches", body = BranchList),
+        (status = 400, description = "Several accounts: name one", body = ErrorBody),
+        (status = 403, description = "The named GitLab account is not linked to the caller", body = ErrorBody),
+        (status = 404, description = "No such project or account", body = ErrorBody),
+        (status = 502, description = "GitLab failed", body = ErrorBody),
+    ))]
+pub async fn branches(State(state): State<Arc<AppState>>, Extension(principal): Extension<Principal>, Path(project): Path<i64>, Query(query): Query<AccountQuery>) -> Result<Json<BranchList>, ApiError> {
     let account = account_for(&state, &principal, query.account).await?;
     let gitlab = super::gitlab_as(&state, account).await?;
     let branches = gitlab.branches(project).await.map_err(super::provider_error)?;
-    Ok(Json(json!({ "branches": branches })))
+    let branches = branches.into_iter().map(|b| Branch { name: b.name, commit: b.commit }).collect();
+    Ok(Json(BranchList { branches }))
 }
 
-/// A GitLab project named when creating an app: its id, or its path.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum ProjectRef {
-    Id(i64),
-    Path(String),
-}
+pub use cloudweb_api_types::apps::ProjectRef;
 
 /// What app creation learned from the provider, to link once the app row exists.
 pub enum LinkPlan {
@@ -211,7 +235,7 @@ pub async fn resolve_project(state: &AppState, principal: &Principal, project: &
 /// After the app row exists: registers the GitLab webhook (or makes the
 /// generic webhook's secret) and records the link. Returns what the
 /// creator sees: for a generic webhook, the URL and the secret, once.
-pub async fn link_app(state: &AppState, app: &str, branch: &str, plan: LinkPlan) -> Result<Value, ApiError> {
+pub async fn link_app(state: &AppState, app: &str, branch: &str, plan: LinkPlan) -> Result<GitLink, ApiError> {
     let secret = super::random_secret();
     let now = state.clock.now_ms();
     match plan {
@@ -253,14 +277,14 @@ pub async fn link_app(state: &AppState, app: &str, branch: &str, plan: LinkPlan)
             };
             state.store.insert_app_git_link(&link).await?;
             let mut view = super::link_view(&link);
-            view["webhook"] = json!({
-                "url": format!("{}/api/webhooks/generic/{app}", state.git.public_url()),
+            view.webhook = Some(WebhookSetup {
+                url: format!("{}/api/webhooks/generic/{app}", state.git.public_url()),
                 // Shown this once; stored sealed.
-                "secret": secret,
-                "signature_header": "X-Cloudweb-Signature",
-                "signature": "sha256=<lowercase hex HMAC-SHA256 of the raw body, keyed with the secret> (X-Hub-Signature-256 is accepted too)",
-                "body": "{\"ref\": \"refs/heads/<branch>\", \"after\": \"<full commit id>\"}",
-                "delivery_header": "X-Cloudweb-Delivery",
+                secret,
+                signature_header: "X-Cloudweb-Signature".into(),
+                signature: "sha256=<lowercase hex HMAC-SHA256 of the raw body, keyed with the secret> (X-Hub-Signature-256 is accepted too)".into(),
+                body: "{\"ref\": \"refs/heads/<branch>\", \"after\": \"<full commit id>\"}".into(),
+                delivery_header: "X-Cloudweb-Delivery".into(),
             });
             Ok(view)
         }

@@ -31,7 +31,8 @@ use axum::Json;
 use base64::Engine;
 use rand::Rng;
 use serde::Deserialize;
-use serde_json::json;
+use cloudweb_api_types::git::{GitlabLoginView, GitlabUserView};
+use cloudweb_api_types::ErrorBody;
 use sha2::{Digest, Sha256};
 
 use super::gitlab::{self, GitLab};
@@ -67,7 +68,11 @@ fn random_url_safe(bytes: usize) -> String {
 }
 
 /// Sends the browser to GitLab's authorize endpoint.
-#[utoipa::path(get, path = "/api/auth/gitlab/login", tag = "git", security(()), responses((status = 302, description = "To GitLab's authorize page, with a one-use state and a PKCE S256 challenge; sets the cloudweb_gitlab_login cookie the callback checks"), (status = 404, description = "GitLab is not configured", body = crate::error::ErrorDoc)))]
+#[utoipa::path(get, path = "/api/auth/gitlab/login", operation_id = "auth_gitlab_login", tag = "git", security(()),
+    responses(
+        (status = 302, description = "To GitLab's authorize page, with a one-use state and a PKCE S256 challenge; sets the cloudweb_gitlab_login cookie the callback checks"),
+        (status = 404, description = "GitLab is not configured", body = ErrorBody),
+    ))]
 pub async fn login(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Result<Response, ApiError> {
     let settings = super::settings(&state).await?;
     let login_state = random_url_safe(32);
@@ -119,7 +124,7 @@ fn refusal(headers: &HeaderMap, status: StatusCode, message: &str) -> Response {
         );
         return (status, Html(page)).into_response();
     }
-    (status, Json(json!({ "error": message }))).into_response()
+    (status, Json(ErrorBody { error: message.to_string(), code: None })).into_response()
 }
 
 /// Whether the allow-list lets this GitLab user in: by username (or
@@ -130,7 +135,17 @@ pub fn allowed(user: &gitlab::GitlabUser, groups: &[String], allowed_users: &[St
     by_user || by_group
 }
 
-#[utoipa::path(get, path = "/api/auth/gitlab/callback", tag = "git", security(()), params(("code" = Option<String>, Query, description = "GitLab's authorization code"), ("state" = Option<String>, Query, description = "The login's state"), ("error" = Option<String>, Query, description = "GitLab's refusal")), responses((status = 303, description = "Logged in: session cookies set, to / (the dashboard)"), (status = 200, description = "Logged in (Accept: application/json): the session, cookies set", body = serde_json::Value), (status = 400, description = "Missing, unknown, expired or reused state, a state started in another browser (login cookie missing or wrong), or no code", body = crate::error::ErrorDoc), (status = 401, description = "GitLab refused the code (wrong PKCE verifier)", body = crate::error::ErrorDoc), (status = 403, description = "Not on the allow-list, or the linked user is disabled (an HTML page for a browser)", body = crate::error::ErrorDoc), (status = 409, description = "The browser is logged in as another user than the one this GitLab identity is linked to", body = crate::error::ErrorDoc), (status = 502, description = "GitLab failed", body = crate::error::ErrorDoc)))]
+#[utoipa::path(get, path = "/api/auth/gitlab/callback", operation_id = "auth_gitlab_callback", tag = "git", security(()),
+    params(("code" = Option<String>, Query, description = "GitLab's authorization code"), ("state" = Option<String>, Query, description = "The login's state"), ("error" = Option<String>, Query, description = "GitLab's refusal")),
+    responses(
+        (status = 303, description = "Logged in: session cookies set, to / (the dashboard)"),
+        (status = 200, description = "Logged in (Accept: application/json): the session, cookies set", body = GitlabLoginView),
+        (status = 400, description = "Missing, unknown, expired or reused state, a state started in another browser (login cookie missing or wrong), or no code", body = ErrorBody),
+        (status = 401, description = "GitLab refused the code (wrong PKCE verifier)", body = ErrorBody),
+        (status = 403, description = "Not on the allow-list, or the linked user is disabled (an HTML page for a browser)", body = ErrorBody),
+        (status = 409, description = "The browser is logged in as another user than the one this GitLab identity is linked to", body = ErrorBody),
+        (status = 502, description = "GitLab failed", body = ErrorBody),
+    ))]
 pub async fn callback(State(state): State<Arc<AppState>>, headers: HeaderMap, Query(query): Query<Callback>) -> Response {
     let mut response = match finish(&state, &headers, query).await {
         Ok(response) => response,
@@ -236,15 +251,15 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
     let session = crate::auth::sessions::start(state, &local.id).await?;
     tracing::info!(gitlab_user = user.id, username = %user.username, user = %local.name, "GitLab login");
     let mut response = if wants_json(headers) {
-        Json(json!({
-            "gitlab_user": { "id": user.id, "username": user.username, "name": user.name },
+        Json(GitlabLoginView {
+            gitlab_user: GitlabUserView { id: user.id, username: user.username.clone(), name: user.name.clone() },
             // Linked only by the GitLab user id, never by email.
-            "linked_user": local.id,
-            "user": crate::auth::routes::UserView::from(&local),
-            "csrf_token": session.csrf_token,
-            "expires_at": crate::clock::rfc3339_ms(session.expires_at),
-            "idle_timeout_seconds": state.config.auth.session_idle.as_secs(),
-        }))
+            linked_user: local.id.clone(),
+            user: crate::auth::routes::user_view(&local),
+            csrf_token: session.csrf_token.clone(),
+            expires_at: crate::clock::rfc3339_ms(session.expires_at),
+            idle_timeout_seconds: state.config.auth.session_idle.as_secs(),
+        })
         .into_response()
     } else {
         let mut response = StatusCode::SEE_OTHER.into_response();

@@ -27,7 +27,9 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use hmac::{Hmac, Mac};
-use serde_json::{json, Value};
+use cloudweb_api_types::git::{GenericPushEvent, GitlabPushEvent, WebhookAnswer, WebhookIgnored, WebhookQueued};
+use cloudweb_api_types::ErrorBody;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::ca::sha256_hex;
@@ -39,8 +41,8 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
 }
 
-fn ignored(reason: &str) -> (StatusCode, Json<Value>) {
-    (StatusCode::OK, Json(json!({ "ignored": reason })))
+fn ignored(reason: &str) -> (StatusCode, Json<WebhookAnswer>) {
+    (StatusCode::OK, Json(WebhookAnswer::Ignored(WebhookIgnored { ignored: reason.to_string(), deployment: None })))
 }
 
 /// A full commit id: 40 (SHA-1) or 64 (SHA-256) lowercase hex digits.
@@ -58,12 +60,12 @@ fn delivery_id(given: Option<&str>, body: &[u8]) -> Result<String, ApiError> {
 }
 
 /// Queues the deployment of `commit` once per delivery.
-async fn deploy_once(state: &AppState, app_name: &str, delivery: &str, commit: &str, received: std::time::Instant) -> Result<(StatusCode, Json<Value>), ApiError> {
+async fn deploy_once(state: &AppState, app_name: &str, delivery: &str, commit: &str, received: std::time::Instant) -> Result<(StatusCode, Json<WebhookAnswer>), ApiError> {
     let now = state.clock.now_ms();
     if !state.store.claim_webhook_delivery(app_name, delivery, now).await? {
         let deployment = state.store.webhook_delivery_deployment(app_name, delivery).await?;
         tracing::info!(app = %app_name, delivery, "ignored a redelivered webhook");
-        return Ok((StatusCode::OK, Json(json!({ "ignored": "redelivery", "deployment": deployment }))));
+        return Ok((StatusCode::OK, Json(WebhookAnswer::Ignored(WebhookIgnored { ignored: "redelivery".to_string(), deployment: Some(deployment) }))));
     }
     let app = match state.store.app(app_name).await? {
         Some(app) => app,
@@ -79,11 +81,22 @@ async fn deploy_once(state: &AppState, app_name: &str, delivery: &str, commit: &
     };
     state.store.set_webhook_delivery_deployment(app_name, delivery, &deployment.id).await?;
     tracing::info!(app = %app_name, deployment = %deployment.id, commit, delivery, queued_after_ms = received.elapsed().as_millis() as u64, "webhook push queued a deployment");
-    Ok((StatusCode::ACCEPTED, Json(json!({ "deployment": deployment.id, "commit": commit, "state": deployment.state }))))
+    Ok((StatusCode::ACCEPTED, Json(WebhookAnswer::Queued(WebhookQueued { deployment: deployment.id, commit: commit.to_string(), state: deployment.state }))))
 }
 
-#[utoipa::path(post, path = "/api/webhooks/gitlab", tag = "git", security(()), request_body(content = serde_json::Value, description = "GitLab's push event; X-Gitlab-Token authenticates it"), responses((status = 200, description = "Ignored (tag push, other branch, redelivery, not a push)", body = serde_json::Value), (status = 202, description = "One deployment of checkout_sha queued", body = serde_json::Value), (status = 400, description = "Malformed event", body = crate::error::ErrorDoc), (status = 401, description = "Missing, empty or wrong X-Gitlab-Token", body = crate::error::ErrorDoc), (status = 403, description = "The token belongs to another project", body = crate::error::ErrorDoc), (status = 413, description = "Body over 1 MiB", body = crate::error::ErrorDoc)))]
-pub async fn gitlab(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<Value>), ApiError> {
+#[utoipa::path(post, path = "/api/webhooks/gitlab", operation_id = "webhooks_gitlab", tag = "git", security(()),
+    params(("X-Gitlab-Token" = String, Header, description = "The secret the webhook was registered with")),
+    request_body(content = GitlabPushEvent, description = "GitLab's push event (other fields are ignored)"),
+    responses(
+        (status = 200, description = "Ignored (tag push, other branch, redelivery, not a push)", body = WebhookIgnored),
+        (status = 202, description = "One deployment of checkout_sha queued", body = WebhookQueued),
+        (status = 400, description = "Malformed event", body = ErrorBody),
+        (status = 401, description = "Missing, empty or wrong X-Gitlab-Token", body = ErrorBody),
+        (status = 403, description = "The token belongs to another project", body = ErrorBody),
+        (status = 404, description = "The app is gone", body = ErrorBody),
+        (status = 413, description = "Body over 1 MiB", body = ErrorBody),
+    ))]
+pub async fn gitlab(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<WebhookAnswer>), ApiError> {
     let received = std::time::Instant::now();
     let body = body_bytes(body)?;
     let Some(token) = header(&headers, "x-gitlab-token") else {
@@ -149,13 +162,23 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-#[utoipa::path(post, path = "/api/webhooks/generic/{app}", tag = "git", security(()), params(("app" = String, Path, description = "The app's name")), request_body(content = serde_json::Value, description = "{\"ref\": \"refs/heads/<branch>\", \"after\": \"<commit>\"}, signed in X-Cloudweb-Signature: sha256=<hex HMAC-SHA256 of the body>"), responses((status = 200, description = "Ignored (tag push, other branch, redelivery)", body = serde_json::Value), (status = 202, description = "One deployment queued", body = serde_json::Value), (status = 400, description = "Malformed body", body = crate::error::ErrorDoc), (status = 401, description = "Missing or wrong signature", body = crate::error::ErrorDoc), (status = 413, description = "Body over 1 MiB", body = crate::error::ErrorDoc)))]
+#[utoipa::path(post, path = "/api/webhooks/generic/{app}", operation_id = "webhooks_generic", tag = "git", security(()),
+    params(("app" = String, Path, description = "The app's name"), ("X-Cloudweb-Signature" = String, Header, description = "sha256=<hex HMAC-SHA256 of the raw body> (X-Hub-Signature-256 is accepted too)"), ("X-Cloudweb-Delivery" = Option<String>, Header, description = "A delivery id; a repeated one is ignored")),
+    request_body = GenericPushEvent,
+    responses(
+        (status = 200, description = "Ignored (tag push, other branch, redelivery)", body = WebhookIgnored),
+        (status = 202, description = "One deployment queued", body = WebhookQueued),
+        (status = 400, description = "Malformed body", body = ErrorBody),
+        (status = 401, description = "Missing or wrong signature", body = ErrorBody),
+        (status = 404, description = "No such app", body = ErrorBody),
+        (status = 413, description = "Body over 1 MiB", body = ErrorBody),
+    ))]
 pub async fn generic(
     State(state): State<Arc<AppState>>,
     Path(app_name): Path<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<WebhookAnswer>), ApiError> {
     let received = std::time::Instant::now();
     let body = body_bytes(body)?;
     let Some(signature) = header(&headers, "x-cloudweb-signature").or_else(|| header(&headers, "x-hub-signature-256")) else {

@@ -1,0 +1,131 @@
+//! `cloudweb nodes`: list, drain, undrain and remove nodes, and make a
+//! join token.
+
+use clap::Subcommand;
+use cloudweb_api_types::nodes::{JoinToken, NodeList, NodeView};
+use serde_json::json;
+
+use crate::client::{segment, Api};
+use crate::render::{self, cell, clean, table};
+use crate::Failure;
+
+#[derive(Subcommand)]
+pub enum NodesCommand {
+    /// Every node with its state and health (the default).
+    List,
+    /// Make a single-use join token and print the command to run on the
+    /// new node.
+    Token,
+    /// Stop placing instances on a node and move its instances away.
+    Drain { node: String },
+    /// Let a drained node take instances again.
+    Undrain { node: String },
+    /// Remove a node that runs nothing (`--force` for an unreachable node
+    /// whose instances then fail and start elsewhere).
+    Rm {
+        node: String,
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// A node given by id or name.
+async fn node_id(api: &Api, node: &str) -> Result<String, Failure> {
+    let list: NodeList = api.get("/api/nodes").await?;
+    if let Some(found) = list.nodes.iter().find(|n| n.id == node) {
+        return Ok(found.id.clone());
+    }
+    let named: Vec<&NodeView> = list.nodes.iter().filter(|n| n.name == node).collect();
+    match named.as_slice() {
+        [one] => Ok(one.id.clone()),
+        [] => Err(Failure::Action(format!("no node with the id or name {:?}", clean(node)))),
+        _ => Err(Failure::Action(format!("several nodes are named {:?}; give the id", clean(node)))),
+    }
+}
+
+fn node_rows(nodes: &[NodeView]) -> Vec<Vec<String>> {
+    nodes
+        .iter()
+        .map(|n| {
+            let sample = n.metrics.as_ref().and_then(|m| m.sample.node.as_ref());
+            let health = match &n.health_reason {
+                Some(reason) => format!("{} ({})", cell(&n.health), clean(reason)),
+                None => cell(&n.health),
+            };
+            vec![
+                cell(&n.name),
+                cell(&n.id),
+                cell(&n.state),
+                health,
+                cell(&n.mesh_address),
+                match sample.and_then(|s| s.cpu_pct) {
+                    Some(cpu) => format!("{cpu:.0}%"),
+                    None => "-".into(),
+                },
+                render::bytes(sample.and_then(|s| s.mem_used)),
+                cell(&n.version),
+                cell(&n.last_heartbeat),
+            ]
+        })
+        .collect()
+}
+
+const NODE_HEADER: [&str; 9] = ["NAME", "ID", "STATE", "HEALTH", "ADDRESS", "CPU", "MEMORY", "VERSION", "LAST HEARTBEAT"];
+
+pub async fn run(api: &Api, command: NodesCommand, json: bool) -> Result<(), Failure> {
+    match command {
+        NodesCommand::List => {
+            let list: NodeList = api.get("/api/nodes").await?;
+            if json {
+                render::json(&list.nodes);
+            } else {
+                table(&NODE_HEADER, &node_rows(&list.nodes));
+            }
+        }
+        NodesCommand::Token => {
+            let token: JoinToken = api.post("/api/join-tokens").await?;
+            if json {
+                render::json(&token);
+            } else {
+                println!("Run this on the new node (the token works once, until {}):", cell(&token.expires_at));
+                println!();
+                println!("  {}", cell(&token.command));
+            }
+        }
+        NodesCommand::Drain { node } => {
+            let id = node_id(api, &node).await?;
+            let view: NodeView = api.post(&format!("/api/nodes/{}/drain", segment(&id))).await?;
+            if json {
+                render::json(&view);
+            } else {
+                println!("node {} ({id}) is draining: its instances move to other nodes", cell(&view.name));
+                if !view.waiting.is_empty() {
+                    println!("these apps have nowhere to go yet:");
+                    for app in &view.waiting {
+                        println!("  {}: {}", cell(&app.app), cell(&app.reason));
+                    }
+                }
+            }
+        }
+        NodesCommand::Undrain { node } => {
+            let id = node_id(api, &node).await?;
+            let view: NodeView = api.post(&format!("/api/nodes/{}/undrain", segment(&id))).await?;
+            if json {
+                render::json(&view);
+            } else {
+                println!("node {} ({id}) takes new instances again", cell(&view.name));
+            }
+        }
+        NodesCommand::Rm { node, force } => {
+            let id = node_id(api, &node).await?;
+            let query = if force { "?force=1" } else { "" };
+            api.delete(&format!("/api/nodes/{}{query}", segment(&id))).await?;
+            if json {
+                render::json(&json!({"removed": id}));
+            } else {
+                println!("node {id} removed");
+            }
+        }
+    }
+    Ok(())
+}
