@@ -2,6 +2,11 @@
 //! loads or creates the cluster CA, and serves the agent listener and the
 //! user API until the returned [`RunningServer`] is dropped. `main.rs` only
 //! parses flags and calls it; tests call it in-process with their own clock.
+//!
+//! This crate only composes the layers below (`cloudweb-core`,
+//! `cloudweb-http`, `cloudweb-web`): it opens the state, binds the two
+//! listeners and spawns the long-lived tasks. It must never hold domain
+//! logic, SQL or route handlers of its own.
 
 // The layers below, under the paths the tests and tools have always
 // used (`cloudweb_server::config::Config`, `cloudweb_server::store`, ...).

@@ -4,6 +4,11 @@
 //!
 //! Every method that writes counts its commit in [`Store::commits`], which the
 //! heartbeat benchmark reads to prove heartbeats are persisted in batches.
+//!
+//! This crate is the bottom of the control plane (`cloudweb-store`): the
+//! state database, its migrations (`migrations/`) and the typed rows. It
+//! must never depend on the layers above it, decide anything (what a row
+//! means is the core's), speak HTTP or start tasks of its own.
 
 mod accounts;
 mod apps;
