@@ -423,7 +423,7 @@ mod tests {
         // The pages name keys as string literals `t("…")`; scan the sources
         // so a typo cannot render as a raw key.
         let keys: BTreeSet<&str> = EN.iter().map(|(k, _)| *k).collect();
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/web");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_none_or(|e| e != "rs") || path.ends_with("i18n.rs") {
