@@ -11,6 +11,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
 use maud::{html, Markup};
+use cloudweb_api_types::apps::{DeployRequest, DeploymentQueued, DomainList, EnvVars, RollbackRequest};
 use serde_json::{json, Map, Value};
 
 use super::layout::{self, Nav};
@@ -532,7 +533,7 @@ pub async fn set_env(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMa
             let key = form.get("name").map(|n| n.trim()).unwrap_or("");
             env.insert(key.to_string(), form.get("value").cloned().unwrap_or_default());
         }
-        let body = serde_json::to_string(&env).expect("strings serialize");
+        let body = serde_json::to_vec(&EnvVars(env)).expect("strings serialize");
         api::apps::set_env(State(ctx.state.clone()), Path(name.clone()), Ok(Bytes::from(body))).await
     }
     .await;
@@ -543,8 +544,8 @@ pub async fn set_domains(ctx: Ctx, Path(name): Path<String>, Form(form): Form<Ha
     if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
-    let domains = lines(form.get("domains").map(String::as_str).unwrap_or(""));
-    let body = serde_json::to_string(&domains).expect("strings serialize");
+    let domains = DomainList(lines(form.get("domains").map(String::as_str).unwrap_or("")));
+    let body = serde_json::to_vec(&domains).expect("strings serialize");
     let result = api::apps::set_domains(State(ctx.state.clone()), Path(name.clone()), Ok(Bytes::from(body))).await;
     ctx.outcome(result, &format!("/apps/{name}"))
 }
@@ -552,17 +553,18 @@ pub async fn set_domains(ctx: Ctx, Path(name): Path<String>, Form(form): Form<Ha
 /// The id of the deployment a deploy or rollback answer names.
 async fn created_id(response: Response) -> Option<String> {
     let bytes = axum::body::to_bytes(response.into_body(), 64 * 1024).await.ok()?;
-    let value: Value = serde_json::from_slice(&bytes).ok()?;
-    value.get("id").and_then(Value::as_str).map(str::to_string)
+    let queued: DeploymentQueued = serde_json::from_slice(&bytes).ok()?;
+    Some(queued.id)
 }
 
 pub async fn deploy(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
     if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
+    // No commit: no body at all (the branch's head), as before.
     let body = match non_empty(&form, "commit") {
-        Some(commit) => json!({ "commit": commit }).to_string(),
-        None => String::new(),
+        Some(commit) => serde_json::to_vec(&DeployRequest { commit: Some(commit.to_string()), keep_in_flight: false }).expect("strings serialize"),
+        None => Vec::new(),
     };
     match api::apps::deploy(State(ctx.state.clone()), Path(name.clone()), HeaderMap::new(), Ok(Bytes::from(body))).await {
         Ok(response) => match created_id(response).await {
@@ -577,7 +579,7 @@ pub async fn rollback(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashM
     if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
-    let body = json!({ "deployment_id": form.get("deployment_id").map(String::as_str).unwrap_or("") }).to_string();
+    let body = serde_json::to_vec(&RollbackRequest { deployment_id: form.get("deployment_id").cloned().unwrap_or_default() }).expect("strings serialize");
     match api::apps::rollback(State(ctx.state.clone()), Path(name.clone()), HeaderMap::new(), Ok(Bytes::from(body))).await {
         Ok(response) => match created_id(response).await {
             Some(id) => Redirect::to(&format!("/deployments/{id}")).into_response(),
