@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Form, Json};
 use futures_util::stream::{self, Stream};
 use maud::{html, Markup};
-use serde_json::Value;
+use cloudweb_api_types::nodes::{JoinToken, NodeList, NodeView};
 
 use super::format;
 use super::i18n::Lang;
@@ -24,9 +24,8 @@ use crate::error::ApiError;
 use crate::AppState;
 
 /// The nodes as the API shows them, with their active instance counts.
-async fn load(state: &Arc<AppState>) -> Result<(Vec<Value>, HashMap<String, usize>), ApiError> {
-    let Json(list) = api::nodes::list(State(state.clone())).await?;
-    let nodes = list.nodes.iter().map(|node| serde_json::to_value(node).unwrap_or(Value::Null)).collect();
+async fn load(state: &Arc<AppState>) -> Result<(Vec<NodeView>, HashMap<String, usize>), ApiError> {
+    let Json(NodeList { nodes }) = api::nodes::list(State(state.clone())).await?;
     let mut instances: HashMap<String, usize> = HashMap::new();
     for instance in state.store.active_instances().await? {
         if let Some(node) = instance.node_id {
@@ -63,42 +62,41 @@ fn used_of(used: Option<u64>, total: Option<u64>) -> String {
 
 /// The table body: one row per node (and a row of apps a drain could not
 /// move, under its node).
-pub fn rows(lang: Lang, nodes: &[Value], instances: &HashMap<String, usize>, now_ms: i64) -> Markup {
-    let text = |node: &Value, key: &str| node.get(key).and_then(Value::as_str).unwrap_or("").to_string();
+pub fn rows(lang: Lang, nodes: &[NodeView], instances: &HashMap<String, usize>, now_ms: i64) -> Markup {
     html! {
         @for node in nodes {
-            @let id = text(node, "id");
-            @let state = text(node, "state");
-            @let health = text(node, "health");
-            @let sample = node.pointer("/metrics/sample/node");
-            @let cpu = sample.and_then(|s| s.get("cpu_pct")).and_then(Value::as_f64);
-            @let cores = node.pointer("/capacity/cpu_cores").and_then(Value::as_f64);
-            @let mem = sample.and_then(|s| s.get("mem_used")).and_then(Value::as_u64);
-            @let mem_total = node.pointer("/capacity/mem_bytes").and_then(Value::as_u64);
-            @let disk = sample.and_then(|s| s.get("disk_used")).and_then(Value::as_u64);
-            @let disk_total = node.pointer("/capacity/disk_bytes").and_then(Value::as_u64);
-            @let mesh = node.pointer("/health_report/mesh");
-            @let heartbeat = node.get("last_heartbeat").and_then(Value::as_str).and_then(crate::clock::parse_rfc3339_ms);
+            @let id = &node.id;
+            @let state = &node.state;
+            @let health = &node.health;
+            @let sample = node.metrics.as_ref().and_then(|m| m.sample.node.as_ref());
+            @let cpu = sample.and_then(|s| s.cpu_pct);
+            @let cores = node.capacity.map(|c| c.cpu_cores);
+            @let mem = sample.and_then(|s| s.mem_used);
+            @let mem_total = node.capacity.map(|c| c.mem_bytes);
+            @let disk = sample.and_then(|s| s.disk_used);
+            @let disk_total = node.capacity.map(|c| c.disk_bytes);
+            @let mesh = node.health_report.as_ref().and_then(|h| h.mesh.as_ref());
+            @let heartbeat = node.last_heartbeat.as_deref().and_then(crate::clock::parse_rfc3339_ms);
             tr data-node=(id) data-state=(state) data-health=(health) {
-                th scope="row" { (text(node, "name")) @if node.get("ingress").and_then(Value::as_bool) == Some(true) { " " small.tag { (lang.t("nodes.ingress")) } } }
-                td { code { (text(node, "mesh_address")) } br; small { (text(node, "hostname")) } }
-                td { span class=(format!("badge {state}")) { (lang.t(state_key(&state))) } }
+                th scope="row" { (node.name) @if node.ingress { " " small.tag { (lang.t("nodes.ingress")) } } }
+                td { code { (node.mesh_address) } br; small { (node.hostname) } }
+                td { span class=(format!("badge {state}")) { (lang.t(state_key(state))) } }
                 td.num { @match cpu { Some(cpu) => { (format!("{cpu:.0}%")) }, None => { "–" } } @if let Some(cores) = cores { br; small { (cores) " " (lang.t("nodes.cores")) } } }
                 td.num { (used_of(mem, mem_total)) }
                 td.num { (used_of(disk, disk_total)) }
-                td.num { (instances.get(&id).copied().unwrap_or(0)) }
+                td.num { (instances.get(id).copied().unwrap_or(0)) }
                 td {
-                    span class=(format!("badge {health}")) { (lang.t(health_key(&health))) }
-                    @if let Some(reason) = node.get("health_reason").and_then(Value::as_str) { " (" (reason) ")" }
+                    span class=(format!("badge {health}")) { (lang.t(health_key(health))) }
+                    @if let Some(reason) = &node.health_reason { " (" (reason) ")" }
                     @if let Some(mesh) = mesh {
                         " · " (lang.t("health.mesh")) " "
-                        (mesh.get("connected").and_then(Value::as_u64).unwrap_or(0)) "/" (mesh.get("peers").and_then(Value::as_u64).unwrap_or(0))
+                        (mesh.connected) "/" (mesh.peers)
                     }
                 }
-                td { (node.get("version").and_then(Value::as_str).unwrap_or("–")) }
+                td { (node.version.as_deref().unwrap_or("–")) }
                 td {
                     @match heartbeat {
-                        Some(at) => { time datetime=(text(node, "last_heartbeat")) title=(format::datetime(at)) { (lang.t("nodes.ago").replace("{age}", &format::age(now_ms - at))) } },
+                        Some(at) => { time datetime=(node.last_heartbeat.as_deref().unwrap_or("")) title=(format::datetime(at)) { (lang.t("nodes.ago").replace("{age}", &format::age(now_ms - at))) } },
                         None => { (lang.t("nodes.never")) },
                     }
                 }
@@ -112,13 +110,13 @@ pub fn rows(lang: Lang, nodes: &[Value], instances: &HashMap<String, usize>, now
                     a.button.danger href=(format!("/nodes/{id}/remove")) { (lang.t("nodes.remove")) }
                 }
             }
-            @if let Some(waiting) = node.get("waiting").and_then(Value::as_array).filter(|w| !w.is_empty()) {
+            @if !node.waiting.is_empty() {
                 tr.waiting {
                     td colspan="11" {
                         (lang.t("nodes.waiting")) " "
-                        @for (i, entry) in waiting.iter().enumerate() {
+                        @for (i, entry) in node.waiting.iter().enumerate() {
                             @if i > 0 { "; " }
-                            strong { (entry.get("app").and_then(Value::as_str).unwrap_or("")) } ": " (entry.get("reason").and_then(Value::as_str).unwrap_or(""))
+                            strong { (entry.app) } ": " (entry.reason)
                         }
                     }
                 }
@@ -201,11 +199,7 @@ pub async fn join_token(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> 
         return refused;
     }
     match api::join_tokens::create(State(ctx.state.clone())).await {
-        Ok((_, Json(created))) => {
-            let created = serde_json::to_value(created).unwrap_or(Value::Null);
-            let field = |k: &str| created.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-            ctx.flash(Flash::JoinCommand { command: field("command"), expires_at: field("expires_at") });
-        }
+        Ok((_, Json(JoinToken { command, expires_at, .. }))) => ctx.flash(Flash::JoinCommand { command, expires_at }),
         Err(err) => ctx.flash(Flash::Error(error_text(&err))),
     }
     Redirect::to("/nodes#join").into_response()
@@ -245,22 +239,15 @@ pub async fn act(ctx: Ctx, Path((id, action)): Path<(String, String)>, Form(form
     }
     let state = State(ctx.state.clone());
     let result = match action.as_str() {
-        "drain" => api::nodes::drain(state, Path(id.clone())).await.map(|Json(view)| serde_json::to_value(view).unwrap_or(Value::Null)),
-        "undrain" => api::nodes::undrain(state, Path(id.clone())).await.map(|_| Value::Null),
+        "drain" => api::nodes::drain(state, Path(id.clone())).await.map(|Json(view)| view.waiting),
+        "undrain" => api::nodes::undrain(state, Path(id.clone())).await.map(|_| Vec::new()),
         "remove" => {
             let force = form.get("force").map(|f| f == "1").unwrap_or(false);
-            api::nodes::remove(state, Path(id.clone()), Query(api::nodes::RemoveQuery::new(force))).await.map(|_| Value::Null)
+            api::nodes::remove(state, Path(id.clone()), Query(api::nodes::RemoveQuery::new(force))).await.map(|_| Vec::new())
         }
         _ => return super::not_found(&ctx),
     };
-    let waiting: Vec<(String, String)> = result
-        .as_ref()
-        .ok()
-        .and_then(|view| view.get("waiting").and_then(Value::as_array).cloned())
-        .unwrap_or_default()
-        .iter()
-        .map(|w| (w.get("app").and_then(Value::as_str).unwrap_or("").to_string(), w.get("reason").and_then(Value::as_str).unwrap_or("").to_string()))
-        .collect();
+    let waiting: Vec<(String, String)> = result.as_ref().map(|waiting| waiting.iter().map(|w| (w.app.clone(), w.reason.clone())).collect()).unwrap_or_default();
     if !waiting.is_empty() {
         ctx.flash(Flash::Waiting(waiting));
         return Redirect::to("/nodes").into_response();
