@@ -189,6 +189,13 @@ fn build_settings(form: &HashMap<String, String>) -> Map<String, Value> {
 }
 
 /// The API's create request from the form's fields.
+///
+/// Still a JSON map, not `cloudweb_api_types::apps::CreateApp` (issue 19):
+/// the type cannot say what this body says. It always sends `domains`
+/// (`[]` when the form has none, where this leaves the field out), it
+/// drops an empty `repo_url` (this sends `""` when no GitLab project is
+/// chosen), and its `strategy` and `build.spa` are enums, where the form
+/// may post any string and the handler's own parse error names it.
 fn create_request(form: &HashMap<String, String>) -> Result<Value, ApiError> {
     let number = |key: &str| -> Result<Option<f64>, ApiError> {
         non_empty(form, key).map(|v| v.parse::<f64>().map_err(|_| ApiError::BadRequest(format!("invalid {key}: not a number")))).transpose()
@@ -440,6 +447,13 @@ fn strategy_key(strategy: &str) -> &'static str {
 
 /// The API's `PATCH` request from the settings form: every field is sent,
 /// an empty CPU, memory or build field as `null` (the default).
+///
+/// Still a JSON map, not `cloudweb_api_types::apps::AppPatch` (issue 19):
+/// the form may post a `strategy` or `spa` outside the enums (an empty
+/// `strategy` when the field is missing) and whole numbers beyond `u16` or
+/// `u32`, which this hands on for the handler to refuse with its own
+/// message (the JSON parse error, with its position); the type cannot
+/// hold those values, so typing the body would change the message.
 fn settings_request(form: &HashMap<String, String>) -> Result<Value, ApiError> {
     let whole = |key: &str| -> Result<Value, ApiError> {
         non_empty(form, key)
