@@ -25,9 +25,19 @@ def op_anchor(method, path):
     return "op-" + re.sub(r"[^a-z0-9]+", "-", f"{method} {path}".lower()).strip("-")
 
 
+def prose(text):
+    """Text from the document as Markdown prose: `<` and `>` outside code
+    spans are escaped, so a placeholder such as <hex> is not read as an
+    HTML tag."""
+    parts = str(text).split("`")
+    for i in range(0, len(parts), 2):
+        parts[i] = parts[i].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
+
+
 def cell(text):
     """Text fit for one table cell: one line, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    return prose(" ".join(str(text).split())).replace("|", "\\|")
 
 
 def type_of(schema):
@@ -123,7 +133,7 @@ def main():
                 say("")
             description = op.get("description", "").strip()
             if description and description != op.get("summary", "").strip():
-                say(description)
+                say(prose(description))
                 say("")
             say(f"- operationId: `{op.get('operationId', '')}`")
             params = shared + op.get("parameters", [])
@@ -167,7 +177,7 @@ def main():
         say(f'### {name} {{#{anchor(name)}}}')
         say("")
         if schema.get("description"):
-            say(schema["description"].strip())
+            say(prose(schema["description"].strip()))
             say("")
         props = schema.get("properties")
         if props:
