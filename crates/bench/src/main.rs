@@ -1,5 +1,6 @@
 //! `cloudweb-bench`: benchmarks that start the real binaries and print
-//! figures. Build with `--release`; see the README for the targets.
+//! figures. Build with `--release`; docs/src/operations/benchmarks.md has
+//! the targets.
 //! `heartbeats` measures the agent protocol under load; `deploy` measures
 //! the time from a deploy request to a running instance; `ingress` measures
 //! route changes, blue/green switches and the latency Caddy adds; `mesh`

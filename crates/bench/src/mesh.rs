@@ -402,7 +402,7 @@ fn measure(args: Args) -> Result<Vec<Target>> {
     }
     // Issue 13: userspace WireGuard at least 0.5 of the plain path's
     // throughput on this machine (not met with Debian 12's wireguard-go;
-    // the README says why).
+    // docs/src/operations/benchmarks.md says why).
     let userspace = figures.iter().find(|(name, ..)| name == "userspace").map(|(_, rate, _)| rate / plain_rate);
     let targets = vec![Target::new("userspace WireGuard throughput / plain", Cmp::AtLeast, 0.5, "", userspace)];
     // Only the tunnels use UDP here. wireguard-go 0.0.20220316 leaves its

@@ -12,7 +12,8 @@
 //!   shared address ranges (`DOCKER-USER`, else `FORWARD`).
 //!
 //! Builds keep the internet (package registries). Without `iptables` the
-//! rules are missing and that is logged; the README lists the gap.
+//! rules are missing and that is logged; docs/src/guide/builds.md ("What
+//! builds can reach") lists the gap.
 
 use std::process::Stdio;
 

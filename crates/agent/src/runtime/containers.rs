@@ -254,7 +254,7 @@ pub struct CaddyContainer {
 
 pub const LABEL_ROLE: &str = "cloudweb.role";
 /// The bridge network every build step and `docker build` runs on, apart
-/// from app containers (see the README on what builds can reach).
+/// from app containers (see "What builds can reach" in docs/src/guide/builds.md).
 pub const BUILD_NETWORK: &str = "cloudweb-build";
 /// Its bridge interface on the host.
 pub const BUILD_BRIDGE: &str = "cw-build0";
