@@ -217,6 +217,47 @@ async fn images_of_superseded_deployments_are_pruned_from_the_node() {
     server.call(Method::DELETE, &format!("/api/apps/{name}"), None).await.unwrap();
 }
 
+/// The images an unfinished build's steps made: the classic builder keeps
+/// one per finished step, and a failed (or cancelled, or timed out) build
+/// would leave them on the node as untagged images, a few each time. The
+/// agent removes them; the base image stays.
+#[tokio::test]
+async fn a_failed_build_leaves_no_step_image_behind() {
+    let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
+    let agent = ready_agent(&server, &tmp.path().join("node"), "stepper", &AGENT_FLAGS).await;
+    let name = unique_name("steps");
+    // Unique step contents, so no other build shares these steps' cache.
+    let dockerfile = format!("FROM cloudweb-test/busybox:latest\nRUN echo {name} > /one\nRUN echo two > /two\nRUN exit 7\n");
+    git.commit(&name, &[("Dockerfile", dockerfile.as_str())], "fails at its third step").unwrap();
+    let (status, app) = server.call(Method::POST, "/api/apps", Some(json!({"name": name, "repo_url": git.url(&name), "port": 8080}))).await.unwrap();
+    assert_eq!(status, 201, "{app}");
+    let (_, d) = server.call(Method::POST, &format!("/api/apps/{name}/deploy"), None).await.unwrap();
+    let id = d["id"].as_str().unwrap().to_string();
+    let failed = wait_for(Duration::from_secs(120), "the build to fail", || async {
+        let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        (d["state"] == "failed").then_some(d)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
+    assert!(failed["error"].as_str().unwrap_or_default().contains("returned a non-zero code: 7"), "{failed}");
+    let logs = server.http.get(server.api(&format!("/api/deployments/{id}/logs"))).bearer_auth(&server.admin_token).send().await.unwrap().text().await.unwrap();
+    // ` ---> <id>` after each step; the first is FROM's, the base image.
+    let steps: Vec<String> = logs
+        .lines()
+        .filter_map(|l| l.split("---> ").nth(1))
+        .filter(|rest| rest.len() > 12 && !rest.as_bytes()[12].is_ascii_hexdigit())
+        .map(|rest| rest[..12].to_string())
+        .filter(|id| id.bytes().all(|b| b.is_ascii_hexdigit()))
+        .collect();
+    assert!(steps.len() >= 3, "the base and two finished steps: {steps:?}\n{logs}");
+    let exists = |id: &str| std::process::Command::new("docker").args(["image", "inspect", id]).output().unwrap().status.success();
+    wait_for(Duration::from_secs(20), "the step images to be removed", || async { steps[1..].iter().all(|id| !exists(id)).then_some(()) })
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {steps:?}\n{}", agent.log_text()));
+    assert!(exists(&steps[0]), "the base image stays");
+    server.call(Method::DELETE, &format!("/api/apps/{name}"), None).await.unwrap();
+}
+
 /// Issue 31 item 1 (the tests' part). A test cluster that built and pushed
 /// an image leaves, once its control plane and agent are dropped, no image
 /// of its own and no `/etc/docker/certs.d` entry for its registry.

@@ -69,6 +69,50 @@ pub fn is_transient_registry_error(err: &RuntimeError) -> bool {
     connection || eof || unavailable
 }
 
+/// The image a build step made, from the classic builder's ` ---> <id>`
+/// line (not ` ---> Running in <container>` or ` ---> Using cache`).
+fn step_image(line: &str) -> Option<&str> {
+    let id = line.trim().strip_prefix("---> ")?.trim();
+    (id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())).then_some(id)
+}
+
+/// The last step image of a build in progress. The classic builder keeps
+/// the image of every finished step; when the build fails, times out or
+/// is cancelled (its future dropped: a newer deploy, a stop), nothing
+/// names them any more and they would pile up on the node as untagged
+/// images. Dropped before the build completed, this removes the last one
+/// unless something tagged it, which also removes its untagged parents
+/// (the engine stops at an image that is tagged or has other children, so
+/// shared cache and base images stay). A killed agent cannot do this; the
+/// engine's `docker image prune` removes what such a build left.
+struct StepImages {
+    docker: bollard::Docker,
+    last: Option<String>,
+    done: bool,
+}
+
+impl Drop for StepImages {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let (Some(id), Ok(runtime)) = (self.last.take(), tokio::runtime::Handle::try_current()) else { return };
+        let docker = self.docker.clone();
+        runtime.spawn(async move {
+            let Ok(image) = docker.inspect_image(&id).await else { return };
+            let tagged = image.repo_tags.as_ref().is_some_and(|tags| tags.iter().any(|t| t != "<none>:<none>"));
+            if tagged {
+                return;
+            }
+            match docker.remove_image(&id, None::<bollard::query_parameters::RemoveImageOptions>, None).await {
+                Ok(_) => tracing::debug!(image = %id, "removed the step images of an unfinished build"),
+                // Still the parent of another image (a later build's cache).
+                Err(err) => tracing::debug!(image = %id, error = %err, "kept the step images of an unfinished build"),
+            }
+        });
+    }
+}
+
 /// Splits `repo:tag` (the tag after the last ':' that follows the last '/').
 fn split_reference(image: &str) -> (&str, &str) {
     match image.rfind(':') {
@@ -95,6 +139,9 @@ impl DockerRuntime {
         labels.insert(LABEL_BUILT_BY, &self.node_id);
         let options = BuildImageOptionsBuilder::new().t(tag).rm(true).forcerm(true).networkmode(&network).labels(&labels).build();
         let mut stream = docker.build_image(options, None, Some(bollard::body_full(Bytes::from(context))));
+        // Until the build completes, the images of its finished steps are
+        // removed when it ends in any other way (see `StepImages`).
+        let mut steps = StepImages { docker: docker.clone(), last: None, done: false };
         while let Some(item) = stream.next().await {
             let info = item?;
             if let Some(error) = info.error.or(info.error_detail.and_then(|d| d.message)) {
@@ -103,10 +150,14 @@ impl DockerRuntime {
             }
             if let Some(text) = info.stream {
                 for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                    if let Some(id) = step_image(line) {
+                        steps.last = Some(id.to_string());
+                    }
                     log(line.to_string());
                 }
             }
         }
+        steps.done = true;
         Ok(())
     }
 
@@ -181,6 +232,15 @@ impl DockerRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn step_images_are_read_from_the_classic_builders_lines() {
+        assert_eq!(step_image(" ---> 486cf7b7e8f2"), Some("486cf7b7e8f2"));
+        assert_eq!(step_image("---> 486cf7b7e8f2\n"), Some("486cf7b7e8f2"));
+        for other in [" ---> Running in 4ddad2ae8e2c", " ---> Using cache", "Step 2/4 : RUN echo", " ---> 486CF7B7E8F2", " ---> 486cf7b7e8f"] {
+            assert_eq!(step_image(other), None, "{other:?}");
+        }
+    }
 
     #[test]
     fn registry_errors_that_pass_are_told_from_those_that_do_not() {
