@@ -452,7 +452,9 @@ if [ ! -f "$agent_dir/node.json" ]; then
     ingress=(--ingress)
     [ "$no_ingress" = 1 ] && ingress=()
     endpoint=()
-    [ "$mesh" = off ] || endpoint=(--endpoint "$host_address:$mesh_port")
+    # A loopback address is no endpoint for other nodes (the control plane
+    # refuses it); a host without another address joins without one.
+    case "$host_address" in 127.*|::1) ;; *) [ "$mesh" = off ] || endpoint=(--endpoint "$host_address:$mesh_port") ;; esac
     CLOUDWEB_JOIN_TOKEN=$token "$agent_bin" --data-dir "$agent_dir" join \
         --server "https://127.0.0.1:$agent_port" --ca-sha256 "$ca_sha256" "${ingress[@]}" "${endpoint[@]}" --name "${name:-node-1}"
 fi

@@ -36,13 +36,16 @@ bash scripts/images.sh
 # here; the runner hides a passing test's output, so it is printed at the end.
 CLOUDWEB_FAULT_SUMMARY=$(mktemp)
 export CLOUDWEB_FAULT_SUMMARY
+# The same for the security suite (crates/e2e/tests/security.rs).
+CLOUDWEB_SECURITY_SUMMARY=$(mktemp)
+export CLOUDWEB_SECURITY_SUMMARY
 # The same for the compatibility matrix that ran.
 CLOUDWEB_COMPAT_SUMMARY=$(mktemp)
 export CLOUDWEB_COMPAT_SUMMARY
 # In a full run: what the host's Docker holds now (certs.d entries, images,
 # containers), which it must hold again at the end (scripts/docker-leftovers.sh).
 docker_before=$(mktemp)
-trap 'rm -f "$CLOUDWEB_FAULT_SUMMARY" "$CLOUDWEB_COMPAT_SUMMARY" "$docker_before"' EXIT
+trap 'rm -f "$CLOUDWEB_FAULT_SUMMARY" "$CLOUDWEB_SECURITY_SUMMARY" "$CLOUDWEB_COMPAT_SUMMARY" "$docker_before"' EXIT
 if [ $# -eq 0 ]; then
     bash scripts/docker-leftovers.sh list > "$docker_before"
 fi
@@ -91,5 +94,9 @@ fi
 if [ -s "$CLOUDWEB_FAULT_SUMMARY" ]; then
     echo "fault suite summary:"
     cat "$CLOUDWEB_FAULT_SUMMARY"
+fi
+if [ -s "$CLOUDWEB_SECURITY_SUMMARY" ]; then
+    echo "security suite summary:"
+    sort "$CLOUDWEB_SECURITY_SUMMARY"
 fi
 exit "$status"

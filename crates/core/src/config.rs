@@ -60,6 +60,8 @@ pub struct Config {
     pub listener_cert_lifetime: Duration,
     /// Session lifetimes and login limits.
     pub auth: crate::auth::AuthSettings,
+    /// Which WireGuard endpoints nodes may announce.
+    pub mesh_endpoints: crate::mesh_endpoint::EndpointPolicy,
 }
 
 impl Config {
@@ -90,6 +92,7 @@ impl Config {
             node_cert_lifetime: Duration::from_secs(365 * 24 * 3600),
             listener_cert_lifetime: Duration::from_secs(365 * 24 * 3600),
             auth: crate::auth::AuthSettings::default(),
+            mesh_endpoints: Default::default(),
         }
     }
 }

@@ -29,6 +29,7 @@ pub mod heartbeats;
 pub mod hub;
 pub mod listener_cert;
 pub mod live;
+pub mod mesh_endpoint;
 pub mod mesh_peers;
 pub mod registry;
 pub mod registry_credentials;

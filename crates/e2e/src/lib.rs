@@ -648,10 +648,20 @@ pub async fn start_platform_with(server_program: &Path, extra: &[&str]) -> Resul
 /// once every test has run, since the runner hides a passing test's output),
 /// else `fault-summary.txt` beside the binaries.
 pub fn fault_summary(line: &str) {
+    summary_line("CLOUDWEB_FAULT_SUMMARY", "fault-summary.txt", &format!("fault: {line}"));
+}
+
+/// The same for the security suite (`crates/e2e/tests/security.rs`): one
+/// line per finding it checks, in `CLOUDWEB_SECURITY_SUMMARY`.
+pub fn security_summary(finding: &str, line: &str) {
+    summary_line("CLOUDWEB_SECURITY_SUMMARY", "security-summary.txt", &format!("security: {finding}: {line}"));
+}
+
+fn summary_line(variable: &str, fallback: &str, line: &str) {
     use std::io::Write;
-    let path = std::env::var_os("CLOUDWEB_FAULT_SUMMARY").map(PathBuf::from).unwrap_or_else(|| bin_dir().join("fault-summary.txt"));
-    println!("fault: {line}");
+    let path = std::env::var_os(variable).map(PathBuf::from).unwrap_or_else(|| bin_dir().join(fallback));
+    println!("{line}");
     if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(&path) {
-        let _ = writeln!(file, "fault: {line}");
+        let _ = writeln!(file, "{line}");
     }
 }

@@ -11,7 +11,7 @@
 // The layers below, under the paths the tests and tools have always
 // used (`cloudweb_server::config::Config`, `cloudweb_server::store`, ...).
 pub use cloudweb_core::{
-    acme, ca, clock, config, deploy, deployment_state, heartbeats, hub, live, registry,
+    acme, ca, clock, config, deploy, deployment_state, heartbeats, hub, live, mesh_endpoint, registry,
     registry_credentials, routes, runtime_logs, secrets, store, AppState, ADMIN_TOKEN_FILE,
 };
 pub use cloudweb_http::{agent_api, api, auth, error, git};

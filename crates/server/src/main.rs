@@ -182,6 +182,15 @@ struct ServeArgs {
     login_attempts_per_account: u32,
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     login_attempts_per_address: u32,
+    /// Allow nodes to announce this exact WireGuard endpoint (repeatable),
+    /// although it is loopback, link-local, in the mesh range or on a port
+    /// below 1024, which are refused otherwise.
+    #[arg(long = "mesh-allow-endpoint", value_name = "HOST:PORT", value_parser = parse_mesh_endpoint)]
+    mesh_allow_endpoint: Vec<String>,
+    /// Accept host names as node endpoints (each peer resolves them);
+    /// without it, nodes announce IP addresses only.
+    #[arg(long)]
+    mesh_endpoint_names: bool,
     /// The window of those limits, in seconds.
     #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     login_window_seconds: u64,
@@ -272,6 +281,10 @@ fn real_main() -> anyhow::Result<()> {
                 ..Limits::default()
             },
         },
+        mesh_endpoints: cloudweb_server::mesh_endpoint::EndpointPolicy {
+            allowed: args.mesh_allow_endpoint,
+            names: args.mesh_endpoint_names,
+        },
         allow_private_git_hosts: args.allow_private_git_hosts,
         allowed_git_hosts: args.allow_git_host,
         public_api_url: match args.public_api_url {
@@ -353,6 +366,11 @@ fn parse_protocol_range(value: &str) -> Result<SupportedRange, String> {
 }
 
 /// `host:port` with a host name or IP address (IPv6 in brackets) and a port.
+fn parse_mesh_endpoint(value: &str) -> Result<String, String> {
+    cloudweb_protocol::validate::endpoint("--mesh-allow-endpoint", value).map_err(|e| e.to_string())?;
+    Ok(value.to_string())
+}
+
 fn parse_git_host(value: &str) -> Result<String, String> {
     let (host, port) = value.rsplit_once(':').ok_or("expected HOST:PORT")?;
     port.parse::<u16>().ok().filter(|p| *p != 0).ok_or("the port must be 1 to 65535")?;

@@ -124,6 +124,10 @@ pub enum JoinRefusal {
     MeshFull,
     /// A re-join named a node that is not registered.
     NoSuchNode,
+    /// Another node already uses the WireGuard public key the join sent:
+    /// two peers under one key would make every other node route one's
+    /// traffic to the other.
+    KeyTaken,
 }
 
 /// Highest usable index in 10.77.0.0/16 (10.77.255.254).
@@ -154,6 +158,9 @@ impl Store {
             .get::<i64, _>("n");
         if taken > 0 {
             return Ok(Err(JoinRefusal::NameTaken));
+        }
+        if Self::key_taken(&mut tx, node.wireguard_public_key.as_deref(), &node.id).await? {
+            return Ok(Err(JoinRefusal::KeyTaken));
         }
         if !Self::spend_token(&mut tx, token_digest, &node.id, answer, now_ms).await? {
             return Ok(Err(JoinRefusal::Token(TokenRejection::AlreadyUsed)));
@@ -223,6 +230,22 @@ impl Store {
         })
     }
 
+    /// Whether a node other than `node_id` has WireGuard public key `key`.
+    async fn key_taken(
+        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        key: Option<&str>,
+        node_id: &str,
+    ) -> Result<bool, StoreError> {
+        let Some(key) = key else { return Ok(false) };
+        let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM nodes WHERE wireguard_public_key = $1 AND id <> $2")
+            .bind(key)
+            .bind(node_id)
+            .fetch_one(&mut **tx)
+            .await?
+            .get("n");
+        Ok(n > 0)
+    }
+
     /// Marks the token used by `node_id` with the answer it got; false when
     /// another request spent it first.
     async fn spend_token(
@@ -260,6 +283,9 @@ impl Store {
         let mut tx = self.write_transaction().await?;
         if let Some(rejection) = Self::token_rejection(&mut tx, token_digest, now_ms).await? {
             return Ok(Err(JoinRefusal::Token(rejection)));
+        }
+        if Self::key_taken(&mut tx, node.wireguard_public_key.as_deref(), &node.id).await? {
+            return Ok(Err(JoinRefusal::KeyTaken));
         }
         let updated = sqlx::query(
             "UPDATE nodes SET replaced_cert_sha256 = cert_sha256, cert_sha256 = $1, cert_not_after = $2, \

@@ -294,18 +294,38 @@ async fn logout(ctx: Ctx, headers: HeaderMap, Form(form): Form<HashMap<String, S
 }
 
 /// Remembers the chosen language in a cookie and goes back to the page
-/// the switch was on (a local path only).
-async fn switch_language(Form(form): Form<HashMap<String, String>>) -> Response {
+/// the switch was on (a local path only). Like every form it is refused
+/// from another site.
+async fn switch_language(headers: HeaderMap, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Err(err) = auth::guard::same_origin(&headers) {
+        return err.into_response();
+    }
     let lang = form.get("lang").and_then(|l| Lang::parse(l)).unwrap_or(Lang::En);
-    let back = form
-        .get("back")
-        .filter(|b| b.starts_with('/') && !b.starts_with("//") && !b.contains('\\') && b.len() < 512)
-        .map(String::as_str)
-        .unwrap_or("/nodes");
-    let mut response = Redirect::to(back).into_response();
+    let back = form.get("back").and_then(|b| local_path(b)).unwrap_or_else(|| "/nodes".to_string());
+    let mut response = Redirect::to(&back).into_response();
     let cookie = format!("{LANG_COOKIE}={}; Path=/; SameSite=Lax; Max-Age=31536000", lang.code());
     response.headers_mut().insert(header::SET_COOKIE, HeaderValue::from_str(&cookie).expect("ascii cookie"));
     response
+}
+
+/// `back` as a path on this site (path and query, percent-encoded by the
+/// URL parser), or `None` for anything a browser could read as another
+/// site: a scheme, `//host`, a backslash, or a control character anywhere
+/// (browsers drop tabs and newlines, so `/\t/evil.example/` is
+/// `//evil.example/` to them).
+fn local_path(back: &str) -> Option<String> {
+    if back.len() >= 512 || !back.starts_with('/') || back.starts_with("//") || back.contains('\\') || back.chars().any(char::is_control) {
+        return None;
+    }
+    let base = url::Url::parse("http://this.invalid/").expect("literal base URL");
+    let joined = base.join(back).ok()?;
+    if joined.origin() != base.origin() || joined.path().starts_with("//") {
+        return None;
+    }
+    Some(match joined.query() {
+        Some(query) => format!("{}?{query}", joined.path()),
+        None => joined.path().to_string(),
+    })
 }
 
 /// A page for a missing thing.
@@ -316,4 +336,19 @@ pub fn not_found(ctx: &Ctx) -> Response {
 /// A hidden CSRF field for a form.
 pub fn csrf_field(ctx: &Ctx) -> Markup {
     html! { input type="hidden" name=(sessions::CSRF_FIELD) value=(ctx.csrf); }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_path;
+
+    #[test]
+    fn the_language_switch_goes_back_only_to_a_local_path() {
+        assert_eq!(local_path("/apps").as_deref(), Some("/apps"));
+        assert_eq!(local_path("/apps/web?tab=logs").as_deref(), Some("/apps/web?tab=logs"));
+        assert_eq!(local_path("/apps/ü").as_deref(), Some("/apps/%C3%BC"));
+        for bad in ["//evil.example/", "/\t/evil.example/", "/\n/evil.example/", "/\r\nSet-Cookie: x=1", "/\\evil.example", "https://evil.example/", "apps", "", "/\u{7f}"] {
+            assert_eq!(local_path(bad), None, "{bad:?}");
+        }
+    }
 }

@@ -42,6 +42,10 @@ pub async fn heartbeat(
         tracing::warn!(node_id = %node_id, error = %err, "dropped an invalid mesh endpoint");
         heartbeat.mesh_endpoint = None;
     }
+    if let Some(why) = heartbeat.mesh_endpoint.as_deref().and_then(|endpoint| state.config.mesh_endpoints.refusal(endpoint)) {
+        tracing::warn!(node_id = %node_id, reason = %why, "dropped a refused mesh endpoint; the node keeps the one it had");
+        heartbeat.mesh_endpoint = None;
+    }
     let reported_endpoint = heartbeat.mesh_endpoint.clone();
     // The raw body is kept (in memory, per node) so an operator can see
     // exactly what an agent sends.

@@ -29,6 +29,9 @@ pub async fn join(
 ) -> Result<Json<JoinResponse>, ApiError> {
     let request: JoinRequest = parse_json(&body_bytes(body)?)?;
     request.validate()?;
+    if let Some(why) = request.endpoint.as_deref().and_then(|endpoint| state.config.mesh_endpoints.refusal(endpoint)) {
+        return Err(ApiError::BadRequest(why));
+    }
     let name = match &request.name {
         Some(name) => name.clone(),
         None => name_from_hostname(&request.hostname)?,
@@ -74,6 +77,7 @@ pub async fn join(
             )))
         }
         Err(JoinRefusal::NoSuchNode) => return Err(ApiError::Internal("a first join found no node".into())),
+        Err(JoinRefusal::KeyTaken) => return Err(key_taken()),
     };
     state.nodes.insert(&row, tokio::time::Instant::now());
     if row.wireguard_public_key.is_some() {
@@ -143,6 +147,7 @@ async fn rejoin(
         Ok(row) => row,
         Err(JoinRefusal::Token(rejection)) => return retry_or(state, token_digest, csr_sha256, now_ms, rejection).await,
         Err(JoinRefusal::NoSuchNode) => return Err(ApiError::NotFound(format!("no node {node_id} is registered (it was removed)"))),
+        Err(JoinRefusal::KeyTaken) => return Err(key_taken()),
         Err(JoinRefusal::NameTaken | JoinRefusal::MeshFull) => return Err(ApiError::Internal("a re-join took a new name or address".into())),
     };
     // It may have been removed from the registry meanwhile; otherwise keep
@@ -188,6 +193,15 @@ async fn retry_or(
         }
     }
     Err(token_error(rejection))
+}
+
+/// The refusal of a join whose WireGuard key another node has. The token
+/// is not spent.
+fn key_taken() -> ApiError {
+    ApiError::Conflict(
+        "another node already uses this WireGuard public key; every node needs its own (was the agent's data directory copied from another node? join from an empty one), or remove the other node first"
+            .to_string(),
+    )
 }
 
 fn token_error(rejection: TokenRejection) -> ApiError {

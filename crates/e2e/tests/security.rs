@@ -1,0 +1,146 @@
+//! The security round of issue 20, against the real control plane: each
+//! test checks one finding and writes one summary line
+//! (`cloudweb_e2e::security_summary`) that `scripts/test.sh` prints at the
+//! end of a full run.
+
+use cloudweb_e2e::{key_and_csr, security_summary, RawClient, ServerProcess};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+/// Two distinct WireGuard public keys (base64 of 32 bytes).
+const KEY_A: &str = "YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXphYmNkZWY=";
+const KEY_B: &str = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
+async fn raw_join(server: &ServerProcess, body: Value) -> (u16, String) {
+    RawClient::new(&server.ca_pem(), None)
+        .send(Method::POST, &format!("{}/agent/v1/join", server.url()), &[], Some(&body.to_string()))
+        .await
+        .unwrap()
+}
+
+/// A join body for a fresh key; returns (key PEM, body).
+fn join_body(token: &str, name: &str, extra: Value) -> (String, Value) {
+    let (key, csr) = key_and_csr(|_| {});
+    let mut body = json!({"token": token, "csr": csr, "hostname": "host.example", "name": name});
+    for (field, value) in extra.as_object().unwrap() {
+        body[field] = value.clone();
+    }
+    (key, body)
+}
+
+/// Finding 8: a join that reuses another node's WireGuard public key is
+/// refused with a reason, and its token stays usable.
+#[tokio::test]
+async fn a_join_with_another_nodes_wireguard_key_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(tmp.path()).await.unwrap();
+    let (token, _) = server.join_token().await.unwrap();
+    let (_, first) = join_body(&token, "first", json!({"wireguard_public_key": KEY_A, "endpoint": "192.0.2.11:51820"}));
+    let (status, text) = raw_join(&server, first).await;
+    assert_eq!(status, 200, "{text}");
+
+    let (token, _) = server.join_token().await.unwrap();
+    let (_, copy) = join_body(&token, "copy", json!({"wireguard_public_key": KEY_A, "endpoint": "192.0.2.12:51820"}));
+    let (status, text) = raw_join(&server, copy).await;
+    assert_eq!(status, 409, "{text}");
+    assert!(text.contains("WireGuard public key"), "{text}");
+    // Nothing was spent or recorded: the same token joins with a key of its own.
+    let (_, own) = join_body(&token, "copy", json!({"wireguard_public_key": KEY_B, "endpoint": "192.0.2.12:51820"}));
+    let (status, text) = raw_join(&server, own).await;
+    assert_eq!(status, 200, "{text}");
+    let (_, nodes) = server.call(Method::GET, "/api/nodes", None).await.unwrap();
+    let names: Vec<&str> = nodes["nodes"].as_array().unwrap().iter().filter_map(|n| n["name"].as_str()).collect();
+    assert_eq!(names.len(), 2, "{nodes}");
+    assert!(names.contains(&"first") && names.contains(&"copy"), "{nodes}");
+    security_summary("8 duplicate WireGuard key", "a join reusing another node's key got 409 and spent nothing; the token then joined with its own key");
+}
+
+const REFUSED_ENDPOINTS: [&str; 9] = [
+    "169.254.169.254:80",
+    "0.0.0.0:1",
+    "[::1]:51820",
+    "127.0.0.1:51820",
+    "10.77.0.1:51820",
+    "224.0.0.1:51820",
+    "[fe80::1]:51820",
+    "203.0.113.7:22",
+    "metadata.example.com:51820",
+];
+
+/// Finding 7: a node may not announce an endpoint that would make every
+/// peer send handshakes to a metadata service, a loopback, the mesh itself
+/// or a privileged port; not at join, not in a heartbeat. An operator can
+/// allow an exact endpoint.
+#[tokio::test]
+async fn a_node_cannot_announce_a_dangerous_mesh_endpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start_with(tmp.path(), &["--mesh-allow-endpoint", "127.0.0.1:51999"]).await.unwrap();
+    let (token, _) = server.join_token().await.unwrap();
+    for endpoint in REFUSED_ENDPOINTS {
+        let (_, body) = join_body(&token, "n1", json!({"wireguard_public_key": KEY_A, "endpoint": endpoint}));
+        let (status, text) = raw_join(&server, body).await;
+        assert_eq!(status, 400, "{endpoint}: {text}");
+        assert!(text.contains("refused") && text.contains("--mesh-allow-endpoint"), "{endpoint}: {text}");
+    }
+    // The token survived every refusal.
+    let (key, body) = join_body(&token, "n1", json!({"wireguard_public_key": KEY_A, "endpoint": "192.0.2.11:51820"}));
+    let (status, text) = raw_join(&server, body).await;
+    assert_eq!(status, 200, "{text}");
+    let joined: Value = serde_json::from_str(&text).unwrap();
+    let node_id = joined["node_id"].as_str().unwrap().to_string();
+    let client = RawClient::new(&server.ca_pem(), Some((joined["certificate"].as_str().unwrap(), &key)));
+    let heartbeat = |endpoint: &str| {
+        json!({"cpu_cores": 2, "mem_bytes": 1_073_741_824u64, "disk_bytes": 10_737_418_240u64, "mesh_endpoint": endpoint}).to_string()
+    };
+    let url = format!("{}/agent/v1/heartbeat", server.url());
+    for endpoint in REFUSED_ENDPOINTS {
+        let (status, text) = client.send(Method::POST, &url, &[], Some(&heartbeat(endpoint))).await.unwrap();
+        assert_eq!(status, 200, "the heartbeat itself counts: {text}");
+        let view = server.node(&node_id).await.unwrap();
+        assert_eq!(view["mesh_endpoint"], "192.0.2.11:51820", "{endpoint} replaced the endpoint: {view}");
+    }
+    // An ordinary move is taken, and so is the one the operator allowed.
+    for endpoint in ["198.51.100.4:40000", "127.0.0.1:51999"] {
+        let (status, text) = client.send(Method::POST, &url, &[], Some(&heartbeat(endpoint))).await.unwrap();
+        assert_eq!(status, 200, "{text}");
+        let view = server.node(&node_id).await.unwrap();
+        assert_eq!(view["mesh_endpoint"], endpoint, "{view}");
+    }
+    let log = server.process.log_text();
+    assert!(log.contains("dropped a refused mesh endpoint"), "the refusal is logged");
+    security_summary(
+        "7 announced endpoints",
+        &format!("{} dangerous endpoints refused at join (400, token kept) and dropped from heartbeats; an allowed exact endpoint taken", REFUSED_ENDPOINTS.len()),
+    );
+}
+
+/// Finding 5: the language switch redirects only to a path of this site,
+/// refuses a cross-origin post like every other form, and never answers
+/// 500 whatever `back` holds.
+#[tokio::test]
+async fn the_language_switch_is_no_open_redirect_and_refuses_other_origins() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ServerProcess::start(tmp.path()).await.unwrap();
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let post = |back: &str, origin: Option<&str>| {
+        let mut request = http.post(server.api("/lang")).form(&[("lang", "es"), ("back", back)]);
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        request.send()
+    };
+    let hostile = ["/\t/evil.example/", "/\n/evil.example/", "/\r\nSet-Cookie: a=b", "//evil.example/", "/\\evil.example/", "https://evil.example/"];
+    for back in hostile {
+        let response = post(back, None).await.unwrap();
+        assert_eq!(response.status(), 303, "{back:?}");
+        assert_eq!(response.headers()["location"], "/nodes", "{back:?} was followed");
+    }
+    let local = post("/apps/web?tab=logs", None).await.unwrap();
+    assert_eq!((local.status().as_u16(), local.headers()["location"].to_str().unwrap()), (303, "/apps/web?tab=logs"));
+    let same = post("/apps", Some(&format!("http://127.0.0.1:{}", server.api("").rsplit(':').next().unwrap()))).await.unwrap();
+    assert_eq!(same.status(), 303, "a same-origin post still switches");
+    let cross = post("/apps", Some("https://evil.example")).await.unwrap();
+    assert_eq!(cross.status(), 403, "a cross-origin post is refused");
+    assert!(cross.headers().get("set-cookie").is_none(), "and sets no language");
+    security_summary("5 /lang", &format!("{} hostile back values went to /nodes (no 500), cross-origin post 403", hostile.len()));
+}
