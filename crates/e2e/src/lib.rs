@@ -19,6 +19,7 @@ pub mod mesh_cluster;
 pub mod engine;
 pub mod netns;
 pub mod pebble;
+pub mod tmpfs;
 
 use std::fs::File;
 use std::net::TcpListener;

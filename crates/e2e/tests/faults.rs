@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use cloudweb_e2e::tmpfs::Tmpfs;
 use cloudweb_e2e::{
     caddy_bin, docker, fault_summary, free_port, unique_name, wait_for, AgentNode, GitServer, ServerProcess,
 };
@@ -511,32 +512,6 @@ async fn fault_agent_frozen_for_75_seconds() {
         replaced.as_secs_f64(),
         stale_gone.as_secs_f64()
     ));
-}
-
-/// A tmpfs of `size` mounted at `dir`, unmounted on drop.
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(dir).unwrap();
-        let status = Command::new("mount").args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"]).arg(dir).status().unwrap();
-        assert!(status.success(), "mounting a tmpfs at {} (the fault suite runs as root)", dir.display());
-        Tmpfs(dir.to_path_buf())
-    }
-
-    /// Fills the file system up to the last byte; returns the filler's path.
-    fn fill(&self) -> std::path::PathBuf {
-        let filler = self.0.join("filler");
-        // dd stops at ENOSPC with an error, which is the point.
-        let _ = Command::new("dd").args(["if=/dev/zero", "bs=64k"]).arg(format!("of={}", filler.display())).output().unwrap();
-        filler
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
 }
 
 #[tokio::test]

@@ -144,3 +144,77 @@ async fn the_language_switch_is_no_open_redirect_and_refuses_other_origins() {
     assert!(cross.headers().get("set-cookie").is_none(), "and sets no language");
     security_summary("5 /lang", &format!("{} hostile back values went to /nodes (no 500), cross-origin post 403", hostile.len()));
 }
+
+/// `count` writes to `app`, each in a transaction of the store: the app's
+/// custom domains replaced (`round` keeps them apart). Returns the
+/// statuses (a write that got no answer counts as 0).
+async fn domain_writes(server: &ServerProcess, app: &str, round: &str, count: usize) -> Vec<u16> {
+    let mut statuses = Vec::new();
+    for i in 0..count {
+        let domains = json!([format!("{round}-{i}.example.com"), format!("www.{round}-{i}.example.com")]);
+        let status = server.call(Method::PUT, &format!("/api/apps/{app}/domains"), Some(domains)).await.map(|(s, _)| s).unwrap_or(0);
+        statuses.push(status);
+    }
+    statuses
+}
+
+/// Finding 1: failed writes on a full disk leave no connection of the
+/// pool inside a transaction. With the disk full, writes fail (503) 1, 5
+/// and 50 times; once space is back, 100 writes in a row succeed, without
+/// a restart.
+#[tokio::test]
+async fn writes_recover_without_a_restart_once_a_full_disk_has_room_again() {
+    use cloudweb_e2e::tmpfs::Tmpfs;
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = Tmpfs::mount(&tmp.path().join("server"), "16m");
+    let server = ServerProcess::start_with(tmp.path(), &["--heartbeat-flush-seconds", "1"]).await.unwrap();
+    // A node whose heartbeats the batch writer stores every second.
+    let (token, _) = server.join_token().await.unwrap();
+    let (key, body) = join_body(&token, "beating", json!({}));
+    let (status, text) = raw_join(&server, body).await;
+    assert_eq!(status, 200, "{text}");
+    let joined: Value = serde_json::from_str(&text).unwrap();
+    let node = RawClient::new(&server.ca_pem(), Some((joined["certificate"].as_str().unwrap(), &key)));
+    let beat = || async {
+        let body = r#"{"cpu_cores": 2, "mem_bytes": 1073741824, "disk_bytes": 10737418240}"#;
+        node.send(Method::POST, &format!("{}/agent/v1/heartbeat", server.url()), &[], Some(body)).await.unwrap().0
+    };
+    let flush_failures = || server.process.log_text().matches("could not persist heartbeats").count();
+    let (status, body) = server
+        .call(Method::POST, "/api/apps", Some(json!({"name": "full", "repo_url": "https://git.example.com/x.git", "port": 8080})))
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "{body}");
+    let mut rounds = Vec::new();
+    for failures in [1usize, 5, 50] {
+        let filler = disk.fill();
+        // Write until the disk says no `failures` times (bounded): SQLite
+        // may still find room in pages it holds.
+        let mut failed = 0;
+        let mut tries = 0;
+        while failed < failures {
+            tries += 1;
+            assert!(tries < 400, "the control plane kept accepting writes on a full disk");
+            assert_eq!(beat().await, 200, "a heartbeat on a full disk still counts");
+            let status = domain_writes(&server, "full", &format!("f{failures}t{tries}"), 1).await[0];
+            if status != 200 {
+                assert_eq!(status, 503, "a write on a full disk");
+                failed += 1;
+            }
+        }
+        std::fs::remove_file(&filler).unwrap();
+        let after = domain_writes(&server, "full", &format!("after{failures}"), 100).await;
+        let bad: Vec<(usize, u16)> = after.iter().copied().enumerate().filter(|(_, s)| *s != 200).collect();
+        assert!(bad.is_empty(), "after {failures} failed writes and space freed, writes failed: {bad:?}\n{}", server.process.log_text());
+        // Two flushes since: the batch writer stores again too.
+        let before = flush_failures();
+        for _ in 0..5 {
+            assert_eq!(beat().await, 200);
+            tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        }
+        assert_eq!(flush_failures(), before, "heartbeat flushes failed after space was freed:\n{}", server.process.log_text());
+        rounds.push(format!("{failures} failed"));
+    }
+    assert!(!server.process.log_text().contains("non-zero transaction depth"), "{}", server.process.log_text());
+    security_summary("1 full disk", &format!("after {} writes refused with 503 on a full disk, 100 of 100 writes and the heartbeat flushes succeeded once space was freed, no restart", rounds.join(", ")));
+}

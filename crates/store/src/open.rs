@@ -31,7 +31,28 @@ impl Store {
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(options).await?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            // A connection goes back to the pool only outside a
+            // transaction. When a COMMIT fails for a full disk, SQLite
+            // rolls the transaction back itself; the driver still counts
+            // it open (the ROLLBACK of the dropped transaction then fails
+            // too), and every later BEGIN on that connection would fail
+            // with "begin_with at non-zero transaction depth" until a
+            // restart. Such a connection is closed instead. The ping runs
+            // after that queued ROLLBACK, so the depth read is final.
+            .after_release(|conn, _| {
+                Box::pin(async move {
+                    use sqlx::Connection;
+                    if conn.ping().await.is_err() || conn.is_in_transaction() {
+                        tracing::warn!("closed a database connection left inside a failed transaction");
+                        return Ok(false);
+                    }
+                    Ok(true)
+                })
+            })
+            .connect_with(options)
+            .await?;
         let store = Store { pool, commits: Arc::new(AtomicU64::new(0)) };
 
         if existed {
