@@ -1,9 +1,22 @@
-//! Login attempts, limited per account and per address in fixed windows
-//! on the server's clock. Every attempt counts against both before the
-//! password is checked (so parallel guesses cannot slip past the limit);
-//! a successful login takes its attempt back and clears the account's
-//! count. Past a limit the answer is 429 with `Retry-After`, whatever the
-//! password, until the window ends.
+//! Login attempts, limited in fixed windows on the server's clock:
+//!
+//! - per account *and address* (`per_account` attempts): past it, that
+//!   address gets 429 for that account until the window ends;
+//! - per address, whatever the account (`per_address`);
+//! - per account from every address together, by delay only: past
+//!   `per_account` attempts in the window, each further attempt waits its
+//!   turn, 250 ms doubling per attempt up to 3 s, one turn after another,
+//!   so guesses from many addresses together get through at most one per
+//!   3 s (1,200 an hour). A turn further away than 10 s is a 429 for that
+//!   request only. An address this account logged in from before skips
+//!   the queue.
+//!
+//! So knowing a user's name no longer lets anyone lock the user out: the
+//! attacker's addresses are limited, the user's own is not, and a new
+//! address waits seconds at worst (or logs in through GitLab). Every
+//! attempt counts before the password is checked (so parallel guesses
+//! cannot slip past a limit); a successful login takes its attempt back
+//! and clears its account-and-address count.
 //!
 //! Memory is bounded: each table holds at most `max_entries` keys; when
 //! full, finished windows are dropped first, then the oldest windows.
@@ -36,6 +49,30 @@ impl Default for Limits {
 }
 
 pub use cloudweb_store::login_attempts::{Change, Kind, Window};
+
+/// The first delay past the account's limit, doubled per attempt.
+const DELAY_BASE_MS: i64 = 250;
+/// The longest delay of one attempt.
+const DELAY_CAP_MS: i64 = 3_000;
+/// The furthest turn an attempt may be given; later is a 429.
+const MAX_WAIT_MS: i64 = 10_000;
+
+/// One account's attempts from every address in its window, and when the
+/// next delayed attempt may run. Memory only: a restart forgets it.
+#[derive(Debug, Clone, Copy)]
+struct Pressure {
+    start_ms: i64,
+    attempts: u32,
+    next_turn_ms: i64,
+}
+
+/// An attempt that may go ahead: what to store, and how long it must wait
+/// before its password is checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Begun {
+    pub changes: Vec<Change>,
+    pub wait: Duration,
+}
 
 struct Table {
     kind: Kind,
@@ -90,7 +127,11 @@ impl Table {
 
 pub struct LoginLimiter {
     limits: Limits,
+    /// (account and address, address), stored.
     inner: Mutex<(Table, Table)>,
+    /// Per account (digest): the delay queue. Per account and address
+    /// (digest): when it last logged in. Memory only, bounded.
+    pressure: Mutex<(HashMap<String, Pressure>, HashMap<String, i64>)>,
     /// Turns a key (an account name in lower case, an address key) into
     /// the key that is kept and stored.
     digest: Digest,
@@ -127,13 +168,55 @@ impl LoginLimiter {
     /// instead of each key.
     pub fn keyed(limits: Limits, digest: impl Fn(Kind, &str) -> String + Send + Sync + 'static) -> LoginLimiter {
         let tables = (Table { kind: Kind::Account, entries: HashMap::new() }, Table { kind: Kind::Address, entries: HashMap::new() });
-        LoginLimiter { limits, inner: Mutex::new(tables), digest: Box::new(digest) }
+        LoginLimiter { limits, inner: Mutex::new(tables), pressure: Mutex::new(Default::default()), digest: Box::new(digest) }
     }
 
-    fn keys(&self, account: &str, address: Option<IpAddr>) -> (String, Option<String>) {
-        let account = (self.digest)(Kind::Account, &account.to_ascii_lowercase());
+    /// (account, account and address, address) keys. Without an address
+    /// the pair is the account alone.
+    fn keys(&self, account: &str, address: Option<IpAddr>) -> (String, String, Option<String>) {
+        let name = account.to_ascii_lowercase();
+        let pair = match address {
+            Some(a) => (self.digest)(Kind::Account, &format!("{name}\u{0}{}", address_key(a))),
+            None => (self.digest)(Kind::Account, &name),
+        };
+        let account = (self.digest)(Kind::Account, &name);
         let address = address.map(|a| (self.digest)(Kind::Address, &address_key(a)));
-        (account, address)
+        (account, pair, address)
+    }
+
+    /// The account's queue: the wait of an attempt now (0 below the
+    /// limit or from a known address), counting it, or the 429 when its
+    /// turn is too far away (then nothing is counted).
+    fn queue(&self, account: &str, pair: &str, now_ms: i64) -> Result<i64, RetryAfter> {
+        let window_ms = self.window_ms();
+        let mut guard = self.pressure.lock().expect("login pressure lock");
+        let (accounts, known) = &mut *guard;
+        let known = known.contains_key(pair);
+        let live = accounts.get(account).copied().filter(|p| now_ms < p.start_ms + window_ms);
+        let mut p = live.unwrap_or(Pressure { start_ms: now_ms, attempts: 0, next_turn_ms: now_ms });
+        let over = (p.attempts + 1).saturating_sub(self.limits.per_account);
+        let wait = if known || over == 0 {
+            0
+        } else {
+            let delay = (DELAY_BASE_MS << (over - 1).min(8)).min(DELAY_CAP_MS);
+            let turn = p.next_turn_ms.max(now_ms) + delay;
+            if turn - now_ms > MAX_WAIT_MS {
+                return Err(RetryAfter(((turn - now_ms) as u64).div_ceil(1000)));
+            }
+            p.next_turn_ms = turn;
+            turn - now_ms
+        };
+        p.attempts += 1;
+        if live.is_none() && accounts.len() >= self.limits.max_entries {
+            accounts.retain(|_, q| now_ms < q.start_ms + window_ms);
+            if accounts.len() >= self.limits.max_entries {
+                if let Some(oldest) = accounts.iter().min_by_key(|(_, q)| q.start_ms).map(|(k, _)| k.clone()) {
+                    accounts.remove(&oldest);
+                }
+            }
+        }
+        accounts.insert(account.to_string(), p);
+        Ok(wait)
     }
 
     /// How long a window lasts, in ms: stored windows that started before
@@ -161,15 +244,16 @@ impl LoginLimiter {
     }
 
     /// Counts an attempt for `account` from `address` (returning what
-    /// changed, to store), or says when to come back if either is over its
-    /// limit (then nothing is counted).
-    pub fn begin(&self, account: &str, address: Option<IpAddr>, now_ms: i64) -> Result<Vec<Change>, RetryAfter> {
+    /// changed, to store, and how long to wait before checking the
+    /// password), or says when to come back if a limit is reached (then
+    /// nothing is counted).
+    pub fn begin(&self, account: &str, address: Option<IpAddr>, now_ms: i64) -> Result<Begun, RetryAfter> {
         let window_ms = self.window_ms();
-        let (account, address) = self.keys(account, address);
+        let (account, pair, address) = self.keys(account, address);
         let mut guard = self.inner.lock().expect("login limiter lock");
-        let (accounts, addresses) = &mut *guard;
+        let (pairs, addresses) = &mut *guard;
         let mut retry_at = None;
-        if let Some(w) = accounts.live(&account, now_ms, window_ms).filter(|w| w.attempts >= self.limits.per_account) {
+        if let Some(w) = pairs.live(&pair, now_ms, window_ms).filter(|w| w.attempts >= self.limits.per_account) {
             retry_at = Some(w.start_ms + window_ms);
         }
         if let Some(w) = address.as_deref().and_then(|a| addresses.live(a, now_ms, window_ms)).filter(|w| w.attempts >= self.limits.per_address) {
@@ -178,22 +262,37 @@ impl LoginLimiter {
         if let Some(at) = retry_at {
             return Err(RetryAfter(((at - now_ms).max(0) as u64).div_ceil(1000).max(1)));
         }
+        let wait = self.queue(&account, &pair, now_ms)?;
         let mut changes = Vec::new();
-        accounts.bump(&account, now_ms, window_ms, self.limits.max_entries, &mut changes);
+        pairs.bump(&pair, now_ms, window_ms, self.limits.max_entries, &mut changes);
         if let Some(a) = &address {
             addresses.bump(a, now_ms, window_ms, self.limits.max_entries, &mut changes);
         }
-        Ok(changes)
+        Ok(Begun { changes, wait: Duration::from_millis(wait as u64) })
     }
 
     /// The attempt begun for `account` from `address` succeeded; returns
-    /// what changed, to store.
-    pub fn succeeded(&self, account: &str, address: Option<IpAddr>) -> Vec<Change> {
-        let (account, address) = self.keys(account, address);
+    /// what changed, to store. The address is known for the account from
+    /// now on (it skips the account's queue).
+    pub fn succeeded(&self, account: &str, address: Option<IpAddr>, now_ms: i64) -> Vec<Change> {
+        let (account, pair, address) = self.keys(account, address);
+        {
+            let mut guard = self.pressure.lock().expect("login pressure lock");
+            let (accounts, known) = &mut *guard;
+            if let Some(p) = accounts.get_mut(&account) {
+                p.attempts = p.attempts.saturating_sub(1);
+            }
+            if !known.contains_key(&pair) && known.len() >= self.limits.max_entries {
+                if let Some(oldest) = known.iter().min_by_key(|(_, at)| **at).map(|(k, _)| k.clone()) {
+                    known.remove(&oldest);
+                }
+            }
+            known.insert(pair.clone(), now_ms);
+        }
         let mut guard = self.inner.lock().expect("login limiter lock");
-        let (accounts, addresses) = &mut *guard;
-        accounts.entries.remove(&account);
-        let mut changes = vec![Change { kind: Kind::Account, key: account, window: None }];
+        let (pairs, addresses) = &mut *guard;
+        pairs.entries.remove(&pair);
+        let mut changes = vec![Change { kind: Kind::Account, key: pair, window: None }];
         changes.extend(address.and_then(|a| addresses.take_back(&a)));
         changes
     }
@@ -221,8 +320,10 @@ mod tests {
             assert!(l.begin("Alice", Some(ip), 1_000).is_ok());
         }
         assert_eq!(l.begin("alice", Some(ip), 2_000), Err(RetryAfter(59)));
-        // Another address for the same account is refused too.
-        assert!(l.begin("alice", Some("192.0.2.2".parse().unwrap()), 2_000).is_err());
+        // Another address for the same account is not refused: it waits
+        // its turn in the account's queue.
+        let other = l.begin("alice", Some("192.0.2.2".parse().unwrap()), 2_000).unwrap();
+        assert_eq!(other.wait, Duration::from_millis(250));
         assert!(l.begin("alice", Some(ip), 61_000).is_ok(), "a new window");
     }
 
@@ -243,7 +344,7 @@ mod tests {
             l.begin("bob", Some(ip), 0).unwrap();
         }
         l.begin("bob", Some(ip), 0).unwrap();
-        l.succeeded("bob", Some(ip));
+        l.succeeded("bob", Some(ip), 0);
         for _ in 0..3 {
             assert!(l.begin("bob", Some(ip), 0).is_ok());
         }
@@ -257,7 +358,7 @@ mod tests {
         // The stored rows: the newest change of each key wins.
         let mut stored: HashMap<(&str, String), Change> = HashMap::new();
         for _ in 0..3 {
-            for change in first.begin("Carol", Some(ip), 1_000).unwrap() {
+            for change in first.begin("Carol", Some(ip), 1_000).unwrap().changes {
                 assert!(!change.key.contains("carol"), "keys go through the digest: {change:?}");
                 stored.insert((change.kind.as_str(), change.key.clone()), change);
             }
@@ -272,9 +373,47 @@ mod tests {
         assert_eq!(third.sizes(), (0, 0));
         // A success is stored as the account dropped and the address's
         // attempt taken back.
-        let changes = second.succeeded("carol", Some(ip));
+        let changes = second.succeeded("carol", Some(ip), 2_000);
         assert_eq!(changes[0].window, None);
         assert_eq!(changes[1].window.map(|w| w.attempts), Some(2));
+    }
+
+    #[test]
+    fn many_addresses_get_one_delayed_turn_after_another_and_the_user_is_not_locked_out() {
+        let l = LoginLimiter::new(Limits { per_account: 5, per_address: 20, window: Duration::from_secs(900), max_entries: 1000 });
+        let home: IpAddr = "198.51.100.7".parse().unwrap();
+        l.begin("dana", Some(home), 0).unwrap();
+        l.succeeded("dana", Some(home), 0);
+        // 20 addresses, 5 guesses each, all at once.
+        let mut waits = Vec::new();
+        let mut refused = 0;
+        for a in 0..20u8 {
+            for _ in 0..5 {
+                match l.begin("dana", Some(IpAddr::from([203, 0, 113, a])), 1_000) {
+                    Ok(begun) => waits.push(begun.wait.as_millis() as i64),
+                    Err(_) => refused += 1,
+                }
+            }
+            // A sixth from the same address is refused for that address only.
+            assert!(l.begin("dana", Some(IpAddr::from([203, 0, 113, a])), 1_000).is_err());
+        }
+        // The first five went at once, then turns 250, 500, 1000, 2000,
+        // 3000, 3000 ms apart, until the queue is 10 s long.
+        assert_eq!(&waits[..5], &[0, 0, 0, 0, 0]);
+        assert_eq!(&waits[5..9], &[250, 750, 1750, 3750]);
+        assert!(waits.iter().all(|w| *w <= MAX_WAIT_MS), "{waits:?}");
+        assert!(refused > 0, "the queue is bounded");
+        // The user's own address goes at once, even now.
+        let own = l.begin("dana", Some(home), 1_000).unwrap();
+        assert_eq!(own.wait, Duration::ZERO);
+        // A new address of the user's waits its turn, at most 10 s, or is
+        // told when to come back.
+        match l.begin("dana", Some("198.51.100.8".parse().unwrap()), 1_000) {
+            Ok(begun) => assert!(begun.wait <= Duration::from_millis(MAX_WAIT_MS as u64)),
+            Err(RetryAfter(s)) => assert!(s <= 14, "{s}"),
+        }
+        // Sustained, the account takes one guess per 3 s from everywhere.
+        assert_eq!(3_600_000 / DELAY_CAP_MS, 1_200);
     }
 
     #[test]
@@ -282,8 +421,8 @@ mod tests {
         let l = limiter();
         let mut dropped = 0;
         for i in 0..1000 {
-            if let Ok(changes) = l.begin(&format!("user{i}"), Some(IpAddr::from([10, 0, (i / 256) as u8, (i % 256) as u8])), i) {
-                dropped += changes.iter().filter(|c| c.window.is_none()).count();
+            if let Ok(begun) = l.begin(&format!("user{i}"), Some(IpAddr::from([10, 0, (i / 256) as u8, (i % 256) as u8])), i) {
+                dropped += begun.changes.iter().filter(|c| c.window.is_none()).count();
             }
         }
         assert!(dropped >= 2 * (1000 - 4), "the keys dropped for room are reported, to be deleted from the store: {dropped}");

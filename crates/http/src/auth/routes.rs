@@ -123,8 +123,8 @@ pub async fn check_login(state: &AppState, name: &str, password: &str, address: 
     if name.is_empty() || name.len() > users::MAX_NAME_CHARS || password.len() > users::MAX_PASSWORD_BYTES {
         return Err(ApiError::Unauthorized("wrong name or password".to_string()));
     }
-    let changes = match state.auth.limiter.begin(name, address, state.clock.now_ms()) {
-        Ok(changes) => changes,
+    let begun = match state.auth.limiter.begin(name, address, state.clock.now_ms()) {
+        Ok(begun) => begun,
         Err(retry) => {
             // Names are not logged before they are known to be names: people
             // type passwords into the name field.
@@ -135,7 +135,12 @@ pub async fn check_login(state: &AppState, name: &str, password: &str, address: 
             });
         }
     };
-    store_login_attempts(state, &changes).await;
+    store_login_attempts(state, &begun.changes).await;
+    // Past the account's limit (from other addresses), the attempt waits
+    // its turn; see the limiter.
+    if !begun.wait.is_zero() {
+        tokio::time::sleep(begun.wait).await;
+    }
     let Some(user) = users::check_password(state, name, password).await? else {
         match state.store.user_by_name(name).await? {
             Some(user) => tracing::info!(user = %user.name, address = ?address, "login failed"),
@@ -143,7 +148,7 @@ pub async fn check_login(state: &AppState, name: &str, password: &str, address: 
         }
         return Err(ApiError::Unauthorized("wrong name or password".to_string()));
     };
-    let changes = state.auth.limiter.succeeded(name, address);
+    let changes = state.auth.limiter.succeeded(name, address, state.clock.now_ms());
     store_login_attempts(state, &changes).await;
     Ok(user)
 }
