@@ -169,8 +169,12 @@ pub struct WebhookSetup {
     /// Shown this once; stored sealed.
     pub secret: String,
     pub signature_header: String,
+    /// The header with the unix time the signature covers.
+    pub timestamp_header: String,
     pub signature: String,
     pub body: String,
+    /// A delivery id the sender may add; it is not signed, so redeliveries
+    /// are told by the signed timestamp and body instead.
     pub delivery_header: String,
 }
 

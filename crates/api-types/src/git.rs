@@ -132,7 +132,7 @@ pub struct GitlabPushEvent {
 }
 
 /// The generic webhook's body, signed in `X-Cloudweb-Signature:
-/// sha256=<hex HMAC-SHA256 of the raw body>`.
+/// sha256=<hex HMAC-SHA256 of "<X-Cloudweb-Timestamp>.<raw body>">`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"ref": "refs/heads/main", "after": "0123456789abcdef0123456789abcdef01234567"}))]
 pub struct GenericPushEvent {

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use cloudweb_e2e::gitlab::{FakeGitlab, CLIENT_ID, CLIENT_SECRET};
-use cloudweb_e2e::{start_platform, unique_name, wait_for, AgentNode, Platform, ServerProcess};
+use cloudweb_e2e::{security_summary, start_platform, unique_name, wait_for, AgentNode, Platform, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -653,6 +653,15 @@ async fn a_push_deploys_its_checkout_sha_with_statuses_and_one_time_credentials(
     assert_eq!(answers[0].0, 200, "{:?}", answers);
     assert_eq!(answers[0].1["ignored"], "redelivery");
     assert_eq!(answers[0].1["deployment"], id.as_str());
+    // Issue 20 item 6: a captured push replayed under a fresh event UUID
+    // (not signed, so a replay may carry any) is the same delivery...
+    let answers = gitlab.deliver(project, &push, "0f0e0d0c-aaaa-4bbb-8ccc-000000000001").await.unwrap();
+    assert_eq!((answers[0].0, answers[0].1["ignored"].as_str()), (200, Some("redelivery")), "{answers:?}");
+    // ...and another push of the commit the app already runs starts nothing.
+    let again = gitlab.push_body(project, "refs/heads/main", &second, &[&third]);
+    let answers = gitlab.deliver(project, &again, "0f0e0d0c-aaaa-4bbb-8ccc-000000000002").await.unwrap();
+    assert_eq!((answers[0].0, answers[0].1["ignored"].as_str()), (200, Some("already running this commit")), "{answers:?}");
+    assert_eq!(answers[0].1["deployment"], id.as_str());
     // Another branch and a tag: acknowledged, ignored.
     let other = gitlab.commit("acme/site", "feature", &[("index.html", "feature\n")], "feature").unwrap();
     let answers = gitlab.deliver(project, &gitlab.push_body(project, "refs/heads/feature", &third, &[&other]), "uuid-other-branch").await.unwrap();
@@ -704,16 +713,37 @@ async fn a_push_deploys_its_checkout_sha_with_statuses_and_one_time_credentials(
     assert!(!shown.to_string().contains(&secret), "the secret is shown once only");
     let path = format!("/api/webhooks/generic/{generic}");
     let body = serde_json::to_vec(&json!({"ref": "refs/heads/main", "after": commit})).unwrap();
-    let (status, answer) = post_webhook(&server, &path, &[("x-cloudweb-signature", hmac_sha256(b"wrong", &body).as_str())], body.clone()).await;
+    // Signed with the time: "<unix seconds>.<body>".
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let timed = |key: &[u8], at: i64| (at.to_string(), hmac_sha256(key, &[at.to_string().as_bytes(), b".", &body].concat()));
+    let (at, wrong) = timed(b"wrong", now);
+    let (status, answer) = post_webhook(&server, &path, &[("x-cloudweb-timestamp", at.as_str()), ("x-cloudweb-signature", wrong.as_str())], body.clone()).await;
     assert_eq!(status, 401, "{answer}");
     let (status, _) = post_webhook(&server, &path, &[], body.clone()).await;
     assert_eq!(status, 401);
-    let signature = hmac_sha256(secret.as_bytes(), &body);
-    let (status, answer) = post_webhook(&server, &path, &[("x-cloudweb-signature", signature.as_str()), ("x-cloudweb-delivery", "d-1")], body.clone()).await;
+    // Issue 20 item 6: the body signed alone under our header, or a
+    // signature from more than 5 minutes ago, is refused.
+    let untimed = hmac_sha256(secret.as_bytes(), &body);
+    let (status, answer) = post_webhook(&server, &path, &[("x-cloudweb-signature", untimed.as_str())], body.clone()).await;
+    assert!(status == 401 && answer.to_string().contains("X-Cloudweb-Timestamp"), "{status} {answer}");
+    let (old, stale) = timed(secret.as_bytes(), now - 600);
+    let (status, answer) = post_webhook(&server, &path, &[("x-cloudweb-timestamp", old.as_str()), ("x-cloudweb-signature", stale.as_str())], body.clone()).await;
+    assert!(status == 401 && answer.to_string().contains("from the server's clock"), "{status} {answer}");
+    let (at, signature) = timed(secret.as_bytes(), now);
+    let signed = [("x-cloudweb-timestamp", at.as_str()), ("x-cloudweb-signature", signature.as_str())];
+    let (status, answer) = post_webhook(&server, &path, &[signed[0], signed[1], ("x-cloudweb-delivery", "d-1")], body.clone()).await;
     assert_eq!(status, 202, "{answer}");
     let generic_id = answer["deployment"].as_str().unwrap().to_string();
-    let (status, answer) = post_webhook(&server, &path, &[("x-cloudweb-signature", signature.as_str()), ("x-cloudweb-delivery", "d-1")], body.clone()).await;
+    // Replayed within the 5 minutes under another delivery id: the same delivery.
+    let (status, answer) = post_webhook(&server, &path, &[signed[0], signed[1], ("x-cloudweb-delivery", "d-2")], body.clone()).await;
     assert_eq!((status, answer["ignored"].as_str()), (200, Some("redelivery")));
+    // GitHub's body-only header for the same commit, freshly signed: the newest deployment is that commit already.
+    let (status, answer) = post_webhook(&server, &path, &[("x-hub-signature-256", untimed.as_str())], body.clone()).await;
+    assert!(status == 200 && answer["ignored"].as_str().unwrap_or_default().starts_with("already"), "{status} {answer}");
+    security_summary(
+        "6 webhook replay",
+        "GitLab push replayed under a new event UUID: redelivery; a push of the running commit: ignored; generic webhook unsigned time, 10-minute-old signature: 401; replay within 5 minutes under a new delivery id: redelivery",
+    );
     let tag = serde_json::to_vec(&json!({"ref": "refs/tags/v1", "after": commit})).unwrap();
     let (status, answer) = post_webhook(&server, &path, &[("x-hub-signature-256", hmac_sha256(secret.as_bytes(), &tag).as_str())], tag).await;
     assert_eq!((status, answer["ignored"].as_str()), (200, Some("tag push")));

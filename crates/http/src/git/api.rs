@@ -282,7 +282,8 @@ pub async fn link_app(state: &AppState, app: &str, branch: &str, plan: LinkPlan)
                 // Shown this once; stored sealed.
                 secret,
                 signature_header: "X-Cloudweb-Signature".into(),
-                signature: "sha256=<lowercase hex HMAC-SHA256 of the raw body, keyed with the secret> (X-Hub-Signature-256 is accepted too)".into(),
+                timestamp_header: "X-Cloudweb-Timestamp".into(),
+                signature: "sha256=<lowercase hex HMAC-SHA256 of \"<X-Cloudweb-Timestamp>.<raw body>\", keyed with the secret>, with X-Cloudweb-Timestamp: <unix seconds> (within 5 minutes); or GitHub's X-Hub-Signature-256 of the body alone".into(),
                 body: "{\"ref\": \"refs/heads/<branch>\", \"after\": \"<full commit id>\"}".into(),
                 delivery_header: "X-Cloudweb-Delivery".into(),
             });

@@ -4,18 +4,29 @@
 //! names the app (each app's hook has its own random secret, kept as a
 //! SHA-256 digest and compared in constant time); tag pushes, other
 //! events and pushes to other branches are acknowledged and ignored; a
-//! redelivery (same `X-Gitlab-Event-UUID`) deploys nothing more; a push
-//! queues exactly one deployment of its `checkout_sha` (the last commit
-//! of the push).
+//! redelivery (the same body: GitLab's event UUID is not signed, so a
+//! replay could carry any) deploys nothing more; a push queues exactly one
+//! deployment of its `checkout_sha` (the last commit of the push).
 //!
 //! `POST /api/webhooks/generic/{app}`: any git host. The body is signed
-//! with the app's secret: header `X-Cloudweb-Signature` (or GitHub's and
-//! Gitea's `X-Hub-Signature-256`) is `sha256=` and the lowercase hex
-//! HMAC-SHA256 of the raw body. The body is JSON with `ref`
-//! (`refs/heads/<branch>`) and the commit in `after` (GitHub, Gitea,
-//! Forgejo, Gogs) or `commit`. A delivery id in `X-Cloudweb-Delivery`,
-//! `X-GitHub-Delivery` or `X-Gitea-Delivery` deduplicates redeliveries;
-//! without one, an identical body is taken for a redelivery.
+//! with the app's secret, one of two ways:
+//!
+//! - `X-Cloudweb-Timestamp: <unix seconds>` and `X-Cloudweb-Signature:
+//!   sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">`: refused when the
+//!   timestamp is more than 5 minutes from the server's clock, so a
+//!   captured request is good for 5 minutes, and within them once (the
+//!   signed timestamp and body are its delivery id);
+//! - GitHub's and Gitea's `X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of
+//!   the body>`, which signs no time: the body is its delivery id, so a
+//!   captured one deploys once (kept 7 days).
+//!
+//! The body is JSON with `ref` (`refs/heads/<branch>`) and the commit in
+//! `after` (GitHub, Gitea, Forgejo, Gogs) or `commit`. Delivery id headers
+//! (`X-Cloudweb-Delivery`, `X-GitHub-Delivery`, `X-Gitea-Delivery`) are
+//! not signed and so decide nothing.
+//!
+//! For either provider, a push of the commit that the app's newest
+//! deployment already runs or is bringing up starts no other one.
 //!
 //! Bodies over 1 MiB are refused with 413 by the API's body limit.
 
@@ -50,13 +61,47 @@ fn commit_id(text: &str) -> bool {
     (text.len() == 40 || text.len() == 64) && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// The delivery id: the sender's, or the body's digest.
-fn delivery_id(given: Option<&str>, body: &[u8]) -> Result<String, ApiError> {
-    match given {
-        Some(id) if id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') => Ok(id.to_string()),
-        Some(_) => Err(ApiError::BadRequest("invalid delivery id header".into())),
-        None => Ok(format!("body-sha256:{}", hex::encode(Sha256::digest(body)))),
+/// The delivery id of a body that signs no time: its digest.
+fn body_delivery(body: &[u8]) -> String {
+    format!("body-sha256:{}", hex::encode(Sha256::digest(body)))
+}
+
+/// How far a signed `X-Cloudweb-Timestamp` may be from the server's clock.
+pub const TIMESTAMP_TOLERANCE_S: i64 = 300;
+
+/// Checks the generic webhook's signature (see the module docs); the
+/// delivery id it stands for, or why it is refused.
+fn check_generic_signature(secret: &[u8], headers: &HeaderMap, body: &[u8], now_ms: i64) -> Result<String, ApiError> {
+    if let Some(signature) = header(headers, "x-cloudweb-signature") {
+        let Some(stamp) = header(headers, "x-cloudweb-timestamp") else {
+            return Err(ApiError::Unauthorized(
+                "X-Cloudweb-Signature needs X-Cloudweb-Timestamp (unix seconds), signed as \"<timestamp>.<body>\"".into(),
+            ));
+        };
+        let Some(seconds) = stamp.parse::<i64>().ok().filter(|_| stamp.len() <= 12) else {
+            return Err(ApiError::Unauthorized("X-Cloudweb-Timestamp must be unix seconds".into()));
+        };
+        let signed = [stamp.as_bytes(), b".", body].concat();
+        if !signature_valid(secret, &signed, signature) {
+            return Err(ApiError::Unauthorized("invalid signature".into()));
+        }
+        let skew = (now_ms / 1000 - seconds).abs();
+        if skew > TIMESTAMP_TOLERANCE_S {
+            return Err(ApiError::Unauthorized(format!(
+                "the signed timestamp is {skew} s from the server's clock (more than {TIMESTAMP_TOLERANCE_S} s): a replay, or a clock to set right"
+            )));
+        }
+        return Ok(format!("signed-sha256:{}", hex::encode(Sha256::digest(&signed))));
     }
+    let Some(signature) = header(headers, "x-hub-signature-256") else {
+        return Err(ApiError::Unauthorized(
+            "missing X-Cloudweb-Signature (sha256=<hex HMAC-SHA256 of \"<timestamp>.<body>\">, with X-Cloudweb-Timestamp)".into(),
+        ));
+    };
+    if !signature_valid(secret, body, signature) {
+        return Err(ApiError::Unauthorized("invalid signature".into()));
+    }
+    Ok(body_delivery(body))
 }
 
 /// Queues the deployment of `commit` once per delivery.
@@ -71,6 +116,17 @@ async fn deploy_once(state: &AppState, app_name: &str, delivery: &str, commit: &
         Some(app) => app,
         None => return Err(ApiError::NotFound(format!("no app {app_name:?}"))),
     };
+    // The newest deployment already is this commit, running or on its
+    // way: another would only replace it with itself.
+    if let Some(newest) = state.store.app_deployments(app_name).await?.into_iter().next() {
+        let live = crate::deployment_state::DeploymentState::parse(&newest.state).is_some_and(|s| !s.is_terminal());
+        if live && newest.commit_sha.as_deref() == Some(commit) {
+            let _ = state.store.set_webhook_delivery_deployment(app_name, delivery, &newest.id).await;
+            tracing::info!(app = %app_name, deployment = %newest.id, commit, "ignored a push of the commit the newest deployment already is");
+            let reason = if newest.state == "running" { "already running this commit" } else { "already deploying this commit" };
+            return Ok((StatusCode::OK, Json(WebhookAnswer::Ignored(WebhookIgnored { ignored: reason.to_string(), deployment: Some(Some(newest.id)) }))));
+        }
+    }
     let deployment = match crate::deploy::create(state, &app, Origin::Source { commit: Some(commit.to_string()) }).await {
         Ok(deployment) => deployment,
         Err(err) => {
@@ -137,7 +193,7 @@ pub async fn gitlab(State(state): State<Arc<AppState>>, headers: HeaderMap, body
     if !commit_id(commit) {
         return Err(ApiError::BadRequest("checkout_sha is not a commit id".into()));
     }
-    let delivery = delivery_id(header(&headers, "x-gitlab-event-uuid"), &body)?;
+    let delivery = body_delivery(&body);
     deploy_once(&state, &app.name, &delivery, commit, received).await
 }
 
@@ -163,7 +219,7 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
 }
 
 #[utoipa::path(post, path = "/api/webhooks/generic/{app}", operation_id = "webhooks_generic", tag = "git", security(()),
-    params(("app" = String, Path, description = "The app's name"), ("X-Cloudweb-Signature" = String, Header, description = "sha256=<hex HMAC-SHA256 of the raw body> (X-Hub-Signature-256 is accepted too)"), ("X-Cloudweb-Delivery" = Option<String>, Header, description = "A delivery id; a repeated one is ignored")),
+    params(("app" = String, Path, description = "The app's name"), ("X-Cloudweb-Signature" = Option<String>, Header, description = "sha256=<hex HMAC-SHA256 of \"<X-Cloudweb-Timestamp>.<raw body>\">"), ("X-Cloudweb-Timestamp" = Option<String>, Header, description = "Unix seconds, within 5 minutes of the server's clock; signed with the body"), ("X-Hub-Signature-256" = Option<String>, Header, description = "GitHub's and Gitea's sha256=<hex HMAC-SHA256 of the raw body>, instead of the two above; the body then deploys once")),
     request_body = GenericPushEvent,
     responses(
         (status = 200, description = "Ignored (tag push, other branch, redelivery)", body = WebhookIgnored),
@@ -181,9 +237,6 @@ pub async fn generic(
 ) -> Result<(StatusCode, Json<WebhookAnswer>), ApiError> {
     let received = std::time::Instant::now();
     let body = body_bytes(body)?;
-    let Some(signature) = header(&headers, "x-cloudweb-signature").or_else(|| header(&headers, "x-hub-signature-256")) else {
-        return Err(ApiError::Unauthorized("missing X-Cloudweb-Signature (sha256=<hex HMAC-SHA256 of the body>)".into()));
-    };
     // An unknown app and a wrong signature answer the same.
     let refused = || ApiError::Unauthorized("invalid signature".into());
     let link = state.store.app_git_link(&app_name).await?.filter(|l| l.provider == "generic");
@@ -191,10 +244,13 @@ pub async fn generic(
         return Err(refused());
     };
     let secret = state.sealer.open(&super::webhook_context(&app_name), &sealed).map_err(|e| ApiError::Internal(format!("webhook secret of {app_name}: {e}")))?;
-    if !signature_valid(&secret, &body, signature) {
-        tracing::warn!(app = %app_name, "refused a webhook with a bad signature");
-        return Err(refused());
-    }
+    let delivery = match check_generic_signature(&secret, &headers, &body, state.clock.now_ms()) {
+        Ok(delivery) => delivery,
+        Err(err) => {
+            tracing::warn!(app = %app_name, reason = %err, "refused a webhook");
+            return Err(err);
+        }
+    };
     let payload: Value = crate::error::parse_json(&body)?;
     let reference = payload.get("ref").and_then(Value::as_str).unwrap_or_default();
     let app = state.store.app(&app_name).await?.ok_or_else(|| ApiError::NotFound(format!("no app {app_name:?}")))?;
@@ -213,8 +269,6 @@ pub async fn generic(
     if !commit_id(commit) {
         return Err(ApiError::BadRequest("the commit is not a full commit id".into()));
     }
-    let given = header(&headers, "x-cloudweb-delivery").or_else(|| header(&headers, "x-github-delivery")).or_else(|| header(&headers, "x-gitea-delivery"));
-    let delivery = delivery_id(given, &body)?;
     deploy_once(&state, &app.name, &delivery, commit, received).await
 }
 
@@ -244,9 +298,40 @@ mod tests {
         assert!(commit_id(&"0123456789abcdef".repeat(4)));
         assert!(!commit_id(&"A".repeat(40)));
         assert!(!commit_id("abc"));
-        assert_eq!(delivery_id(Some("4c4e1bd8-1f7a-4a2e-9d7c-2b6c1f0e9a11"), b"").unwrap(), "4c4e1bd8-1f7a-4a2e-9d7c-2b6c1f0e9a11");
-        assert!(delivery_id(Some("a b"), b"").is_err());
-        assert_eq!(delivery_id(None, b"x").unwrap(), delivery_id(None, b"x").unwrap());
-        assert_ne!(delivery_id(None, b"x").unwrap(), delivery_id(None, b"y").unwrap());
+        assert_eq!(body_delivery(b"x"), body_delivery(b"x"));
+        assert_ne!(body_delivery(b"x"), body_delivery(b"y"));
+    }
+
+    #[test]
+    fn a_timestamped_signature_holds_for_five_minutes_and_covers_the_time() {
+        let body = br#"{"ref":"refs/heads/main"}"#;
+        let now_ms = 1_800_000_000_000;
+        let headers = |pairs: &[(&'static str, String)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, v.parse().unwrap());
+            }
+            h
+        };
+        let signed_at = |t: i64| headers(&[("x-cloudweb-timestamp", t.to_string()), ("x-cloudweb-signature", sign(b"s", &[t.to_string().as_bytes(), b".", body].concat()))]);
+        let now = now_ms / 1000;
+        let fresh = check_generic_signature(b"s", &signed_at(now - 299), body, now_ms).unwrap();
+        assert!(fresh.starts_with("signed-sha256:"));
+        assert_ne!(fresh, check_generic_signature(b"s", &signed_at(now), body, now_ms).unwrap(), "another time, another delivery");
+        for stale in [now - 301, now + 301, 0] {
+            let err = check_generic_signature(b"s", &signed_at(stale), body, now_ms).unwrap_err().to_string();
+            assert!(err.contains("from the server's clock"), "{err}");
+        }
+        // The time is signed: moving it breaks the signature.
+        let mut moved = signed_at(now - 400);
+        moved.insert("x-cloudweb-timestamp", now.to_string().parse().unwrap());
+        assert!(check_generic_signature(b"s", &moved, body, now_ms).unwrap_err().to_string().contains("invalid signature"));
+        // The body-only scheme without a time is refused under our header.
+        let untimed = headers(&[("x-cloudweb-signature", sign(b"s", body))]);
+        assert!(check_generic_signature(b"s", &untimed, body, now_ms).unwrap_err().to_string().contains("X-Cloudweb-Timestamp"));
+        // GitHub's header: the body is the delivery.
+        let hub = headers(&[("x-hub-signature-256", sign(b"s", body))]);
+        assert_eq!(check_generic_signature(b"s", &hub, body, now_ms).unwrap(), body_delivery(body));
+        assert!(check_generic_signature(b"other", &hub, body, now_ms).is_err());
     }
 }
