@@ -275,3 +275,63 @@ async fn a_password_spray_from_many_addresses_cannot_lock_the_user_out() {
         ),
     );
 }
+
+/// Finding 2: no Dockerfile form makes the Docker daemon fetch from the
+/// node's loopback. A canary listens there; every form of `ADD <url>`
+/// (literal, through `ARG`, `ENV`, `${U:-default}`, a heredoc) fails the
+/// deployment with a reason before any build, and the canary sees no
+/// connection. (Build arguments cannot be set from outside: the API has
+/// no such setting.)
+#[tokio::test]
+async fn no_dockerfile_form_fetches_from_the_nodes_loopback() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let canary = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://127.0.0.1:{}/secret", canary.local_addr().unwrap().port());
+    let hits = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((_socket, _)) = canary.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    let cloudweb_e2e::Platform { tmp, git, server } = cloudweb_e2e::start_platform(&[]).await.unwrap();
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = cloudweb_e2e::AgentNode::join(&server, &tmp.path().join("node"), "builder", &token, &ca, &[]).unwrap().unwrap();
+    agent
+        .start(&["--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1", "--static-builder-image", "cloudweb-test/busybox:latest"])
+        .unwrap();
+    let base = "FROM cloudweb-test/busybox:latest";
+    let forms = [
+        ("literal", format!("{base}\nADD {url} /x\n")),
+        ("arg", format!("{base}\nARG U={url}\nADD $U /x\n")),
+        ("env", format!("{base}\nENV U={url}\nADD ${{U}} /x\n")),
+        ("default", format!("{base}\nADD ${{U:-{url}}} /x\n")),
+        ("json", format!("{base}\nARG U={url}\nADD [\"$U\", \"/x\"]\n")),
+        ("heredoc", format!("{base}\nARG U={url}\nRUN <<EOF\ntrue\nEOF\nADD $U /x\n")),
+    ];
+    let mut refused = Vec::new();
+    for (form, dockerfile) in &forms {
+        let name = cloudweb_e2e::unique_name(&format!("ssrf-{form}"));
+        git.commit(&name, &[("Dockerfile", dockerfile.as_str())], "fetches").unwrap();
+        let (status, app) = server.call(Method::POST, "/api/apps", Some(json!({"name": name, "repo_url": git.url(&name), "port": 8080}))).await.unwrap();
+        assert_eq!(status, 201, "{app}");
+        let (_, d) = server.call(Method::POST, &format!("/api/apps/{name}/deploy"), None).await.unwrap();
+        let id = d["id"].as_str().unwrap().to_string();
+        let settled = cloudweb_e2e::wait_for(std::time::Duration::from_secs(90), "the deployment to settle", || async {
+            let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+            matches!(d["state"].as_str(), Some("failed" | "running")).then_some(d)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{form}: {e}\n{}", agent.log_text()));
+        assert_eq!(settled["state"], "failed", "{form}: {settled}");
+        let error = settled["error"].as_str().unwrap_or_default();
+        assert!(error.contains("ADD") && (error.contains("RUN step") || error.contains("COPY")), "{form}: {error}");
+        server.call(Method::DELETE, &format!("/api/apps/{name}"), None).await.unwrap();
+        refused.push(*form);
+    }
+    // Time for a late fetch to show.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "the Docker daemon reached the loopback canary");
+    agent.kill();
+    security_summary("2 SSRF through ADD", &format!("{} Dockerfile forms ({}) refused before the build; the loopback canary saw 0 connections", refused.len(), refused.join(", ")));
+}

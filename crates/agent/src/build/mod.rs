@@ -94,6 +94,13 @@ pub fn plan_from_archive(archive: &[u8], strategy: Strategy, settings: Option<&B
 }
 
 fn remote_add_refused(instruction: &str) -> BuildError {
+    if instruction.contains('$') {
+        return BuildError::Invalid(format!(
+            "the Dockerfile's ADD takes its source from a variable ({instruction}); a URL in it would be fetched by the Docker daemon \
+             from the node's own network, and its value is only known during the build, so ADD sources must be written out: \
+             use COPY for the repository's files, or download in a RUN step"
+        ));
+    }
     BuildError::Invalid(format!(
         "the Dockerfile fetches a URL with ADD ({instruction}); the Docker daemon would fetch it from the node's own network, \
          so download it in a RUN step instead"
@@ -101,10 +108,14 @@ fn remote_add_refused(instruction: &str) -> BuildError {
 }
 
 /// The first `ADD` (or `ONBUILD ADD`) of a Dockerfile whose source is a
-/// URL or a git remote, shortened for the message. The Docker daemon
-/// fetches those itself, from the host's network namespace, where the
-/// build network does not apply and loopback is the node's own: such an
-/// `ADD` could read the node's private services into the image.
+/// URL or a git remote, or holds a variable, shortened for the message.
+/// The Docker daemon fetches URLs itself, from the host's network
+/// namespace, where the build network does not apply and loopback is the
+/// node's own: such an `ADD` could read the node's private services into
+/// the image. A variable (`$U`, `${U}`, `${U:-http://…}`) could hold a URL
+/// from an `ARG` default, an `ENV`, or the base image's environment, which
+/// only the build knows, so no expansion here could be complete: any `$`
+/// in a source is refused (`COPY` takes variables; it never fetches).
 ///
 /// The Dockerfile is split into instructions the way Docker does it (see
 /// [`instructions`]). Heredocs (`ADD <<EOF …`) are not parsed: their body
@@ -129,7 +140,7 @@ pub fn remote_add(dockerfile: &str) -> Option<String> {
             }
             Err(_) => rest[..rest.len().saturating_sub(1)].iter().map(|s| s.to_string()).collect(),
         };
-        let remote = sources.iter().any(|source| source.contains("://") || source.to_ascii_lowercase().starts_with("git@"));
+        let remote = sources.iter().any(|source| source.contains("://") || source.contains('$') || source.to_ascii_lowercase().starts_with("git@"));
         if remote {
             let mut shown: String = instruction.chars().take(120).collect();
             if shown.len() < instruction.len() {
@@ -283,16 +294,32 @@ mod tests {
             "FROM x\nADD \\\n  http://localhost/a \\\n  /a\n",
             "FROM x\nONBUILD ADD git@github.com:a/b.git /b\n",
             "FROM x\nADD --keep-git-dir=true https://github.com/a/b.git /b\n",
+            // Issue 20 item 2: the URL in a variable.
+            "FROM x\nARG U=http://127.0.0.1:29999/x\nADD $U /x\n",
+            "FROM x\nENV U=http://127.0.0.1:29999/x\nADD ${U} /x\n",
+            "FROM x\nADD ${U:-http://127.0.0.1:29999/x} /x\n",
+            "FROM x\nARG U\nADD [\"$U\", \"/x\"]\n",
+            "FROM x\nADD --chmod=644 local $U /dir/\n",
+            "# escape=`\nFROM x\nARG U=http://127.0.0.1/x\nADD `\n  $U /x\n",
+            "FROM x\nONBUILD ADD $U /x\n",
         ] {
             assert!(remote_add(bad).is_some(), "{bad}");
         }
-        for good in ["FROM x\nADD site.tar.gz /srv/\nCOPY . /app\n", "FROM x\n# ADD http://x/y /z\nRUN echo http://x\n", "FROM x\nCOPY http /x\n"] {
+        for good in [
+            "FROM x\nADD site.tar.gz /srv/\nCOPY . /app\n",
+            "FROM x\n# ADD http://x/y /z\nRUN echo http://x\n",
+            "FROM x\nCOPY http /x\n",
+            "FROM x\nARG D=/srv\nADD site.tar.gz $D/\nCOPY $D /app\n",
+        ] {
             assert_eq!(remote_add(good), None, "{good}");
         }
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("Dockerfile"), "FROM x\nADD http://127.0.0.1:9/x /x\n").unwrap();
         let err = plan(dir.path(), Strategy::Auto, None).unwrap_err().to_string();
         assert!(err.contains("RUN step"), "{err}");
+        std::fs::write(dir.path().join("Dockerfile"), "FROM x\nARG U=http://127.0.0.1:9/x\nADD $U /x\n").unwrap();
+        let err = plan(dir.path(), Strategy::Auto, None).unwrap_err().to_string();
+        assert!(err.contains("from a variable") && err.contains("COPY"), "{err}");
     }
 
     #[test]
