@@ -215,7 +215,11 @@ async fn remove_builders(runtime: &DockerRuntime, why: &str) {
         match tokio::time::timeout(BUILDER_REMOVAL_LIMIT, runtime.kill_and_remove(&id)).await {
             Ok(Ok(())) => removed.push(format!("{name} ({state})")),
             Ok(Err(err)) => tracing::warn!(container = %name, state = %state, error = %err, "could not remove a builder container {why}"),
-            Err(_) => tracing::warn!(container = %name, state = %state, "the Docker Engine did not remove the builder container {why} within {limit} s; it may remain"),
+            Err(_) => tracing::warn!(
+                container = %name,
+                state = %state,
+                "the Docker Engine had not finished removing the builder container {why} after {limit} s; the engine goes on removing it, and the next start removes it if it is still there"
+            ),
         }
     }
     if !removed.is_empty() {

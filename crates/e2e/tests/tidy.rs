@@ -92,6 +92,10 @@ async fn a_builder_cut_off_by_kill_9_is_gone_at_once_and_the_log_says_so() {
     let line = log.lines().find(|l| l.contains("removed builder containers left by an earlier agent")).unwrap_or_else(|| panic!("{log}"));
     assert!(line.contains("count=1") && line.contains("running"), "the line names the one builder and its state: {line}");
     assert!(!log.contains("did not answer") && !log.contains("may remain"), "nothing false about the engine:\n{log}");
+    cloudweb_e2e::security_summary(
+        "9 log after an agent kill -9",
+        &format!("the restarted agent removed the cut-off builder and logged \"removed builder containers left by an earlier agent\" (count=1, running), no \"did not answer\"; all seen within {:.1} s of the restart", restarted.elapsed().as_secs_f64()),
+    );
 
     server.call(Method::DELETE, &format!("/api/apps/{name}"), None).await.unwrap();
 }
