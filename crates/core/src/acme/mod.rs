@@ -316,7 +316,7 @@ async fn pass(state: &Arc<AppState>) -> Result<(), AcmeError> {
     for host in due {
         let renewing = validity.contains_key(host);
         let started = Instant::now();
-        match obtain(state, host).await {
+        match obtain_retrying_nonces(state, host).await {
             Ok(row) => {
                 state.acme.failures.lock().expect("failures lock").remove(host);
                 state.store.save_certificate(&row).await?;
@@ -340,6 +340,40 @@ async fn pass(state: &Arc<AppState>) -> Result<(), AcmeError> {
         }
     }
     Ok(())
+}
+
+/// How many more times an order is tried at once after the CA refused a
+/// nonce. A refused nonce says nothing about the host (RFC 8555 section
+/// 6.5: the client retries with a fresh one); instant-acme already does
+/// that twice per request, and when a CA (Pebble rejects 5% of nonces by
+/// default) refuses three in a row the order is tried again here, a second
+/// apart, rather than after the first backoff of a minute.
+const NONCE_RETRIES: u32 = 3;
+
+impl AcmeError {
+    /// The CA refused the request's nonce (`badNonce`).
+    fn is_bad_nonce(&self) -> bool {
+        match self {
+            AcmeError::Acme(instant_acme::Error::Api(problem)) => problem.r#type.as_deref() == Some("urn:ietf:params:acme:error:badNonce"),
+            AcmeError::Other(text) => text.contains("urn:ietf:params:acme:error:badNonce"),
+            _ => false,
+        }
+    }
+}
+
+/// [`obtain`], tried again at once (boundedly) when only a nonce failed.
+async fn obtain_retrying_nonces(state: &AppState, host: &str) -> Result<CertificateRow, AcmeError> {
+    let mut retries = 0;
+    loop {
+        match obtain(state, host).await {
+            Err(err) if err.is_bad_nonce() && retries < NONCE_RETRIES => {
+                retries += 1;
+                tracing::info!(%host, retries, "the CA refused a nonce; trying the order again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            outcome => return outcome,
+        }
+    }
 }
 
 /// The ACME account for the configured directory: loaded from the store,
@@ -646,6 +680,18 @@ fn validity_of(chain_pem: &str) -> Result<(i64, i64), AcmeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_refused_nonce_is_retried_at_once() {
+        let problem = |kind: &str| {
+            let problem: instant_acme::Problem = serde_json::from_value(serde_json::json!({"type": kind, "detail": "x", "status": 400})).unwrap();
+            AcmeError::Acme(instant_acme::Error::Api(problem))
+        };
+        assert!(problem("urn:ietf:params:acme:error:badNonce").is_bad_nonce());
+        assert!(!problem("urn:ietf:params:acme:error:rateLimited").is_bad_nonce());
+        assert!(!problem("urn:ietf:params:acme:error:unauthorized").is_bad_nonce());
+        assert!(!AcmeError::Other("the order for x is Invalid".into()).is_bad_nonce());
+    }
 
     #[test]
     fn renews_after_two_thirds_of_the_life() {
