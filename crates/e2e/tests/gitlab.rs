@@ -619,7 +619,7 @@ async fn a_push_deploys_its_checkout_sha_with_statuses_and_one_time_credentials(
     .unwrap();
     let states: Vec<&str> = statuses.iter().map(|s| s.state.as_str()).collect();
     assert_eq!(states, vec!["pending", "running", "success"], "{statuses:?}");
-    assert!(statuses.iter().all(|s| s.target_url.ends_with(&format!("/api/deployments/{id}")) && s.reference == "main" && s.project == project));
+    assert!(statuses.iter().all(|s| s.target_url.ends_with(&format!("/deployments/{id}")) && !s.target_url.contains("/api/") && s.reference == "main" && s.project == project));
 
     // The clone used a deploy token made for this deploy, now revoked.
     let tokens = wait_for(Duration::from_secs(20), "the deploy token revoked", || async {

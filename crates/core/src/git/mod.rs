@@ -353,7 +353,9 @@ async fn on_moved(state: &AppState, event: &Moved) -> Result<(), ApiError> {
     }
     let app = state.store.app(&event.app).await?;
     let branch = app.map(|a| a.branch).unwrap_or_default();
-    let target_url = format!("{}/api/deployments/{}", state.git.public_url(), event.deployment_id);
+    // The dashboard's page of the deployment: a person follows this link
+    // from GitLab (the JSON stays at /api/deployments/{id}).
+    let target_url = format!("{}/deployments/{}", state.git.public_url(), event.deployment_id);
     let mut description = match (event.to, error) {
         (DeploymentState::Failed, Some(error)) => format!("deployment {} failed: {error}", event.deployment_id),
         (to, _) => format!("deployment {} is {}", event.deployment_id, to.as_str()),
