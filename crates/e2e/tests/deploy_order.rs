@@ -201,3 +201,34 @@ async fn a_retried_deploy_builds_the_commit_its_first_try_resolved() {
     let log = response.text().await.unwrap();
     assert!(log.contains(&format!("building commit {first}, which an earlier try of this deployment resolved")), "{log}");
 }
+
+/// Issue 21 item 16. A stop command queued by hand for a running
+/// deployment: once the agent acks it and the container is gone, the
+/// deployment no longer shows as running, nor its instance.
+#[tokio::test]
+async fn a_stop_command_queued_by_hand_ends_the_running_deployment_it_stopped() {
+    let c = cluster().await;
+    let app = unique_name("stopped");
+    c.app(&app).await;
+    let commit = c.git.commit(&app, &[("Dockerfile", FAST), ("index.html", "stop me\n")], "A").unwrap();
+    let id = c.deploy(&app, json!({"commit": commit})).await;
+    c.reaches(&id, "running", Duration::from_secs(90)).await;
+    let node = c.agent.node_id.clone();
+    let (status, body) = c
+        .server
+        .call(Method::POST, &format!("/api/nodes/{node}/commands"), Some(json!({"type": "stop", "payload": {"deployment_id": id, "reason": "by hand"}})))
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "{body}");
+    let ended = wait_for(Duration::from_secs(30), "the deployment to follow the stop", || async {
+        let d = c.deployment(&id).await;
+        (d["state"] != "running").then_some(d)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nserver log:\n{}", c.server.process.log_text()));
+    assert_eq!(ended["state"], "failed", "{ended}");
+    assert!(ended["error"].as_str().unwrap_or_default().contains("stopped by a stop command (by hand)"), "{ended}");
+    assert_eq!(ended["instances"][0]["state"], "stopped", "{ended}");
+    assert!(running_containers(&app).is_empty(), "{:?}", running_containers(&app));
+    c.server.call(Method::DELETE, &format!("/api/apps/{app}"), None).await.unwrap();
+}

@@ -84,6 +84,16 @@ impl Store {
         Ok(rows.iter().map(command_from_row).collect())
     }
 
+    /// Command `seq` of `node_id`, if that node has it.
+    pub async fn node_command(&self, node_id: &str, seq: i64) -> Result<Option<CommandRow>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {COMMAND_COLUMNS} FROM commands WHERE seq = $1 AND node_id = $2"))
+            .bind(seq)
+            .bind(node_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(command_from_row))
+    }
+
     /// Acks a command of this node. Returns false when the node has no such
     /// command (another node's command counts as no such command).
     pub async fn ack_command(&self, node_id: &str, seq: i64, now_ms: i64) -> Result<bool, StoreError> {

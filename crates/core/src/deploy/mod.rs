@@ -19,7 +19,7 @@ pub mod scheduler;
 pub use crate::deployment_state as state;
 pub use crate::deployment_state::CANCELLED;
 
-pub use reports::{check_report, on_report};
+pub use reports::{check_report, on_report, stop_acked};
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -154,6 +154,39 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
     Ok(())
 }
 
+/// A node acked a stop command: the instances it named on that node are
+/// stopped (an agent reports the state of a single stopped instance, not
+/// of a whole deployment's, and older agents never did), and a running
+/// deployment left with no instance that runs or is starting has failed:
+/// its state follows what runs. Acking again changes nothing more.
+pub async fn stop_acked(state: &AppState, node_id: &str, payload: &cloudweb_protocol::StopPayload) -> Result<(), ApiError> {
+    let Some(deployment) = state.store.deployment(&payload.deployment_id).await? else { return Ok(()) };
+    let now = state.clock.now_ms();
+    let instances = state.store.instances(&deployment.id).await?;
+    let mut stopped = 0;
+    for instance in &instances {
+        let named = payload.instance.is_none_or(|n| i64::from(n) == instance.instance);
+        if named && instance.node_id.as_deref() == Some(node_id) && !matches!(instance.state.as_str(), "failed" | "stopped") {
+            state.store.update_instance(&deployment.id, instance.instance, InstanceUpdate::to("stopped").on(node_id), now).await?;
+            stopped += 1;
+        }
+    }
+    if stopped == 0 {
+        return Ok(());
+    }
+    let instances = state.store.instances(&deployment.id).await?;
+    let live = instances.iter().any(|i| matches!(i.state.as_str(), "pending" | "running"));
+    if DeploymentState::parse(&deployment.state) == Some(DeploymentState::Running) && !live {
+        let reason = match &payload.reason {
+            Some(reason) => format!("every instance was stopped by a stop command ({reason})"),
+            None => "every instance was stopped by a stop command".to_string(),
+        };
+        fail(state, &deployment, &reason).await?;
+    }
+    crate::routes::app_changed(state, &deployment.app).await?;
+    Ok(())
+}
+
 /// Every instance of a deployment runs: it becomes the app's running
 /// deployment and the older running ones are superseded, their instances
 /// stopping once the drain period has passed and every ingress serves the

@@ -54,5 +54,14 @@ pub async fn ack(
     if !state.store.ack_command(&node_id, seq, state.clock.now_ms()).await? {
         return Err(not_found());
     }
+    // A stop's effect on what the control plane shows (see stop_acked).
+    if let Some(command) = state.store.node_command(&node_id, seq).await? {
+        if cloudweb_protocol::CommandKind::parse(&command.kind) == Some(cloudweb_protocol::CommandKind::Stop) {
+            // The stored payload is sealed; the wire form is the clear one.
+            if let Ok(payload) = serde_json::from_value::<cloudweb_protocol::StopPayload>(to_wire(&state, &command)?.payload) {
+                crate::deploy::stop_acked(&state, &node_id, &payload).await?;
+            }
+        }
+    }
     Ok(Json(json!({ "id": id, "acked": true })))
 }
