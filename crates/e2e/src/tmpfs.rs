@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 /// A tmpfs of `size` mounted at `dir`, unmounted on drop.
-pub struct Tmpfs(std::path::PathBuf);
+pub struct Tmpfs(pub std::path::PathBuf);
 
 impl Tmpfs {
     pub fn mount(dir: &Path, size: &str) -> Tmpfs {
