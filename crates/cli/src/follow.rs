@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use eventsource_stream::Eventsource;
 use futures_util::StreamExt;
-use cloudweb_api_types::deployments::{BuildLogLine, DeploymentView};
+use cloudweb_api_types::deployments::{BuildLogLine, DeploymentView, TimelineEntry};
 use cloudweb_api_types::traffic::RuntimeLine;
 
 use crate::client::{segment, Api};
@@ -29,6 +29,8 @@ struct Progress {
     started: Instant,
     frame: usize,
     shown: bool,
+    /// How many of the deployment's timeline entries are printed.
+    printed: usize,
 }
 
 impl Progress {
@@ -60,16 +62,22 @@ impl Progress {
         self.draw(&mut out);
     }
 
-    fn state(&mut self, state: &str) {
-        if state == self.state {
-            return;
+    /// Prints the states of the deployment's history not printed yet, in
+    /// order, one line each: every state it passed through, also those
+    /// that came and went between two looks at it (a cached build).
+    fn timeline(&mut self, timeline: &[TimelineEntry]) {
+        for entry in timeline.iter().skip(self.printed) {
+            self.line(&format!("state: {}", clean(&entry.state)));
         }
-        self.state = state.to_string();
-        if self.tty {
-            let mut out = std::io::stdout().lock();
-            self.draw(&mut out);
-        } else {
-            println!("state: {state}");
+        self.printed = self.printed.max(timeline.len());
+        if let Some(last) = timeline.last() {
+            if last.state != self.state {
+                self.state = last.state.clone();
+                if self.tty {
+                    let mut out = std::io::stdout().lock();
+                    self.draw(&mut out);
+                }
+            }
         }
     }
 }
@@ -79,7 +87,7 @@ impl Progress {
 /// `quiet` (for `--json`) it prints nothing and only waits.
 pub async fn deployment(api: &Api, id: &str, quiet: bool) -> Result<(DeploymentView, bool), Failure> {
     let tty = !quiet && std::io::stdout().is_terminal();
-    let mut progress = Progress { tty, id: id.to_string(), state: String::new(), started: Instant::now(), frame: 0, shown: false };
+    let mut progress = Progress { tty, id: id.to_string(), state: String::new(), started: Instant::now(), frame: 0, shown: false, printed: 0 };
     let path = format!("/api/deployments/{}", segment(id));
     let mut events = match api.stream(&format!("{path}/logs")).await {
         Ok(response) => Some(response.bytes_stream().eventsource()),
@@ -112,11 +120,10 @@ pub async fn deployment(api: &Api, id: &str, quiet: bool) -> Result<(DeploymentV
             },
             _ = poll.tick() => {
                 let deployment: DeploymentView = api.get(&path).await?;
-                let state = deployment.state;
                 if !quiet {
-                    progress.state(&state);
+                    progress.timeline(&deployment.timeline);
                 }
-                if events.is_none() && settled(&state) {
+                if events.is_none() && settled(&deployment.state) {
                     break;
                 }
             }
@@ -127,6 +134,9 @@ pub async fn deployment(api: &Api, id: &str, quiet: bool) -> Result<(DeploymentV
         }
     }
     let deployment: DeploymentView = api.get(&path).await?;
+    if !quiet {
+        progress.timeline(&deployment.timeline);
+    }
     {
         let mut out = std::io::stdout().lock();
         progress.clear(&mut out);

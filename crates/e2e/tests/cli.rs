@@ -250,9 +250,10 @@ async fn the_cli_drives_a_real_cluster() {
 
     // Deploy --follow: 0 once running, with plain lines (stdout is a pipe).
     let output = cli.expect(0, &["deploy", &app, "--commit", &commit[..10], "--follow"], None);
-    // A cached build can pass through building and deploying between two
-    // polls, so the streamed build log is what shows progress here.
-    assert!(output.stdout.contains("state: building") || output.stdout.contains("state: deploying") || output.stdout.contains("build  checked out"), "{}", output.stdout);
+    // Every state it passed through, in order, once each (issue 21 item
+    // 13), read from its history: a cached build too.
+    let states: Vec<&str> = output.stdout.lines().filter_map(|l| l.strip_prefix("state: ")).collect();
+    assert_eq!(states, ["queued", "building", "deploying", "running"], "{}", output.stdout);
     assert!(output.stdout.contains("is running"), "{}", output.stdout);
     assert!(!output.stdout.contains('\u{1b}'), "no terminal codes when stdout is not a terminal: {}", output.stdout);
     // A mistyped branch: 1, with the reason.
