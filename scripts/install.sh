@@ -71,6 +71,12 @@ agent_dir=${CLOUDWEB_AGENT_DIR:-$root/var/lib/cloudweb-agent}
 bin_dir=${CLOUDWEB_BIN_DIR:-$root/usr/local/bin}
 run_dir=${CLOUDWEB_RUN_DIR:-$root/run/cloudweb}
 log_dir=${CLOUDWEB_LOG_DIR:-$root/var/log/cloudweb}
+# Where root's cloudweb CLI keeps its login: its own default (~/.config)
+# unless the install is under CLOUDWEB_ROOT, which then holds it too.
+cli_config_home=${CLOUDWEB_CLI_CONFIG_HOME:-${root:+$root/root/.config}}
+cli_env() { # runs a command with the CLI's configuration directory
+    if [ -n "$cli_config_home" ]; then XDG_CONFIG_HOME=$cli_config_home "$@"; else "$@"; fi
+}
 api_port=$(port_var CLOUDWEB_API_PORT 8080)
 agent_port=$(port_var CLOUDWEB_AGENT_PORT 8443)
 registry_port=$(port_var CLOUDWEB_REGISTRY_PORT 5000)
@@ -304,7 +310,11 @@ uninstall() {
         rm -rf "/etc/docker/certs.d/$registry_address"
     fi
     if [ -f "$data_dir/installer.env" ]; then
-        rm -f "$bin_dir/cloudweb-server" "$bin_dir/cloudweb-agent"
+        # The CLI's login holds this install's admin token.
+        if [ -x "$bin_dir/cloudweb" ]; then
+            cli_env "$bin_dir/cloudweb" logout >/dev/null 2>&1 || true
+        fi
+        rm -f "$bin_dir/cloudweb-server" "$bin_dir/cloudweb-agent" "$bin_dir/cloudweb"
     fi
     rm -rf "$data_dir" "$agent_dir" "$run_dir" "$log_dir"
     if [ -n "$root" ]; then
@@ -385,10 +395,10 @@ if [ -n "${CLOUDWEB_PREBUILT:-}" ]; then
     built=$CLOUDWEB_PREBUILT
 else
     echo "install: building (release)"
-    cargo build --release --locked --bins -p cloudweb-server -p cloudweb-agent
+    cargo build --release --locked --bins -p cloudweb-server -p cloudweb-agent -p cloudweb-cli
     built=target/release
 fi
-for binary in cloudweb-server cloudweb-agent; do
+for binary in cloudweb-server cloudweb-agent cloudweb; do
     [ -x "$built/$binary" ] || die "$built/$binary is missing"
     # Through a temporary name: a running binary cannot be overwritten in place.
     install -m 0755 "$built/$binary" "$bin_dir/.$binary.new"
@@ -396,6 +406,7 @@ for binary in cloudweb-server cloudweb-agent; do
 done
 server_bin="$bin_dir/cloudweb-server"
 agent_bin="$bin_dir/cloudweb-agent"
+cli_bin="$bin_dir/cloudweb"
 
 mkdir -p "$data_dir"
 chmod 0700 "$data_dir"
@@ -439,6 +450,11 @@ admin_token_file="$data_dir/admin-token"
 # The control plane's own subcommands read its answers and print the
 # fields asked for, one per line: no JSON is picked apart here.
 api_args=(--api-address "127.0.0.1:$api_port" --admin-token-file "$admin_token_file")
+# Root's CLI, logged in with the admin token (read from the file on stdin,
+# never on a command line).
+cli_env "$cli_bin" --server "$api" login < "$admin_token_file" >/dev/null || die "cannot log the cloudweb CLI in to $api"
+cli_config_note=''
+[ -z "$cli_config_home" ] || cli_config_note=", XDG_CONFIG_HOME=$cli_config_home"
 
 # --- this host as a node
 
@@ -579,11 +595,10 @@ cloud-web is running.
   dashboard:    $api/  (make your login first:
                 sudo $server_bin admin create-user --data-dir $data_dir --name YOU)
 
-Deploy your own app from a git repository:
-  token=\$(sudo cat $admin_token_file)
-  curl -H "Authorization: Bearer \$token" -H 'content-type: application/json' \\
-       -d '{"name": "myapp", "repo_url": "https://github.com/you/myapp.git", "port": 8080}' $api/api/apps
-  curl -H "Authorization: Bearer \$token" -H 'content-type: application/json' -d '{}' $api/api/apps/myapp/deploy
+Deploy your own app from a git repository with the cloudweb CLI ($cli_bin,
+logged in for root with the admin token$cli_config_note):
+  sudo $cli_bin apps create myapp --repo https://github.com/you/myapp.git --port 8080
+  sudo $cli_bin deploy myapp --follow
 $served_at
 Uninstall: sudo $repo/scripts/install.sh --uninstall
 DONE

@@ -202,6 +202,9 @@ grep -q 'Hello from cloud-web' <<<"$page" || fail "unexpected page: $page"
 redirect=$(curl -sS --max-time 10 -o /dev/null -w '%{http_code}' --resolve "$app.localhost:$http_port:127.0.0.1" \
     "http://$app.localhost:$http_port/")
 [ "$redirect" = 308 ] || [ "$redirect" = 301 ] || [ "$redirect" = 302 ] || fail "plain HTTP answered $redirect, not a redirect"
+say "the cloudweb CLI is installed and logged in for root"
+cli_apps=$(XDG_CONFIG_HOME="$root/root/.config" "$root/usr/local/bin/cloudweb" apps) || fail "the installed CLI does not list the apps"
+grep -q "$app" <<<"$cli_apps" || fail "the installed CLI lists no $app: $cli_apps"
 
 # Uninstalls and checks that nothing of the install is left.
 uninstall_and_check() {
