@@ -82,6 +82,49 @@ impl Dashboard {
         serde_json::from_str::<serde_json::Value>(&text).unwrap()["node_id"].as_str().unwrap().to_string()
     }
 
+    /// An app as the create form would make it, written to the store.
+    async fn app(&self, name: &str) {
+        let now = self.server.state.clock.now_ms();
+        let app = AppRow {
+            name: name.into(),
+            repo_url: format!("https://example.com/{name}.git"),
+            branch: "main".into(),
+            port: 8080,
+            domains: "[]".into(),
+            build: None,
+            strategy: "auto".into(),
+            instances: 1,
+            cpu: None,
+            memory_bytes: None,
+            health_path: "/".into(),
+            health_timeout_s: 60,
+            build_timeout_s: None,
+            env_sealed: None,
+            git_credentials_sealed: None,
+            created_at: now,
+        };
+        self.server.state.store.insert_app(&app, &format!("{name}.localhost")).await.unwrap().unwrap();
+    }
+
+    /// A deployment of `app` in `state`, written to the store.
+    async fn deployment(&self, id: &str, app: &str, state: &str) {
+        let now = self.server.state.clock.now_ms();
+        let deployment = DeploymentRow {
+            id: id.into(),
+            seq: 0,
+            app: app.into(),
+            kind: "source".into(),
+            commit_sha: None,
+            rollback_of: None,
+            state: state.into(),
+            image: None,
+            error: None,
+            created_at: now,
+            updated_at: now,
+        };
+        self.server.state.store.insert_deployment(&deployment, 1, false).await.unwrap();
+    }
+
     /// The CSRF token in a page's forms.
     fn csrf(page: &str) -> String {
         let field = "name=\"csrf_token\" value=\"";
@@ -146,6 +189,34 @@ async fn pages_need_a_user_session_shared_with_the_api() {
     assert_eq!(status, 303, "the old cookie no longer opens pages");
     let api = dashboard.http.get(dashboard.url("/api/me")).header(COOKIE, &cookie).send().await.unwrap();
     assert_eq!(api.status(), 401, "nor the API");
+}
+
+/// Anything before the doctype (it once came after `<html>`) puts a
+/// browser in quirks mode; every page, error pages too, starts with it.
+#[tokio::test]
+async fn every_page_starts_with_the_doctype() {
+    let dashboard = Dashboard::start().await;
+    let node_id = dashboard.join("n1").await;
+    dashboard.app("web").await;
+    dashboard.deployment("dep_1", "web", "running").await;
+    let cookie = dashboard.login().await.unwrap();
+    let mut pages = vec![("/login".to_string(), dashboard.get("", "/login").await)];
+    for path in ["/nodes", "/apps", "/apps/web", "/apps/web/delete", "/deployments/dep_1", "/monitoring", &format!("/nodes/{node_id}/drain")] {
+        let (status, page) = dashboard.get(&cookie, path).await;
+        assert_eq!(status, 200, "{path}");
+        pages.push((path.to_string(), (status, page)));
+    }
+    for path in ["/no-such-page", "/apps/missing", "/deployments/missing"] {
+        let (status, page) = dashboard.get(&cookie, path).await;
+        assert_eq!(status, 404, "{path}");
+        pages.push((path.to_string(), (status, page)));
+    }
+    let forged = dashboard.http.post(dashboard.url("/apps")).header(COOKIE, &cookie).form(&[("name", "x")]).send().await.unwrap();
+    assert_eq!(forged.status(), 403);
+    pages.push(("403".to_string(), (403, forged.text().await.unwrap())));
+    for (path, (_, page)) in pages {
+        assert!(page.starts_with("<!DOCTYPE html><html lang=\"en\"><head>"), "{path} starts: {}", &page[..page.len().min(80)]);
+    }
 }
 
 #[tokio::test]

@@ -14,9 +14,10 @@ pub enum Nav {
     Monitoring,
 }
 
+/// Every page's `<head>`. The doctype is not part of it: it must come
+/// before `<html>`, since anything ahead of it puts browsers in quirks mode.
 fn head(lang: Lang, title: &str) -> Markup {
     html! {
-        (DOCTYPE)
         head {
             meta charset="utf-8";
             meta name="viewport" content="width=device-width, initial-scale=1";
@@ -34,6 +35,7 @@ pub fn page(ctx: &Ctx, title: &str, nav: Nav, here: &str, body: Markup) -> Marku
         html! { a href=(href) aria-current=[(target == nav).then_some("page")] { (ctx.lang.t(key)) } }
     };
     html! {
+        (DOCTYPE)
         html lang=(ctx.lang.code()) {
             (head(ctx.lang, title))
             body {
@@ -95,6 +97,7 @@ fn flash(ctx: &Ctx) -> Markup {
 /// A page with just a message (errors, not found).
 pub fn message(ctx: &Ctx, text: &str) -> Markup {
     html! {
+        (DOCTYPE)
         html lang=(ctx.lang.code()) {
             (head(ctx.lang, text))
             body { main id="main" { p { (text) } p { a href="/nodes" { (ctx.t("common.back")) } } } }
@@ -104,6 +107,7 @@ pub fn message(ctx: &Ctx, text: &str) -> Markup {
 
 pub fn login(lang: Lang, error: Option<&str>) -> Markup {
     html! {
+        (DOCTYPE)
         html lang=(lang.code()) {
             (head(lang, lang.t("login.title")))
             body.login {
@@ -152,4 +156,18 @@ pub fn confirm(ctx: &Ctx, title: &str, nav: Nav, here: &str, question: &str, ext
             }
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_doctype_comes_before_html() {
+        for lang in [Lang::En, Lang::Es] {
+            let page = login(lang, Some("<b>")).into_string();
+            assert!(page.starts_with(&format!("<!DOCTYPE html><html lang=\"{}\"><head>", lang.code())), "{page}");
+            assert!(page.contains("&lt;b&gt;"), "still escaped: {page}");
+        }
+    }
 }
