@@ -74,7 +74,7 @@ pub const EN: &[(&str, &str)] = &[
     ("login.title", "Log in"),
     ("login.name", "User name"),
     ("login.password", "Password"),
-    ("login.help", "The first user comes from `cloudweb-server admin create-user`; more are added with POST /api/users."),
+    ("login.help", "The first user comes from {command}; more are added with {api}."),
     ("login.submit", "Log in"),
     ("login.invalid", "Wrong name or password."),
     ("login.too_many", "Too many login attempts; try again later"),
@@ -243,7 +243,7 @@ pub const ES: &[(&str, &str)] = &[
     ("login.title", "Iniciar sesión"),
     ("login.name", "Usuario"),
     ("login.password", "Contraseña"),
-    ("login.help", "El primer usuario se crea con `cloudweb-server admin create-user`; los demás, con POST /api/users."),
+    ("login.help", "El primer usuario se crea con {command}; los demás, con {api}."),
     ("login.submit", "Entrar"),
     ("login.invalid", "Usuario o contraseña incorrectos."),
     ("login.too_many", "Demasiados intentos de inicio de sesión; vuelve a intentarlo más tarde"),
@@ -275,7 +275,7 @@ pub const ES: &[(&str, &str)] = &[
     ("nodes.waiting", "No se pudieron mover (no hay sitio):"),
     ("nodes.never", "nunca"),
     ("nodes.ago", "hace {age}"),
-    ("nodes.ingress", "ingress"),
+    ("nodes.ingress", "entrada"),
     ("nodes.cores", "núcleos"),
     ("state.ready", "listo"),
     ("state.draining", "drenando"),
@@ -435,6 +435,27 @@ mod tests {
                 assert!(keys.contains(key), "{} uses unknown key {key:?}", path.display());
             }
         }
+    }
+
+    /// Markup in a catalogue would show as typed (pages escape every word),
+    /// and a Spanish word left in English is a missed translation: only
+    /// these are the same in both languages.
+    #[test]
+    fn catalogues_hold_plain_words_and_spanish_translates_them() {
+        const SAME_IN_BOTH: &[&str] = &[
+            "product", "nav.apps", "apps.title", "mon.apps", "nodes.cpu", "mon.cpu", "apps.url", "apps.strategy.dockerfile",
+            "apps.strategy.buildpacks", "deploy.commit", "deploy.error", "common.error", "common.no",
+        ];
+        for (key, value) in EN.iter().chain(ES) {
+            assert!(!value.contains('`') && !value.contains('<'), "{key}: markup in {value:?}");
+        }
+        let english: HashMap<&str, &str> = EN.iter().copied().collect();
+        for (key, value) in ES {
+            if english.get(key) == Some(value) {
+                assert!(SAME_IN_BOTH.contains(key), "{key} is not translated: {value:?}");
+            }
+        }
+        assert_eq!(Lang::Es.t("nodes.ingress"), "entrada");
     }
 
     #[test]
