@@ -219,6 +219,68 @@ async fn every_page_starts_with_the_doctype() {
     }
 }
 
+/// The next `event: state` of a deployment page's stream, as JSON
+/// (other events, log lines, are skipped).
+async fn next_state(stream: &mut reqwest::Response, buffer: &mut String) -> serde_json::Value {
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            while let Some(end) = buffer.find("\n\n") {
+                let event: String = buffer.drain(..end + 2).collect();
+                if let Some(data) = event.strip_prefix("event: state\ndata: ") {
+                    return serde_json::from_str(data.trim_end()).unwrap();
+                }
+            }
+            let chunk = stream.chunk().await.unwrap().expect("the stream ended before a state event");
+            buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    })
+    .await
+    .expect("a state event within 10 s")
+}
+
+/// The deployment page's stream carries the state, commit and image as
+/// they change (the page's script puts them in place), not only log lines.
+#[tokio::test]
+async fn the_deployment_stream_follows_state_commit_and_image() {
+    let dashboard = Dashboard::start().await;
+    let state = &dashboard.server.state;
+    dashboard.app("web").await;
+    dashboard.deployment("dep_live", "web", "queued").await;
+    let cookie = dashboard.login().await.unwrap();
+    let (_, page) = dashboard.get(&cookie, "/deployments/dep_live").await;
+    assert!(page.contains(r#"data-stream="/deployments/dep_live/logs?after=0&amp;lang=en""#), "{page}");
+    assert!(page.contains(r#"<code id="deployment-commit">–</code>"#) && page.contains(r#"id="deployment-image">–<"#), "{page}");
+
+    let mut stream = dashboard.http.get(dashboard.url("/deployments/dep_live/logs?after=0&lang=es")).header(COOKIE, &cookie).send().await.unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut buffer = String::new();
+    let first = next_state(&mut stream, &mut buffer).await;
+    assert_eq!((first["state"].as_str(), first["commit"].as_str()), (Some("queued"), None), "{first}");
+
+    let now = state.clock.now_ms();
+    assert!(state.store.transition_deployment("dep_live", "queued", "building", None, None, now).await.unwrap());
+    state.store.set_deployment_commit("dep_live", "0123456789abcdef", now).await.unwrap();
+    let building = wait_for_state(&mut stream, &mut buffer, |s| s["commit"].is_string()).await;
+    assert_eq!((building["state"].as_str(), building["state_label"].as_str()), (Some("building"), Some("construyendo")), "the page's language: {building}");
+    assert_eq!(building["commit"], "0123456789abcdef");
+    let timeline: Vec<&str> = building["timeline"].as_array().unwrap().iter().map(|e| e["state"].as_str().unwrap()).collect();
+    assert!(timeline.ends_with(&["building"]), "{building}");
+
+    assert!(state.store.transition_deployment("dep_live", "building", "failed", Some("<b>no</b>"), Some("registry/web:1"), now).await.unwrap());
+    let failed = wait_for_state(&mut stream, &mut buffer, |s| s["state"] == "failed").await;
+    assert_eq!((failed["image"].as_str(), failed["error"].as_str()), (Some("registry/web:1"), Some("<b>no</b>")), "{failed}");
+}
+
+/// State events until one passes `wanted`.
+async fn wait_for_state(stream: &mut reqwest::Response, buffer: &mut String, wanted: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    loop {
+        let event = next_state(stream, buffer).await;
+        if wanted(&event) {
+            return event;
+        }
+    }
+}
+
 #[tokio::test]
 async fn dashboard_logins_count_against_the_same_limit_as_the_api() {
     let dashboard = Dashboard::start().await;
