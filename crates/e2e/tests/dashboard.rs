@@ -417,11 +417,15 @@ async fn forms_create_an_app_set_env_and_domains_and_delete_it() {
     assert_eq!((app.strategy.as_str(), app.instances, app.memory_bytes), ("static", 2, Some(128 << 20)));
     assert!(app.build.as_deref().unwrap().contains("\"spa\":\"yes\""), "{:?}", app.build);
 
-    // A bad form comes back with the API's reason on the next page.
-    let refused = post("/apps", vec![("name", "Bad Name"), ("repo_url", "https://example.com/x.git"), ("port", "80")]).await.unwrap();
-    assert_eq!(refused.headers()[LOCATION], "/apps");
-    let (_, page) = dashboard.get(&cookie, "/apps").await;
-    assert!(page.contains("role=\"alert\"") && page.contains("invalid name"), "{page}");
+    // A bad form comes back at once with the API's reason inside it and
+    // the fields as they were filled in.
+    let refused = post("/apps", vec![("name", "Bad Name"), ("repo_url", "https://example.com/x.git"), ("port", "80"), ("strategy", "dockerfile")]).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let page = refused.text().await.unwrap();
+    let form = form_of(&page, "action=\"/apps\"");
+    assert!(form.contains(r#"role="alert" id="create-error""#) && form.contains("invalid name"), "{form}");
+    assert!(form.contains(r#"value="Bad Name""#) && form.contains(r#"value="https://example.com/x.git""#) && form.contains(r#"value="80""#), "{form}");
+    assert!(form.contains(r#"<option value="dockerfile" selected>"#), "{form}");
 
     assert_eq!(post("/apps/shop/env", vec![("name", "API_KEY"), ("value", "s3cret")]).await.unwrap().status(), 303);
     assert_eq!(post("/apps/shop/env", vec![("name", "MODE"), ("value", "prod")]).await.unwrap().status(), 303);
@@ -457,10 +461,15 @@ async fn forms_create_an_app_set_env_and_domains_and_delete_it() {
     assert_eq!((app.branch.as_str(), app.port, app.health_path.as_str(), app.health_timeout_s, app.build_timeout_s), ("release", 4000, "/up", 20, Some(900)));
     assert_eq!((app.instances, app.memory_bytes, app.cpu), (1, None, None), "empty fields are the defaults");
     assert_eq!(app.build.as_deref(), Some(r#"{"build_cmd":"make","output_dir":"public","spa":"no"}"#));
-    // Refused like the API: the reason on the next page, nothing changed.
-    assert_eq!(post("/apps/shop/settings", settings("4001", "no-slash")).await.unwrap().status(), 303);
-    let (_, page) = dashboard.get(&cookie, "/apps/shop").await;
-    assert!(page.contains("role=\"alert\"") && page.contains("invalid health_path"), "{page}");
+    // Refused like the API: the reason in the (opened) settings form, the
+    // values as typed, nothing changed.
+    let refused = post("/apps/shop/settings", settings("4001", "no-slash")).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let page = refused.text().await.unwrap();
+    assert!(page.contains(r#"<details id="edit-settings" open>"#), "{page}");
+    let form = form_of(&page, "action=\"/apps/shop/settings\"");
+    assert!(form.contains(r#"role="alert" id="settings-error""#) && form.contains("invalid health_path"), "{form}");
+    assert!(form.contains(r#"value="no-slash""#) && form.contains(r#"value="4001""#), "{form}");
     assert_eq!(dashboard.server.state.store.app("shop").await.unwrap().unwrap().port, 4000);
     assert_eq!(dashboard.http.post(dashboard.url("/apps/shop/settings")).header(COOKIE, &cookie).form(&settings("1", "/")).send().await.unwrap().status(), 403, "no CSRF token");
 
@@ -469,6 +478,46 @@ async fn forms_create_an_app_set_env_and_domains_and_delete_it() {
     assert!(confirm.contains("Delete this app?"), "{confirm}");
     assert_eq!(post("/apps/shop/delete", vec![]).await.unwrap().headers()[LOCATION], "/apps");
     assert!(dashboard.server.state.store.app("shop").await.unwrap().is_none());
+}
+
+/// The `<form …>` element of `page` whose opening tag holds `attribute`.
+fn form_of<'a>(page: &'a str, attribute: &str) -> &'a str {
+    let at = page.find(attribute).unwrap_or_else(|| panic!("no form with {attribute}: {page}"));
+    let start = page[..at].rfind("<form").unwrap();
+    let end = at + page[at..].find("</form>").unwrap();
+    &page[start..end]
+}
+
+/// The env form is at the bottom of a long page: a refused one shows its
+/// reason there, not at the top, and keeps what was typed (not cached).
+#[tokio::test]
+async fn a_refused_env_form_shows_its_error_next_to_it_with_the_input_kept() {
+    let dashboard = Dashboard::start().await;
+    dashboard.app("web").await;
+    let cookie = dashboard.login().await.unwrap();
+    let (_, page) = dashboard.get(&cookie, "/apps/web").await;
+    let csrf = Dashboard::csrf(&page);
+    let form = [("name", "1 BAD NAME"), ("value", "typed <value>"), ("csrf_token", csrf.as_str())];
+    let refused = dashboard.http.post(dashboard.url("/apps/web/env")).header(COOKIE, &cookie).form(&form).send().await.unwrap();
+    assert_eq!(refused.status(), 400);
+    assert_eq!(refused.headers()["cache-control"], "no-store");
+    let page = refused.text().await.unwrap();
+    let env_form = form_of(&page, "action=\"/apps/web/env\"");
+    assert!(env_form.contains(r#"role="alert" id="env-error""#) && env_form.contains("variable names must match"), "{env_form}");
+    assert!(env_form.contains(r#"value="1 BAD NAME" autofocus"#) && env_form.contains(r#"value="typed &lt;value&gt;""#), "{env_form}");
+    let top = &page[..page.find("<h2").unwrap()];
+    assert!(!top.contains("role=\"alert\""), "no error at the top of the page: {top}");
+    assert_eq!(page.matches("variable names must match").count(), 1, "{page}");
+    // The other forms are as they were.
+    assert!(form_of(&page, "action=\"/apps/web/domains\"").contains("<textarea id=\"domains\" name=\"domains\" rows=\"3\"></textarea>"), "{page}");
+    assert!(dashboard.server.state.store.app("web").await.unwrap().unwrap().env_sealed.is_none(), "nothing was set");
+    // A refused domain list likewise, in its own form.
+    let form = [("domains", "not a domain!"), ("csrf_token", csrf.as_str())];
+    let refused = dashboard.http.post(dashboard.url("/apps/web/domains")).header(COOKIE, &cookie).form(&form).send().await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let page = refused.text().await.unwrap();
+    let domains = form_of(&page, "action=\"/apps/web/domains\"");
+    assert!(domains.contains(r#"id="domains-error""#) && domains.contains("not a domain!</textarea>"), "{domains}");
 }
 
 #[tokio::test]
