@@ -103,6 +103,13 @@ impl Browser {
         }
     }
 
+    /// The page renders in standards mode, not quirks mode (anything
+    /// before the doctype, or none, gives `BackCompat`).
+    async fn assert_standards_mode(&self, what: &str) {
+        let mode = self.client.execute("return document.compatMode;", vec![]).await.unwrap();
+        assert_eq!(mode.as_str(), Some("CSS1Compat"), "{what} renders in quirks mode");
+    }
+
     async fn screenshot(&self, name: &str) {
         let png = self.client.screenshot().await.unwrap();
         std::fs::write(screenshot_dir().join(format!("{name}.png")), png).unwrap();
@@ -123,12 +130,14 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     browser.client.find(Locator::Id("password")).await.unwrap().send_keys("not the passphrase").await.unwrap();
     browser.click("form[action='/login'] button[type=submit]").await;
     browser.wait_text("p.flash.error", "Wrong name or password", Duration::from_secs(20)).await;
+    browser.assert_standards_mode("the login page").await;
     browser.screenshot("01-login").await;
     browser.client.find(Locator::Id("name")).await.unwrap().send_keys("ada").await.unwrap();
     browser.client.find(Locator::Id("password")).await.unwrap().send_keys("a long enough passphrase").await.unwrap();
     browser.click("form[action='/login'] button[type=submit]").await;
     browser.wait_text("h1", "Nodes", Duration::from_secs(20)).await;
     assert!(browser.text("header.top").await.contains("ada"), "the page names who is logged in");
+    browser.assert_standards_mode("the nodes page").await;
 
     // Generate a join token; the command it shows is what joins the node.
     browser.click("form[action='/nodes/join-token'] button").await;
@@ -169,14 +178,37 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     form.set_by_name("repo_url", &git.url(&app)).await.unwrap();
     form.set_by_name("port", "8080").await.unwrap();
     browser.client.find(Locator::Css("#strategy")).await.unwrap().select_by_value("dockerfile").await.unwrap();
+    browser.assert_standards_mode("the apps page").await;
     browser.screenshot("04-apps").await;
     form.submit().await.unwrap();
     browser.wait_text("h1", &app, Duration::from_secs(10)).await;
+    browser.assert_standards_mode("the app page").await;
     browser.click("form[action$='/deploy'] button").await;
     browser.wait_text("h1", "Deployment", Duration::from_secs(10)).await;
-    // Build lines arrive while the page is open.
-    wait_for(Duration::from_secs(120), "build log lines", || async { browser.client.find(Locator::Css("#log span.line")).await.ok() }).await.unwrap();
+    browser.assert_standards_mode("the deployment page").await;
+    // Build lines arrive while the page is open, and the state, commit,
+    // image and node follow from the same stream: the document marked
+    // here stays the same one (no reload) until they have all changed.
+    browser.client.execute("window.cwSamePage = true; return null;", vec![]).await.unwrap();
+    let snapshot = "return { same: window.cwSamePage === true, lines: document.querySelectorAll('#log span.line').length, \
+        state: document.querySelector('#deployment-state .badge').getAttribute('data-state'), \
+        commit: document.getElementById('deployment-commit').textContent, image: document.getElementById('deployment-image').textContent, \
+        instances: document.getElementById('deployment-instances').textContent };";
+    let (client, agent_ref) = (&browser.client, &agent);
+    let live = |wanted: fn(&serde_json::Value) -> bool| async move {
+        let found = wait_for(Duration::from_secs(180), "the deployment page to update itself", || async {
+            let now = client.execute(snapshot, vec![]).await.ok()?;
+            (wanted(&now) || now["same"] != true).then_some(now)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent_ref.log_text()));
+        assert_eq!(found["same"], true, "the page reloaded before showing it live: {found}");
+        found
+    };
+    let building = live(|now| now["lines"].as_u64() > Some(0) && now["state"] == "building").await;
     browser.screenshot("05-deployment-building").await;
+    let deploying = live(|now| now["image"] != "–" && now["commit"] != "–" && now["instances"].as_str().is_some_and(|i| i.contains("edge"))).await;
+    assert!(matches!(deploying["state"].as_str(), Some("deploying" | "running")), "building: {building}, then: {deploying}");
     browser.wait_text("#deployment-state", "running", Duration::from_secs(180)).await;
     let timeline = browser.text("ol.timeline").await;
     assert!(timeline.contains("queued") && timeline.contains("building") && timeline.contains("running"), "{timeline}");
@@ -184,6 +216,7 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     // The app page shows what the app printed, and follows new lines live.
     browser.goto(&format!("/apps/{app}")).await;
     browser.wait_text("#runtime-log", "serving-dashboard-app", Duration::from_secs(60)).await;
+    browser.assert_standards_mode("the app page").await;
     let rendered = browser.client.find_all(Locator::Css("#runtime-log span.line")).await.unwrap().len();
     wait_for(Duration::from_secs(60), "new runtime lines to appear without a reload", || async {
         let now = browser.client.find_all(Locator::Css("#runtime-log span.line")).await.ok()?.len();
@@ -231,6 +264,7 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     let points: usize = cpu_chart.attr("data-points").await.unwrap().unwrap().parse().unwrap();
     let segments: usize = cpu_chart.attr("data-segments").await.unwrap().unwrap().parse().unwrap();
     assert!(points >= 4 && segments >= 2, "a line with a gap: {points} points in {segments} runs");
+    browser.assert_standards_mode("the monitoring page").await;
     browser.screenshot("09-monitoring").await;
 
     // Drain: the only node, so the app cannot move and the page says so.
@@ -242,6 +276,7 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     .unwrap();
     browser.click(&format!("{row} a[href$='/drain']")).await;
     browser.wait_text("form.confirm p", "Drain this node?", Duration::from_secs(10)).await;
+    browser.assert_standards_mode("a confirmation page").await;
     browser.screenshot("10-drain-confirm").await;
     browser.click("form.confirm button[type=submit]").await;
     let waiting = browser.wait_text(".flash", &app, Duration::from_secs(20)).await;
@@ -268,6 +303,18 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     let overflow = browser.client.execute("return document.documentElement.scrollWidth - window.innerWidth;", vec![]).await.unwrap();
     assert!(overflow.as_i64().unwrap_or(0) <= 0, "the page is wider than 360 px by {overflow}");
     browser.screenshot("13-nodos-360px").await;
+
+    // Error pages too: a page nothing serves, and a form refused for its
+    // CSRF token (the session stays).
+    browser.client.set_window_size(1280, 900).await.unwrap();
+    browser.goto("/no-such-page").await;
+    browser.wait_text("main", "No encontrado", Duration::from_secs(10)).await;
+    browser.assert_standards_mode("the 404 page").await;
+    browser.goto("/nodes").await;
+    browser.client.execute("var form = document.querySelector('form.logout'); form.querySelector('[name=csrf_token]').value = 'forged'; form.submit(); return null;", vec![]).await.unwrap();
+    wait_for(Duration::from_secs(10), "the 403 page", || async { browser.client.current_url().await.ok()?.path().ends_with("/logout").then_some(()) }).await.unwrap();
+    browser.wait_text("main", "caducó", Duration::from_secs(10)).await;
+    browser.assert_standards_mode("the 403 page").await;
 
     browser.client.clone().close().await.unwrap();
     agent.kill();

@@ -82,6 +82,49 @@ impl Dashboard {
         serde_json::from_str::<serde_json::Value>(&text).unwrap()["node_id"].as_str().unwrap().to_string()
     }
 
+    /// An app as the create form would make it, written to the store.
+    async fn app(&self, name: &str) {
+        let now = self.server.state.clock.now_ms();
+        let app = AppRow {
+            name: name.into(),
+            repo_url: format!("https://example.com/{name}.git"),
+            branch: "main".into(),
+            port: 8080,
+            domains: "[]".into(),
+            build: None,
+            strategy: "auto".into(),
+            instances: 1,
+            cpu: None,
+            memory_bytes: None,
+            health_path: "/".into(),
+            health_timeout_s: 60,
+            build_timeout_s: None,
+            env_sealed: None,
+            git_credentials_sealed: None,
+            created_at: now,
+        };
+        self.server.state.store.insert_app(&app, &format!("{name}.localhost")).await.unwrap().unwrap();
+    }
+
+    /// A deployment of `app` in `state`, written to the store.
+    async fn deployment(&self, id: &str, app: &str, state: &str) {
+        let now = self.server.state.clock.now_ms();
+        let deployment = DeploymentRow {
+            id: id.into(),
+            seq: 0,
+            app: app.into(),
+            kind: "source".into(),
+            commit_sha: None,
+            rollback_of: None,
+            state: state.into(),
+            image: None,
+            error: None,
+            created_at: now,
+            updated_at: now,
+        };
+        self.server.state.store.insert_deployment(&deployment, 1, false).await.unwrap();
+    }
+
     /// The CSRF token in a page's forms.
     fn csrf(page: &str) -> String {
         let field = "name=\"csrf_token\" value=\"";
@@ -146,6 +189,96 @@ async fn pages_need_a_user_session_shared_with_the_api() {
     assert_eq!(status, 303, "the old cookie no longer opens pages");
     let api = dashboard.http.get(dashboard.url("/api/me")).header(COOKIE, &cookie).send().await.unwrap();
     assert_eq!(api.status(), 401, "nor the API");
+}
+
+/// Anything before the doctype (it once came after `<html>`) puts a
+/// browser in quirks mode; every page, error pages too, starts with it.
+#[tokio::test]
+async fn every_page_starts_with_the_doctype() {
+    let dashboard = Dashboard::start().await;
+    let node_id = dashboard.join("n1").await;
+    dashboard.app("web").await;
+    dashboard.deployment("dep_1", "web", "running").await;
+    let cookie = dashboard.login().await.unwrap();
+    let mut pages = vec![("/login".to_string(), dashboard.get("", "/login").await)];
+    for path in ["/nodes", "/apps", "/apps/web", "/apps/web/delete", "/deployments/dep_1", "/monitoring", &format!("/nodes/{node_id}/drain")] {
+        let (status, page) = dashboard.get(&cookie, path).await;
+        assert_eq!(status, 200, "{path}");
+        pages.push((path.to_string(), (status, page)));
+    }
+    for path in ["/no-such-page", "/apps/missing", "/deployments/missing"] {
+        let (status, page) = dashboard.get(&cookie, path).await;
+        assert_eq!(status, 404, "{path}");
+        pages.push((path.to_string(), (status, page)));
+    }
+    let forged = dashboard.http.post(dashboard.url("/apps")).header(COOKIE, &cookie).form(&[("name", "x")]).send().await.unwrap();
+    assert_eq!(forged.status(), 403);
+    pages.push(("403".to_string(), (403, forged.text().await.unwrap())));
+    for (path, (_, page)) in pages {
+        assert!(page.starts_with("<!DOCTYPE html><html lang=\"en\"><head>"), "{path} starts: {}", &page[..page.len().min(80)]);
+    }
+}
+
+/// The next `event: state` of a deployment page's stream, as JSON
+/// (other events, log lines, are skipped).
+async fn next_state(stream: &mut reqwest::Response, buffer: &mut String) -> serde_json::Value {
+    tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            while let Some(end) = buffer.find("\n\n") {
+                let event: String = buffer.drain(..end + 2).collect();
+                if let Some(data) = event.strip_prefix("event: state\ndata: ") {
+                    return serde_json::from_str(data.trim_end()).unwrap();
+                }
+            }
+            let chunk = stream.chunk().await.unwrap().expect("the stream ended before a state event");
+            buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    })
+    .await
+    .expect("a state event within 10 s")
+}
+
+/// The deployment page's stream carries the state, commit and image as
+/// they change (the page's script puts them in place), not only log lines.
+#[tokio::test]
+async fn the_deployment_stream_follows_state_commit_and_image() {
+    let dashboard = Dashboard::start().await;
+    let state = &dashboard.server.state;
+    dashboard.app("web").await;
+    dashboard.deployment("dep_live", "web", "queued").await;
+    let cookie = dashboard.login().await.unwrap();
+    let (_, page) = dashboard.get(&cookie, "/deployments/dep_live").await;
+    assert!(page.contains(r#"data-stream="/deployments/dep_live/logs?after=0&amp;lang=en""#), "{page}");
+    assert!(page.contains(r#"<code id="deployment-commit">–</code>"#) && page.contains(r#"id="deployment-image">–<"#), "{page}");
+
+    let mut stream = dashboard.http.get(dashboard.url("/deployments/dep_live/logs?after=0&lang=es")).header(COOKIE, &cookie).send().await.unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut buffer = String::new();
+    let first = next_state(&mut stream, &mut buffer).await;
+    assert_eq!((first["state"].as_str(), first["commit"].as_str()), (Some("queued"), None), "{first}");
+
+    let now = state.clock.now_ms();
+    assert!(state.store.transition_deployment("dep_live", "queued", "building", None, None, now).await.unwrap());
+    state.store.set_deployment_commit("dep_live", "0123456789abcdef", now).await.unwrap();
+    let building = wait_for_state(&mut stream, &mut buffer, |s| s["commit"].is_string()).await;
+    assert_eq!((building["state"].as_str(), building["state_label"].as_str()), (Some("building"), Some("construyendo")), "the page's language: {building}");
+    assert_eq!(building["commit"], "0123456789abcdef");
+    let timeline: Vec<&str> = building["timeline"].as_array().unwrap().iter().map(|e| e["state"].as_str().unwrap()).collect();
+    assert!(timeline.ends_with(&["building"]), "{building}");
+
+    assert!(state.store.transition_deployment("dep_live", "building", "failed", Some("<b>no</b>"), Some("registry/web:1"), now).await.unwrap());
+    let failed = wait_for_state(&mut stream, &mut buffer, |s| s["state"] == "failed").await;
+    assert_eq!((failed["image"].as_str(), failed["error"].as_str()), (Some("registry/web:1"), Some("<b>no</b>")), "{failed}");
+}
+
+/// State events until one passes `wanted`.
+async fn wait_for_state(stream: &mut reqwest::Response, buffer: &mut String, wanted: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    loop {
+        let event = next_state(stream, buffer).await;
+        if wanted(&event) {
+            return event;
+        }
+    }
 }
 
 #[tokio::test]
@@ -284,11 +417,15 @@ async fn forms_create_an_app_set_env_and_domains_and_delete_it() {
     assert_eq!((app.strategy.as_str(), app.instances, app.memory_bytes), ("static", 2, Some(128 << 20)));
     assert!(app.build.as_deref().unwrap().contains("\"spa\":\"yes\""), "{:?}", app.build);
 
-    // A bad form comes back with the API's reason on the next page.
-    let refused = post("/apps", vec![("name", "Bad Name"), ("repo_url", "https://example.com/x.git"), ("port", "80")]).await.unwrap();
-    assert_eq!(refused.headers()[LOCATION], "/apps");
-    let (_, page) = dashboard.get(&cookie, "/apps").await;
-    assert!(page.contains("role=\"alert\"") && page.contains("invalid name"), "{page}");
+    // A bad form comes back at once with the API's reason inside it and
+    // the fields as they were filled in.
+    let refused = post("/apps", vec![("name", "Bad Name"), ("repo_url", "https://example.com/x.git"), ("port", "80"), ("strategy", "dockerfile")]).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let page = refused.text().await.unwrap();
+    let form = form_of(&page, "action=\"/apps\"");
+    assert!(form.contains(r#"role="alert" id="create-error""#) && form.contains("invalid name"), "{form}");
+    assert!(form.contains(r#"value="Bad Name""#) && form.contains(r#"value="https://example.com/x.git""#) && form.contains(r#"value="80""#), "{form}");
+    assert!(form.contains(r#"<option value="dockerfile" selected>"#), "{form}");
 
     assert_eq!(post("/apps/shop/env", vec![("name", "API_KEY"), ("value", "s3cret")]).await.unwrap().status(), 303);
     assert_eq!(post("/apps/shop/env", vec![("name", "MODE"), ("value", "prod")]).await.unwrap().status(), 303);
@@ -324,10 +461,15 @@ async fn forms_create_an_app_set_env_and_domains_and_delete_it() {
     assert_eq!((app.branch.as_str(), app.port, app.health_path.as_str(), app.health_timeout_s, app.build_timeout_s), ("release", 4000, "/up", 20, Some(900)));
     assert_eq!((app.instances, app.memory_bytes, app.cpu), (1, None, None), "empty fields are the defaults");
     assert_eq!(app.build.as_deref(), Some(r#"{"build_cmd":"make","output_dir":"public","spa":"no"}"#));
-    // Refused like the API: the reason on the next page, nothing changed.
-    assert_eq!(post("/apps/shop/settings", settings("4001", "no-slash")).await.unwrap().status(), 303);
-    let (_, page) = dashboard.get(&cookie, "/apps/shop").await;
-    assert!(page.contains("role=\"alert\"") && page.contains("invalid health_path"), "{page}");
+    // Refused like the API: the reason in the (opened) settings form, the
+    // values as typed, nothing changed.
+    let refused = post("/apps/shop/settings", settings("4001", "no-slash")).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let page = refused.text().await.unwrap();
+    assert!(page.contains(r#"<details id="edit-settings" open>"#), "{page}");
+    let form = form_of(&page, "action=\"/apps/shop/settings\"");
+    assert!(form.contains(r#"role="alert" id="settings-error""#) && form.contains("invalid health_path"), "{form}");
+    assert!(form.contains(r#"value="no-slash""#) && form.contains(r#"value="4001""#), "{form}");
     assert_eq!(dashboard.server.state.store.app("shop").await.unwrap().unwrap().port, 4000);
     assert_eq!(dashboard.http.post(dashboard.url("/apps/shop/settings")).header(COOKIE, &cookie).form(&settings("1", "/")).send().await.unwrap().status(), 403, "no CSRF token");
 
@@ -336,6 +478,46 @@ async fn forms_create_an_app_set_env_and_domains_and_delete_it() {
     assert!(confirm.contains("Delete this app?"), "{confirm}");
     assert_eq!(post("/apps/shop/delete", vec![]).await.unwrap().headers()[LOCATION], "/apps");
     assert!(dashboard.server.state.store.app("shop").await.unwrap().is_none());
+}
+
+/// The `<form …>` element of `page` whose opening tag holds `attribute`.
+fn form_of<'a>(page: &'a str, attribute: &str) -> &'a str {
+    let at = page.find(attribute).unwrap_or_else(|| panic!("no form with {attribute}: {page}"));
+    let start = page[..at].rfind("<form").unwrap();
+    let end = at + page[at..].find("</form>").unwrap();
+    &page[start..end]
+}
+
+/// The env form is at the bottom of a long page: a refused one shows its
+/// reason there, not at the top, and keeps what was typed (not cached).
+#[tokio::test]
+async fn a_refused_env_form_shows_its_error_next_to_it_with_the_input_kept() {
+    let dashboard = Dashboard::start().await;
+    dashboard.app("web").await;
+    let cookie = dashboard.login().await.unwrap();
+    let (_, page) = dashboard.get(&cookie, "/apps/web").await;
+    let csrf = Dashboard::csrf(&page);
+    let form = [("name", "1 BAD NAME"), ("value", "typed <value>"), ("csrf_token", csrf.as_str())];
+    let refused = dashboard.http.post(dashboard.url("/apps/web/env")).header(COOKIE, &cookie).form(&form).send().await.unwrap();
+    assert_eq!(refused.status(), 400);
+    assert_eq!(refused.headers()["cache-control"], "no-store");
+    let page = refused.text().await.unwrap();
+    let env_form = form_of(&page, "action=\"/apps/web/env\"");
+    assert!(env_form.contains(r#"role="alert" id="env-error""#) && env_form.contains("variable names must match"), "{env_form}");
+    assert!(env_form.contains(r#"value="1 BAD NAME" autofocus"#) && env_form.contains(r#"value="typed &lt;value&gt;""#), "{env_form}");
+    let top = &page[..page.find("<h2").unwrap()];
+    assert!(!top.contains("role=\"alert\""), "no error at the top of the page: {top}");
+    assert_eq!(page.matches("variable names must match").count(), 1, "{page}");
+    // The other forms are as they were.
+    assert!(form_of(&page, "action=\"/apps/web/domains\"").contains("<textarea id=\"domains\" name=\"domains\" rows=\"3\"></textarea>"), "{page}");
+    assert!(dashboard.server.state.store.app("web").await.unwrap().unwrap().env_sealed.is_none(), "nothing was set");
+    // A refused domain list likewise, in its own form.
+    let form = [("domains", "not a domain!"), ("csrf_token", csrf.as_str())];
+    let refused = dashboard.http.post(dashboard.url("/apps/web/domains")).header(COOKIE, &cookie).form(&form).send().await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let page = refused.text().await.unwrap();
+    let domains = form_of(&page, "action=\"/apps/web/domains\"");
+    assert!(domains.contains(r#"id="domains-error""#) && domains.contains("not a domain!</textarea>"), "{domains}");
 }
 
 #[tokio::test]

@@ -64,7 +64,61 @@ pub async fn gitlab_source(ctx: &Ctx) -> GitlabSource {
     }
 }
 
-pub fn list_body(ctx: &Ctx, apps: &[(AppRow, Vec<DeploymentRow>)], gitlab: &GitlabSource) -> Markup {
+/// A form on the app pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormId {
+    Create,
+    Deploy,
+    Settings,
+    Domains,
+    Env,
+}
+
+impl FormId {
+    fn id(self) -> &'static str {
+        match self {
+            FormId::Create => "create",
+            FormId::Deploy => "deploy",
+            FormId::Settings => "settings",
+            FormId::Domains => "domains",
+            FormId::Env => "env",
+        }
+    }
+}
+
+/// A form the API refused. The page is shown again (not redirected to)
+/// with the reason next to that form, which may be far down the page, and
+/// the fields as the user filled them in.
+pub struct Refused<'a> {
+    pub form: FormId,
+    pub error: String,
+    pub values: &'a HashMap<String, String>,
+}
+
+/// What the user typed in `key` when `form` was the one refused (empty if
+/// they left it out), `None` otherwise.
+fn typed<'a>(refused: Option<&'a Refused<'a>>, form: FormId, key: &str) -> Option<&'a str> {
+    refused.filter(|r| r.form == form).map(|r| r.values.get(key).map_or("", String::as_str))
+}
+
+/// The reason `form` was refused, inside it; the first field takes the
+/// focus so the browser scrolls there.
+fn form_error(ctx: &Ctx, refused: Option<&Refused>, form: FormId) -> Markup {
+    match refused.filter(|r| r.form == form) {
+        Some(refused) => html! {
+            p.flash.error.form-error role="alert" id=(format!("{}-error", form.id())) { strong { (ctx.t("common.error")) ": " } (refused.error) }
+        },
+        None => html! {},
+    }
+}
+
+/// The answer to a refused form: the page again, not cached (it may hold
+/// what the user typed, an env value too), with the API's status.
+fn refused_page(err: &ApiError, page: Markup) -> Response {
+    (err.status(), [(axum::http::header::CACHE_CONTROL, "no-store")], page).into_response()
+}
+
+pub fn list_body(ctx: &Ctx, apps: &[(AppRow, Vec<DeploymentRow>)], gitlab: &GitlabSource, refused: Option<&Refused>) -> Markup {
     html! {
         @if apps.is_empty() { p.empty { (ctx.t("apps.empty")) } }
         @else {
@@ -89,7 +143,7 @@ pub fn list_body(ctx: &Ctx, apps: &[(AppRow, Vec<DeploymentRow>)], gitlab: &Gitl
             } }
         }
         h2 { (ctx.t("apps.create")) }
-        (create_form(ctx, gitlab))
+        (create_form(ctx, gitlab, refused))
     }
 }
 
@@ -97,12 +151,16 @@ fn field(id: &str, label: &str, input: Markup) -> Markup {
     html! { p.field { label for=(id) { (label) } (input) } }
 }
 
-fn create_form(ctx: &Ctx, gitlab: &GitlabSource) -> Markup {
+fn create_form(ctx: &Ctx, gitlab: &GitlabSource, refused: Option<&Refused>) -> Markup {
     let from_gitlab = matches!(gitlab, GitlabSource::Projects(projects) if !projects.is_empty());
+    let typed = |key: &str| typed(refused, FormId::Create, key);
+    let failed = typed("name").is_some();
+    let chosen = |key: &str, value: &str, default: bool| typed(key).map_or(default, |t| t == value);
     html! {
         form.create method="post" action="/apps" {
             (csrf_field(ctx))
-            (field("name", ctx.t("apps.name"), html! { input id="name" name="name" required pattern="[a-z0-9]([a-z0-9-]*[a-z0-9])?" maxlength="63"; }))
+            (form_error(ctx, refused, FormId::Create))
+            (field("name", ctx.t("apps.name"), html! { input id="name" name="name" required pattern="[a-z0-9]([a-z0-9-]*[a-z0-9])?" maxlength="63" value=[typed("name")] autofocus[failed]; }))
             @match gitlab {
                 GitlabSource::Off => {}
                 GitlabSource::Projects(projects) if projects.is_empty() => { p.help id="gitlab-projects-none" { (ctx.t("apps.gitlab_none")) } }
@@ -110,38 +168,37 @@ fn create_form(ctx: &Ctx, gitlab: &GitlabSource) -> Markup {
                     (field("gitlab_project", ctx.t("apps.gitlab_project"), html! {
                         select id="gitlab_project" name="gitlab_project" {
                             option value="" { (ctx.t("apps.gitlab_use_url")) }
-                            @for project in projects { option value=(project.id) { (project.path) } }
+                            @for project in projects { option value=(project.id) selected[chosen("gitlab_project", &project.id.to_string(), false)] { (project.path) } }
                         }
                     }))
                     p.help { (ctx.t("apps.gitlab_help")) }
                 }
                 GitlabSource::Failed(reason) => { p.error id="gitlab-projects-error" role="alert" { (ctx.t("apps.gitlab_failed")) ": " (reason) } }
             }
-            (field("repo_url", ctx.t("apps.repo"), html! { input id="repo_url" name="repo_url" required[!from_gitlab] placeholder="https://gitlab.example.com/team/app.git"; }))
-            (field("branch", ctx.t("apps.branch"), html! { input id="branch" name="branch" placeholder=(if from_gitlab { ctx.t("apps.branch_default") } else { "main" }) value=[(!from_gitlab).then_some("main")]; }))
-            (field("port", ctx.t("apps.port"), html! { input id="port" name="port" type="number" min="1" max="65535" value="8080" required; }))
+            (field("repo_url", ctx.t("apps.repo"), html! { input id="repo_url" name="repo_url" required[!from_gitlab] placeholder="https://gitlab.example.com/team/app.git" value=[typed("repo_url")]; }))
+            (field("branch", ctx.t("apps.branch"), html! { input id="branch" name="branch" placeholder=(if from_gitlab { ctx.t("apps.branch_default") } else { "main" }) value=[typed("branch").or((!from_gitlab).then_some("main"))]; }))
+            (field("port", ctx.t("apps.port"), html! { input id="port" name="port" type="number" min="1" max="65535" value=(typed("port").unwrap_or("8080")) required; }))
             (field("strategy", ctx.t("apps.strategy"), html! {
                 select id="strategy" name="strategy" {
-                    option value="auto" { (ctx.t("apps.strategy.auto")) }
-                    option value="dockerfile" { (ctx.t("apps.strategy.dockerfile")) }
-                    option value="static" { (ctx.t("apps.strategy.static")) }
-                    option value="buildpacks" { (ctx.t("apps.strategy.buildpacks")) }
+                    @for strategy in ["auto", "dockerfile", "static", "buildpacks"] {
+                        option value=(strategy) selected[chosen("strategy", strategy, false)] { (ctx.t(strategy_key(strategy))) }
+                    }
                 }
             }))
-            (field("install_cmd", ctx.t("apps.install_cmd"), html! { input id="install_cmd" name="install_cmd" placeholder="npm ci"; }))
-            (field("build_cmd", ctx.t("apps.build_cmd"), html! { input id="build_cmd" name="build_cmd" placeholder="npm run build"; }))
-            (field("output_dir", ctx.t("apps.output_dir"), html! { input id="output_dir" name="output_dir" placeholder="dist"; }))
+            (field("install_cmd", ctx.t("apps.install_cmd"), html! { input id="install_cmd" name="install_cmd" placeholder="npm ci" value=[typed("install_cmd")]; }))
+            (field("build_cmd", ctx.t("apps.build_cmd"), html! { input id="build_cmd" name="build_cmd" placeholder="npm run build" value=[typed("build_cmd")]; }))
+            (field("output_dir", ctx.t("apps.output_dir"), html! { input id="output_dir" name="output_dir" placeholder="dist" value=[typed("output_dir")]; }))
             (field("spa", ctx.t("apps.spa"), html! {
                 select id="spa" name="spa" {
                     option value="auto" { (ctx.t("apps.spa.auto")) }
-                    option value="yes" { (ctx.t("common.yes")) }
-                    option value="no" { (ctx.t("common.no")) }
+                    option value="yes" selected[chosen("spa", "yes", false)] { (ctx.t("common.yes")) }
+                    option value="no" selected[chosen("spa", "no", false)] { (ctx.t("common.no")) }
                 }
             }))
-            (field("instances", ctx.t("apps.instances"), html! { input id="instances" name="instances" type="number" min="1" max="20" value="1"; }))
-            (field("cpu", ctx.t("apps.cpu"), html! { input id="cpu" name="cpu" type="number" min="0.01" step="0.01" placeholder="0.5"; }))
-            (field("memory", ctx.t("apps.memory"), html! { input id="memory" name="memory" type="number" min="16" placeholder="256"; }))
-            (field("domains", ctx.t("apps.domains"), html! { textarea id="domains" name="domains" rows="2" {} }))
+            (field("instances", ctx.t("apps.instances"), html! { input id="instances" name="instances" type="number" min="1" max="20" value=(typed("instances").unwrap_or("1")); }))
+            (field("cpu", ctx.t("apps.cpu"), html! { input id="cpu" name="cpu" type="number" min="0.01" step="0.01" placeholder="0.5" value=[typed("cpu")]; }))
+            (field("memory", ctx.t("apps.memory"), html! { input id="memory" name="memory" type="number" min="16" placeholder="256" value=[typed("memory")]; }))
+            (field("domains", ctx.t("apps.domains"), html! { textarea id="domains" name="domains" rows="2" { (typed("domains").unwrap_or("")) } }))
             button type="submit" { (ctx.t("apps.create")) }
         }
     }
@@ -160,7 +217,7 @@ pub async fn list(ctx: Ctx) -> Response {
     match load_all(&ctx.state).await {
         Ok(apps) => {
             let gitlab = gitlab_source(&ctx).await;
-            layout::page(&ctx, ctx.t("apps.title"), Nav::Apps, "/apps", list_body(&ctx, &apps, &gitlab)).into_response()
+            layout::page(&ctx, ctx.t("apps.title"), Nav::Apps, "/apps", list_body(&ctx, &apps, &gitlab, None)).into_response()
         }
         Err(err) => err.into_response(),
     }
@@ -259,7 +316,15 @@ pub async fn create(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Resp
             let name = non_empty(&form, "name").unwrap_or("");
             ctx.outcome(Ok::<(), ApiError>(()), &format!("/apps/{name}"))
         }
-        Err(err) => ctx.outcome(Err::<(), _>(err), "/apps"),
+        Err(err) => {
+            let apps = match load_all(&ctx.state).await {
+                Ok(apps) => apps,
+                Err(err) => return err.into_response(),
+            };
+            let gitlab = gitlab_source(&ctx).await;
+            let refused = Refused { form: FormId::Create, error: super::error_text(&err), values: &form };
+            refused_page(&err, layout::page(&ctx, ctx.t("apps.title"), Nav::Apps, "/apps", list_body(&ctx, &apps, &gitlab, Some(&refused))))
+        }
     }
 }
 
@@ -305,8 +370,8 @@ fn certificates(ctx: &Ctx, app: &AppRow) -> Markup {
 }
 
 /// One app's page body. `env_names` are the names only: values are never
-/// read back for display.
-pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[DeploymentRow]) -> Markup {
+/// read back for display. `refused`: the form the API just refused.
+pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[DeploymentRow], refused: Option<&Refused>) -> Markup {
     let domains: Vec<String> = serde_json::from_str(&app.domains).unwrap_or_default();
     let build: Option<Value> = app.build.as_deref().and_then(|b| serde_json::from_str(b).ok());
     let url = default_url(&ctx.state, &app.name);
@@ -316,8 +381,10 @@ pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[De
         section {
             form.inline method="post" action=(format!("{base}/deploy")) {
                 (csrf_field(ctx))
+                (form_error(ctx, refused, FormId::Deploy))
                 label for="commit" { (ctx.t("apps.commit")) }
-                input id="commit" name="commit" size="12" maxlength="64";
+                @let commit = typed(refused, FormId::Deploy, "commit");
+                input id="commit" name="commit" size="12" maxlength="64" value=[commit] autofocus[commit.is_some()];
                 button type="submit" { @if deployments.is_empty() { (ctx.t("apps.deploy")) } @else { (ctx.t("apps.redeploy")) } }
             }
         }
@@ -350,14 +417,16 @@ pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[De
             }
         }
         section {
-            (settings_form(ctx, app, build.as_ref()))
+            (settings_form(ctx, app, build.as_ref(), refused))
         }
         section {
             h2 { (ctx.t("apps.domains")) }
             form method="post" action=(format!("{base}/domains")) {
                 (csrf_field(ctx))
+                (form_error(ctx, refused, FormId::Domains))
                 label for="domains" { (ctx.t("apps.domains_help")) }
-                textarea id="domains" name="domains" rows="3" { (domains.join("\n")) }
+                @let typed_domains = typed(refused, FormId::Domains, "domains");
+                textarea id="domains" name="domains" rows="3" autofocus[typed_domains.is_some()] { (typed_domains.map_or_else(|| domains.join("\n"), str::to_string)) }
                 button type="submit" { (ctx.t("apps.save")) }
             }
             (certificates(ctx, app))
@@ -380,10 +449,12 @@ pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[De
             }
             form.inline method="post" action=(format!("{base}/env")) {
                 (csrf_field(ctx))
+                (form_error(ctx, refused, FormId::Env))
+                @let env_name = typed(refused, FormId::Env, "name");
                 label for="env-name" { (ctx.t("apps.env_name")) }
-                input id="env-name" name="name" required maxlength="128" autocomplete="off";
+                input id="env-name" name="name" required maxlength="128" autocomplete="off" value=[env_name] autofocus[env_name.is_some()];
                 label for="env-value" { (ctx.t("apps.env_value")) }
-                input id="env-value" name="value" type="password" autocomplete="off";
+                input id="env-value" name="value" type="password" autocomplete="off" value=[typed(refused, FormId::Env, "value")];
                 button type="submit" { (ctx.t("apps.env_set")) }
             }
         }
@@ -395,22 +466,27 @@ pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[De
 
 /// The form that changes an app's settings (`PATCH /api/apps/{name}`),
 /// filled with the current ones.
-fn settings_form(ctx: &Ctx, app: &AppRow, build: Option<&Value>) -> Markup {
-    let build_field = |key: &str| build.and_then(|b| b.get(key)).and_then(Value::as_str).unwrap_or_default().to_string();
+fn settings_form(ctx: &Ctx, app: &AppRow, build: Option<&Value>, refused: Option<&Refused>) -> Markup {
+    // What the user typed when this form was refused, else the current value.
+    let value = |key: &str, current: String| typed(refused, FormId::Settings, key).map_or(current, str::to_string);
+    let build_field = |key: &str| value(key, build.and_then(|b| b.get(key)).and_then(Value::as_str).unwrap_or_default().to_string());
     let spa = build_field("spa");
+    let strategy = value("strategy", app.strategy.clone());
     let build_timeout = app.build_timeout_s.unwrap_or(i64::from(cloudweb_protocol::deploy::DEFAULT_BUILD_TIMEOUT_SECONDS));
+    let failed = typed(refused, FormId::Settings, "branch").is_some();
     html! {
-        details #edit-settings {
+        details #edit-settings open[failed] {
             summary { (ctx.t("apps.edit_settings")) }
             p.help { (ctx.t("apps.edit_settings_help")) }
             form.settings method="post" action=(format!("/apps/{}/settings", app.name)) {
                 (csrf_field(ctx))
-                (field("set-branch", ctx.t("apps.branch"), html! { input id="set-branch" name="branch" required value=(app.branch); }))
-                (field("set-port", ctx.t("apps.port"), html! { input id="set-port" name="port" type="number" min="1" max="65535" required value=(app.port); }))
+                (form_error(ctx, refused, FormId::Settings))
+                (field("set-branch", ctx.t("apps.branch"), html! { input id="set-branch" name="branch" required value=(value("branch", app.branch.clone())) autofocus[failed]; }))
+                (field("set-port", ctx.t("apps.port"), html! { input id="set-port" name="port" type="number" min="1" max="65535" required value=(value("port", app.port.to_string())); }))
                 (field("set-strategy", ctx.t("apps.strategy"), html! {
                     select id="set-strategy" name="strategy" {
-                        @for strategy in ["auto", "dockerfile", "static", "buildpacks"] {
-                            option value=(strategy) selected[app.strategy == strategy] { (ctx.t(strategy_key(strategy))) }
+                        @for option in ["auto", "dockerfile", "static", "buildpacks"] {
+                            option value=(option) selected[strategy == option] { (ctx.t(strategy_key(option))) }
                         }
                     }
                 }))
@@ -424,12 +500,12 @@ fn settings_form(ctx: &Ctx, app: &AppRow, build: Option<&Value>) -> Markup {
                         option value="no" selected[spa == "no"] { (ctx.t("common.no")) }
                     }
                 }))
-                (field("set-health_path", ctx.t("apps.health_path"), html! { input id="set-health_path" name="health_path" required value=(app.health_path); }))
-                (field("set-health_timeout", ctx.t("apps.health_timeout"), html! { input id="set-health_timeout" name="health_timeout_seconds" type="number" min="1" max="3600" required value=(app.health_timeout_s); }))
-                (field("set-build_timeout", ctx.t("apps.build_timeout"), html! { input id="set-build_timeout" name="build_timeout_seconds" type="number" min="1" max="7200" required value=(build_timeout); }))
-                (field("set-instances", ctx.t("apps.instances"), html! { input id="set-instances" name="instances" type="number" min="1" max="20" required value=(app.instances); }))
-                (field("set-cpu", ctx.t("apps.cpu"), html! { input id="set-cpu" name="cpu" type="number" min="0.01" step="0.01" value=[app.cpu]; }))
-                (field("set-memory", ctx.t("apps.memory"), html! { input id="set-memory" name="memory" type="number" min="16" value=[app.memory_bytes.map(|m| m >> 20)]; }))
+                (field("set-health_path", ctx.t("apps.health_path"), html! { input id="set-health_path" name="health_path" required value=(value("health_path", app.health_path.clone())); }))
+                (field("set-health_timeout", ctx.t("apps.health_timeout"), html! { input id="set-health_timeout" name="health_timeout_seconds" type="number" min="1" max="3600" required value=(value("health_timeout_seconds", app.health_timeout_s.to_string())); }))
+                (field("set-build_timeout", ctx.t("apps.build_timeout"), html! { input id="set-build_timeout" name="build_timeout_seconds" type="number" min="1" max="7200" required value=(value("build_timeout_seconds", build_timeout.to_string())); }))
+                (field("set-instances", ctx.t("apps.instances"), html! { input id="set-instances" name="instances" type="number" min="1" max="20" required value=(value("instances", app.instances.to_string())); }))
+                (field("set-cpu", ctx.t("apps.cpu"), html! { input id="set-cpu" name="cpu" type="number" min="0.01" step="0.01" value=(value("cpu", app.cpu.map(|c| c.to_string()).unwrap_or_default())); }))
+                (field("set-memory", ctx.t("apps.memory"), html! { input id="set-memory" name="memory" type="number" min="16" value=(value("memory", app.memory_bytes.map(|m| (m >> 20).to_string()).unwrap_or_default())); }))
                 button type="submit" { (ctx.t("apps.save")) }
             }
         }
@@ -489,7 +565,24 @@ pub async fn set_settings(ctx: Ctx, Path(name): Path<String>, Form(form): Form<H
         Ok(request) => api::apps::update(State(ctx.state.clone()), Path(name.clone()), Ok(Bytes::from(request.to_string()))).await,
         Err(err) => Err(err),
     };
-    ctx.outcome(result, &format!("/apps/{name}"))
+    answer(&ctx, &name, FormId::Settings, &form, result).await
+}
+
+/// After a form on the app page: back to the page with "Done", or, when
+/// the API refused it, the page again with the reason next to the form.
+async fn answer<T>(ctx: &Ctx, name: &str, form_id: FormId, form: &HashMap<String, String>, result: Result<T, ApiError>) -> Response {
+    let err = match result {
+        Ok(_) => return ctx.outcome(Ok::<(), ApiError>(()), &format!("/apps/{name}")),
+        Err(err) => err,
+    };
+    match load(&ctx.state, name).await {
+        Ok(Some((app, deployments))) => {
+            let refused = Refused { form: form_id, error: super::error_text(&err), values: form };
+            refused_page(&err, app_page(ctx, &app, &deployments, Some(&refused)))
+        }
+        Ok(None) => super::not_found(ctx),
+        Err(err) => err.into_response(),
+    }
 }
 
 async fn load(state: &Arc<AppState>, name: &str) -> Result<Option<(AppRow, Vec<DeploymentRow>)>, ApiError> {
@@ -519,13 +612,15 @@ fn runtime_log(ctx: &Ctx, app: &str) -> Markup {
     }
 }
 
+fn app_page(ctx: &Ctx, app: &AppRow, deployments: &[DeploymentRow], refused: Option<&Refused>) -> Markup {
+    let env_names: Vec<String> = crate::deploy::app_env(&ctx.state, app).map(|env| env.into_keys().collect()).unwrap_or_default();
+    let body = app_body(ctx, app, &env_names, deployments, refused);
+    layout::page(ctx, &app.name, Nav::Apps, &format!("/apps/{}", app.name), body)
+}
+
 pub async fn show(ctx: Ctx, Path(name): Path<String>) -> Response {
     match load(&ctx.state, &name).await {
-        Ok(Some((app, deployments))) => {
-            let env_names: Vec<String> = crate::deploy::app_env(&ctx.state, &app).map(|env| env.into_keys().collect()).unwrap_or_default();
-            let body = app_body(&ctx, &app, &env_names, &deployments);
-            layout::page(&ctx, &app.name, Nav::Apps, &format!("/apps/{}", app.name), body).into_response()
-        }
+        Ok(Some((app, deployments))) => app_page(&ctx, &app, &deployments, None).into_response(),
         Ok(None) => super::not_found(&ctx),
         Err(err) => err.into_response(),
     }
@@ -537,7 +632,6 @@ pub async fn set_env(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMa
     if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
-    let back = format!("/apps/{name}");
     let result = async {
         let app = ctx.state.store.app(&name).await?.ok_or_else(|| ApiError::NotFound(format!("no app {name:?}")))?;
         let mut env: BTreeMap<String, String> = crate::deploy::app_env(&ctx.state, &app)?;
@@ -551,7 +645,7 @@ pub async fn set_env(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMa
         api::apps::set_env(State(ctx.state.clone()), Path(name.clone()), Ok(Bytes::from(body))).await
     }
     .await;
-    ctx.outcome(result, &back)
+    answer(&ctx, &name, FormId::Env, &form, result).await
 }
 
 pub async fn set_domains(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
@@ -561,7 +655,7 @@ pub async fn set_domains(ctx: Ctx, Path(name): Path<String>, Form(form): Form<Ha
     let domains = DomainList(lines(form.get("domains").map(String::as_str).unwrap_or("")));
     let body = serde_json::to_vec(&domains).expect("strings serialize");
     let result = api::apps::set_domains(State(ctx.state.clone()), Path(name.clone()), Ok(Bytes::from(body))).await;
-    ctx.outcome(result, &format!("/apps/{name}"))
+    answer(&ctx, &name, FormId::Domains, &form, result).await
 }
 
 /// The id of the deployment a deploy or rollback answer names.
@@ -594,7 +688,7 @@ pub async fn deploy(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap
             Some(id) => Redirect::to(&format!("/deployments/{id}")).into_response(),
             None => Redirect::to(&format!("/apps/{name}")).into_response(),
         },
-        Err(err) => ctx.outcome(Err::<(), _>(err), &format!("/apps/{name}")),
+        Err(err) => answer(&ctx, &name, FormId::Deploy, &form, Err::<(), _>(err)).await,
     }
 }
 

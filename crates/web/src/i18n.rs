@@ -74,7 +74,7 @@ pub const EN: &[(&str, &str)] = &[
     ("login.title", "Log in"),
     ("login.name", "User name"),
     ("login.password", "Password"),
-    ("login.help", "The first user comes from `cloudweb-server admin create-user`; more are added with POST /api/users."),
+    ("login.help", "The first user comes from {command}; more are added with {api}."),
     ("login.submit", "Log in"),
     ("login.invalid", "Wrong name or password."),
     ("login.too_many", "Too many login attempts; try again later"),
@@ -83,6 +83,8 @@ pub const EN: &[(&str, &str)] = &[
     ("nodes.empty", "No node has joined yet. Generate a join token and run its command on the machine you want to add."),
     ("nodes.name", "Name"),
     ("nodes.address", "Cluster address"),
+    ("nodes.mesh_off", "mesh off"),
+    ("nodes.mesh_off_help", "This node runs without the WireGuard mesh, so it has no cluster address."),
     ("nodes.state", "State"),
     ("nodes.cpu", "CPU"),
     ("nodes.memory", "Memory"),
@@ -243,7 +245,7 @@ pub const ES: &[(&str, &str)] = &[
     ("login.title", "Iniciar sesión"),
     ("login.name", "Usuario"),
     ("login.password", "Contraseña"),
-    ("login.help", "El primer usuario se crea con `cloudweb-server admin create-user`; los demás, con POST /api/users."),
+    ("login.help", "El primer usuario se crea con {command}; los demás, con {api}."),
     ("login.submit", "Entrar"),
     ("login.invalid", "Usuario o contraseña incorrectos."),
     ("login.too_many", "Demasiados intentos de inicio de sesión; vuelve a intentarlo más tarde"),
@@ -252,6 +254,8 @@ pub const ES: &[(&str, &str)] = &[
     ("nodes.empty", "Aún no se ha unido ningún nodo. Genera un token de unión y ejecuta su comando en la máquina que quieras añadir."),
     ("nodes.name", "Nombre"),
     ("nodes.address", "Dirección de clúster"),
+    ("nodes.mesh_off", "malla desactivada"),
+    ("nodes.mesh_off_help", "Este nodo funciona sin la malla WireGuard, así que no tiene dirección de clúster."),
     ("nodes.state", "Estado"),
     ("nodes.cpu", "CPU"),
     ("nodes.memory", "Memoria"),
@@ -275,7 +279,7 @@ pub const ES: &[(&str, &str)] = &[
     ("nodes.waiting", "No se pudieron mover (no hay sitio):"),
     ("nodes.never", "nunca"),
     ("nodes.ago", "hace {age}"),
-    ("nodes.ingress", "ingress"),
+    ("nodes.ingress", "entrada"),
     ("nodes.cores", "núcleos"),
     ("state.ready", "listo"),
     ("state.draining", "drenando"),
@@ -435,6 +439,27 @@ mod tests {
                 assert!(keys.contains(key), "{} uses unknown key {key:?}", path.display());
             }
         }
+    }
+
+    /// Markup in a catalogue would show as typed (pages escape every word),
+    /// and a Spanish word left in English is a missed translation: only
+    /// these are the same in both languages.
+    #[test]
+    fn catalogues_hold_plain_words_and_spanish_translates_them() {
+        const SAME_IN_BOTH: &[&str] = &[
+            "product", "nav.apps", "apps.title", "mon.apps", "nodes.cpu", "mon.cpu", "apps.url", "apps.strategy.dockerfile",
+            "apps.strategy.buildpacks", "deploy.commit", "deploy.error", "common.error", "common.no",
+        ];
+        for (key, value) in EN.iter().chain(ES) {
+            assert!(!value.contains('`') && !value.contains('<'), "{key}: markup in {value:?}");
+        }
+        let english: HashMap<&str, &str> = EN.iter().copied().collect();
+        for (key, value) in ES {
+            if english.get(key) == Some(value) {
+                assert!(SAME_IN_BOTH.contains(key), "{key} is not translated: {value:?}");
+            }
+        }
+        assert_eq!(Lang::Es.t("nodes.ingress"), "entrada");
     }
 
     #[test]

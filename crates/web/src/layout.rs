@@ -14,9 +14,10 @@ pub enum Nav {
     Monitoring,
 }
 
+/// Every page's `<head>`. The doctype is not part of it: it must come
+/// before `<html>`, since anything ahead of it puts browsers in quirks mode.
 fn head(lang: Lang, title: &str) -> Markup {
     html! {
-        (DOCTYPE)
         head {
             meta charset="utf-8";
             meta name="viewport" content="width=device-width, initial-scale=1";
@@ -34,6 +35,7 @@ pub fn page(ctx: &Ctx, title: &str, nav: Nav, here: &str, body: Markup) -> Marku
         html! { a href=(href) aria-current=[(target == nav).then_some("page")] { (ctx.lang.t(key)) } }
     };
     html! {
+        (DOCTYPE)
         html lang=(ctx.lang.code()) {
             (head(ctx.lang, title))
             body {
@@ -95,6 +97,7 @@ fn flash(ctx: &Ctx) -> Markup {
 /// A page with just a message (errors, not found).
 pub fn message(ctx: &Ctx, text: &str) -> Markup {
     html! {
+        (DOCTYPE)
         html lang=(ctx.lang.code()) {
             (head(ctx.lang, text))
             body { main id="main" { p { (text) } p { a href="/nodes" { (ctx.t("common.back")) } } } }
@@ -104,6 +107,7 @@ pub fn message(ctx: &Ctx, text: &str) -> Markup {
 
 pub fn login(lang: Lang, error: Option<&str>) -> Markup {
     html! {
+        (DOCTYPE)
         html lang=(lang.code()) {
             (head(lang, lang.t("login.title")))
             body.login {
@@ -115,7 +119,7 @@ pub fn login(lang: Lang, error: Option<&str>) -> Markup {
                         input id="name" name="name" autocomplete="username" maxlength="64" required autofocus;
                         label for="password" { (lang.t("login.password")) }
                         input id="password" name="password" type="password" autocomplete="current-password" required;
-                        p.help { (lang.t("login.help")) }
+                        p.help { (with_code(lang.t("login.help"), &[("{command}", "cloudweb-server admin create-user"), ("{api}", "POST /api/users")])) }
                         button type="submit" { (lang.t("login.submit")) }
                     }
                     form.lang method="post" action="/lang" {
@@ -131,6 +135,19 @@ pub fn login(lang: Lang, error: Option<&str>) -> Markup {
             }
         }
     }
+}
+
+/// `text` with each placeholder replaced by its value set as code (the
+/// catalogue holds words only; commands are not translated).
+fn with_code(text: &str, code: &[(&str, &str)]) -> Markup {
+    let mut rest = text;
+    let mut out = String::new();
+    while let Some((at, placeholder, value)) = code.iter().filter_map(|(p, v)| rest.find(p).map(|at| (at, *p, *v))).min_by_key(|f| f.0) {
+        out.push_str(&html! { (&rest[..at]) code { (value) } }.into_string());
+        rest = &rest[at + placeholder.len()..];
+    }
+    out.push_str(&html! { (rest) }.into_string());
+    maud::PreEscaped(out)
 }
 
 /// A confirmation page at `here`: the question, and a form that posts back
@@ -152,4 +169,28 @@ pub fn confirm(ctx: &Ctx, title: &str, nav: Nav, here: &str, question: &str, ext
             }
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_doctype_comes_before_html() {
+        for lang in [Lang::En, Lang::Es] {
+            let page = login(lang, Some("<b>")).into_string();
+            assert!(page.starts_with(&format!("<!DOCTYPE html><html lang=\"{}\"><head>", lang.code())), "{page}");
+            assert!(page.contains("&lt;b&gt;"), "still escaped: {page}");
+        }
+    }
+
+    #[test]
+    fn the_login_help_shows_code_not_backticks() {
+        for lang in [Lang::En, Lang::Es] {
+            let page = login(lang, None).into_string();
+            assert!(!page.contains('`') && page.contains("<code>cloudweb-server admin create-user</code>") && page.contains("<code>POST /api/users</code>"), "{page}");
+        }
+        assert_eq!(with_code("a {x} b {y}{x}", &[("{x}", "<1>"), ("{y}", "2")]).into_string(), "a <code>&lt;1&gt;</code> b <code>2</code><code>&lt;1&gt;</code>");
+        assert_eq!(with_code("<none>", &[("{x}", "1")]).into_string(), "&lt;none&gt;");
+    }
 }

@@ -1,8 +1,9 @@
 //! The dashboard: server-rendered HTML (maud) on the user API's listener
 //! at `/`, with one stylesheet and one small script compiled into the
-//! binary. Every page works without JavaScript (forms post and redirect);
-//! the script only makes pages live (the node table, the build log and an
-//! app's runtime log follow server-sent events).
+//! binary. Every page works without JavaScript (forms post and redirect, or
+//! show the page again with a refused form's reason next to it); the
+//! script only makes pages live (the node table, a deployment's state and
+//! build log, and an app's runtime log follow server-sent events).
 //!
 //! Who may see the pages is the accounts module's business: the login
 //! form checks a user's name and password under the same rate limits as

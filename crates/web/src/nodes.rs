@@ -60,6 +60,16 @@ fn used_of(used: Option<u64>, total: Option<u64>) -> String {
     }
 }
 
+/// Whether a node runs without the WireGuard mesh: its heartbeat's health
+/// names no mesh and no mesh backend (`run --mesh-mode off`, or a mesh
+/// that could not start). Its cluster address is then only a reservation
+/// nothing answers on. Before the first health report it is not known.
+fn mesh_off(node: &NodeView) -> bool {
+    use cloudweb_protocol::features::{MESH_KERNEL, MESH_USERSPACE};
+    node.health_report.as_ref().is_some_and(|health| health.mesh.is_none())
+        && !node.features.iter().any(|f| f == MESH_KERNEL || f == MESH_USERSPACE)
+}
+
 /// The table body: one row per node (and a row of apps a drain could not
 /// move, under its node).
 pub fn rows(lang: Lang, nodes: &[NodeView], instances: &HashMap<String, usize>, now_ms: i64) -> Markup {
@@ -79,7 +89,11 @@ pub fn rows(lang: Lang, nodes: &[NodeView], instances: &HashMap<String, usize>, 
             @let heartbeat = node.last_heartbeat.as_deref().and_then(crate::clock::parse_rfc3339_ms);
             tr data-node=(id) data-state=(state) data-health=(health) {
                 th scope="row" { (node.name) @if node.ingress { " " small.tag { (lang.t("nodes.ingress")) } } }
-                td { code { (node.mesh_address) } br; small { (node.hostname) } }
+                td {
+                    @if mesh_off(node) { span.mesh-off title=(lang.t("nodes.mesh_off_help")) { "– " small.tag { (lang.t("nodes.mesh_off")) } } }
+                    @else { code { (node.mesh_address) } }
+                    br; small { (node.hostname) }
+                }
                 td { span class=(format!("badge {state}")) { (lang.t(state_key(state))) } }
                 td.num { @match cpu { Some(cpu) => { (format!("{cpu:.0}%")) }, None => { "–" } } @if let Some(cores) = cores { br; small { (cores) " " (lang.t("nodes.cores")) } } }
                 td.num { (used_of(mem, mem_total)) }
@@ -253,4 +267,32 @@ pub async fn act(ctx: Ctx, Path((id, action)): Path<(String, String)>, Form(form
         return Redirect::to("/nodes").into_response();
     }
     ctx.outcome(result, "/nodes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(health: serde_json::Value, features: &[&str]) -> NodeView {
+        serde_json::from_value(serde_json::json!({
+            "id": "n-1", "name": "edge", "hostname": "edge-host", "state": "ready", "eligible": true, "ingress": false,
+            "mesh_address": "10.77.0.2", "joined_at": "2026-01-01T00:00:00Z", "health": "healthy",
+            "health_report": health, "features": features, "waiting": [],
+            "certificate": {"sha256": "ab"},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_node_without_the_mesh_shows_no_cluster_address() {
+        let render = |node: NodeView| rows(Lang::En, &[node], &HashMap::new(), 0).into_string();
+        let off = render(node(serde_json::json!({"features": ["static-sites"]}), &["static-sites"]));
+        assert!(!off.contains("10.77.0.2") && off.contains("mesh off") && off.contains("edge-host"), "{off}");
+        let on = render(node(serde_json::json!({"mesh": {"peers": 1, "connected": 1}}), &["mesh-kernel"]));
+        assert!(on.contains("<code>10.77.0.2</code>") && !on.contains("mesh off"), "{on}");
+        // Before the first health report the address is shown as assigned.
+        let unknown = render(node(serde_json::Value::Null, &[]));
+        assert!(unknown.contains("<code>10.77.0.2</code>"), "{unknown}");
+        assert!(rows(Lang::Es, &[node(serde_json::json!({}), &[])], &HashMap::new(), 0).into_string().contains("malla desactivada"));
+    }
 }

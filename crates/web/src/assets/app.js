@@ -1,6 +1,7 @@
 // cloud-web dashboard: makes pages live. Without it every page still works.
 // Everything arriving from the server is either HTML the server rendered
-// and escaped (the node table) or text put in with textContent (log lines).
+// and escaped (the node table) or text put in with textContent (log lines,
+// a deployment's state).
 "use strict";
 (function () {
   // The node table: the server sends the rendered rows when they change.
@@ -15,11 +16,61 @@
     });
   }
 
-  // A deployment's build log: follow new lines, reload once it settles so
-  // the state and timeline are current.
+  // A deployment's state badge, as the server renders it.
+  function badge(state, label) {
+    var span = document.createElement("span");
+    span.className = "badge " + state;
+    span.setAttribute("data-state", state);
+    span.textContent = label;
+    return span;
+  }
+  function setText(id, text) {
+    var element = document.getElementById(id);
+    if (element) { element.textContent = text; }
+  }
+
+  // A deployment's page: the stream's `state` events carry what the page
+  // shows besides the log (state, commit, image, instances, timeline);
+  // every value goes in as text.
+  function showDeployment(live) {
+    var state = document.getElementById("deployment-state");
+    if (state) { state.replaceChildren(badge(live.state, live.state_label)); }
+    setText("deployment-commit", live.commit || "\u2013");
+    setText("deployment-image", live.image || "\u2013");
+    var instances = document.getElementById("deployment-instances");
+    if (instances) {
+      instances.replaceChildren();
+      live.instances.forEach(function (text) {
+        var span = document.createElement("span");
+        span.className = "instance";
+        span.textContent = text;
+        instances.append(span, " ");
+      });
+    }
+    setText("deployment-error", live.error || "");
+    ["deployment-error", "deployment-error-term"].forEach(function (id) {
+      var element = document.getElementById(id);
+      if (element) { element.hidden = !live.error; }
+    });
+    var timeline = document.getElementById("deployment-timeline");
+    if (timeline) {
+      timeline.replaceChildren();
+      live.timeline.forEach(function (event) {
+        var item = document.createElement("li");
+        var at = document.createElement("time");
+        at.textContent = event.at;
+        item.append(badge(event.state, event.state_label), " ", at);
+        timeline.append(item);
+      });
+    }
+  }
+
+  // A deployment's build log: follow new lines and the state, reload once
+  // it settles so the whole page is current.
   var log = document.getElementById("log");
   if (log && log.getAttribute("data-stream") && window.EventSource) {
     var stream = new EventSource(log.getAttribute("data-stream"));
+    stream.addEventListener("state", function (event) { showDeployment(JSON.parse(event.data)); });
     stream.addEventListener("log", function (event) {
       var entry = JSON.parse(event.data);
       var empty = document.getElementById("log-empty");
