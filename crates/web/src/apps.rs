@@ -454,7 +454,9 @@ pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[De
                 label for="env-name" { (ctx.t("apps.env_name")) }
                 input id="env-name" name="name" required maxlength="128" autocomplete="off" value=[env_name] autofocus[env_name.is_some()];
                 label for="env-value" { (ctx.t("apps.env_value")) }
-                input id="env-value" name="value" type="password" autocomplete="off" value=[typed(refused, FormId::Env, "value")];
+                // The value may be a secret: never sent back, also not in a
+                // refused form (the name is).
+                input id="env-value" name="value" type="password" autocomplete="off";
                 button type="submit" { (ctx.t("apps.env_set")) }
             }
         }
