@@ -19,9 +19,12 @@ use tokio::time::Instant;
 
 /// The connections held, oldest first, with the signal that sheds each.
 /// New connections are always admitted; the caps are kept by shedding
-/// held ones: the oldest idle one (no request in flight) first, the
-/// oldest of all when none is idle. An idle or slow connection is the one
-/// most likely to be held on purpose, and the cheapest to lose.
+/// held ones, in this order: the oldest that has not had a request yet
+/// (idle since its accept, or still sending its first headers), then the
+/// one idle the longest since its last request, then the oldest of all;
+/// never the connection being admitted. A connection that never made a request is the one most likely held on
+/// purpose, and a client between requests the cheapest to lose (it
+/// connects again); one with a request in flight goes last.
 #[derive(Debug)]
 pub struct ConnectionTable {
     max_total: usize,
@@ -45,9 +48,21 @@ struct Entry {
     activity: Option<Arc<Activity>>,
 }
 
+/// Where a connection stands when a victim is chosen.
+enum Standing {
+    /// No request yet, none in flight.
+    Fresh,
+    /// Between requests since then.
+    Idle(Instant),
+    Busy,
+}
+
 impl Entry {
-    fn idle(&self) -> bool {
-        self.activity.as_ref().is_none_or(|a| a.idle())
+    fn standing(&self) -> Standing {
+        match &self.activity {
+            None => Standing::Fresh,
+            Some(activity) => activity.standing(),
+        }
     }
 }
 
@@ -75,13 +90,13 @@ impl ConnectionTable {
         held.by_age.insert(id, Entry { address, shed: shed.clone(), activity });
         *held.per_address.entry(address).or_default() += 1;
         while held.per_address.get(&address).copied().unwrap_or(0) > self.max_per_address {
-            match held.victim(Some(address)) {
+            match held.victim(Some(address), id) {
                 Some(victim) => held.shed(victim),
                 None => break,
             }
         }
         while held.by_age.len() > self.max_total {
-            match held.victim(None) {
+            match held.victim(None, id) {
                 Some(victim) => held.shed(victim),
                 None => break,
             }
@@ -109,20 +124,28 @@ impl ConnectionTable {
 }
 
 impl Held {
-    /// The oldest idle connection (from `address`, when given), else the
-    /// oldest of them all.
-    fn victim(&self, address: Option<IpAddr>) -> Option<u64> {
+    /// The connection to shed (among those from `address`, when given),
+    /// never the newcomer `admitted`: see [`ConnectionTable`] for the order.
+    fn victim(&self, address: Option<IpAddr>, admitted: u64) -> Option<u64> {
+        let mut longest_idle: Option<(u64, Instant)> = None;
         let mut oldest = None;
         for (id, entry) in &self.by_age {
-            if address.is_some_and(|a| a != entry.address) {
+            if *id == admitted || address.is_some_and(|a| a != entry.address) {
                 continue;
             }
-            if entry.idle() {
-                return Some(*id);
+            match entry.standing() {
+                Standing::Fresh => return Some(*id),
+                Standing::Idle(since) => {
+                    if longest_idle.is_none_or(|(_, longest)| since < longest) {
+                        longest_idle = Some((*id, since));
+                    }
+                }
+                Standing::Busy => {
+                    oldest.get_or_insert(*id);
+                }
             }
-            oldest.get_or_insert(*id);
         }
-        oldest
+        longest_idle.map(|(id, _)| id).or(oldest)
     }
 
     fn remove(&mut self, id: u64) -> Option<Arc<Notify>> {
@@ -181,6 +204,8 @@ struct ActivityState {
     /// The first byte of a request whose headers are not complete yet (or
     /// the accept, for the first request).
     awaiting_headers: Option<Instant>,
+    /// Requests whose headers came in.
+    requests: u64,
 }
 
 /// Marks a request in flight until its response body is done or dropped.
@@ -191,7 +216,7 @@ impl Activity {
     /// first request's headers are timed from the accept.
     pub fn new(accepted: Instant, awaiting_headers: bool) -> Arc<Activity> {
         Arc::new(Activity {
-            state: Mutex::new(ActivityState { in_flight: 0, last: accepted, awaiting_headers: awaiting_headers.then_some(accepted) }),
+            state: Mutex::new(ActivityState { in_flight: 0, last: accepted, awaiting_headers: awaiting_headers.then_some(accepted), requests: 0 }),
             changed: Notify::new(),
         })
     }
@@ -202,6 +227,7 @@ impl Activity {
         {
             let mut state = self.state.lock().expect("activity lock");
             state.in_flight += 1;
+            state.requests += 1;
             state.awaiting_headers = None;
             state.last = Instant::now();
         }
@@ -219,9 +245,13 @@ impl Activity {
         }
     }
 
-    /// No request in flight.
-    pub fn idle(&self) -> bool {
-        self.state.lock().expect("activity lock").in_flight == 0
+    fn standing(&self) -> Standing {
+        let state = self.state.lock().expect("activity lock");
+        match (state.in_flight, state.requests) {
+            (0, 0) => Standing::Fresh,
+            (0, _) => Standing::Idle(state.last),
+            _ => Standing::Busy,
+        }
     }
 
     /// Resolves once the connection had nothing in flight for `idle`, or
@@ -403,24 +433,46 @@ mod tests {
         assert_eq!(held.shed_total(), 3);
     }
 
-    #[tokio::test]
-    async fn a_connection_with_a_request_in_flight_goes_after_the_idle_ones() {
+    async fn is_shed(ticket: &Ticket) -> bool {
+        tokio::time::timeout(Duration::from_millis(10), ticket.shed()).await.is_ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connections_without_a_request_go_first_then_the_longest_idle_then_busy_ones() {
         let held = ConnectionTable::new(3, 2);
-        let now = Instant::now();
-        let busy = Activity::new(now, true);
-        let a1 = held.admit(ip(1), Some(busy.clone()));
-        let request = busy.begin();
-        let a2 = held.admit(ip(1), Some(Activity::new(now, true)));
-        // The address's third: its idle one goes, though a1 is older.
-        let _a3 = held.admit(ip(1), Some(Activity::new(now, true)));
-        tokio::time::timeout(Duration::from_millis(100), a2.shed()).await.expect("a2 shed");
-        let _b1 = held.admit(ip(2), Some(Activity::new(now, true)));
-        let _b2 = held.admit(ip(2), Some(Activity::new(now, true)));
-        assert!(tokio::time::timeout(Duration::from_millis(20), a1.shed()).await.is_err(), "a1 has a request in flight");
-        // Once its request is answered it is the oldest idle one.
-        drop(request);
-        let _c1 = held.admit(ip(3), Some(Activity::new(now, true)));
-        tokio::time::timeout(Duration::from_millis(100), a1.shed()).await.expect("a1 shed");
+        let activity = || Activity::new(Instant::now(), true);
+        let admit = |last: u8| {
+            let activity = activity();
+            (held.admit(ip(last), Some(activity.clone())), activity)
+        };
+        let (a1, a1_activity) = admit(1);
+        let a1_request = a1_activity.begin();
+        let (a2, _) = admit(1);
+        // The address's third: its fresh a2 goes, though a1 is older.
+        let (a3, _) = admit(1);
+        assert!(is_shed(&a2).await && !is_shed(&a1).await && !is_shed(&a3).await);
+        let (b1, b1_activity) = admit(2);
+        drop(b1_activity.begin());
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        drop(a1_request);
+        // Over the total: the fresh a3 goes before a1 and b1, which had
+        // requests (and the newcomer is never the one shed).
+        let (c1, c1_activity) = admit(3);
+        assert!(is_shed(&a3).await && !is_shed(&c1).await);
+        let c1_request = c1_activity.begin();
+        // No fresh one left: b1, idle for 5 s, goes before a1, idle for 0 s.
+        let (d1, d1_activity) = admit(4);
+        assert!(is_shed(&b1).await && !is_shed(&a1).await);
+        let d1_request = d1_activity.begin();
+        let (e1, e1_activity) = admit(5);
+        assert!(is_shed(&a1).await);
+        let e1_request = e1_activity.begin();
+        // Every one busy: the oldest goes.
+        let (f1, _) = admit(6);
+        assert!(is_shed(&c1).await && !is_shed(&d1).await && !is_shed(&e1).await && !is_shed(&f1).await);
+        assert_eq!(held.len(), 3);
+        assert_eq!(held.shed_total(), 5);
+        drop((c1_request, d1_request, e1_request));
     }
 
     #[tokio::test(start_paused = true)]
