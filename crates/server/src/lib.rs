@@ -357,8 +357,19 @@ fn api_limits(configured: &config::ApiConnectionLimits) -> config::ApiConnection
     limits
 }
 
+/// Listens on `addr` with a backlog of 4,096 (the kernel caps it at
+/// `net.core.somaxconn`) rather than tokio's 1,024: under a flood of
+/// connections the accept queue fills between two accepts, and a
+/// connection dropped from a full queue waits for the kernel's retries
+/// (seconds), whoever it is from.
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })
+    let listen = || {
+        let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(4096)
+    };
+    listen().map_err(|source| StartError::Listen { addr, source })
 }
 
 /// Creates the first admin token when there is none, writing it to
