@@ -242,11 +242,12 @@ pub struct ApiConnectionLimits {
     /// A connection with no request in flight for this long (since its
     /// last response) is closed: the keep-alive limit.
     pub idle_timeout: Duration,
-    /// Connections held at once; past it the oldest idle one is closed.
-    /// Kept under half the process's open file limit at start.
+    /// Connections held at once; past it one is closed: the oldest that
+    /// never made a request, else the one idle the longest, else the
+    /// oldest. Kept under half the process's open file limit at start.
     pub max_total: usize,
-    /// Connections held at once per source address; past it that
-    /// address's oldest idle one is closed.
+    /// Connections held at once per source address; past it one of that
+    /// address's is closed, in the same order.
     pub max_per_address: usize,
 }
 

@@ -119,7 +119,8 @@ struct ServeArgs {
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     api_idle_timeout_seconds: u64,
     /// User API connections held at once (at most half the open file
-    /// limit); past it the oldest idle one is closed.
+    /// limit); past it one is closed: the oldest that never made a
+    /// request, else the one idle the longest.
     #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_api_connections: u64,
     /// The same, per source address.
