@@ -367,7 +367,8 @@ async fn measure(under: Under<'_>, idle: usize, args: &ApiArgs, log: &std::path:
     let apps_count = api_times.len();
     let apps = summarize(api_times);
     println!("flood: {} connections opened in {} ({} refused)", seen.opened, ms(seen.opened_in), seen.refused);
-    println!("  flood connections held at once, max: {} (cap {MAX_TOTAL}); server descriptors, max: {}", seen.max_held, seen.max_descriptors);
+    println!("  server descriptors, max:             {}", seen.max_descriptors);
+    println!("  flood connections open at once as the client saw them, max: {} (cap {MAX_TOTAL}; the client sees sheds late)", seen.max_held);
     println!("  shed before the header timeout:      {}", seen.closed_early);
     println!("  last closed {:.1} s after its opening (header timeout {} s); open past it: {}", seen.last_close.as_secs_f64(), HEADER_TIMEOUT.as_secs(), seen.open_past_timeout);
     println!("  GET /api/apps (kept-alive):          {apps_count} answered, p50 {}  p99 {}  max {}; failed {}", ms(apps.p50), ms(apps.p99), ms(apps.max), api_failures.len());
@@ -392,11 +393,16 @@ async fn measure(under: Under<'_>, idle: usize, args: &ApiArgs, log: &std::path:
     if let Some(deployed) = &deployed {
         targets.push(Target::new("deploys running under the flood", Cmp::AtLeast, 1.0, "", Some(if deployed.is_ok() { 1.0 } else { 0.0 })));
     }
-    // The cap is kept by shedding as connections are admitted; a look can
-    // still count the few whose shed the server has not carried out yet.
+    // The resource the finding is about: the server's descriptors. The
+    // user API holds at most its cap, plus a sixteenth for shed sockets
+    // not closed yet (it stops accepting past that); the rest is the
+    // nodes' connections and the server's own files (database, registry,
+    // agent streams), 256 allowed. What the flood's client sees lags the
+    // server's sheds, so it is printed, not judged.
+    let allowed = MAX_TOTAL + MAX_TOTAL / 16 + args.nodes + 256;
     targets.push(
-        Target::new("flood connections held at once", Cmp::AtMost, (MAX_TOTAL + MAX_TOTAL / 100) as f64, "", Some(seen.max_held as f64))
-            .with_note(format!("the cap {MAX_TOTAL} + 1% for sheds under way")),
+        Target::new("server descriptors under the flood, max", Cmp::AtMost, allowed as f64, "", Some(seen.max_descriptors as f64))
+            .with_note(format!("cap {MAX_TOTAL} + 1/16 + {} nodes + 256", args.nodes)),
     );
     targets.push(Target::new(
         format!("flood connections open {} s after their opening", (HEADER_TIMEOUT + CLOSE_SLACK).as_secs()),

@@ -4,12 +4,17 @@
 //! header timeout (from the accept, or from the request's first byte on a
 //! kept-alive connection), is closed once idle for the keep-alive timeout,
 //! and is counted in a table with caps in total and per source address:
-//! past a cap the oldest idle connection is shed. The total is also kept
+//! past a cap a connection is shed (see [`ConnectionTable`] for which),
+//! and no more are accepted while the sockets still open (shed ones whose
+//! task has not closed them yet) are over the cap by a sixteenth. The
+//! total is also kept
 //! under half the process's descriptor limit, so that the agent listener
 //! can always accept.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::ConnectInfo;
 use axum::Router;
@@ -29,8 +34,19 @@ pub use crate::config::ApiConnectionLimits;
 pub async fn serve(listener: TcpListener, router: Router, limits: ApiConnectionLimits) {
     let table = ConnectionTable::new(limits.max_total, limits.max_per_address);
     let mut errors = AcceptErrors::default();
+    // Sockets open, shed ones included until their task has closed them.
+    let open = Arc::new(AtomicUsize::new(0));
+    let most = limits.max_total + limits.max_total / 16;
     loop {
+        // A shed connection's socket is closed by its own task; under a
+        // flood, accepting faster than those tasks run would hold far more
+        // descriptors than the cap. The backlog waits meanwhile.
+        while open.load(Ordering::SeqCst) > most {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         let (tcp, remote) = connections::accept(&listener, "api", &mut errors).await;
+        open.fetch_add(1, Ordering::SeqCst);
+        let counted = Open(open.clone());
         let accepted = Instant::now();
         let _ = tcp.set_nodelay(true);
         let activity = Activity::new(accepted, true);
@@ -38,11 +54,21 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ApiConnectionL
         let router = router.clone();
         let limits = limits.clone();
         tokio::spawn(async move {
+            let _counted = counted;
             tokio::select! {
                 () = connection(tcp, remote, activity, router, &limits) => {}
                 () = ticket.shed() => tracing::debug!(%remote, "shed a user API connection"),
             }
         });
+    }
+}
+
+/// Counts a socket open until dropped (after the connection's socket).
+struct Open(Arc<AtomicUsize>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
