@@ -34,13 +34,21 @@ pub struct Args {
 /// One command of the run: its arguments at the quick size and the time
 /// it may take at that size.
 struct Step {
+    /// What `--skip` and the table call it.
     name: &'static str,
+    /// The subcommand and the arguments it always gets, when not just `name`.
+    command: Option<&'static [&'static str]>,
     quick: &'static [&'static str],
     quick_bound: Duration,
 }
 
 const fn step(name: &'static str, quick: &'static [&'static str], seconds: u64) -> Step {
-    Step { name, quick, quick_bound: Duration::from_secs(seconds) }
+    Step { name, command: None, quick, quick_bound: Duration::from_secs(seconds) }
+}
+
+/// A step named otherwise than its subcommand (one command, two targets).
+const fn step_as(name: &'static str, command: &'static [&'static str], quick: &'static [&'static str], seconds: u64) -> Step {
+    Step { name, command: Some(command), quick, quick_bound: Duration::from_secs(seconds) }
 }
 
 /// The quick sizes, cheapest first. Each bound is two to three times what
@@ -53,6 +61,7 @@ const STEPS: &[Step] = &[
     step("simulate", &["--seeds", "100"], 90),
     step("heartbeats", &["--agents", "2000", "--interval", "2", "--duration", "8"], 60),
     step("flood", &["--connections", "2000"], 45),
+    step_as("flood-api", &["flood", "--target", "api"], &["--connections", "5000", "--slow", "300", "--nodes", "20"], 60),
     step("apps", &["--sizes", "10,1000,10000", "--samples", "100"], 60),
     step("dashboard", &["--nodes", "1000", "--samples", "10"], 45),
     step("mesh", &["--seconds", "1", "--rounds", "1", "--pings", "500"], 45),
@@ -119,9 +128,14 @@ pub fn run(args: Args) -> ExitCode {
         }
         let (extra, bound) = if args.quick { (step.quick, step.quick_bound) } else { (&[][..], FULL_BOUND) };
         println!();
-        println!("== [{}/{}] cloudweb-bench {} {} (bound {} s)", index + 1, steps.len(), step.name, extra.join(" "), bound.as_secs());
+        let subcommand = step.command.map_or_else(|| step.name.to_string(), |c| c.join(" "));
+        println!("== [{}/{}] cloudweb-bench {subcommand} {} (bound {} s)", index + 1, steps.len(), extra.join(" "), bound.as_secs());
         let mut command = Command::new(&me);
-        command.arg(step.name).args(extra);
+        match step.command {
+            Some(args) => command.args(args),
+            None => command.arg(step.name),
+        };
+        command.args(extra);
         outcomes.push(run_one(step.name, command, bound));
     }
     let total = started.elapsed().as_secs_f64();

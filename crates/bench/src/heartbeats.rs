@@ -171,7 +171,7 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
 }
 
 /// Creates a join token and joins, `count` times, with real keys and CSRs.
-pub(crate) async fn enroll(server: &Arc<Server>, count: usize, concurrency: usize) -> Result<Vec<Enrolled>> {
+pub(crate) async fn enroll(server: &Server, count: usize, concurrency: usize) -> Result<Vec<Enrolled>> {
     let anonymous = {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
@@ -185,7 +185,6 @@ pub(crate) async fn enroll(server: &Arc<Server>, count: usize, concurrency: usiz
     };
     let results: Vec<Result<Enrolled>> = stream::iter(0..count)
         .map(|index| {
-            let server = server.clone();
             let anonymous = anonymous.clone();
             async move {
                 let token = server.join_token().await?;
@@ -246,7 +245,7 @@ pub(crate) async fn one_heartbeat_each(server: &Server, agents: &[Enrolled], con
 }
 
 /// An HTTP/1.1 connection to the agent listener with the agent's certificate.
-async fn connect(roots: &Arc<rustls::RootCertStore>, port: u16, agent: &Enrolled) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>> {
+pub(crate) async fn connect(roots: &Arc<rustls::RootCertStore>, port: u16, agent: &Enrolled) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
@@ -328,7 +327,7 @@ impl AgentTask {
 /// A heartbeat as a current agent sends it: capacity and health every
 /// time, a usage sample with five containers every sixth time (every 30 s
 /// at a 5 s interval).
-fn heartbeat_body(round: u64) -> Bytes {
+pub(crate) fn heartbeat_body(round: u64) -> Bytes {
     let mut body = json!({
         "cpu_cores": 8, "mem_bytes": 34359738368u64, "disk_bytes": 536870912000u64,
         "health": {"registry": {"configured": true, "reachable": true}, "mesh": {"peers": 3, "connected": 3},

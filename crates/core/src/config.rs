@@ -39,6 +39,8 @@ pub struct Config {
     pub registry: Option<crate::registry::RegistrySettings>,
     /// Bounds on the agent listener's connections.
     pub agent_connections: ConnectionLimits,
+    /// Bounds on the user API's connections.
+    pub api_connections: ApiConnectionLimits,
     /// How long a deployment that finds no node for an instance stays
     /// queued (retried every second) before it fails with the reasons.
     pub placement_wait: Duration,
@@ -84,6 +86,7 @@ impl Config {
             registry: None,
             base_domain: "localhost".to_string(),
             agent_connections: Default::default(),
+            api_connections: Default::default(),
             placement_wait: Duration::from_secs(60),
             acme: Default::default(),
             public_api_url: None,
@@ -224,6 +227,37 @@ impl Default for ConnectionLimits {
             authenticated_idle: Duration::from_secs(300),
             max_unauthenticated: 1024,
             max_unauthenticated_per_address: 128,
+        }
+    }
+}
+
+/// Bounds on the user API's connections (the API, the dashboard, the OAuth
+/// callback and webhooks: the port that may face the internet), so that
+/// idle or slow clients cannot hold its descriptors.
+#[derive(Debug, Clone)]
+pub struct ApiConnectionLimits {
+    /// Time to send a request's headers: from the accept for the first
+    /// request, from its first byte for a later one.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long (since its
+    /// last response) is closed: the keep-alive limit.
+    pub idle_timeout: Duration,
+    /// Connections held at once; past it one is closed: the oldest that
+    /// never made a request, else the one idle the longest, else the
+    /// oldest. Kept under half the process's open file limit at start.
+    pub max_total: usize,
+    /// Connections held at once per source address; past it one of that
+    /// address's is closed, in the same order.
+    pub max_per_address: usize,
+}
+
+impl Default for ApiConnectionLimits {
+    fn default() -> Self {
+        ApiConnectionLimits {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_total: 4096,
+            max_per_address: 256,
         }
     }
 }

@@ -12,6 +12,7 @@
 pub mod agent_api;
 pub mod api;
 pub mod auth;
+pub mod connections;
 pub mod error;
 pub mod git;
 pub mod whole_requests;

@@ -313,13 +313,7 @@ async fn serve(
     tasks.extend([
         tokio::spawn(agent_api::listener::serve(agent_listener, tls, agent_router, state.config.agent_connections.clone(), listener_cert.renewals())),
         tokio::spawn(cloudweb_core::listener_cert::renew(state.clone(), listener_cert)),
-        tokio::spawn(async move {
-            // The peer address is what login attempts are limited by.
-            let service = api_router.into_make_service_with_connect_info::<SocketAddr>();
-            if let Err(err) = axum::serve(api_listener, service).await {
-                tracing::error!(error = %err, "user API server stopped");
-            }
-        }),
+        tokio::spawn(api::listener::serve(api_listener, api_router, api_limits(&state.config.api_connections))),
         tokio::spawn(heartbeat_writer(state.clone())),
         tokio::spawn(deploy::reconciler(state.clone())),
         tokio::spawn(acme::run(state.clone())),
@@ -346,8 +340,36 @@ async fn deferred_registry(state: Arc<AppState>, settings: registry::RegistrySet
     }
 }
 
+/// The user API's limits, its total kept to half the open file limit: the
+/// other half is the reserve that keeps the agent listener (nodes, their
+/// streams), the database and the registry able to open descriptors
+/// whatever the user API's port is sent.
+fn api_limits(configured: &config::ApiConnectionLimits) -> config::ApiConnectionLimits {
+    let mut limits = configured.clone();
+    if let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        let budget = usize::try_from(soft / 2).unwrap_or(usize::MAX).max(1);
+        if limits.max_total > budget {
+            tracing::warn!(configured = limits.max_total, open_file_limit = soft, used = budget, "the user API's connection cap is above half the open file limit; using half");
+            limits.max_total = budget;
+        }
+    }
+    limits.max_per_address = limits.max_per_address.min(limits.max_total);
+    limits
+}
+
+/// Listens on `addr` with a backlog of 4,096 (the kernel caps it at
+/// `net.core.somaxconn`) rather than tokio's 1,024: under a flood of
+/// connections the accept queue fills between two accepts, and a
+/// connection dropped from a full queue waits for the kernel's retries
+/// (seconds), whoever it is from.
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source })
+    let listen = || {
+        let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(4096)
+    };
+    listen().map_err(|source| StartError::Listen { addr, source })
 }
 
 /// Creates the first admin token when there is none, writing it to

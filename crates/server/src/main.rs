@@ -16,6 +16,7 @@ use cloudweb_server::auth::AuthSettings;
 use cloudweb_server::clock::SystemClock;
 use cloudweb_server::config::{public_url::HttpsUrl, Config};
 use cloudweb_server::agent_api::listener::ConnectionLimits;
+use cloudweb_server::api::listener::ApiConnectionLimits;
 use cloudweb_server::registry::RegistrySettings;
 use cloudweb_protocol::SupportedRange;
 
@@ -109,6 +110,22 @@ struct ServeArgs {
     /// The same, per source address.
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_unauthenticated_per_address: u64,
+    /// Seconds a user API connection may take to send a request's headers
+    /// (from the accept, or from the first byte of a later request).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    api_header_timeout_seconds: u64,
+    /// Seconds a user API connection may stay open with no request in
+    /// flight (the keep-alive limit).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    api_idle_timeout_seconds: u64,
+    /// User API connections held at once (at most half the open file
+    /// limit); past it one is closed: the oldest that never made a
+    /// request, else the one idle the longest.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_api_connections: u64,
+    /// The same, per source address.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_api_connections_per_address: u64,
     /// Seconds a deployment waits, queued, for a node that can take it
     /// before it fails with the scheduler's reasons (0: fail at once).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=3600))]
@@ -264,6 +281,12 @@ fn real_main() -> anyhow::Result<()> {
             max_unauthenticated: args.max_unauthenticated_connections as usize,
             max_unauthenticated_per_address: args.max_unauthenticated_per_address as usize,
             ..ConnectionLimits::default()
+        },
+        api_connections: ApiConnectionLimits {
+            header_read_timeout: Duration::from_secs(args.api_header_timeout_seconds),
+            idle_timeout: Duration::from_secs(args.api_idle_timeout_seconds),
+            max_total: args.max_api_connections as usize,
+            max_per_address: args.max_api_connections_per_address as usize,
         },
         placement_wait: Duration::from_secs(args.placement_wait_seconds),
         acme: cloudweb_server::acme::AcmeSettings::parse(&args.acme_ca, args.acme_email.as_deref(), args.acme_ca_root)

@@ -34,7 +34,7 @@ pub struct Binaries {
 pub struct BinaryArgs {
     /// The control plane binary (default: next to this one).
     #[arg(long)]
-    server_bin: Option<PathBuf>,
+    pub server_bin: Option<PathBuf>,
     /// The agent binary (default: next to this one).
     #[arg(long)]
     agent_bin: Option<PathBuf>,

@@ -4,21 +4,16 @@
 //! from another CA never reaches a handler; which routes need a certificate
 //! is decided by the router.
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::CertificateDer;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
@@ -26,6 +21,7 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::{ConnectionPeer, PeerCert};
 use crate::ca::{self, ClusterCa};
+use crate::connections::{AcceptErrors, Activity};
 use crate::listener_cert::ListenerCert;
 
 /// How long a client may take to send a request's headers once it started.
@@ -72,158 +68,9 @@ pub fn peer_cert(der: &CertificateDer<'_>) -> Option<PeerCert> {
     Some(PeerCert { node_id, cert_sha256: ca::sha256_hex(der), public_key })
 }
 
-/// The unauthenticated connections held, oldest first, with the signal
-/// that sheds each. New connections are always admitted (a node's next
-/// connection looks like any other until its handshake ends); the caps are
-/// kept by shedding the oldest unauthenticated ones, which are the ones
-/// most likely to be idle or slow on purpose.
-#[derive(Debug)]
-pub struct Unauthenticated {
-    max_total: usize,
-    max_per_address: usize,
-    inner: Mutex<Held>,
-}
-
-#[derive(Debug, Default)]
-struct Held {
-    next_id: u64,
-    by_age: BTreeMap<u64, (IpAddr, Arc<Notify>)>,
-    per_address: HashMap<IpAddr, usize>,
-    shed: u64,
-}
-
-/// One admitted connection's place in [`Unauthenticated`]; leaves it on
-/// drop or on [`Ticket::authenticated`].
-pub struct Ticket {
-    id: u64,
-    shed: Arc<Notify>,
-    held: Arc<Unauthenticated>,
-}
-
-impl Unauthenticated {
-    pub fn new(max_total: usize, max_per_address: usize) -> Arc<Unauthenticated> {
-        Arc::new(Unauthenticated { max_total, max_per_address, inner: Mutex::new(Held::default()) })
-    }
-
-    /// Admits a connection from `address`, shedding the oldest ones over
-    /// either cap.
-    pub fn admit(self: &Arc<Self>, address: IpAddr) -> Ticket {
-        let mut held = self.inner.lock().expect("connection table lock");
-        let id = held.next_id;
-        held.next_id += 1;
-        let shed = Arc::new(Notify::new());
-        held.by_age.insert(id, (address, shed.clone()));
-        *held.per_address.entry(address).or_default() += 1;
-        while held.per_address.get(&address).copied().unwrap_or(0) > self.max_per_address {
-            let oldest = held.by_age.iter().find(|(_, (a, _))| *a == address).map(|(id, _)| *id);
-            match oldest {
-                Some(oldest) => held.shed(oldest),
-                None => break,
-            }
-        }
-        while held.by_age.len() > self.max_total {
-            let oldest = *held.by_age.keys().next().expect("not empty");
-            held.shed(oldest);
-        }
-        Ticket { id, shed, held: self.clone() }
-    }
-
-    /// Unauthenticated connections held now.
-    pub fn len(&self) -> usize {
-        self.inner.lock().expect("connection table lock").by_age.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Connections shed so far.
-    pub fn shed_total(&self) -> u64 {
-        self.inner.lock().expect("connection table lock").shed
-    }
-
-    fn release(&self, id: u64) {
-        self.inner.lock().expect("connection table lock").remove(id);
-    }
-}
-
-impl Held {
-    fn remove(&mut self, id: u64) -> Option<Arc<Notify>> {
-        let (address, shed) = self.by_age.remove(&id)?;
-        if let Some(count) = self.per_address.get_mut(&address) {
-            *count -= 1;
-            if *count == 0 {
-                self.per_address.remove(&address);
-            }
-        }
-        Some(shed)
-    }
-
-    fn shed(&mut self, id: u64) {
-        if let Some(signal) = self.remove(id) {
-            self.shed += 1;
-            // Stored if the connection is not waiting yet.
-            signal.notify_one();
-        }
-    }
-}
-
-impl Ticket {
-    /// The handshake proved a client certificate: no longer shed.
-    pub fn authenticated(&self) {
-        self.held.release(self.id);
-    }
-
-    /// Resolves when this connection has been shed.
-    pub async fn shed(&self) {
-        self.shed.notified().await
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        self.held.release(self.id);
-    }
-}
-
-/// Requests in flight on one connection, and when it last had one.
-struct Activity {
-    in_flight: AtomicUsize,
-    last: Mutex<Instant>,
-}
-
-/// Marks a request in flight until its response body is done or dropped.
-struct InFlight(Arc<Activity>);
-
-impl Activity {
-    fn begin(self: &Arc<Self>) -> InFlight {
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        *self.last.lock().expect("activity lock") = Instant::now();
-        InFlight(self.clone())
-    }
-
-    /// Resolves once the connection had nothing in flight for `limit`.
-    async fn idle_for(&self, limit: Duration) {
-        loop {
-            let last = *self.last.lock().expect("activity lock");
-            if self.in_flight.load(Ordering::SeqCst) > 0 {
-                // A long request (an event stream, a download) is not idle.
-                tokio::time::sleep(limit.min(Duration::from_secs(1))).await;
-            } else if last.elapsed() >= limit {
-                return;
-            } else {
-                tokio::time::sleep_until(last + limit).await;
-            }
-        }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        *self.0.last.lock().expect("activity lock") = Instant::now();
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
+/// The unauthenticated connections held: the shared connection table,
+/// whose tickets leave it once a handshake proved a certificate.
+pub use crate::connections::{ConnectionTable as Unauthenticated, Ticket};
 
 /// Accepts connections until the task is aborted. A connection made before
 /// the certificate's latest renewal (`renewals` moved) is closed once its
@@ -231,19 +78,12 @@ impl Drop for InFlight {
 pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, router: Router, limits: ConnectionLimits, renewals: tokio::sync::watch::Receiver<u64>) {
     let acceptor = TlsAcceptor::from(tls);
     let unauthenticated = Unauthenticated::new(limits.max_unauthenticated, limits.max_unauthenticated_per_address);
+    let mut errors = AcceptErrors::default();
     loop {
-        let (tcp, remote) = match listener.accept().await {
-            Ok(conn) => conn,
-            Err(err) => {
-                // Usually EMFILE under load; back off instead of spinning.
-                tracing::warn!(error = %err, "agent listener accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (tcp, remote) = crate::connections::accept(&listener, "agent", &mut errors).await;
         let accepted = Instant::now();
         let _ = tcp.set_nodelay(true);
-        let ticket = unauthenticated.admit(remote.ip());
+        let ticket = unauthenticated.admit(remote.ip(), None);
         let acceptor = acceptor.clone();
         let router = router.clone();
         let limits = limits.clone();
@@ -280,12 +120,12 @@ async fn connection(
     };
     let peer = ConnectionPeer(stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(peer_cert));
     let idle_limit = if peer.0.is_some() {
-        ticket.authenticated();
+        ticket.release();
         limits.authenticated_idle
     } else {
         limits.unauthenticated_idle
     };
-    let activity = Arc::new(Activity { in_flight: AtomicUsize::new(0), last: Mutex::new(accepted) });
+    let activity = Activity::new(accepted, false);
     let service = {
         let activity = activity.clone();
         hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
@@ -295,12 +135,7 @@ async fn connection(
             async move {
                 let response = response.await?;
                 // The request stays in flight until its body is sent.
-                Ok::<_, std::convert::Infallible>(response.map(|body| {
-                    axum::body::Body::new(body.map_frame(move |frame| {
-                        let _ = &in_flight;
-                        frame
-                    }))
-                }))
+                Ok::<_, std::convert::Infallible>(in_flight.hold(response))
             }
         })
     };
@@ -310,7 +145,7 @@ async fn connection(
     builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     let serving = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(serving);
-    let idle = activity.idle_for(idle_limit);
+    let idle = activity.expired(idle_limit, None);
     tokio::pin!(idle);
     let mut closing = false;
     loop {
@@ -331,42 +166,5 @@ async fn connection(
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ip(last: u8) -> IpAddr {
-        IpAddr::from([192, 0, 2, last])
-    }
-
-    #[tokio::test]
-    async fn the_oldest_unauthenticated_connections_are_shed_first() {
-        let held = Unauthenticated::new(4, 2);
-        let a1 = held.admit(ip(1));
-        let a2 = held.admit(ip(1));
-        // A third from the same address sheds that address's oldest.
-        let a3 = held.admit(ip(1));
-        tokio::time::timeout(Duration::from_millis(100), a1.shed()).await.expect("a1 shed");
-        assert_eq!(held.len(), 2);
-        let b1 = held.admit(ip(2));
-        let b2 = held.admit(ip(2));
-        assert_eq!(held.len(), 4);
-        // Over the total: the oldest of all (a2) goes, not the newcomer.
-        let _c1 = held.admit(ip(3));
-        tokio::time::timeout(Duration::from_millis(100), a2.shed()).await.expect("a2 shed");
-        assert_eq!(held.len(), 4);
-        // An authenticated connection leaves the table and is never shed.
-        b1.authenticated();
-        assert_eq!(held.len(), 3);
-        let _c2 = held.admit(ip(3));
-        let _c3 = held.admit(ip(4));
-        assert!(tokio::time::timeout(Duration::from_millis(50), b1.shed()).await.is_err(), "b1 is authenticated");
-        tokio::time::timeout(Duration::from_millis(100), a3.shed()).await.expect("a3 shed");
-        drop(b2);
-        assert_eq!(held.len(), 3);
-        assert_eq!(held.shed_total(), 3);
     }
 }

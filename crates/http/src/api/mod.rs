@@ -11,6 +11,7 @@
 pub mod apps;
 pub mod deployments;
 pub mod join_tokens;
+pub mod listener;
 mod metrics;
 pub mod nodes;
 pub mod openapi;
