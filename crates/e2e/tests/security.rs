@@ -196,6 +196,10 @@ async fn writes_recover_without_a_restart_once_a_full_disk_has_room_again() {
             tries += 1;
             assert!(tries < 400, "the control plane kept accepting writes on a full disk");
             assert_eq!(beat().await, 200, "a heartbeat on a full disk still counts");
+            // A large write first: it needs new room in the write-ahead
+            // log, which a checkpoint may have left free for small ones.
+            let padding: serde_json::Map<String, Value> = (0..8).map(|k| (format!("PAD_{k}"), json!("x".repeat(8000)))).collect();
+            let _ = server.call(Method::PUT, "/api/apps/full/env", Some(Value::Object(padding))).await;
             let status = domain_writes(&server, "full", &format!("f{failures}t{tries}"), 1).await[0];
             if status != 200 {
                 assert_eq!(status, 503, "a write on a full disk");
