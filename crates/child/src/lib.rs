@@ -143,6 +143,15 @@ mod tests {
             .spawn();
         let mut child = child.unwrap();
         let pid = child.id().unwrap();
+        // Until the fork has exec'd `tail`, its command line is still this
+        // test's, which does not name the marker (on a loaded machine that
+        // took long enough for the kill below to find nothing of ours, and
+        // the wait for the child then never ended).
+        let started = std::time::Instant::now();
+        while !command_line_contains(pid, marker.as_os_str()) {
+            assert!(started.elapsed() < Duration::from_secs(10), "tail did not start within 10 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let file = PidFile::new(dir.path().join("x.pid"));
         file.record(pid).unwrap();
         // Another marker: not ours, left alone.
@@ -154,8 +163,15 @@ mod tests {
             let marker = marker.clone();
             move || file.kill_leftover(marker.as_os_str())
         });
-        // The child is ours here, so reap it while the helper waits.
-        let status = child.wait().await.unwrap();
+        // The child is ours here, so reap it while the helper waits
+        // (bounded: a kill that missed fails the test, not hangs it).
+        let status = match tokio::time::timeout(Duration::from_secs(20), child.wait()).await {
+            Ok(status) => status.unwrap(),
+            Err(_) => {
+                let _ = child.start_kill();
+                panic!("the leftover was not killed: kill_leftover gave {:?}", killed.await.unwrap());
+            }
+        };
         assert!(!status.success());
         assert_eq!(killed.await.unwrap().unwrap(), Some(pid));
         assert!(!file.path().exists());
