@@ -103,8 +103,10 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
     let failed_before = stats.failed.load(Ordering::Relaxed);
     let start = Instant::now();
     stats.recording.store(true, Ordering::Relaxed);
+    let steady_api = ApiSampler::start(&server);
     tokio::time::sleep(Duration::from_secs(args.duration)).await;
     stats.recording.store(false, Ordering::Relaxed);
+    let steady_api = summarize(steady_api.stop().await.latencies);
     let elapsed = start.elapsed().as_secs_f64();
     let cpu_after = procstat::sample(server.pid()).context("server /proc")?;
     let commits = server.metric("cloudweb_store_commits_total").await? - commits_before;
@@ -128,6 +130,7 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
         mib(cpu_after.rss_bytes),
         mib(cpu_after.peak_rss_bytes)
     );
+    println!("GET /api/apps meanwhile (for comparison with the restart): p50 {}  p99 {}  max {}", ms(steady_api.p50), ms(steady_api.p99), ms(steady_api.max));
     let per_thousand = if beats > 0.0 { 1000.0 * commits / beats } else { f64::NAN };
     println!("SQLite commits: {commits:.0} during the window = {per_thousand:.2} per 1,000 heartbeats");
     // Issue 2: 10,000 agents at a 5 s interval (2,000 heartbeats/s) with p99
@@ -195,10 +198,12 @@ async fn herd(server: &mut Server, fleet: &Fleet, event_stream: bool) -> Result<
     ])
 }
 
-/// `GET /api/apps` in a loop, one at a time, every 50 ms.
+/// `GET /api/apps` in a loop, one at a time, every 50 ms, on a thread and
+/// runtime of its own: the simulated agents' own TLS work must not count
+/// as the control plane's latency.
 struct ApiSampler {
     stop: Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<ApiSamples>,
+    thread: std::thread::JoinHandle<ApiSamples>,
 }
 
 struct ApiSamples {
@@ -210,30 +215,38 @@ impl ApiSampler {
     fn start(server: &Server) -> ApiSampler {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (url, token, done) = (format!("{}/api/apps", server.api_url), server.admin_token.clone(), stop.clone());
-        let task = tokio::spawn(async move {
-            let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client");
-            let mut samples = ApiSamples { latencies: Vec::new(), errors: 0 };
-            while !done.load(Ordering::Relaxed) {
-                let started = Instant::now();
-                let ok = match http.get(&url).bearer_auth(&token).send().await {
-                    Ok(response) => response.status().is_success() && response.bytes().await.is_ok(),
-                    Err(_) => false,
-                };
-                if ok {
-                    samples.latencies.push(started.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
-                } else {
-                    samples.errors += 1;
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("sampler runtime");
+            runtime.block_on(async move {
+                let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client");
+                let mut samples = ApiSamples { latencies: Vec::new(), errors: 0 };
+                while !done.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    let ok = match http.get(&url).bearer_auth(&token).send().await {
+                        Ok(response) => response.status().is_success() && response.bytes().await.is_ok(),
+                        Err(_) => false,
+                    };
+                    if ok {
+                        samples.latencies.push(started.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+                    } else {
+                        samples.errors += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            samples
+                samples
+            })
         });
-        ApiSampler { stop, task }
+        ApiSampler { stop, thread }
     }
 
     async fn stop(self) -> ApiSamples {
         self.stop.store(true, Ordering::Relaxed);
-        self.task.await.unwrap_or(ApiSamples { latencies: Vec::new(), errors: 1 })
+        let thread = self.thread;
+        tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or(ApiSamples { latencies: Vec::new(), errors: 1 })
     }
 }
 
