@@ -23,8 +23,11 @@ const AGENTS: usize = 1000;
 const INTERVAL: Duration = Duration::from_secs(5);
 /// The bench's 60 s for 10,000 agents, made generous for CI.
 const BACK_WITHIN: Duration = Duration::from_secs(90);
-/// Any one `GET /api/apps` while the fleet reconnects.
-const API_MAX: Duration = Duration::from_secs(2);
+/// Any one `GET /api/apps` while the fleet reconnects (the debug build
+/// took up to 0.9 s here with a release build running alongside), and
+/// their median.
+const API_MAX: Duration = Duration::from_secs(5);
+const API_MEDIAN: Duration = Duration::from_millis(500);
 
 /// Two sockets per agent here, as many on the server: lift the soft limit.
 fn raise_open_file_limit() {
@@ -64,26 +67,27 @@ async fn a_thousand_agents_are_back_soon_after_the_control_plane_is_killed_and_r
     let sampler = {
         let (http, url, token, stop) = (server.http.clone(), server.api("/api/apps"), server.admin_token.clone(), stop.clone());
         tokio::spawn(async move {
-            let (mut slowest, mut answers, mut errors) = (Duration::ZERO, 0, Vec::new());
+            let (mut took, mut errors) = (Vec::new(), Vec::new());
             while !stop.load(Ordering::Relaxed) {
                 let started = Instant::now();
                 match http.get(&url).bearer_auth(&token).send().await {
-                    Ok(response) if response.status().is_success() => answers += 1,
+                    Ok(response) if response.status().is_success() => took.push(started.elapsed()),
                     Ok(response) => errors.push(format!("answered {}", response.status())),
                     Err(err) => errors.push(format!("{err:#}")),
                 }
-                slowest = slowest.max(started.elapsed());
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            (slowest, answers, errors)
+            (took, errors)
         })
     };
     let back = fleet.all_back_since(killed, BACK_WITHIN).await;
     stop.store(true, Ordering::Relaxed);
-    let (slowest, answers, errors) = sampler.await.unwrap();
+    let (mut took, errors) = sampler.await.unwrap();
+    took.sort();
+    let (answers, slowest, median) = (took.len(), took.last().copied().unwrap_or_default(), took.get(took.len() / 2).copied().unwrap_or_default());
     let stats = &fleet.stats;
     eprintln!(
-        "restart answered /healthz after {restarted:?}; back: {back:?}; {} heartbeats failed, {} stream opens failed; GET /api/apps: {answers} answers, slowest {slowest:?}",
+        "restart answered /healthz after {restarted:?}; back: {back:?}; {} heartbeats failed, {} stream opens failed; GET /api/apps: {answers} answers, median {median:?}, slowest {slowest:?}",
         stats.failed.load(Ordering::Relaxed),
         stats.stream_failures.load(Ordering::Relaxed)
     );
@@ -93,4 +97,5 @@ async fn a_thousand_agents_are_back_soon_after_the_control_plane_is_killed_and_r
     assert!(errors.is_empty(), "GET /api/apps failed while the fleet reconnected: {errors:?}");
     assert!(answers > 0, "GET /api/apps never answered");
     assert!(slowest < API_MAX, "GET /api/apps took {slowest:?} while the fleet reconnected");
+    assert!(median < API_MEDIAN, "GET /api/apps took {median:?} (median) while the fleet reconnected");
 }
