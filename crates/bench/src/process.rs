@@ -41,6 +41,12 @@ impl Guarded {
         self.child.try_wait().ok().flatten()
     }
 
+    /// SIGKILL at once, to it and its children: a crash.
+    pub fn kill_now(&mut self) {
+        self.grace = Duration::ZERO;
+        self.stop();
+    }
+
     /// Stops the process and every process it started that is still alive.
     pub fn stop(&mut self) {
         if self.exited().is_some() {

@@ -12,6 +12,12 @@ use crate::process::Guarded;
 pub struct Server {
     /// Stopped with SIGTERM on drop, so it stops the registry it supervises.
     process: Guarded,
+    /// What it was started as, for [`Server::kill_and_restart`].
+    binary: PathBuf,
+    data_dir: PathBuf,
+    extra: Vec<String>,
+    pub agent_port: u16,
+    pub api_port: u16,
     pub agent_url: String,
     pub api_url: String,
     pub admin_token: String,
@@ -39,8 +45,31 @@ pub fn free_port() -> Result<u16> {
 
 impl Server {
     pub async fn start(binary: &Path, data_dir: &Path, extra: &[&str]) -> Result<Server> {
-        let agent_port = free_port()?;
-        let api_port = free_port()?;
+        Server::start_on(binary, data_dir, free_port()?, free_port()?, extra).await
+    }
+
+    /// Kills the control plane with SIGKILL (its children too), as a crash
+    /// would, and starts it again on the same data, ports and flags;
+    /// returns once it answers `/healthz`.
+    pub async fn kill_and_restart(&mut self) -> Result<()> {
+        self.process.kill_now();
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        let restarted = Server::start_on(&self.binary, &self.data_dir, self.agent_port, self.api_port, &extra).await?;
+        *self = restarted;
+        Ok(())
+    }
+
+    /// Where the simulated agents of [`cloudweb_e2e::fleet`] find it.
+    pub fn control(&self) -> cloudweb_e2e::fleet::ControlPlane {
+        cloudweb_e2e::fleet::ControlPlane {
+            agent_port: self.agent_port,
+            api_url: self.api_url.clone(),
+            admin_token: self.admin_token.clone(),
+            ca_pem: self.ca_pem.clone(),
+        }
+    }
+
+    pub async fn start_on(binary: &Path, data_dir: &Path, agent_port: u16, api_port: u16, extra: &[&str]) -> Result<Server> {
         let mut command = Command::new(binary);
         command
             .arg("serve")
@@ -76,15 +105,23 @@ impl Server {
         }
         let admin_token = std::fs::read_to_string(data_dir.join("server/admin-token"))?.trim().to_string();
         let ca_pem = std::fs::read_to_string(data_dir.join("server/ca.crt"))?;
-        Ok(Server { process, agent_url: format!("https://127.0.0.1:{agent_port}"), api_url, admin_token, ca_pem, http })
+        Ok(Server {
+            process,
+            binary: binary.to_path_buf(),
+            data_dir: data_dir.to_path_buf(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            agent_port,
+            api_port,
+            agent_url: format!("https://127.0.0.1:{agent_port}"),
+            api_url,
+            admin_token,
+            ca_pem,
+            http,
+        })
     }
 
     pub fn pid(&self) -> u32 {
         self.process.id()
-    }
-
-    pub async fn join_token(&self) -> Result<String> {
-        Ok(self.join_token_and_ca().await?.0)
     }
 
     /// A fresh join token and the CA fingerprint a joining agent pins.

@@ -201,11 +201,12 @@ async fn heartbeats(server: &Server, nodes: usize, stop: Arc<AtomicBool>) -> Res
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from_pem_slice(server.ca_pem.as_bytes())?)?;
     let roots = Arc::new(roots);
-    let port: u16 = server.agent_url.rsplit(':').next().context("port")?.parse()?;
+    let port = server.agent_port;
     let results = Arc::new(Mutex::new((Vec::new(), 0u64)));
     let mut tasks = Vec::new();
     for (index, agent) in agents.into_iter().enumerate() {
-        let mut sender = crate::heartbeats::connect(&roots, port, &agent).await?;
+        let tls = cloudweb_e2e::fleet::tls(&roots, &agent)?;
+        let mut sender = cloudweb_e2e::fleet::connect(&tls, cloudweb_e2e::fleet::source_address(index), port).await?;
         let (results, stop) = (results.clone(), stop.clone());
         let offset = Duration::from_millis((index * 1000 / nodes.max(1)) as u64);
         tasks.push(tokio::spawn(async move {
@@ -218,7 +219,7 @@ async fn heartbeats(server: &Server, nodes: usize, stop: Arc<AtomicBool>) -> Res
                     .header("content-type", "application/json")
                     .header(HEADER_PROTOCOL, "1")
                     .header(HEADER_AGENT_VERSION, "0.1.0")
-                    .body(Full::new(crate::heartbeats::heartbeat_body(round)))
+                    .body(Full::new(cloudweb_e2e::fleet::heartbeat_body(round)))
                     .expect("request");
                 let started = Instant::now();
                 let ok = match sender.ready().await {
