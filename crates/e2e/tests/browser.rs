@@ -264,6 +264,21 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     let points: usize = cpu_chart.attr("data-points").await.unwrap().unwrap().parse().unwrap();
     let segments: usize = cpu_chart.attr("data-segments").await.unwrap().unwrap().parse().unwrap();
     assert!(points >= 4 && segments >= 2, "a line with a gap: {points} points in {segments} runs");
+    let gaps: usize = cpu_chart.attr("data-gaps").await.unwrap().unwrap().parse().unwrap();
+    assert!(gaps >= 1, "the gap is shaded");
+    // The pointer over the chart: the readout shows the values there.
+    let read = browser
+        .client
+        .execute(
+            "var figure = document.querySelector(\"section[data-node='edge'] figure.chart\");\
+             var columns = figure.querySelectorAll('rect.hover'); var column = columns[columns.length - 2];\
+             column.dispatchEvent(new PointerEvent('pointermove', {bubbles: true}));\
+             return [figure.querySelector('.readout').textContent, column.querySelector('title').textContent];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(read[0] == read[1] && read[0].as_str().is_some_and(|t| t.contains("UTC")), "the readout follows the pointer: {read}");
     browser.assert_standards_mode("the monitoring page").await;
     browser.screenshot("09-monitoring").await;
 
