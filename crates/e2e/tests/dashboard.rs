@@ -552,6 +552,8 @@ async fn nodes_are_drained_reactivated_and_removed_after_confirmation() {
     let cookie = dashboard.login().await.unwrap();
     let (_, page) = dashboard.get(&cookie, "/nodes").await;
     assert!(page.contains(&format!("data-node=\"{node_id}\"")) && page.contains(">n1<"), "{page}");
+    // Every cell names its column, for the card layout of narrow screens.
+    assert!(page.contains(r#"<td class="health" data-label="Health">"#), "{page}");
     let csrf = Dashboard::csrf(&page);
     let post = |path: String, form: Vec<(&'static str, &'static str)>| {
         let mut form: Vec<(&str, &str)> = form;

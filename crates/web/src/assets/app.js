@@ -109,6 +109,18 @@
     follow.addEventListener("end", function () { follow.close(); });
   }
 
+  // The header on a narrow screen: language and log-out fold behind the
+  // menu button (the stylesheet hides them only once this runs).
+  var header = document.querySelector("header.top");
+  var menu = header && header.querySelector("button.menu");
+  if (menu) {
+    header.classList.add("js");
+    menu.addEventListener("click", function () {
+      var open = header.classList.toggle("open");
+      menu.setAttribute("aria-expanded", open ? "true" : "false");
+    });
+  }
+
   // Charts: the values under the pointer (each column's title) go in the
   // readout under the chart; leaving the chart shows the latest again.
   Array.prototype.forEach.call(document.querySelectorAll("figure.chart"), function (figure) {
