@@ -264,6 +264,21 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     let points: usize = cpu_chart.attr("data-points").await.unwrap().unwrap().parse().unwrap();
     let segments: usize = cpu_chart.attr("data-segments").await.unwrap().unwrap().parse().unwrap();
     assert!(points >= 4 && segments >= 2, "a line with a gap: {points} points in {segments} runs");
+    let gaps: usize = cpu_chart.attr("data-gaps").await.unwrap().unwrap().parse().unwrap();
+    assert!(gaps >= 1, "the gap is shaded");
+    // The pointer over the chart: the readout shows the values there.
+    let read = browser
+        .client
+        .execute(
+            "var figure = document.querySelector(\"section[data-node='edge'] figure.chart\");\
+             var columns = figure.querySelectorAll('rect.hover'); var column = columns[columns.length - 2];\
+             column.dispatchEvent(new PointerEvent('pointermove', {bubbles: true}));\
+             return [figure.querySelector('.readout').textContent, column.querySelector('title').textContent];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(read[0] == read[1] && read[0].as_str().is_some_and(|t| t.contains("UTC")), "the readout follows the pointer: {read}");
     browser.assert_standards_mode("the monitoring page").await;
     browser.screenshot("09-monitoring").await;
 
@@ -302,7 +317,31 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     browser.goto("/nodes").await;
     let overflow = browser.client.execute("return document.documentElement.scrollWidth - window.innerWidth;", vec![]).await.unwrap();
     assert!(overflow.as_i64().unwrap_or(0) <= 0, "the page is wider than 360 px by {overflow}");
+    // The header is one row (language and log-out behind the menu button),
+    // and the node is a card: its Health line is on the screen.
+    let fit = browser
+        .client
+        .execute(
+            "var header = document.querySelector('header.top').getBoundingClientRect();\
+             var health = document.querySelector('#node-rows tr[data-node] td.health').getBoundingClientRect();\
+             return [header.height, health.left, health.right, health.width, window.innerWidth, document.documentElement.scrollWidth];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let fit: Vec<f64> = fit.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let [header_height, health_left, health_right, health_width, inner_width, scroll_width] = fit[..] else { panic!("{fit:?}") };
+    assert!(header_height < 60.0, "the header is {header_height} px high at 360 px: more than one row");
+    assert!(health_width > 0.0 && health_left >= 0.0 && health_right <= inner_width, "the Health cell is off-screen: {fit:?}");
+    assert!(scroll_width <= inner_width, "the page scrolls sideways: {fit:?}");
     browser.screenshot("13-nodos-360px").await;
+    browser.click("header.top button.menu").await;
+    assert!(browser.client.find(Locator::Css("#lang-select")).await.unwrap().is_displayed().await.unwrap(), "the menu shows the language switch");
+    browser.screenshot("14-nodos-360px-menu").await;
+    browser.goto("/monitoring?range=1h").await;
+    let overflow = browser.client.execute("return document.documentElement.scrollWidth - window.innerWidth;", vec![]).await.unwrap();
+    assert!(overflow.as_i64().unwrap_or(0) <= 0, "the monitoring page is wider than 360 px by {overflow}");
+    browser.screenshot("15-monitorizacion-360px").await;
 
     // Error pages too: a page nothing serves, and a form refused for its
     // CSRF token (the session stays).

@@ -538,6 +538,11 @@ async fn a_missing_usage_sample_is_a_gap_in_the_chart() {
     assert_eq!(status, 200);
     let node = &page[page.find("data-node=\"gap-node\"").expect("the node's charts")..];
     assert!(node.contains(r#"data-points="6" data-segments="2""#), "six points in two runs: {node}");
+    // The hole, and the time since the last sample, are shaded gaps; the
+    // hour is mostly empty, so the axis starts at the first sample.
+    let cpu = &node[..node.find("</figure>").unwrap()];
+    assert!(cpu.contains(r#"data-gaps="2""#) && cpu.contains(&format!(r#"data-from="{}""#, now - 300_000)), "{cpu}");
+    assert!(cpu.contains(">since ") && cpu.contains(r#"<rect class="gap""#) && cpu.contains("<title>no data: "), "{cpu}");
 }
 
 #[tokio::test]
@@ -547,6 +552,8 @@ async fn nodes_are_drained_reactivated_and_removed_after_confirmation() {
     let cookie = dashboard.login().await.unwrap();
     let (_, page) = dashboard.get(&cookie, "/nodes").await;
     assert!(page.contains(&format!("data-node=\"{node_id}\"")) && page.contains(">n1<"), "{page}");
+    // Every cell names its column, for the card layout of narrow screens.
+    assert!(page.contains(r#"<td class="health" data-label="Health">"#), "{page}");
     let csrf = Dashboard::csrf(&page);
     let post = |path: String, form: Vec<(&'static str, &'static str)>| {
         let mut form: Vec<(&str, &str)> = form;

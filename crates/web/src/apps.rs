@@ -134,9 +134,9 @@ pub fn list_body(ctx: &Ctx, apps: &[(AppRow, Vec<DeploymentRow>)], gitlab: &Gitl
                         @let url = default_url(&ctx.state, &app.name);
                         tr data-app=(app.name) {
                             th scope="row" { a href=(format!("/apps/{}", app.name)) { (app.name) } }
-                            td { @match status(deployments) { Some(s) => { (deployments::state_badge(ctx.lang, s)) }, None => { (ctx.t("apps.no_deployments")) } } }
-                            td { a href=(url) { (url) } }
-                            td.num { (app.instances) }
+                            td data-label=(ctx.t("apps.status")) { @match status(deployments) { Some(s) => { (deployments::state_badge(ctx.lang, s)) }, None => { (ctx.t("apps.no_deployments")) } } }
+                            td data-label=(ctx.t("apps.url")) { a href=(url) { (url) } }
+                            td.num data-label=(ctx.t("apps.instances")) { (app.instances) }
                         }
                     }
                 }
@@ -356,12 +356,12 @@ fn certificates(ctx: &Ctx, app: &AppRow) -> Markup {
             tbody {
                 @for status in &statuses {
                     tr data-host=(status.host) data-state=(status.state) {
-                        td { code { (status.host) } }
-                        td { (ctx.t(certificate_state_key(status.state))) }
-                        td { @if let Some(ms) = status.not_after_ms { (super::format::datetime(ms)) } @else { "–" } }
-                        td { (status.issuer.as_deref().unwrap_or("–")) }
-                        td { (status.orders) }
-                        td { (status.last_error.as_deref().unwrap_or("–")) }
+                        td data-label=(ctx.t("apps.cert_host")) { code { (status.host) } }
+                        td data-label=(ctx.t("apps.cert_state")) { (ctx.t(certificate_state_key(status.state))) }
+                        td data-label=(ctx.t("apps.cert_not_after")) { @if let Some(ms) = status.not_after_ms { (super::format::datetime(ms)) } @else { "–" } }
+                        td data-label=(ctx.t("apps.cert_issuer")) { (status.issuer.as_deref().unwrap_or("–")) }
+                        td data-label=(ctx.t("apps.cert_orders")) { (status.orders) }
+                        td data-label=(ctx.t("apps.cert_error")) { (status.last_error.as_deref().unwrap_or("–")) }
                     }
                 }
             }

@@ -60,12 +60,12 @@ pub fn list(ctx: &Ctx, app: &str, deployments: &[DeploymentRow]) -> Markup {
                 tbody {
                     @for (index, deployment) in deployments.iter().enumerate() {
                         tr data-deployment=(deployment.id) {
-                            td { a href=(format!("/deployments/{}", deployment.id)) { (format::datetime(deployment.created_at)) } }
-                            td { (state_badge(ctx.lang, &deployment.state)) }
-                            td { (deployment.kind) }
-                            td { code { (deployment.commit_sha.as_deref().map(short).unwrap_or("–")) } }
-                            td { code.image { (deployment.image.as_deref().unwrap_or("–")) } }
-                            td {
+                            td data-label=(ctx.t("deploy.created")) { a href=(format!("/deployments/{}", deployment.id)) { (format::datetime(deployment.created_at)) } }
+                            td data-label=(ctx.t("deploy.state")) { (state_badge(ctx.lang, &deployment.state)) }
+                            td data-label=(ctx.t("deploy.kind")) { (deployment.kind) }
+                            td data-label=(ctx.t("deploy.commit")) { code { (deployment.commit_sha.as_deref().map(short).unwrap_or("–")) } }
+                            td data-label=(ctx.t("deploy.image")) { code.image { (deployment.image.as_deref().unwrap_or("–")) } }
+                            td data-label=(ctx.t("nodes.actions")) {
                                 a href=(format!("/deployments/{}", deployment.id)) { (ctx.t("deploy.view")) }
                                 @if index > 0 && deployment.image.is_some() && matches!(deployment.state.as_str(), "running" | "superseded") {
                                     form.inline method="post" action=(format!("/apps/{app}/rollback")) {

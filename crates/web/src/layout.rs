@@ -47,19 +47,24 @@ pub fn page(ctx: &Ctx, title: &str, nav: Nav, here: &str, body: Markup) -> Marku
                         (link(Nav::Apps, "/apps", "nav.apps"))
                         (link(Nav::Monitoring, "/monitoring", "nav.monitoring"))
                     }
-                    form.lang method="post" action="/lang" {
-                        input type="hidden" name="back" value=(here);
-                        label for="lang-select" { (ctx.t("nav.language")) }
-                        select id="lang-select" name="lang" {
-                            option value="en" selected[ctx.lang == Lang::En] { "English" }
-                            option value="es" selected[ctx.lang == Lang::Es] { "Español" }
+                    // On a narrow screen the script folds these behind
+                    // the button, so the header stays one row.
+                    button.menu type="button" aria-expanded="false" aria-controls="header-more" aria-label=(ctx.t("nav.menu")) title=(ctx.t("nav.menu")) { "☰" }
+                    div.more id="header-more" {
+                        form.lang method="post" action="/lang" {
+                            input type="hidden" name="back" value=(here);
+                            label for="lang-select" { (ctx.t("nav.language")) }
+                            select id="lang-select" name="lang" {
+                                option value="en" selected[ctx.lang == Lang::En] { "English" }
+                                option value="es" selected[ctx.lang == Lang::Es] { "Español" }
+                            }
+                            button type="submit" { (ctx.t("nav.switch")) }
                         }
-                        button type="submit" { (ctx.t("nav.switch")) }
-                    }
-                    form.logout method="post" action="/logout" {
-                        (csrf_field(ctx))
-                        span.user { (ctx.user_name) } " "
-                        button type="submit" { (ctx.t("nav.logout")) }
+                        form.logout method="post" action="/logout" {
+                            (csrf_field(ctx))
+                            span.user { (ctx.user_name) } " "
+                            button type="submit" { (ctx.t("nav.logout")) }
+                        }
                     }
                 }
                 main id="main" {

@@ -62,7 +62,7 @@ async fn body(ctx: &Ctx, (range_name, seconds): (&str, i64)) -> Result<Markup, A
     let state = &ctx.state;
     let to = state.clock.now_ms();
     let from = to - seconds * 1000;
-    let no_data = ctx.t("mon.no_data");
+    let words = chart::Words { no_data: ctx.t("mon.no_data"), since: ctx.t("mon.since") };
     let nodes = state.store.nodes().await?;
     let node_names: BTreeMap<String, String> = nodes.iter().map(|n| (n.id.clone(), n.name.clone())).collect();
     let mut node_charts = Vec::new();
@@ -79,9 +79,9 @@ async fn body(ctx: &Ctx, (range_name, seconds): (&str, i64)) -> Result<Markup, A
             section.charts data-node=(node.name) {
                 h3 { (node.name) }
                 div.grid {
-                    (chart::render(ctx.t("mon.cpu"), no_data, &[series(&node.name, &|s| s.2)], from, to, Unit::Percent))
-                    (chart::render(ctx.t("mon.memory"), no_data, &[series(&node.name, &|s| s.3.map(|v| v as f64))], from, to, Unit::Bytes))
-                    (chart::render(ctx.t("mon.disk"), no_data, &[series(&node.name, &|s| s.4.map(|v| v as f64))], from, to, Unit::Bytes))
+                    (chart::render(ctx.t("mon.cpu"), &words, &[series(&node.name, &|s| s.2)], from, to, Unit::Percent))
+                    (chart::render(ctx.t("mon.memory"), &words, &[series(&node.name, &|s| s.3.map(|v| v as f64))], from, to, Unit::Bytes))
+                    (chart::render(ctx.t("mon.disk"), &words, &[series(&node.name, &|s| s.4.map(|v| v as f64))], from, to, Unit::Bytes))
                 }
             }
         });
@@ -130,9 +130,9 @@ async fn body(ctx: &Ctx, (range_name, seconds): (&str, i64)) -> Result<Markup, A
             traffic_charts.push(html! {
                 h4 { code { (host) } }
                 div.grid {
-                    (chart::render(ctx.t("mon.requests"), no_data, &by_class, from, to, Unit::Plain))
-                    (chart::render(ctx.t("mon.latency"), no_data, &latency, from, to, Unit::Plain))
-                    (chart::render(ctx.t("mon.slow"), no_data, &slow, from, to, Unit::Plain))
+                    (chart::render(ctx.t("mon.requests"), &words, &by_class, from, to, Unit::Count))
+                    (chart::render(ctx.t("mon.latency"), &words, &latency, from, to, Unit::Plain))
+                    (chart::render(ctx.t("mon.slow"), &words, &slow, from, to, Unit::Count))
                 }
             });
         }
@@ -140,9 +140,9 @@ async fn body(ctx: &Ctx, (range_name, seconds): (&str, i64)) -> Result<Markup, A
             section.charts data-app=(app.name) {
                 h3 { a href=(format!("/apps/{}", app.name)) { (app.name) } }
                 div.grid {
-                    (chart::render(ctx.t("mon.app_cpu"), no_data, &cpu, from, to, Unit::Plain))
-                    (chart::render(ctx.t("mon.memory"), no_data, &memory, from, to, Unit::Bytes))
-                    (chart::render(ctx.t("mon.restarts"), no_data, &restarts, from, to, Unit::Plain))
+                    (chart::render(ctx.t("mon.app_cpu"), &words, &cpu, from, to, Unit::Plain))
+                    (chart::render(ctx.t("mon.memory"), &words, &memory, from, to, Unit::Bytes))
+                    (chart::render(ctx.t("mon.restarts"), &words, &restarts, from, to, Unit::Count))
                 }
                 @for chart in traffic_charts { (chart) }
             }

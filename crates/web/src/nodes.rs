@@ -89,17 +89,17 @@ pub fn rows(lang: Lang, nodes: &[NodeView], instances: &HashMap<String, usize>, 
             @let heartbeat = node.last_heartbeat.as_deref().and_then(crate::clock::parse_rfc3339_ms);
             tr data-node=(id) data-state=(state) data-health=(health) {
                 th scope="row" { (node.name) @if node.ingress { " " small.tag { (lang.t("nodes.ingress")) } } }
-                td {
+                td data-label=(lang.t("nodes.address")) {
                     @if mesh_off(node) { span.mesh-off title=(lang.t("nodes.mesh_off_help")) { "– " small.tag { (lang.t("nodes.mesh_off")) } } }
                     @else { code { (node.mesh_address) } }
                     br; small { (node.hostname) }
                 }
-                td { span class=(format!("badge {state}")) { (lang.t(state_key(state))) } }
-                td.num { @match cpu { Some(cpu) => { (format!("{cpu:.0}%")) }, None => { "–" } } @if let Some(cores) = cores { br; small { (cores) " " (lang.t("nodes.cores")) } } }
-                td.num { (used_of(mem, mem_total)) }
-                td.num { (used_of(disk, disk_total)) }
-                td.num { (instances.get(id).copied().unwrap_or(0)) }
-                td {
+                td data-label=(lang.t("nodes.state")) { span class=(format!("badge {state}")) { (lang.t(state_key(state))) } }
+                td.num data-label=(lang.t("nodes.cpu")) { @match cpu { Some(cpu) => { (format!("{cpu:.0}%")) }, None => { "–" } } @if let Some(cores) = cores { br; small { (cores) " " (lang.t("nodes.cores")) } } }
+                td.num data-label=(lang.t("nodes.memory")) { (used_of(mem, mem_total)) }
+                td.num data-label=(lang.t("nodes.disk")) { (used_of(disk, disk_total)) }
+                td.num data-label=(lang.t("nodes.instances")) { (instances.get(id).copied().unwrap_or(0)) }
+                td.health data-label=(lang.t("nodes.health")) {
                     span class=(format!("badge {health}")) { (lang.t(health_key(health))) }
                     @if let Some(reason) = &node.health_reason { " (" (reason) ")" }
                     @if let Some(mesh) = mesh {
@@ -107,14 +107,14 @@ pub fn rows(lang: Lang, nodes: &[NodeView], instances: &HashMap<String, usize>, 
                         (mesh.connected) "/" (mesh.peers)
                     }
                 }
-                td { (node.version.as_deref().unwrap_or("–")) }
-                td {
+                td data-label=(lang.t("nodes.version")) { (node.version.as_deref().unwrap_or("–")) }
+                td data-label=(lang.t("nodes.heartbeat")) {
                     @match heartbeat {
                         Some(at) => { time datetime=(node.last_heartbeat.as_deref().unwrap_or("")) title=(format::datetime(at)) { (lang.t("nodes.ago").replace("{age}", &format::age(now_ms - at))) } },
                         None => { (lang.t("nodes.never")) },
                     }
                 }
-                td.actions {
+                td.actions data-label=(lang.t("nodes.actions")) {
                     @if state == "draining" {
                         a.button href=(format!("/nodes/{id}/undrain")) { (lang.t("nodes.reactivate")) }
                     } @else {

@@ -109,6 +109,43 @@
     follow.addEventListener("end", function () { follow.close(); });
   }
 
+  // The header on a narrow screen: language and log-out fold behind the
+  // menu button (the stylesheet hides them only once this runs).
+  var header = document.querySelector("header.top");
+  var menu = header && header.querySelector("button.menu");
+  if (menu) {
+    header.classList.add("js");
+    menu.addEventListener("click", function () {
+      var open = header.classList.toggle("open");
+      menu.setAttribute("aria-expanded", open ? "true" : "false");
+    });
+  }
+
+  // Charts: the values under the pointer (each column's title) go in the
+  // readout under the chart; leaving the chart shows the latest again.
+  Array.prototype.forEach.call(document.querySelectorAll("figure.chart"), function (figure) {
+    var readout = figure.querySelector(".readout");
+    if (!readout) { return; }
+    var latest = readout.textContent;
+    var current = null;
+    function show(column) {
+      if (current) { current.classList.remove("on"); }
+      current = column;
+      if (column) {
+        column.classList.add("on");
+        var title = column.querySelector("title");
+        readout.textContent = title ? title.textContent : "";
+      } else {
+        readout.textContent = latest;
+      }
+    }
+    figure.addEventListener("pointermove", function (event) {
+      var column = event.target.closest && event.target.closest("rect.hover");
+      if (column && column !== current) { show(column); }
+    });
+    figure.addEventListener("pointerleave", function () { show(null); });
+  });
+
   // Copy buttons (the join command).
   Array.prototype.forEach.call(document.querySelectorAll("button.copy[data-copy]"), function (button) {
     if (!navigator.clipboard) { return; }
