@@ -485,8 +485,9 @@ async fn the_dashboard_creates_an_app_from_the_users_own_gitlab_project() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.headers()["location"], "/apps");
-    let (_, body) = page(&server, "/apps", &[&session]).await;
+    // The form comes back with the reason next to it (issue 21 item 11).
+    assert_eq!(response.status(), 400);
+    let body = response.text().await.unwrap();
     assert!(body.contains("invalid gitlab_project"), "{body}");
     assert_eq!(gitlab.hooks().len(), 1);
 
