@@ -9,6 +9,12 @@
 //! images (base images, images deployed by reference) are never touched.
 //! The cluster registry keeps every pushed image, so a rollback to a pruned
 //! one pulls it again.
+//!
+//! It also removes untagged images that carry an app's label and are older
+//! than the longest build may run: the step images of a build that did not
+//! finish and whose cleanup could not run or came too early (the agent was
+//! killed, or the engine committed one more step after the build was
+//! cancelled). An image that young may still be a running build's.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -40,6 +46,22 @@ pub fn to_remove(images: &[AppImage], prefix: &str, in_use: &HashSet<String>, ke
     remove
 }
 
+/// How old an untagged app image must be to count as a leftover: longer
+/// than any build may run (`MAX_BUILD_TIMEOUT_SECONDS`), with an hour to
+/// spare.
+pub const STALE_STEP_IMAGE_AGE_S: i64 = cloudweb_protocol::deploy::MAX_BUILD_TIMEOUT_SECONDS as i64 + 3600;
+
+/// The untagged app images (step images of unfinished builds) at least
+/// [`STALE_STEP_IMAGE_AGE_S`] old at `now_s` that no container uses.
+pub fn stale_step_images(images: &[AppImage], in_use: &HashSet<String>, now_s: i64) -> Vec<String> {
+    images
+        .iter()
+        .filter(|i| !i.app.is_empty() && i.tags.iter().all(|t| t == "<none>:<none>"))
+        .filter(|i| now_s - i.created >= STALE_STEP_IMAGE_AGE_S && !in_use.contains(&i.id))
+        .map(|i| i.id.clone())
+        .collect()
+}
+
 /// Prunes every `interval` until the task is aborted.
 pub async fn pruner(client: Arc<ControlPlane>, runtime: DockerRuntime, interval: Duration, keep: usize) {
     loop {
@@ -63,6 +85,13 @@ pub async fn pruner(client: Arc<ControlPlane>, runtime: DockerRuntime, interval:
                 continue;
             }
         };
+        let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+        for id in stale_step_images(&images, &in_use, now_s) {
+            match runtime.remove_tag(&id).await {
+                Ok(()) => tracing::info!(image = %id, "removed the step image of a build that did not finish"),
+                Err(err) => tracing::debug!(image = %id, error = %err, "could not remove a leftover step image"),
+            }
+        }
         for reference in to_remove(&images, &prefix, &in_use, keep) {
             match runtime.remove_tag(&reference).await {
                 Ok(()) => tracing::info!(image = %reference, keep, "pruned the image of a superseded deployment"),
@@ -79,6 +108,22 @@ mod tests {
 
     fn image(id: &str, app: &str, created: i64, tags: &[&str]) -> AppImage {
         AppImage { id: id.into(), app: app.into(), created, tags: tags.iter().map(|t| t.to_string()).collect() }
+    }
+
+    #[test]
+    fn only_old_untagged_app_images_count_as_leftover_steps() {
+        let old = 1_000_000;
+        let now = old + STALE_STEP_IMAGE_AGE_S;
+        let images = vec![
+            image("s1", "web", old, &[]),
+            image("s2", "web", old, &["<none>:<none>"]),
+            image("young", "web", now - 60, &[]),
+            image("tagged", "web", old, &["10.77.0.1:5000/web:dep_1"]),
+            image("base", "", old, &[]),
+            image("used", "web", old, &[]),
+        ];
+        let in_use = HashSet::from(["used".to_string()]);
+        assert_eq!(stale_step_images(&images, &in_use, now), vec!["s1".to_string(), "s2".to_string()]);
     }
 
     #[test]

@@ -26,6 +26,21 @@ pub fn ps(args: &[&str]) -> Vec<String> {
     docker(&all)
 }
 
+/// Removes the untagged images labelled as `app`'s: the step images of
+/// builds that did not finish and that the agent could not clean up at
+/// once (a build cut off while the engine committed one more step). The
+/// agent's pruner removes such images only once they are older than any
+/// build may run (hours), so a test that cuts builds off removes its own.
+/// Returns how many it removed.
+pub fn remove_step_images_of(app: &str) -> usize {
+    let ids = docker(&["images", "-q", "--no-trunc", "--filter", "dangling=true", "--filter", &format!("label=cloudweb.app={app}")]);
+    for id in &ids {
+        // Another build may have taken it as its cache meanwhile: kept then.
+        let _ = std::process::Command::new("docker").args(["image", "rm", id]).output();
+    }
+    ids.len()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
