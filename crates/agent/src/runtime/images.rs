@@ -91,6 +91,13 @@ struct StepImages {
     done: bool,
 }
 
+/// How long a cancelled build's cleanup waits for the engine to commit the
+/// step it was in when the build was cut off.
+const STEP_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How many steps past the last one seen the cleanup follows.
+const STEPS_PAST_LAST: usize = 3;
+
 impl Drop for StepImages {
     fn drop(&mut self) {
         if self.done {
@@ -99,18 +106,62 @@ impl Drop for StepImages {
         let (Some(id), Ok(runtime)) = (self.last.take(), tokio::runtime::Handle::try_current()) else { return };
         let docker = self.docker.clone();
         runtime.spawn(async move {
+            // The engine may commit the step it was in after the build was
+            // cut off: give it a moment, then take that image too.
+            tokio::time::sleep(STEP_SETTLE).await;
             let Ok(image) = docker.inspect_image(&id).await else { return };
-            let tagged = image.repo_tags.as_ref().is_some_and(|tags| tags.iter().any(|t| t != "<none>:<none>"));
-            if tagged {
+            let untagged = |tags: &[String]| tags.iter().all(|t| t == "<none>:<none>");
+            if !untagged(image.repo_tags.as_deref().unwrap_or_default()) {
+                // A base image (the build was cut off right after FROM):
+                // nothing here says which of its children are this build's.
                 return;
             }
-            match docker.remove_image(&id, None::<bollard::query_parameters::RemoveImageOptions>, None).await {
-                Ok(_) => tracing::debug!(image = %id, "removed the step images of an unfinished build"),
-                // Still the parent of another image (a later build's cache).
-                Err(err) => tracing::debug!(image = %id, error = %err, "kept the step images of an unfinished build"),
+            let options = bollard::query_parameters::ListImagesOptionsBuilder::new().all(true).build();
+            let all = docker.list_images(Some(options)).await.unwrap_or_default();
+            let leaves = unfinished_leaves(&all.iter().map(|i| (i.id.as_str(), i.parent_id.as_str(), untagged(&i.repo_tags))).collect::<Vec<_>>(), &id);
+            for leaf in leaves {
+                // Removing the leaf removes its untagged parents up to one
+                // that is tagged or has another child (shared cache).
+                match docker.remove_image(&leaf, None::<bollard::query_parameters::RemoveImageOptions>, None).await {
+                    Ok(_) => tracing::debug!(image = %leaf, "removed the step images of an unfinished build"),
+                    Err(err) => tracing::debug!(image = %leaf, error = %err, "kept the step images of an unfinished build"),
+                }
             }
         });
     }
+}
+
+/// The images to remove for an unfinished build whose last seen step image
+/// is `last`: the untagged images that descend from it (at most
+/// [`STEPS_PAST_LAST`] steps down, through untagged images only) and have
+/// no child, or `last` itself when nothing descends from it. `images` are
+/// (id, parent id, untagged) of every image on the engine; ids may be given
+/// short or with their `sha256:` prefix.
+fn unfinished_leaves(images: &[(&str, &str, bool)], last: &str) -> Vec<String> {
+    let same = |a: &str, b: &str| {
+        let (a, b) = (a.trim_start_matches("sha256:"), b.trim_start_matches("sha256:"));
+        !a.is_empty() && !b.is_empty() && (a.starts_with(b) || b.starts_with(a))
+    };
+    let mut frontier = vec![last.to_string()];
+    let mut leaves = Vec::new();
+    for depth in 0..=STEPS_PAST_LAST {
+        let mut next = Vec::new();
+        for parent in &frontier {
+            let children: Vec<&(&str, &str, bool)> = images.iter().filter(|(_, p, _)| same(p, parent)).collect();
+            if children.is_empty() || depth == STEPS_PAST_LAST {
+                leaves.push(parent.clone());
+            }
+            if depth < STEPS_PAST_LAST {
+                // A tagged child is a finished image: not this build's.
+                next.extend(children.iter().filter(|(_, _, untagged)| *untagged).map(|(id, _, _)| id.to_string()));
+            }
+        }
+        if next.is_empty() {
+            break;
+        }
+        frontier = next;
+    }
+    leaves
 }
 
 /// Splits `repo:tag` (the tag after the last ':' that follows the last '/').
@@ -232,6 +283,19 @@ impl DockerRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unfinished_build_removes_the_steps_committed_after_it_was_cut_off() {
+        // base -> copy (last seen) -> cmd (committed after the cut): cmd goes.
+        let images = [("sha256:base", "", false), ("sha256:copy", "sha256:base", true), ("sha256:cmd", "sha256:copy", true)];
+        assert_eq!(unfinished_leaves(&images, "copy"), vec!["sha256:cmd".to_string()]);
+        // Nothing after the last seen step: that one goes.
+        assert_eq!(unfinished_leaves(&images, "cmd"), vec!["cmd".to_string()]);
+        // A tagged child is a finished image (shared cache): only the last
+        // seen step is tried, and the engine keeps it while the child lives.
+        let shared = [("sha256:copy", "sha256:base", true), ("sha256:done", "sha256:copy", false)];
+        assert_eq!(unfinished_leaves(&shared, "copy"), Vec::<String>::new());
+    }
 
     #[test]
     fn step_images_are_read_from_the_classic_builders_lines() {
