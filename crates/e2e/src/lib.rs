@@ -17,6 +17,7 @@ pub mod git_server;
 pub mod gitlab;
 pub mod mesh_cluster;
 pub mod engine;
+pub mod flood;
 pub mod fleet;
 pub mod netns;
 pub mod pebble;

@@ -17,7 +17,7 @@ use cloudweb_e2e::{key_and_csr, security_summary, RawClient, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 
 const IDLE: usize = 2000;
 const SLOW: usize = 300;
@@ -29,16 +29,6 @@ const MAX_TOTAL: usize = 1500;
 const MAX_PER_ADDRESS: usize = 250;
 /// Slack for a loaded machine on every "closed by" bound.
 const SLACK: Duration = Duration::from_secs(4);
-
-/// The test holds a few thousand sockets; lift the soft limit.
-fn raise_open_file_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
-    }
-    assert!(hard >= (IDLE + SLOW) as u64 + 500, "the open file limit ({hard}) is too low for this test");
-}
 
 /// Whether the server closed the stream (end of file or an error) within `wait`.
 async fn closed_within<S: AsyncRead + Unpin>(stream: &mut S, wait: Duration) -> bool {
@@ -54,12 +44,6 @@ async fn closed_within<S: AsyncRead + Unpin>(stream: &mut S, wait: Duration) -> 
     }
 }
 
-async fn connect_from(source: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
-    let socket = TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::new(source, 0))?;
-    socket.connect(to).await
-}
-
 /// One flood connection: its source, when it was opened, and the half the
 /// server's close is read on (a slow one's other half is dribbling).
 struct Held {
@@ -69,20 +53,6 @@ struct Held {
     _write: Option<tokio::net::tcp::OwnedWriteHalf>,
 }
 
-/// Sends a request line, then a header line a second, never the blank
-/// line that ends them.
-async fn dribble(mut write: tokio::net::tcp::OwnedWriteHalf) {
-    if write.write_all(b"GET /api/apps HTTP/1.1\r\n").await.is_err() {
-        return;
-    }
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        if write.write_all(b"x-slow: 1\r\n").await.is_err() {
-            return;
-        }
-    }
-}
-
 fn p99(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples.get((samples.len() * 99).div_ceil(100).saturating_sub(1)).copied().unwrap_or_default()
@@ -90,7 +60,7 @@ fn p99(mut samples: Vec<Duration>) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_half_sent_connections_are_closed_and_capped_while_the_api_answers() {
-    raise_open_file_limit();
+    cloudweb_e2e::flood::raise_open_file_limit((IDLE + SLOW) as u64 + 500);
     let tmp = tempfile::tempdir().unwrap();
     let (header, idle, total, per_address) = (HEADER_SECONDS.to_string(), IDLE_SECONDS.to_string(), MAX_TOTAL.to_string(), MAX_PER_ADDRESS.to_string());
     let server = ServerProcess::start_with(
@@ -149,11 +119,11 @@ async fn idle_and_half_sent_connections_are_closed_and_capped_while_the_api_answ
             let source = IpAddr::from([127, 0, 0, 2 + (index % SOURCES as usize) as u8]);
             let slow = index % ((IDLE + SLOW) / SLOW) == 0 && index / ((IDLE + SLOW) / SLOW) < SLOW;
             batch.spawn(async move {
-                let stream = connect_from(source, api).await.unwrap();
+                let stream = cloudweb_e2e::flood::connect_from(source, api).await.unwrap();
                 let opened = Instant::now();
                 let (read, write) = stream.into_split();
                 let write = if slow {
-                    tokio::spawn(dribble(write));
+                    tokio::spawn(cloudweb_e2e::flood::dribble(write));
                     None
                 } else {
                     Some(write)

@@ -21,16 +21,6 @@ const FLOOD: usize = 2000;
 const IDLE_SECONDS: u64 = 12;
 const HEADERS: [(&str, &str); 2] = [("x-cloudweb-protocol", "1"), ("x-cloudweb-agent-version", "0.1.0")];
 
-/// The test holds a few thousand sockets; lift the soft limit.
-fn raise_open_file_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
-    }
-    assert!(hard >= (FLOOD as u64) + 500, "the open file limit ({hard}) is too low for this test");
-}
-
 /// Whether the server closed `stream`: a read returns end of file or an
 /// error. `wait` bounds how long to wait for that.
 async fn closed_within<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, wait: Duration) -> bool {
@@ -57,7 +47,7 @@ fn anonymous_tls(server: &ServerProcess) -> tokio_rustls::TlsConnector {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_without_a_certificate_are_closed_while_nodes_are_served() {
-    raise_open_file_limit();
+    cloudweb_e2e::flood::raise_open_file_limit(FLOOD as u64 + 500);
     let tmp = tempfile::tempdir().unwrap();
     let idle = IDLE_SECONDS.to_string();
     let server = ServerProcess::start_with(

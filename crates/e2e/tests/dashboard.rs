@@ -324,25 +324,7 @@ async fn an_env_name_a_log_line_and_a_commit_holding_script_render_as_text() {
     let dashboard = Dashboard::start().await;
     let state = &dashboard.server.state;
     let now = state.clock.now_ms();
-    let app = AppRow {
-        name: "web".into(),
-        repo_url: "https://example.com/web.git".into(),
-        branch: "main".into(),
-        port: 8080,
-        domains: "[]".into(),
-        build: None,
-        strategy: "auto".into(),
-        instances: 1,
-        cpu: None,
-        memory_bytes: None,
-        health_path: "/".into(),
-        health_timeout_s: 60,
-        build_timeout_s: None,
-        env_sealed: None,
-        git_credentials_sealed: None,
-        created_at: now,
-    };
-    state.store.insert_app(&app, "web.localhost").await.unwrap().unwrap();
+    dashboard.app("web").await;
     // The API refuses such a name; the store is written directly so the
     // page's own escaping is what is tested.
     let env: BTreeMap<String, String> = [(HOSTILE.to_string(), "value-never-shown".to_string())].into();

@@ -29,19 +29,10 @@ const BACK_WITHIN: Duration = Duration::from_secs(90);
 const API_MAX: Duration = Duration::from_secs(5);
 const API_MEDIAN: Duration = Duration::from_millis(500);
 
-/// Two sockets per agent here, as many on the server: lift the soft limit.
-fn raise_open_file_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
-    }
-    assert!(hard >= 2 * AGENTS as u64 + 500, "the open file limit ({hard}) is too low for this test");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_agents_are_back_soon_after_the_control_plane_is_killed_and_restarted() {
-    raise_open_file_limit();
+    // Two sockets per agent here, as many on the server.
+    cloudweb_e2e::flood::raise_open_file_limit(2 * AGENTS as u64 + 500);
     let tmp = tempfile::tempdir().unwrap();
     let mut server = ServerProcess::start(tmp.path()).await.unwrap();
     let control = fleet::ControlPlane {

@@ -22,8 +22,6 @@ use http_body_util::{BodyExt, Full};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use serde_json::json;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpSocket;
 
 use crate::deploy::cluster::{BinaryArgs, Cluster};
 use crate::server::Server;
@@ -101,18 +99,6 @@ struct Flood {
     open_past_timeout: usize,
 }
 
-async fn dribble(mut write: tokio::net::tcp::OwnedWriteHalf) {
-    if write.write_all(b"GET /api/apps HTTP/1.1\r\n").await.is_err() {
-        return;
-    }
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        if write.write_all(b"x-slow: 1\r\n").await.is_err() {
-            return;
-        }
-    }
-}
-
 /// Opens the flood, then watches it until every connection is closed or
 /// past its header timeout with slack; `server_pid`'s descriptors are
 /// counted on every look.
@@ -145,13 +131,11 @@ async fn flood(api: SocketAddr, idle: usize, slow: usize, sources: u8, server_pi
             let source = IpAddr::from([127, 0, 0, 2 + (index % sources as usize) as u8]);
             let is_slow = index % every == 0 && index / every < slow;
             batch.spawn(async move {
-                let socket = TcpSocket::new_v4().ok()?;
-                socket.bind(SocketAddr::new(source, 0)).ok()?;
-                let stream = socket.connect(api).await.ok()?;
+                let stream = cloudweb_e2e::flood::connect_from(source, api).await.ok()?;
                 let opened = Instant::now();
                 let (read, write) = stream.into_split();
                 let write = if is_slow {
-                    tokio::spawn(dribble(write));
+                    tokio::spawn(cloudweb_e2e::flood::dribble(write));
                     None
                 } else {
                     Some(write)
