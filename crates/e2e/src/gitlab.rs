@@ -116,6 +116,9 @@ struct Inner {
 /// The running stand-in; stops when dropped.
 pub struct FakeGitlab {
     pub addr: SocketAddr,
+    /// With [`FakeGitlab::start_https`]: the private CA its certificate is
+    /// from (PEM), like a self-hosted GitLab's.
+    pub ca_pem: Option<String>,
     root: PathBuf,
     inner: Arc<Mutex<Inner>>,
     task: tokio::task::JoinHandle<()>,
@@ -124,6 +127,36 @@ pub struct FakeGitlab {
 impl Drop for FakeGitlab {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// TLS over the stand-in's listener. A handshake that fails (a client
+/// that does not trust the CA) drops that connection only.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((stream, peer)) = self.tcp.accept().await else {
+                // Out of file descriptors, say: try again in a moment.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            };
+            let handshake = tokio::time::timeout(std::time::Duration::from_secs(10), self.acceptor.accept(stream));
+            if let Ok(Ok(tls)) = handshake.await {
+                return (tls, peer);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
     }
 }
 
@@ -156,24 +189,66 @@ fn query_map(uri: &Uri) -> HashMap<String, String> {
 }
 
 impl FakeGitlab {
+    /// On plain http (the control plane and agents need
+    /// `--allow-private-git-hosts`, as for any loopback git host).
     pub async fn start(root: &Path) -> Result<FakeGitlab> {
+        FakeGitlab::start_on(root, None).await
+    }
+
+    /// On https, with a certificate for 127.0.0.1 from a CA of its own
+    /// that nobody trusts until told ([`FakeGitlab::ca_pem`]).
+    pub async fn start_https(root: &Path) -> Result<FakeGitlab> {
+        let ca_key = rcgen::KeyPair::generate()?;
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "self-hosted GitLab test CA");
+        let ca_cert = ca_params.self_signed(&ca_key)?;
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate()?;
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])?.signed_by(&key, &issuer)?;
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()))?;
+        FakeGitlab::start_on(root, Some((Arc::new(config), ca_cert.pem()))).await
+    }
+
+    async fn start_on(root: &Path, tls: Option<(Arc<rustls::ServerConfig>, String)>) -> Result<FakeGitlab> {
         std::fs::create_dir_all(root.join("repos"))?;
         let inner = Arc::new(Mutex::new(Inner { expires_in: 7200, next_id: 100, ..Inner::default() }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let shared = (inner.clone(), root.join("repos"));
         let app = axum::Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
             let (inner, repos) = shared.clone();
-            async move { handle(&inner, &repos, method, uri, headers, body).await }
+            async move { handle(&inner, &repos, scheme, method, uri, headers, body).await }
         });
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(FakeGitlab { addr, root: root.to_path_buf(), inner, task })
+        let (task, ca_pem) = match tls {
+            None => (
+                tokio::spawn(async move {
+                    let _ = axum::serve(listener, app).await;
+                }),
+                None,
+            ),
+            Some((config, ca_pem)) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(config);
+                (
+                    tokio::spawn(async move {
+                        let _ = axum::serve(TlsListener { tcp: listener, acceptor }, app).await;
+                    }),
+                    Some(ca_pem),
+                )
+            }
+        };
+        Ok(FakeGitlab { addr, ca_pem, root: root.to_path_buf(), inner, task })
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        match self.ca_pem {
+            None => format!("http://{}", self.addr),
+            Some(_) => format!("https://{}", self.addr),
+        }
     }
 
     pub fn add_user(&self, id: i64, username: &str, email: &str, email_confirmed: bool, groups: &[&str]) {
@@ -368,9 +443,9 @@ fn project_json(base: &str, project: &Project) -> Value {
     })
 }
 
-async fn handle(inner: &Mutex<Inner>, repos: &Path, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+async fn handle(inner: &Mutex<Inner>, repos: &Path, scheme: &str, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
     let path = uri.path().to_string();
-    let base = format!("http://{}", headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("127.0.0.1"));
+    let base = format!("{scheme}://{}", headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("127.0.0.1"));
     if path.contains(".git/") {
         return git_http(inner, repos, method, &uri, &headers, body).await;
     }

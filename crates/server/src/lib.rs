@@ -228,7 +228,17 @@ pub async fn open_state(config: Config, clock: Arc<dyn Clock>) -> Result<OpenedS
         None => None,
     };
     let git_http = git::gitlab::http_client(config.gitlab_ca_file.as_deref()).map_err(StartError::Git)?;
-    let git_state = git::GitState::new(git_http, config.public_api_url.clone());
+    let gitlab_ca = match &config.gitlab_ca_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| StartError::Git(format!("cannot read the GitLab CA file {}: {e}", path.display())))?;
+            // Nodes get exactly the certificate blocks (git reads them).
+            let pem = cloudweb_protocol::deploy::ca_certificates(&text, true)
+                .map_err(|e| StartError::Git(format!("the GitLab CA file {}: {}", path.display(), e.problem)))?;
+            Some(pem)
+        }
+        None => None,
+    };
+    let git_state = git::GitState::new(git_http, config.public_api_url.clone()).with_gitlab_ca(gitlab_ca);
     let state = Arc::new(AppState {
         store: store.clone(),
         ca,

@@ -223,6 +223,9 @@ pub(super) async fn route(source: &Source, home: &Path) -> Result<Route, GitErro
             config.push(("http.curloptResolve".into(), format!("{}:{port}:{literal}", target.host)));
             // A redirect would lead to a host nobody checked.
             config.push(("http.followRedirects".into(), "false".into()));
+            if let Some(pem) = &source.ca_pem {
+                config.push(private_ca(home, &target, pem)?);
+            }
         }
         RepoScheme::Git => {
             let rest = source.repo_url.strip_prefix("git://").unwrap_or(&source.repo_url);
@@ -240,6 +243,24 @@ pub(super) async fn route(source: &Source, home: &Path) -> Result<Route, GitErro
         }
     }
     Ok(Route { target: Some(target), url, config })
+}
+
+/// The private CA of an https repository (the control plane's
+/// `--gitlab-ca-file`), written into the clone's `HOME` and trusted for
+/// that repository's scheme, host and port only (`http.<url>.sslCAInfo`),
+/// on top of the node's own trust store.
+fn private_ca(home: &Path, target: &RepoHost, pem: &str) -> Result<(String, String), GitError> {
+    if target.scheme != RepoScheme::Https {
+        return Err(GitError::Setup("a repository CA is only for https:// repositories".into()));
+    }
+    let path = home.join(".cloudweb-ca.pem");
+    std::fs::write(&path, pem).map_err(|e| GitError::Setup(format!("cannot write the repository's CA file: {e}")))?;
+    let host = if target.host.contains(':') { format!("[{}]", target.host) } else { target.host.to_ascii_lowercase() };
+    let authority = match target.port {
+        Some(port) if port != target.scheme.default_port() => format!("{host}:{port}"),
+        _ => host,
+    };
+    Ok((format!("http.https://{authority}/.sslCAInfo"), path.display().to_string()))
 }
 
 pub(super) async fn run(mut command: Command, step: &'static str, secret: Option<&str>) -> Result<String, GitError> {
@@ -348,6 +369,7 @@ mod tests {
             credentials: Some(GitCredentials { username: "oauth2".into(), password: "t".into() }),
             ssh: None,
             allow_private_hosts: true,
+            ca_pem: None,
         };
         let err = route(&source("http://93.184.216.34/a.git"), home.path()).await.err().unwrap().to_string();
         assert!(err.contains("plain http"), "{err}");
@@ -368,6 +390,7 @@ mod tests {
             credentials: None,
             ssh: None,
             allow_private_hosts: true,
+            ca_pem: None,
         };
         let https = route(&source("https://localhost:8443/team/a.git"), home.path()).await.unwrap();
         let resolve = https.config.iter().find(|(k, _)| k == "http.curloptResolve").unwrap();
@@ -378,6 +401,31 @@ mod tests {
         // ssh without the app's own key is refused, never run with the node's.
         let err = route(&source("ssh://git@localhost/a.git"), home.path()).await.err().unwrap().to_string();
         assert!(err.contains("git_ssh_key"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_private_ca_is_trusted_for_the_repository_host_only() {
+        let home = tempfile::tempdir().unwrap();
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let source = |url: &str| Source {
+            repo_url: url.into(),
+            branch: "main".into(),
+            commit: None,
+            credentials: None,
+            ssh: None,
+            allow_private_hosts: true,
+            ca_pem: Some(pem.into()),
+        };
+        let route = route(&source("https://LocalHost:8443/team/a.git"), home.path()).await.unwrap();
+        let file = home.path().join(".cloudweb-ca.pem");
+        assert!(route.config.contains(&("http.https://localhost:8443/.sslCAInfo".into(), file.display().to_string())), "{:?}", route.config);
+        // Never the blanket http.sslCAInfo, which would trust it for any host.
+        assert!(route.config.iter().all(|(k, _)| k != "http.sslCAInfo" && k != "http.sslVerify"));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), pem);
+        let default_port = super::route(&source("https://localhost:443/a.git"), home.path()).await.unwrap();
+        assert!(default_port.config.iter().any(|(k, _)| k == "http.https://localhost/.sslCAInfo"), "{:?}", default_port.config);
+        let plain = super::route(&source("http://localhost/a.git"), home.path()).await.err().unwrap().to_string();
+        assert!(plain.contains("only for https"), "{plain}");
     }
 
     #[tokio::test]
@@ -394,6 +442,7 @@ mod tests {
             credentials: None,
             ssh: Some(access),
             allow_private_hosts: true,
+            ca_pem: None,
         };
         let route = route(&source, home.path()).await.unwrap();
         let command = git(home.path(), &route, None);

@@ -294,7 +294,7 @@ mod tests {
     }
 
     fn source(repo: &Path, commit: Option<&str>) -> Source {
-        Source { repo_url: format!("file://{}", repo.display()), branch: "main".into(), commit: commit.map(str::to_string), credentials: None, ssh: None, allow_private_hosts: false }
+        Source { repo_url: format!("file://{}", repo.display()), branch: "main".into(), commit: commit.map(str::to_string), credentials: None, ssh: None, allow_private_hosts: false, ca_pem: None }
     }
 
     #[tokio::test]

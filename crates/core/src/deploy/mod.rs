@@ -245,14 +245,23 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
             }
         },
     };
+    // A repository on a self-hosted GitLab behind a private CA: the nodes'
+    // git trusts that CA for that host (and only there).
+    let ca_pem = match &deployment.image {
+        Some(_) => None,
+        None => crate::git::repo_ca(state, &app.repo_url).await?,
+    };
     for &instance in instances {
         // Each placement sees the reservations of the ones before it.
         let nodes = snapshot(state).await?;
         match scheduler::place(&nodes, &request) {
             Placement::Node(node_id) => {
                 let mut payload = deploy_payload(state, app, deployment, instance, build.clone())?;
-                if let (Some(clone), Some(source)) = (&clone, payload.source.as_mut()) {
-                    source.credentials = Some(clone.clone());
+                if let Some(source) = payload.source.as_mut() {
+                    if let Some(clone) = &clone {
+                        source.credentials = Some(clone.clone());
+                    }
+                    source.ca_pem = ca_pem.clone();
                 }
                 if place_on(state, &deployment.id, &app.name, instance, &node_id, payload).await?.is_some() {
                     tracing::info!(deployment = %deployment.id, instance, node_id = %node_id, "instance placed");
@@ -343,6 +352,7 @@ pub fn deploy_payload(
                 credentials,
                 ssh,
                 allow_private_hosts: state.config.allows_private_git(&app.repo_url),
+                ca_pem: None,
             })
         }
     };

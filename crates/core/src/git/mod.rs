@@ -67,6 +67,9 @@ pub struct GitState {
     refresh_lock: tokio::sync::Mutex<()>,
     moved: mpsc::Sender<Moved>,
     moved_rx: Mutex<Option<mpsc::Receiver<Moved>>>,
+    /// The certificates of `--gitlab-ca-file`, which clones of the GitLab
+    /// host's repositories trust too (see [`repo_ca`]).
+    gitlab_ca_pem: Option<String>,
 }
 
 impl GitState {
@@ -83,7 +86,15 @@ impl GitState {
             refresh_lock: tokio::sync::Mutex::new(()),
             moved,
             moved_rx: Mutex::new(Some(moved_rx)),
+            gitlab_ca_pem: None,
         }
+    }
+
+    /// The private CA of a self-hosted GitLab (`--gitlab-ca-file`), handed
+    /// to nodes with the clones of that host's repositories.
+    pub fn with_gitlab_ca(mut self, pem: Option<String>) -> GitState {
+        self.gitlab_ca_pem = pem;
+        self
     }
 
     pub fn public_url(&self) -> &str {
@@ -289,6 +300,21 @@ pub async fn clone_credentials(state: &AppState, app: &AppRow, deployment: &Depl
     Ok(Some(credentials))
 }
 
+/// The CA a clone of `repo_url` trusts beyond the node's own: the
+/// `--gitlab-ca-file` certificates when the repository is https on the
+/// configured GitLab's host and port, `None` for every other repository.
+pub async fn repo_ca(state: &AppState, repo_url: &str) -> Result<Option<String>, ApiError> {
+    let Some(pem) = &state.git.gitlab_ca_pem else { return Ok(None) };
+    let Some(row) = state.store.gitlab_settings().await? else { return Ok(None) };
+    Ok(same_https_origin(&row.base_url, repo_url).then(|| pem.clone()))
+}
+
+/// Both URLs are https with the same host and port.
+fn same_https_origin(a: &str, b: &str) -> bool {
+    let (Ok(a), Ok(b)) = (url::Url::parse(a), url::Url::parse(b)) else { return false };
+    a.scheme() == "https" && b.scheme() == "https" && a.host() == b.host() && a.port_or_known_default() == b.port_or_known_default()
+}
+
 /// Tells the status poster that a deployment moved. Never blocks: a full
 /// queue drops the status (logged).
 pub fn deployment_moved(state: &AppState, deployment: &DeploymentRow, to: DeploymentState) {
@@ -369,6 +395,20 @@ async fn on_moved(state: &AppState, event: &Moved) -> Result<(), ApiError> {
 }
 
 /// The link an app has to its provider, for views.
+#[cfg(test)]
+mod ca_tests {
+    #[test]
+    fn the_gitlab_ca_goes_only_to_the_gitlab_host_and_port() {
+        let base = "https://gitlab.internal:8443";
+        assert!(super::same_https_origin(base, "https://GitLab.internal:8443/acme/site.git"));
+        assert!(!super::same_https_origin(base, "https://gitlab.internal/acme/site.git"));
+        assert!(!super::same_https_origin(base, "https://other.internal:8443/acme/site.git"));
+        assert!(!super::same_https_origin("http://gitlab.internal:8443", "http://gitlab.internal:8443/a.git"));
+        assert!(super::same_https_origin("https://gitlab.internal", "https://gitlab.internal:443/a.git"));
+        assert!(!super::same_https_origin(base, "git@gitlab.internal:acme/site.git"));
+    }
+}
+
 pub fn link_view(link: &AppGitLinkRow) -> cloudweb_api_types::apps::GitLink {
     cloudweb_api_types::apps::GitLink {
         provider: link.provider.clone(),
