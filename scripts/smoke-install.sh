@@ -182,6 +182,14 @@ grep -q "example app:  https://$app.localhost:$https_port/" <<<"$output" || { ec
 grep -q "Deploy your own" <<<"$output" || fail "the installer did not say how to deploy an app"
 [ "$("$bin_dir/cloudweb-agent" --data-dir "$agent_dir" node-id)" = "$node_id" ] || fail "the second run changed the node's identity"
 
+say "the binaries are installed without debug info, which is kept beside them"
+installed=$root/usr/local/bin
+for binary in cloudweb-server cloudweb-agent cloudweb; do
+    ! readelf -S "$installed/$binary" | grep -q '\.debug_line' || fail "$binary was installed with its debug info"
+    readelf -S "$installed/.debug/$binary.debug" | grep -q '\.debug_line' || fail "no debug info kept in $installed/.debug/$binary.debug"
+    readelf --string-dump=.gnu_debuglink "$installed/$binary" | grep -q "$binary.debug" || fail "$binary does not link to its debug file"
+done
+
 # Mesh-only services: the registry listens on the mesh address alone, and
 # the example's instance port is published there, never on 0.0.0.0.
 say "the registry and the instance listen only on the mesh address"

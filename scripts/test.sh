@@ -11,6 +11,9 @@ cd "$(dirname "$0")/.."
 # of crates/layers/layers.toml, and no crate has an import circle between
 # its modules. It reads text only, so it runs first and fails fast.
 cargo run -q --locked -p cloudweb-layers
+# The shipped binaries get the same dependency features from the
+# installer's `cargo build -p` as from a workspace build (issue 21 item 3).
+bash scripts/feature-sets.sh
 
 # The compatibility suite (crates/e2e/tests/compat.rs) runs the previous
 # release's server and agent against this tree's. They are built first
