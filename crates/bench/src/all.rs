@@ -63,7 +63,7 @@ const STEPS: &[Step] = &[
     step("flood", &["--connections", "2000"], 45),
     step_as("flood-api", &["flood", "--target", "api"], &["--connections", "5000", "--slow", "300", "--nodes", "20"], 60),
     step("apps", &["--sizes", "10,1000,10000", "--samples", "100"], 60),
-    step("dashboard", &["--nodes", "1000", "--samples", "10"], 45),
+    step("dashboard", &["--nodes", "1000", "--apps", "1000", "--samples", "5"], 90),
     step("mesh", &["--seconds", "1", "--rounds", "1", "--pings", "500"], 45),
     step("agent", &["--containers", "1,50"], 100),
     step("acme", &["--ingress-nodes", "2", "--runs", "2", "--timeout-seconds", "30"], 60),

@@ -259,7 +259,8 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     })
     .await
     .unwrap();
-    browser.goto("/monitoring?range=1h").await;
+    // The node's charts are on its own page, linked from its row.
+    browser.goto(&format!("/nodes/{}?range=1h", agent.node_id)).await;
     let cpu_chart = browser.client.find(Locator::Css("section[data-node='edge'] figure.chart svg")).await.unwrap();
     let points: usize = cpu_chart.attr("data-points").await.unwrap().unwrap().parse().unwrap();
     let segments: usize = cpu_chart.attr("data-segments").await.unwrap().unwrap().parse().unwrap();
@@ -279,6 +280,10 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
         .await
         .unwrap();
     assert!(read[0] == read[1] && read[0].as_str().is_some_and(|t| t.contains("UTC")), "the readout follows the pointer: {read}");
+    browser.assert_standards_mode("the node's page").await;
+    browser.screenshot("09-node-charts").await;
+    browser.goto("/monitoring?range=1h").await;
+    browser.client.find(Locator::Css("figure.chart svg")).await.unwrap();
     browser.assert_standards_mode("the monitoring page").await;
     browser.screenshot("09-monitoring").await;
 

@@ -404,7 +404,7 @@ async fn forms_create_an_app_set_env_and_domains_and_delete_it() {
     let refused = post("/apps", vec![("name", "Bad Name"), ("repo_url", "https://example.com/x.git"), ("port", "80"), ("strategy", "dockerfile")]).await.unwrap();
     assert_eq!(refused.status(), 400);
     let page = refused.text().await.unwrap();
-    let form = form_of(&page, "action=\"/apps\"");
+    let form = form_of(&page, "method=\"post\" action=\"/apps\"");
     assert!(form.contains(r#"role="alert" id="create-error""#) && form.contains("invalid name"), "{form}");
     assert!(form.contains(r#"value="Bad Name""#) && form.contains(r#"value="https://example.com/x.git""#) && form.contains(r#"value="80""#), "{form}");
     assert!(form.contains(r#"<option value="dockerfile" selected>"#), "{form}");
@@ -516,7 +516,7 @@ async fn a_missing_usage_sample_is_a_gap_in_the_chart() {
     state.store.save_heartbeats(&[], &[], &rows).await.unwrap();
 
     let cookie = dashboard.login().await.unwrap();
-    let (status, page) = dashboard.get(&cookie, "/monitoring?range=1h").await;
+    let (status, page) = dashboard.get(&cookie, &format!("/nodes/{node_id}?range=1h")).await;
     assert_eq!(status, 200);
     let node = &page[page.find("data-node=\"gap-node\"").expect("the node's charts")..];
     assert!(node.contains(r#"data-points="6" data-segments="2""#), "six points in two runs: {node}");
@@ -560,4 +560,78 @@ async fn nodes_are_drained_reactivated_and_removed_after_confirmation() {
     assert!(dashboard.server.state.store.node(&node_id).await.unwrap().is_none());
     let (_, page) = dashboard.get(&cookie, "/nodes").await;
     assert!(page.contains("Done.") && !page.contains(&node_id), "{page}");
+}
+
+/// Issue 21 item 5: long lists come a page at a time with a search and a
+/// filter, and the Monitoring page is an overview of the cluster (one
+/// set of charts for all nodes, the nodes needing attention, top lists)
+/// with each node's and app's charts on its own page.
+#[tokio::test]
+async fn long_lists_are_paged_and_searched_and_monitoring_is_an_overview() {
+    let dashboard = Dashboard::start().await;
+    let state = &dashboard.server.state;
+    let now = state.clock.now_ms();
+    let mut ids = Vec::new();
+    for i in 0..60 {
+        ids.push(dashboard.join(&format!("node-{i:02}")).await);
+    }
+    for i in 0..55 {
+        dashboard.app(&format!("app-{i:02}")).await;
+    }
+    let rows: Vec<NodeUsageRow> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| NodeUsageRow { node_id: id.clone(), at_ms: now - 60_000, cpu_pct: Some(i as f64), mem_used: Some(1 << 20), disk_used: Some(1 << 30), apps: vec![] })
+        .collect();
+    state.store.save_heartbeats(&[], &[], &rows).await.unwrap();
+    let drained = dashboard.http.post(dashboard.url(&format!("/api/nodes/{}/drain", ids[7]))).bearer_auth(&dashboard.admin).send().await.unwrap();
+    assert_eq!(drained.status(), 200);
+    let cookie = dashboard.login().await.unwrap();
+    let count = |page: &str, needle: &str| page.matches(needle).count();
+
+    let (status, page) = dashboard.get(&cookie, "/nodes").await;
+    assert_eq!(status, 200);
+    assert_eq!(count(&page, "<tr data-node="), 50, "one page of nodes");
+    assert!(page.contains("1–50 of 60") && page.contains(r#"rel="next" href="/nodes?page=2""#), "the pager: {page}");
+    let (_, second) = dashboard.get(&cookie, "/nodes?page=2").await;
+    assert_eq!(count(&second, "<tr data-node="), 10);
+    assert!(second.contains(r#"data-live="/nodes/table?page=2""#), "the live table follows the same page");
+    let (_, found) = dashboard.get(&cookie, "/nodes?q=NODE-07").await;
+    assert_eq!(count(&found, "<tr data-node="), 1, "the search ignores case");
+    assert!(found.contains(&format!(r#"<a href="/nodes/{}">node-07</a>"#, ids[7])), "rows link to the node's page");
+    let (_, draining) = dashboard.get(&cookie, "/nodes?filter=draining").await;
+    assert_eq!(count(&draining, "<tr data-node="), 1);
+    assert!(draining.contains(&format!(r#"data-node="{}""#, ids[7])));
+    let (_, nothing) = dashboard.get(&cookie, "/nodes?q=%3Cscript%3E").await;
+    assert!(nothing.contains("Nothing matches.") && !nothing.contains("<script>"), "{nothing}");
+
+    let (_, apps) = dashboard.get(&cookie, "/apps").await;
+    assert_eq!(count(&apps, "<tr data-app="), 50);
+    let (_, apps2) = dashboard.get(&cookie, "/apps?page=2").await;
+    assert_eq!(count(&apps2, "<tr data-app="), 5);
+    let (_, one) = dashboard.get(&cookie, "/apps?q=app-03").await;
+    assert_eq!(count(&one, "<tr data-app="), 1);
+
+    let (status, overview) = dashboard.get(&cookie, "/monitoring?range=1h").await;
+    assert_eq!(status, 200);
+    assert!(!overview.contains("section class=\"charts\" data-node"), "no per-node charts on the overview");
+    assert!(overview.contains(r#"data-nodes="60""#) && overview.contains(r#"data-apps="55""#), "the counts");
+    let cluster_cpu = &overview[overview.find("Mean CPU (%)").unwrap()..];
+    assert!(cluster_cpu.contains(r#"data-points="1""#), "one bucket of the whole cluster: {cluster_cpu:.600}");
+    // Attention: the overview and the Nodes page's filter agree.
+    let listed: usize = overview.split("data-attention=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+    assert!(listed >= 1, "the drained node needs attention");
+    let (_, attention) = dashboard.get(&cookie, "/nodes?filter=attention").await;
+    assert!(attention.contains(&format!("of {listed}<")) || count(&attention, "<tr data-node=") == listed, "{listed} on the overview");
+    assert!(overview.contains(&format!(r#"<a href="/nodes/{}">node-07</a>"#, ids[7])), "the drained node is listed with a link");
+    // Each node's charts are on its page.
+    let (status, node_page) = dashboard.get(&cookie, &format!("/nodes/{}?range=24h", ids[59])).await;
+    assert_eq!(status, 200);
+    assert!(node_page.contains(r#"data-node="node-59""#) && node_page.contains(r#"data-points="1""#), "{node_page:.2000}");
+    assert_eq!(dashboard.get(&cookie, "/nodes/n-nonexistent").await.0, 404);
+    let (_, app_page) = dashboard.get(&cookie, "/apps/app-00?range=7d").await;
+    assert!(app_page.contains(r#"<section class="charts" data-app="app-00">"#) && app_page.contains(r#"aria-current="page">7d<"#), "the app's charts");
+    for (path, page) in [("/nodes", &page), ("/apps", &apps), ("/monitoring", &overview), ("/nodes/{id}", &node_page), ("/apps/{name}", &app_page)] {
+        assert!(page.len() < 150_000, "{path} is {} bytes", page.len());
+    }
 }

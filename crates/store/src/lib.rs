@@ -20,6 +20,7 @@ mod idempotency;
 pub mod login_attempts;
 mod nodes;
 mod open;
+mod overview;
 mod reports;
 pub mod retention;
 mod routes;
@@ -43,6 +44,7 @@ pub use nodes::{
     HeartbeatRow, JoinAnswer, JoinRefusal, NewNode, NodeRow, TrafficRow, TrafficSample,
 };
 pub use open::DATABASE_FILE;
+pub use overview::{AppRecentUsage, ClusterUsageBucket};
 pub use tokens::TokenRejection;
 pub use usage::{AppUsage, AppUsageRow, NodeUsageRow, NodeUsageSample, FINE as USAGE_FINE_SECONDS};
 

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
@@ -15,6 +15,8 @@ use cloudweb_api_types::apps::{DeployRequest, DeploymentQueued, DomainList, EnvV
 use serde_json::{json, Map, Value};
 
 use super::layout::{self, Nav};
+use super::paging::{self, ListQuery, PageInfo};
+use super::usage_charts::{self, RangeQuery};
 use super::{csrf_field, deployments, Ctx};
 use crate::api;
 use crate::error::ApiError;
@@ -118,10 +120,12 @@ fn refused_page(err: &ApiError, page: Markup) -> Response {
     (err.status(), [(axum::http::header::CACHE_CONTROL, "no-store")], page).into_response()
 }
 
-pub fn list_body(ctx: &Ctx, apps: &[(AppRow, Vec<DeploymentRow>)], gitlab: &GitlabSource, refused: Option<&Refused>) -> Markup {
+pub fn list_body(ctx: &Ctx, page: &AppPage, gitlab: &GitlabSource, refused: Option<&Refused>) -> Markup {
+    let apps = &page.rows;
     html! {
-        @if apps.is_empty() { p.empty { (ctx.t("apps.empty")) } }
+        @if page.info.total == 0 && page.query.search().is_none() { p.empty { (ctx.t("apps.empty")) } }
         @else {
+            (paging::search_form(ctx, "/apps", &page.query, &[]))
             div.scroll { table {
                 thead { tr {
                     th scope="col" { (ctx.t("apps.name")) }
@@ -141,6 +145,7 @@ pub fn list_body(ctx: &Ctx, apps: &[(AppRow, Vec<DeploymentRow>)], gitlab: &Gitl
                     }
                 }
             } }
+            (paging::pager(ctx, "/apps", &page.query, &page.info))
         }
         h2 { (ctx.t("apps.create")) }
         (create_form(ctx, gitlab, refused))
@@ -204,20 +209,34 @@ fn create_form(ctx: &Ctx, gitlab: &GitlabSource, refused: Option<&Refused>) -> M
     }
 }
 
-async fn load_all(state: &AppState) -> Result<Vec<(AppRow, Vec<DeploymentRow>)>, ApiError> {
-    let mut out = Vec::new();
-    for app in state.store.apps().await? {
+/// The apps of one page of the list (search and page from `query`), with
+/// their deployments: read for those apps only.
+async fn load_page(state: &AppState, query: &ListQuery) -> Result<AppPage, ApiError> {
+    let search = query.search();
+    let apps: Vec<AppRow> = state.store.apps().await?.into_iter().filter(|a| paging::matches(search.as_deref(), &[&a.name, &a.repo_url])).collect();
+    let paged = paging::page_of(&apps, query.page());
+    let mut rows = Vec::with_capacity(paged.rows.len());
+    for app in paged.rows {
         let deployments = state.store.app_deployments(&app.name).await?;
-        out.push((app, deployments));
+        rows.push((app.clone(), deployments));
     }
-    Ok(out)
+    Ok(AppPage { rows, info: paged.info, query: query.clone() })
 }
 
-pub async fn list(ctx: Ctx) -> Response {
-    match load_all(&ctx.state).await {
+/// One page of the app list.
+pub struct AppPage {
+    rows: Vec<(AppRow, Vec<DeploymentRow>)>,
+    info: PageInfo,
+    query: ListQuery,
+}
+
+pub async fn list(ctx: Ctx, Query(query): Query<ListQuery>) -> Response {
+    match load_page(&ctx.state, &query).await {
         Ok(apps) => {
             let gitlab = gitlab_source(&ctx).await;
-            layout::page(&ctx, ctx.t("apps.title"), Nav::Apps, "/apps", list_body(&ctx, &apps, &gitlab, None)).into_response()
+            let qs = query.at_page(apps.info.page);
+            let here = if qs.is_empty() { "/apps".to_string() } else { format!("/apps?{qs}") };
+            layout::page(&ctx, ctx.t("apps.title"), Nav::Apps, &here, list_body(&ctx, &apps, &gitlab, None)).into_response()
         }
         Err(err) => err.into_response(),
     }
@@ -317,7 +336,7 @@ pub async fn create(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Resp
             ctx.outcome(Ok::<(), ApiError>(()), &format!("/apps/{name}"))
         }
         Err(err) => {
-            let apps = match load_all(&ctx.state).await {
+            let apps = match load_page(&ctx.state, &ListQuery::default()).await {
                 Ok(apps) => apps,
                 Err(err) => return err.into_response(),
             };
@@ -620,12 +639,26 @@ fn app_page(ctx: &Ctx, app: &AppRow, deployments: &[DeploymentRow], refused: Opt
     layout::page(ctx, &app.name, Nav::Apps, &format!("/apps/{}", app.name), body)
 }
 
-pub async fn show(ctx: Ctx, Path(name): Path<String>) -> Response {
-    match load(&ctx.state, &name).await {
-        Ok(Some((app, deployments))) => app_page(&ctx, &app, &deployments, None).into_response(),
-        Ok(None) => super::not_found(&ctx),
-        Err(err) => err.into_response(),
-    }
+pub async fn show(ctx: Ctx, Path(name): Path<String>, Query(range): Query<RangeQuery>) -> Response {
+    let (app, deployments) = match load(&ctx.state, &name).await {
+        Ok(Some(loaded)) => loaded,
+        Ok(None) => return super::not_found(&ctx),
+        Err(err) => return err.into_response(),
+    };
+    let (range_name, seconds) = range.range();
+    let charts = match usage_charts::app(&ctx, &app, seconds).await {
+        Ok(charts) => charts,
+        Err(err) => return err.into_response(),
+    };
+    let env_names: Vec<String> = crate::deploy::app_env(&ctx.state, &app).map(|env| env.into_keys().collect()).unwrap_or_default();
+    let body = html! {
+        (app_body(&ctx, &app, &env_names, &deployments, None))
+        h2 id="charts" { (ctx.t("apps.charts")) }
+        (usage_charts::range_nav(&ctx, &format!("/apps/{}", app.name), "#charts", range_name))
+        p.help { (ctx.t("mon.gap_note")) }
+        (charts)
+    };
+    layout::page(&ctx, &app.name, Nav::Apps, &format!("/apps/{}", app.name), body).into_response()
 }
 
 /// Sets or unsets one variable: the API replaces the whole environment, so

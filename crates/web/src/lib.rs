@@ -27,7 +27,10 @@ mod format;
 pub mod i18n;
 mod layout;
 mod monitoring;
+mod node_page;
 mod nodes;
+mod paging;
+mod usage_charts;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -74,6 +77,7 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/nodes", get(nodes::page))
         .route("/nodes/table", get(nodes::table_stream))
         .route("/nodes/join-token", post(nodes::join_token))
+        .route("/nodes/{id}", get(node_page::page))
         .route("/nodes/{id}/{action}", get(nodes::confirm).post(nodes::act))
         .route("/apps", get(apps::list).post(apps::create))
         .route("/apps/{name}", get(apps::show))

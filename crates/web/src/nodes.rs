@@ -18,13 +18,14 @@ use super::format;
 use super::i18n::Lang;
 use super::layout::{self, Nav};
 use super::flash::Flash;
+use super::paging::{self, ListQuery};
 use super::{csrf_field, error_text, Ctx};
 use crate::api;
 use crate::error::ApiError;
 use crate::AppState;
 
 /// The nodes as the API shows them, with their active instance counts.
-async fn load(state: &Arc<AppState>) -> Result<(Vec<NodeView>, HashMap<String, usize>), ApiError> {
+pub async fn load(state: &Arc<AppState>) -> Result<(Vec<NodeView>, HashMap<String, usize>), ApiError> {
     let Json(NodeList { nodes }) = api::nodes::list(State(state.clone())).await?;
     let mut instances: HashMap<String, usize> = HashMap::new();
     for instance in state.store.active_instances().await? {
@@ -88,7 +89,7 @@ pub fn rows(lang: Lang, nodes: &[NodeView], instances: &HashMap<String, usize>, 
             @let mesh = node.health_report.as_ref().and_then(|h| h.mesh.as_ref());
             @let heartbeat = node.last_heartbeat.as_deref().and_then(crate::clock::parse_rfc3339_ms);
             tr data-node=(id) data-state=(state) data-health=(health) {
-                th scope="row" { (node.name) @if node.ingress { " " small.tag { (lang.t("nodes.ingress")) } } }
+                th scope="row" { a href=(format!("/nodes/{id}")) { (node.name) } @if node.ingress { " " small.tag { (lang.t("nodes.ingress")) } } }
                 td data-label=(lang.t("nodes.address")) {
                     @if mesh_off(node) { span.mesh-off title=(lang.t("nodes.mesh_off_help")) { "– " small.tag { (lang.t("nodes.mesh_off")) } } }
                     @else { code { (node.mesh_address) } }
@@ -139,7 +140,7 @@ pub fn rows(lang: Lang, nodes: &[NodeView], instances: &HashMap<String, usize>, 
     }
 }
 
-fn table(ctx: &Ctx, body: Markup) -> Markup {
+pub fn table(ctx: &Ctx, live: &str, body: Markup) -> Markup {
     html! {
         div.scroll {
             table.nodes {
@@ -156,41 +157,101 @@ fn table(ctx: &Ctx, body: Markup) -> Markup {
                     th scope="col" { (ctx.t("nodes.heartbeat")) }
                     th scope="col" { (ctx.t("nodes.actions")) }
                 } }
-                tbody id="node-rows" data-live="/nodes/table" { (body) }
+                tbody id="node-rows" data-live=(live) { (body) }
             }
         }
     }
 }
 
-pub async fn page(ctx: Ctx) -> Response {
+/// Why a node needs someone's attention, if it does: not ready, not
+/// healthy, or CPU, memory or disk at 90 % or more.
+pub fn attention(lang: Lang, node: &NodeView) -> Option<String> {
+    if node.state != "ready" {
+        return Some(lang.t(state_key(&node.state)).to_string());
+    }
+    if node.health != "healthy" {
+        return Some(match &node.health_reason {
+            Some(reason) => format!("{} ({reason})", lang.t(health_key(&node.health))),
+            None => lang.t(health_key(&node.health)).to_string(),
+        });
+    }
+    let sample = node.metrics.as_ref().and_then(|m| m.sample.node.as_ref())?;
+    let share = |used: Option<u64>, total: Option<u64>| match (used, total) {
+        (Some(used), Some(total)) if total > 0 => Some(used as f64 * 100.0 / total as f64),
+        _ => None,
+    };
+    let high = [
+        ("nodes.cpu", sample.cpu_pct),
+        ("nodes.memory", share(sample.mem_used, node.capacity.map(|c| c.mem_bytes))),
+        ("nodes.disk", share(sample.disk_used, node.capacity.map(|c| c.disk_bytes))),
+    ];
+    let found: Vec<String> = high.iter().filter_map(|(key, pct)| pct.filter(|p| *p >= 90.0).map(|p| format!("{} {p:.0}%", lang.t(key)))).collect();
+    (!found.is_empty()).then(|| found.join(", "))
+}
+
+/// The filters of the node list.
+const FILTERS: [&str; 4] = ["ready", "draining", "unreachable", "attention"];
+
+/// The nodes the list's query selects.
+fn select(lang: Lang, nodes: Vec<NodeView>, query: &ListQuery) -> Vec<NodeView> {
+    let search = query.search();
+    let filter = query.filter(&FILTERS);
+    nodes
+        .into_iter()
+        .filter(|n| paging::matches(search.as_deref(), &[&n.name, &n.hostname, &n.id]))
+        .filter(|n| match filter {
+            None => true,
+            Some("attention") => attention(lang, n).is_some(),
+            Some(state) => n.state == state,
+        })
+        .collect()
+}
+
+pub async fn page(ctx: Ctx, Query(query): Query<ListQuery>) -> Response {
     let (nodes, instances) = match load(&ctx.state).await {
         Ok(loaded) => loaded,
         Err(err) => return err.into_response(),
     };
     let now_ms = ctx.state.clock.now_ms();
+    let cluster_empty = nodes.is_empty();
+    let selected = select(ctx.lang, nodes, &query);
+    let paged = paging::page_of(&selected, query.page());
+    let filters: Vec<(&str, &str)> = FILTERS.iter().map(|f| (*f, ctx.t(filter_key(f)))).collect();
+    let qs = query.at_page(paged.info.page);
+    let live = if qs.is_empty() { "/nodes/table".to_string() } else { format!("/nodes/table?{qs}") };
+    let here = if qs.is_empty() { "/nodes".to_string() } else { format!("/nodes?{qs}") };
     let body = html! {
         form.inline method="post" action="/nodes/join-token" {
             (csrf_field(&ctx))
             button type="submit" { (ctx.t("nodes.join_token")) }
         }
-        @if nodes.is_empty() { p.empty id="nodes-empty" { (ctx.t("nodes.empty")) } }
-        (table(&ctx, rows(ctx.lang, &nodes, &instances, now_ms)))
+        @if cluster_empty { p.empty id="nodes-empty" { (ctx.t("nodes.empty")) } }
+        @else { (paging::search_form(&ctx, "/nodes", &query, &filters)) }
+        (table(&ctx, &live, rows(ctx.lang, paged.rows, &instances, now_ms)))
+        @if !cluster_empty { (paging::pager(&ctx, "/nodes", &query, &paged.info)) }
     };
-    layout::page(&ctx, ctx.t("nodes.title"), Nav::Nodes, "/nodes", body).into_response()
+    layout::page(&ctx, ctx.t("nodes.title"), Nav::Nodes, &here, body).into_response()
 }
 
-#[derive(serde::Deserialize)]
-pub struct LangQuery {
-    lang: Option<String>,
+fn filter_key(filter: &str) -> &'static str {
+    match filter {
+        "ready" => "state.ready",
+        "draining" => "state.draining",
+        "unreachable" => "state.unreachable",
+        _ => "nodes.attention",
+    }
 }
 
-/// `event: rows` with the table body, whenever it changes (checked every
-/// two seconds); the page's script swaps it in. The rows are rendered
-/// here like on the page, so the script never builds HTML.
-pub async fn table_stream(ctx: Ctx, Query(query): Query<LangQuery>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+/// `event: rows` with the table body of the page's query (search, filter,
+/// page), whenever it changes (checked every two seconds); the page's
+/// script swaps it in. The rows are rendered here like on the page, so
+/// the script never builds HTML.
+pub async fn table_stream(ctx: Ctx, Query(query): Query<ListQuery>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let lang = query.lang.as_deref().and_then(Lang::parse).unwrap_or(ctx.lang);
     let state = ctx.state.clone();
-    let events = stream::unfold((state, String::new(), false), move |(state, last, wait)| async move {
+    let events = stream::unfold((state, String::new(), false), move |(state, last, wait)| {
+        let query = query.clone();
+        async move {
         let mut wait = wait;
         loop {
             if wait {
@@ -198,11 +259,13 @@ pub async fn table_stream(ctx: Ctx, Query(query): Query<LangQuery>) -> Sse<impl 
             }
             wait = true;
             let Ok((nodes, instances)) = load(&state).await else { continue };
-            let html = rows(lang, &nodes, &instances, state.clock.now_ms()).into_string();
+            let selected = select(lang, nodes, &query);
+            let html = rows(lang, paging::page_of(&selected, query.page()).rows, &instances, state.clock.now_ms()).into_string();
             if html != last {
                 let event = Event::default().event("rows").data(html.clone());
                 return Some((Ok(event), (state, html, true)));
             }
+        }
         }
     });
     Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
@@ -294,5 +357,24 @@ mod tests {
         let unknown = render(node(serde_json::Value::Null, &[]));
         assert!(unknown.contains("<code>10.77.0.2</code>"), "{unknown}");
         assert!(rows(Lang::Es, &[node(serde_json::json!({}), &[])], &HashMap::new(), 0).into_string().contains("malla desactivada"));
+    }
+
+    #[test]
+    fn a_node_needs_attention_when_not_ready_not_healthy_or_nearly_full() {
+        let with = |change: serde_json::Value| {
+            let mut value = serde_json::to_value(node(serde_json::json!({}), &[])).unwrap();
+            value["capacity"] = serde_json::json!({"cpu_cores": 2, "mem_bytes": 1000, "disk_bytes": 1000});
+            value["metrics"] = serde_json::json!({"at": "2026-01-01T00:00:00Z", "sample": {"node": {"cpu_pct": 20.0, "mem_used": 100, "disk_used": 100}, "containers": []}});
+            for (key, v) in change.as_object().unwrap() {
+                value[key] = v.clone();
+            }
+            serde_json::from_value::<NodeView>(value).unwrap()
+        };
+        assert_eq!(attention(Lang::En, &with(serde_json::json!({}))), None);
+        assert_eq!(attention(Lang::En, &with(serde_json::json!({"state": "draining"}))).as_deref(), Some("draining"));
+        let degraded = attention(Lang::En, &with(serde_json::json!({"health": "degraded", "health_reason": "registry unreachable"}))).unwrap();
+        assert!(degraded.contains("degraded") && degraded.contains("registry unreachable"), "{degraded}");
+        let full = with(serde_json::json!({"metrics": {"at": "2026-01-01T00:00:00Z", "sample": {"node": {"cpu_pct": 95.0, "mem_used": 950, "disk_used": 100}, "containers": []}}}));
+        assert_eq!(attention(Lang::En, &full).as_deref(), Some("CPU 95%, Memory 95%"));
     }
 }

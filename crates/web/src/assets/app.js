@@ -8,7 +8,8 @@
   var rows = document.getElementById("node-rows");
   if (rows && window.EventSource) {
     var lang = document.documentElement.lang || "en";
-    var source = new EventSource(rows.getAttribute("data-live") + "?lang=" + encodeURIComponent(lang));
+    var live = rows.getAttribute("data-live");
+    var source = new EventSource(live + (live.indexOf("?") < 0 ? "?" : "&") + "lang=" + encodeURIComponent(lang));
     source.addEventListener("rows", function (event) {
       rows.innerHTML = event.data;
       var empty = document.getElementById("nodes-empty");
