@@ -95,10 +95,44 @@ pub struct AppState {
     pub web_flashes: flash::Flashes,
 }
 
-/// The agent binary the control plane offers, read once at start.
+/// The agent binary the control plane offers: the file as it was at start,
+/// held open (never in memory: it is tens of MB, and a download used to
+/// copy all of it), so replacing the file on disk (an upgrade writes a new
+/// one and renames it over) cannot change what is served under the
+/// SHA-256 the node script checks.
 pub struct AgentBinary {
-    pub bytes: Vec<u8>,
+    file: std::fs::File,
+    pub len: u64,
     pub sha256: String,
+}
+
+impl AgentBinary {
+    /// Opens `path` and hashes it, reading it once in chunks.
+    pub fn open(path: &std::path::Path) -> std::io::Result<AgentBinary> {
+        use sha2::Digest;
+        use std::io::Read;
+        let mut file = std::fs::File::open(path)?;
+        let mut hasher = sha2::Sha256::new();
+        let mut buffer = vec![0u8; 64 * 1024];
+        let mut len = 0u64;
+        loop {
+            let read = file.read(&mut buffer)?;
+            if read == 0 {
+                break;
+            }
+            hasher.update(&buffer[..read]);
+            len += read as u64;
+        }
+        Ok(AgentBinary { file, len, sha256: hex::encode(hasher.finalize()) })
+    }
+
+    /// A reader of the whole binary from its start, of its own (a new open
+    /// file description of the same inode, so downloads do not share an
+    /// offset).
+    pub fn reader(&self) -> std::io::Result<std::fs::File> {
+        use std::os::fd::AsRawFd;
+        std::fs::File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
 }
 
 /// Removes a node everywhere: its row and queued commands, its entry in the
@@ -156,4 +190,34 @@ pub fn command_context(node_id: &str) -> String {
 pub fn mesh_address(index: i64) -> String {
     let index = index.clamp(1, 65534);
     format!("10.77.{}.{}", index >> 8, index & 0xff)
+}
+
+#[cfg(test)]
+mod agent_binary_tests {
+    use std::io::Read;
+
+    #[test]
+    fn the_binary_served_is_the_one_hashed_at_start_even_after_an_upgrade_replaced_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cloudweb-agent");
+        let original: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &original).unwrap();
+        let binary = super::AgentBinary::open(&path).unwrap();
+        assert_eq!(binary.len, original.len() as u64);
+        use sha2::Digest;
+        assert_eq!(binary.sha256, hex::encode(sha2::Sha256::digest(&original)));
+        // An upgrade writes a new file and renames it over the old one.
+        std::fs::write(dir.path().join("new"), b"a newer agent").unwrap();
+        std::fs::rename(dir.path().join("new"), &path).unwrap();
+        // Two downloads at once: each reads the whole original.
+        let (mut a, mut b) = (binary.reader().unwrap(), binary.reader().unwrap());
+        let mut first = vec![0u8; 1000];
+        a.read_exact(&mut first).unwrap();
+        let mut all_b = Vec::new();
+        b.read_to_end(&mut all_b).unwrap();
+        let mut rest_a = Vec::new();
+        a.read_to_end(&mut rest_a).unwrap();
+        first.extend(rest_a);
+        assert!(first == original && all_b == original);
+    }
 }

@@ -214,8 +214,7 @@ pub async fn open_state(config: Config, clock: Arc<dyn Clock>) -> Result<OpenedS
     let tls = Arc::new(tls);
     let agent_binary = match &config.agent_binary {
         Some(path) => {
-            let bytes = std::fs::read(path).map_err(|source| StartError::AgentBinary { path: path.clone(), source })?;
-            Some(cloudweb_core::AgentBinary { sha256: sha256_hex(&bytes), bytes })
+            Some(cloudweb_core::AgentBinary::open(path).map_err(|source| StartError::AgentBinary { path: path.clone(), source })?)
         }
         None => None,
     };

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
@@ -39,10 +39,33 @@ pub async fn script(State(state): State<Arc<AppState>>) -> Response {
     ([(CONTENT_TYPE, "text/x-shellscript; charset=utf-8")], text).into_response()
 }
 
+/// Streams the binary in 64 KiB chunks from the file held open since
+/// start: a download costs a buffer, not a copy of the binary.
 pub async fn agent_binary(State(state): State<Arc<AppState>>) -> Response {
-    match &state.agent_binary {
-        Some(binary) => ([(CONTENT_TYPE, "application/octet-stream")], binary.bytes.clone()).into_response(),
-        None => ApiError::NotFound("this control plane has no agent binary to offer (start it with --agent-binary)".into())
-            .into_response(),
-    }
+    let Some(binary) = &state.agent_binary else {
+        return ApiError::NotFound("this control plane has no agent binary to offer (start it with --agent-binary)".into()).into_response();
+    };
+    let file = match binary.reader() {
+        Ok(file) => tokio::fs::File::from_std(file),
+        Err(err) => return ApiError::Internal(format!("cannot open the agent binary: {err}")).into_response(),
+    };
+    let chunks = futures_util::stream::unfold((file, binary.len), |(mut file, left)| async move {
+        use tokio::io::AsyncReadExt;
+        if left == 0 {
+            return None;
+        }
+        let mut buffer = vec![0u8; 64 * 1024];
+        match file.read(&mut buffer).await {
+            // Shorter than at start: end the body early, the length and
+            // the node's SHA-256 check both fail on it.
+            Ok(0) => Some((Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the agent binary shrank")), (file, 0))),
+            Ok(read) => {
+                let read = read.min(left as usize);
+                buffer.truncate(read);
+                Some((Ok(axum::body::Bytes::from(buffer)), (file, left - read as u64)))
+            }
+            Err(err) => Some((Err(err), (file, 0))),
+        }
+    });
+    ([(CONTENT_TYPE, "application/octet-stream".to_string()), (CONTENT_LENGTH, binary.len.to_string())], axum::body::Body::from_stream(chunks)).into_response()
 }
