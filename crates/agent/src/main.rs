@@ -188,6 +188,7 @@ struct RunArgs {
 }
 
 fn main() -> std::process::ExitCode {
+    cloudweb_allocator::tune();
     match real_main() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {

@@ -56,6 +56,11 @@ pub struct Args {
 /// (issue 21: 10,000 within 60 s; a smaller fleet gets the same bound).
 const RECONNECT_LIMIT: Duration = Duration::from_secs(60);
 
+const MIB: f64 = 1024.0 * 1024.0;
+/// Issue 21 item 1's targets.
+const IDLE_RSS_MIB: f64 = 48.0;
+const FLEET_RSS_MIB: f64 = 150.0;
+
 pub async fn run(args: Args) -> Result<Vec<Target>> {
     if args.agents == 0 || args.interval == 0 || args.duration == 0 {
         bail!("--agents, --interval and --duration must be positive");
@@ -72,6 +77,10 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
     let binary = sibling_binary("cloudweb-server", args.server_bin.clone())?;
     let dir = tempfile::tempdir()?;
     let mut server = Server::start(&binary, dir.path(), &[]).await?;
+    // Idle: started, nothing joined yet (a second for the start's own work).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle_rss = procstat::sample(server.pid()).context("server /proc")?.rss_bytes;
+    println!("idle control plane RSS: {}", mib(idle_rss));
     println!("heartbeats: {} agents, one heartbeat each every {} s, measured for {} s", args.agents, args.interval, args.duration);
 
     let enroll_start = Instant::now();
@@ -145,6 +154,16 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
         Target::new("failed heartbeats", Cmp::AtMost, 0.0, "", Some(failed as f64)),
         Target::below("heartbeat latency p99", 50.0, "ms", (summary.count > 0).then_some(summary.p99.as_secs_f64() * 1000.0)),
         Target::new("SQLite commits per 1,000 heartbeats", Cmp::AtMost, 10.0, "", Some(per_thousand)),
+        // Issue 21 item 1: idle under 48 MiB, 150 MiB with 10,000 agents;
+        // in between, the idle figure plus the same share per agent.
+        Target::new("idle control plane RSS", Cmp::AtMost, IDLE_RSS_MIB, "MiB", Some(idle_rss as f64 / MIB)),
+        Target::new(
+            format!("control plane RSS with {} agents", args.agents),
+            Cmp::AtMost,
+            IDLE_RSS_MIB + (FLEET_RSS_MIB - IDLE_RSS_MIB) * args.agents as f64 / 10_000.0,
+            "MiB",
+            Some(cpu_after.rss_bytes as f64 / MIB),
+        ),
     ];
     if !args.no_restart {
         targets.extend(herd(&mut server, &fleet, event_stream).await?);

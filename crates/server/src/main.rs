@@ -213,24 +213,8 @@ struct ServeArgs {
     login_window_seconds: u64,
 }
 
-/// glibc malloc settings for a long-running server with many threads
-/// (issue 21 item 1): a fixed mmap threshold of 1 MiB, so large buffers
-/// that come and go (a password hash's 19 MiB, a large page) are returned
-/// to the system when freed, instead of the dynamic threshold rising to
-/// their size and keeping them in an arena; and at most two arenas, so
-/// memory freed on one thread is reused by the others instead of each
-/// thread's arena holding its own high-water mark.
-fn tune_allocator() {
-    // SAFETY: mallopt only changes allocator parameters; it is called
-    // before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
-}
-
 fn main() -> std::process::ExitCode {
-    tune_allocator();
+    cloudweb_allocator::tune();
     match real_main() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {

@@ -142,7 +142,11 @@ async fn connection(
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     // A client that never finishes its request headers does not get
     // to hold a connection (join is open to anyone with TLS).
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    // The read buffer stays at hyper's smallest, 8 KiB, instead of
+    // growing with what a read returned: a fleet holds two connections
+    // per node open all the time (issue 21 item 1), and agent requests'
+    // heads are well under 8 KiB (bodies are streamed, not buffered).
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).max_buf_size(8 * 1024);
     let serving = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(serving);
     let idle = activity.expired(idle_limit, None);
