@@ -182,6 +182,15 @@ grep -q "example app:  https://$app.localhost:$https_port/" <<<"$output" || { ec
 grep -q "Deploy your own" <<<"$output" || fail "the installer did not say how to deploy an app"
 [ "$("$bin_dir/cloudweb-agent" --data-dir "$agent_dir" node-id)" = "$node_id" ] || fail "the second run changed the node's identity"
 
+# The single-node footprint (issue 21 item 1): every process of this
+# install, by resident memory. Printed, not judged: these are debug
+# binaries (cloudweb-bench has the release figures and their targets).
+footprint=$(ps -eo rss=,args= | awk -v root="$root" -v wg="$mesh_interface" '
+    $2 !~ /awk$/ && (index($0, root) || ($2 ~ /wireguard-go$/ && index($0, wg))) {
+        kib += $1; n = split($2, path, "/"); each = each sprintf(" %s %.1f", path[n], $1 / 1024) }
+    END { printf "%.1f MiB (MiB each:%s)", kib / 1024, each }')
+say "single-node footprint (control plane, registry, agent, Caddy, wireguard-go): $footprint"
+
 say "the binaries are installed without debug info, which is kept beside them"
 installed=$root/usr/local/bin
 for binary in cloudweb-server cloudweb-agent cloudweb; do
