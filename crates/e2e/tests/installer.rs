@@ -29,6 +29,14 @@ async fn the_join_command_fetches_the_installer_only_from_the_pinned_key() {
     assert!(fetched.status.success(), "{}", String::from_utf8_lossy(&fetched.stderr));
     let script = String::from_utf8(fetched.stdout).unwrap();
 
+    // A request head may be 8 KiB at most (the listener's read buffer
+    // stays that size per connection): a larger one is refused, 431.
+    for (size, status) in [(7000, "200"), (9000, "431")] {
+        let header = format!("X-Padding: {}", "a".repeat(size));
+        let answer = curl(&["-sS", "--insecure", "--pinnedpubkey", pin, "-o", "/dev/null", "-w", "%{http_code}", "-H", &header, script_url]);
+        assert_eq!(String::from_utf8_lossy(&answer.stdout), status, "a {size}-byte header");
+    }
+
     // Any other key is refused.
     let wrong_pin = "sha256//AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
     let refused = curl(&["-fsSL", "--insecure", "--pinnedpubkey", wrong_pin, script_url]);
