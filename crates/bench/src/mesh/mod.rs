@@ -30,11 +30,14 @@
 //! the namespaces with setns(2).
 //!
 //! Both ends run on this one machine: by default every process shares
-//! every core. With `--one-core-per-side` side a (its agent and that
-//! agent's wireguard-go, pinned by pid with `taskset -a -p` once the mesh
-//! is up; its hand wireguard-go, started under `taskset -c`; the sender of
-//! every path) gets CPU 0 and side b (the same, with the receiver) CPU 1;
-//! the plain path gets the same pinning. The control plane is not pinned.
+//! every core. With `--one-core-per-side` side a (its agent, that agent's
+//! wireguard-go and its hand wireguard-go, each pinned by pid with
+//! `taskset -a -p` once it runs, and the sender of every path) gets CPU 0
+//! and side b (the same, with the receiver) CPU 1; the plain path gets the
+//! same pinning. The control plane is not pinned. Both wireguard-go are
+//! pinned the same way on purpose: Go sizes its runtime (GOMAXPROCS) by
+//! the CPUs it may use at start, so one started under `taskset -c` would
+//! run differently from the agent's child.
 
 mod measure;
 mod tunnel;

@@ -47,7 +47,8 @@ pub struct Spec<'a> {
     /// Tunnel addresses, `<a>/16` on each side.
     pub addresses: [Ipv4Addr; 2],
     pub mtu: u32,
-    /// Side a's and side b's CPU, for wireguard-go, when pinned.
+    /// Side a's and side b's CPU, for wireguard-go, when pinned (by pid
+    /// once it runs, like the agents' wireguard-go).
     pub cpus: Option<[usize; 2]>,
     /// Where keys and logs go.
     pub dir: &'a Path,
@@ -71,11 +72,7 @@ impl HandTunnel {
             let interface = &spec.interfaces[side];
             let _ = std::fs::remove_file(socket(interface));
             let mut command = Command::new("ip");
-            command.args(["netns", "exec", spec.ns[side]]);
-            if let Some(cpus) = spec.cpus {
-                command.args(["taskset", "-c", &cpus[side].to_string()]);
-            }
-            command.args(["wireguard-go", "-f", interface]).env("LOG_LEVEL", "error");
+            command.args(["netns", "exec", spec.ns[side], "wireguard-go", "-f", interface]).env("LOG_LEVEL", "error");
             let log = spec.dir.join(format!("{interface}.log"));
             tunnel.daemons.push(Guarded::spawn(command, &log, Duration::from_secs(2))?);
         }
@@ -87,6 +84,14 @@ impl HandTunnel {
                     bail!("wireguard-go did not create {}", socket.display());
                 }
                 std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        // Pinned once started, as the agents' wireguard-go is: started
+        // under `taskset -c`, Go would size its runtime (GOMAXPROCS) for
+        // one CPU, the agent's child for all of them.
+        if let Some(cpus) = spec.cpus {
+            for (daemon, cpu) in tunnel.daemons.iter().zip(cpus) {
+                pin_process(daemon.id(), cpu)?;
             }
         }
         configure(spec)?;
