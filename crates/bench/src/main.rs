@@ -4,7 +4,8 @@
 //! `heartbeats` measures the agent protocol under load; `deploy` measures
 //! the time from a deploy request to a running instance; `ingress` measures
 //! route changes, blue/green switches and the latency Caddy adds; `mesh`
-//! measures what WireGuard costs between two nodes; `dashboard` measures
+//! measures what the agents' configuration of the WireGuard mesh costs
+//! against the same WireGuard configured by hand; `dashboard` measures
 //! the dashboard's page weight and the Nodes page's time to first byte;
 //! `acme` measures the time to a public host's first certificate from
 //! pebble with N ingress nodes. Every command ends with its targets'
@@ -63,9 +64,10 @@ enum Commands {
     /// store and deployment code, simulated agents, kills at any commit),
     /// counted by broken invariant; `--seed N` replays one.
     Simulate(simulate::Args),
-    /// TCP throughput and latency between two network namespaces over
-    /// userspace WireGuard (and kernel WireGuard where it exists) against
-    /// the same link without it.
+    /// TCP throughput and latency between two real agents' network
+    /// namespaces over the mesh the agents configured, against the same
+    /// WireGuard configured by hand with `wg` in the same namespaces (and
+    /// the plain link, for context).
     Mesh(mesh::Args),
     /// The agent's memory idle and with 50 containers, and the time one
     /// usage sample takes with 1, 20 and 100 containers.

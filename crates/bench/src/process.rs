@@ -79,7 +79,7 @@ impl Drop for Guarded {
 }
 
 /// Direct children of `parent` with their start times, from /proc.
-fn children_of(parent: u32) -> Vec<(u32, u64)> {
+pub(crate) fn children_of(parent: u32) -> Vec<(u32, u64)> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     entries
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())

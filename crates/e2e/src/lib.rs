@@ -43,9 +43,12 @@ pub fn bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("CLOUDWEB_BIN_DIR") {
         return PathBuf::from(dir);
     }
-    // target/debug/deps/<test-binary> -> target/debug
+    // target/debug/deps/<test-binary> -> target/debug; a binary that uses
+    // the harness (cloudweb-bench) sits in target/debug itself.
     let exe = std::env::current_exe().expect("test executable path");
-    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+    let dir = exe.parent().expect("executable directory");
+    let dir = if dir.ends_with("deps") { dir.parent().expect("target dir") } else { dir };
+    dir.to_path_buf()
 }
 
 /// Directory holding the previous release's `cloudweb-server` and
