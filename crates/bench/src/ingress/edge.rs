@@ -37,6 +37,11 @@ pub const APPLY_TIMEOUT: Duration = Duration::from_secs(300);
 /// drain period.
 const DOCKERFILE: &str = "FROM {base}\nCOPY index.html /www/index.html\n\
 CMD [\"sh\", \"-c\", \"trap 'exit 0' TERM; httpd -f -p 8080 -h /www & wait\"]\n";
+/// The probe's page served by cloudweb-static, which keeps connections
+/// alive (busybox httpd closes every one), for part 3's keep-alive upstream.
+/// It exits on SIGTERM itself.
+const KEEP_ALIVE_DOCKERFILE: &str = "FROM {image}\nCOPY index.html /www/index.html\n\
+CMD [\"--root\", \"/www\", \"--listen\", \"0.0.0.0:8080\"]\n";
 const HEALTH_TIMEOUT_SECONDS: u32 = 30;
 
 pub struct Edge {
@@ -47,6 +52,9 @@ pub struct Edge {
     pub probe_host: String,
     /// Caddy's internal root certificate (PEM), once it exists.
     root_pem: Vec<u8>,
+    /// The busybox Dockerfile of the blue deployment, which every later
+    /// commit of the probe names again.
+    pub dockerfile: String,
 }
 
 /// One "route table applied" line of the agent's log.
@@ -71,7 +79,7 @@ impl Edge {
         let run_flags = ["--caddy-bin", caddy.as_str(), "--http-port", http.as_str(), "--https-port", https.as_str()];
         let extra = ExtraFlags { server: &["--base-domain", BASE_DOMAIN, "--heartbeat-flush-seconds", "1"], join: &["--ingress"], run: &run_flags };
         let cluster = Cluster::start_with(dir, binaries, probe, &extra).await?;
-        let mut edge = Edge { cluster, https_port, http_port, probe_host: format!("{probe}.{BASE_DOMAIN}"), root_pem: Vec::new() };
+        let mut edge = Edge { cluster, https_port, http_port, probe_host: format!("{probe}.{BASE_DOMAIN}"), root_pem: Vec::new(), dockerfile: String::new() };
         let (version, _) = edge.table().await?;
         edge.wait_applied(version, APPLY_TIMEOUT).await.context("the ingress did not apply the first route table")?;
         Ok(edge)
@@ -84,8 +92,8 @@ impl Edge {
     /// Creates the probe app and deploys its blue version; returns the
     /// deployment's view once it runs and Caddy serves it.
     pub async fn deploy_probe(&mut self, base_image: &str) -> Result<Value> {
-        let dockerfile = DOCKERFILE.replace("{base}", base_image);
-        let commit = self.cluster.git().commit("probe", &[("Dockerfile", &dockerfile), ("index.html", BLUE)], "blue")?;
+        self.dockerfile = DOCKERFILE.replace("{base}", base_image);
+        let commit = self.cluster.git().commit("probe", &[("Dockerfile", &self.dockerfile), ("index.html", BLUE)], "blue")?;
         self.cluster.create_app("probe", HEALTH_TIMEOUT_SECONDS).await?;
         let deployment = self.deploy(&commit).await?;
         let root = self.cluster.agent_dir().join("caddy/data/caddy/pki/authorities/local/root.crt");
@@ -110,6 +118,15 @@ impl Edge {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Deploys the blue page served by cloudweb-static from `image` (see
+    /// [`KEEP_ALIVE_DOCKERFILE`]); returns the deployment's view once it
+    /// runs alone and the ingress applied the table.
+    pub async fn deploy_keep_alive(&mut self, image: &str) -> Result<Value> {
+        let dockerfile = KEEP_ALIVE_DOCKERFILE.replace("{image}", image);
+        let commit = self.cluster.git().commit("probe", &[("Dockerfile", &dockerfile), ("index.html", BLUE)], "blue, keep-alive")?;
+        self.deploy(&commit).await
     }
 
     /// Deploys `commit` of the probe and waits until it runs, the node is

@@ -52,9 +52,12 @@ struct Load {
     workers: Vec<tokio::task::JoinHandle<()>>,
 }
 
-/// Runs the switches; `blue` is the probe's running deployment.
+/// Runs the switches; `blue` is the probe's first deployment (busybox, the
+/// blue page). Green is deployed first, so whatever runs before is replaced.
 pub async fn measure(edge: &mut Edge, settings: &Settings, blue: &str) -> Result<SwitchResult> {
-    let commit = edge.cluster.git().commit("probe", &[("index.html", GREEN)], "green")?;
+    // The Dockerfile again: part 3 may have left cloudweb-static's in the repository.
+    let dockerfile = edge.dockerfile.clone();
+    let commit = edge.cluster.git().commit("probe", &[("Dockerfile", &dockerfile), ("index.html", GREEN)], "green")?;
     let green = edge.deploy(&commit).await?["id"].as_str().context("the green deployment has no id")?.to_string();
     println!("  blue {blue} and green {green} deployed; {} switches, rollbacks alternating between them", settings.switches);
 
