@@ -13,6 +13,7 @@ pub mod join;
 pub mod logs;
 pub mod misc;
 pub mod renew;
+pub mod repo_ca;
 pub mod validate;
 pub mod version;
 

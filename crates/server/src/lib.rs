@@ -231,7 +231,7 @@ pub async fn open_state(config: Config, clock: Arc<dyn Clock>) -> Result<OpenedS
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| StartError::Git(format!("cannot read the GitLab CA file {}: {e}", path.display())))?;
             // Nodes get exactly the certificate blocks (git reads them).
-            let pem = cloudweb_protocol::deploy::ca_certificates(&text, true)
+            let pem = cloudweb_protocol::repo_ca::ca_certificates(&text, true)
                 .map_err(|e| StartError::Git(format!("the GitLab CA file {}: {}", path.display(), e.problem)))?;
             Some(pem)
         }

@@ -380,18 +380,23 @@ mod tests {
         assert_eq!(env_of(&command, "GIT_ALLOW_PROTOCOL").as_deref(), Some("http"));
     }
 
-    #[tokio::test]
-    async fn git_connects_to_the_checked_address() {
-        let home = tempfile::tempdir().unwrap();
-        let source = |url: &str| Source {
+    /// A branch-head source on a host the control plane allows to be private.
+    fn private_host_source(url: &str, ca_pem: Option<&str>) -> Source {
+        Source {
             repo_url: url.into(),
             branch: "main".into(),
             commit: None,
             credentials: None,
             ssh: None,
             allow_private_hosts: true,
-            ca_pem: None,
-        };
+            ca_pem: ca_pem.map(str::to_string),
+        }
+    }
+
+    #[tokio::test]
+    async fn git_connects_to_the_checked_address() {
+        let home = tempfile::tempdir().unwrap();
+        let source = |url: &str| private_host_source(url, None);
         let https = route(&source("https://localhost:8443/team/a.git"), home.path()).await.unwrap();
         let resolve = https.config.iter().find(|(k, _)| k == "http.curloptResolve").unwrap();
         assert!(resolve.1 == "localhost:8443:127.0.0.1" || resolve.1 == "localhost:8443:[::1]", "{resolve:?}");
@@ -407,15 +412,7 @@ mod tests {
     async fn a_private_ca_is_trusted_for_the_repository_host_only() {
         let home = tempfile::tempdir().unwrap();
         let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
-        let source = |url: &str| Source {
-            repo_url: url.into(),
-            branch: "main".into(),
-            commit: None,
-            credentials: None,
-            ssh: None,
-            allow_private_hosts: true,
-            ca_pem: Some(pem.into()),
-        };
+        let source = |url: &str| private_host_source(url, Some(pem));
         let route = route(&source("https://LocalHost:8443/team/a.git"), home.path()).await.unwrap();
         let file = home.path().join(".cloudweb-ca.pem");
         assert!(route.config.contains(&("http.https://localhost:8443/.sslCAInfo".into(), file.display().to_string())), "{:?}", route.config);
