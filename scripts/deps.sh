@@ -16,12 +16,27 @@ need=()
 # driven over WebDriver).
 # pebble (Let's Encrypt's test CA, with pebble-challtestsrv as its mock DNS)
 # issues real ACME certificates in the certificate tests.
-for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables chromium chromium-driver pebble; do
+# mmdebstrap builds the Debian rootfs of the managed databases' test images
+# (PostgreSQL, Redis, MariaDB; scripts/service-images.sh).
+for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables chromium chromium-driver pebble mmdebstrap; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+    # wireguard-tools recommends the kernel's WireGuard module, which
+    # apt satisfies with a whole kernel image (and an initramfs rebuild);
+    # the tests use wireguard-go, so that package goes in without its
+    # recommendations.
+    rest=()
+    for pkg in "${need[@]}"; do
+        [ "$pkg" = wireguard-tools ] || rest+=("$pkg")
+    done
+    if [ "${#rest[@]}" -lt "${#need[@]}" ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wireguard-tools
+    fi
+    if [ "${#rest[@]}" -gt 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${rest[@]}"
+    fi
 fi
 
 # Caddy >= 2.7 (it keeps proxied streams open across reloads); Debian's is

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cloudweb_protocol::{Command, CommandKind, DeployPayload, LogLine, Report, StopPayload};
+use cloudweb_protocol::{Command, CommandKind, DeployPayload, LogLine, Report, StopPayload, VolumeDeletePayload};
 use tokio::sync::watch;
 
 use crate::client::ControlPlane;
@@ -346,6 +346,7 @@ impl Inner {
         match CommandKind::parse(&command.kind) {
             Some(CommandKind::Stop) => self.stop(client, command).await,
             Some(CommandKind::Deploy) => self.deploy(client, command, cancel).await,
+            Some(CommandKind::VolumeDelete) => self.delete_volume(command).await,
             None => {
                 // Nothing to report to: an unknown type names no deployment.
                 tracing::error!(command = %command.id, kind = %command.kind, "this agent cannot handle this command type; dropping it");
@@ -410,6 +411,31 @@ impl Inner {
             Err(RuntimeError::Unavailable(reason)) => Outcome::Retry(reason),
             Err(RuntimeError::Engine(err)) => Outcome::Retry(err.to_string()),
             Err(RuntimeError::Failed(reason)) => Outcome::Retry(reason),
+        }
+    }
+
+    async fn delete_volume(&self, command: &Command) -> Outcome {
+        let payload: VolumeDeletePayload = match serde_json::from_value(command.payload.clone()) {
+            Ok(payload) => payload,
+            Err(err) => {
+                tracing::error!(command = %command.id, error = %err, "invalid volume_delete payload; dropping the command");
+                return Outcome::Handled;
+            }
+        };
+        match crate::volumes::delete(&self.runtime, &self.deploy_options.data_dir, &payload).await {
+            crate::volumes::Deletion::Deleted => {
+                tracing::info!(command = %command.id, volume = %payload.volume, "deleted the volume's data on request");
+                Outcome::Handled
+            }
+            crate::volumes::Deletion::Absent => {
+                tracing::info!(command = %command.id, volume = %payload.volume, "the volume had no data on this node");
+                Outcome::Handled
+            }
+            crate::volumes::Deletion::Retry(reason) => Outcome::Retry(format!("volume {}: {reason}", payload.volume)),
+            crate::volumes::Deletion::Invalid(reason) => {
+                tracing::error!(command = %command.id, %reason, "invalid volume_delete payload; dropping the command");
+                Outcome::Handled
+            }
         }
     }
 

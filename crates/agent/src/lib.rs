@@ -22,6 +22,7 @@ pub mod runtime;
 pub mod shutdown;
 pub mod timestamp;
 pub mod usage;
+pub mod volumes;
 
 /// This agent's version, sent in `X-Cloudweb-Agent-Version`.
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -295,7 +295,7 @@ async fn heartbeat_loop(
         // This agent builds static sites (it ships the static server); it
         // reports traffic only while its ingress actually runs.
         let ingress_active = ingress.active.load(std::sync::atomic::Ordering::Relaxed);
-        let mut features = vec![cloudweb_protocol::features::STATIC_SITES.to_string()];
+        let mut features = vec![cloudweb_protocol::features::STATIC_SITES.to_string(), cloudweb_protocol::features::VOLUMES.to_string()];
         if ingress_active {
             features.push(cloudweb_protocol::features::TRAFFIC_METRICS.to_string());
         }

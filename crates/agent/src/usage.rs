@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cloudweb_protocol::heartbeat::MAX_CONTAINERS;
+use cloudweb_protocol::heartbeat::{VolumeUsage, MAX_CONTAINERS};
 use cloudweb_protocol::{Metrics, NodeUsage};
 
 use crate::capacity::meminfo_field;
@@ -90,7 +90,22 @@ pub async fn sampler(runtime: DockerRuntime, data_dir: std::path::PathBuf, inter
             }
         };
         tracing::info!(took_ms = started.elapsed().as_millis() as u64, containers = containers.as_ref().map(Vec::len), docker_calls, "usage sample taken");
-        *latest.sample.lock().expect("sample lock") = Some(Metrics { node: Some(node), containers, omitted, traffic: None, traffic_omitted: None });
+        // Volumes' sizes: a walk of their directories, off the runtime's
+        // threads and bounded like the Docker calls.
+        let dir = data_dir.clone();
+        let volumes = match tokio::time::timeout(DOCKER_BOUND, tokio::task::spawn_blocking(move || crate::volumes::sizes(&dir))).await {
+            Ok(Ok(sizes)) if !sizes.is_empty() => {
+                let mut list: Vec<VolumeUsage> = sizes.into_iter().map(|(volume, bytes)| VolumeUsage { volume, bytes }).collect();
+                list.truncate(cloudweb_protocol::heartbeat::MAX_VOLUMES);
+                Some(list)
+            }
+            Ok(_) => None,
+            Err(_) => {
+                tracing::warn!("measuring the volumes took longer than 10 s; left out of this sample");
+                None
+            }
+        };
+        *latest.sample.lock().expect("sample lock") = Some(Metrics { node: Some(node), containers, omitted, traffic: None, traffic_omitted: None, volumes });
     }
 }
 

@@ -206,6 +206,10 @@ pub struct AppView {
     pub created_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git: Option<GitLink>,
+    /// Why the app's instances cannot be moved off a node that is leaving
+    /// or unreachable (e.g. waiting for the node that holds its volume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 /// `GET /api/apps`.

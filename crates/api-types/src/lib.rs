@@ -20,6 +20,7 @@ pub mod error;
 pub mod git;
 pub mod nodes;
 pub mod traffic;
+pub mod volumes;
 
 pub use error::ErrorBody;
 

@@ -29,6 +29,13 @@ pub enum AppsCommand {
         /// Do not ask (needed when stdin is not a terminal).
         #[arg(long, short = 'y')]
         yes: bool,
+        /// The app's volumes stay, detached, with their data (an app with
+        /// volumes needs this or --delete-volumes).
+        #[arg(long, conflicts_with = "delete_volumes")]
+        keep_volumes: bool,
+        /// Delete the app's volumes and their data too.
+        #[arg(long)]
+        delete_volumes: bool,
     },
 }
 
@@ -210,7 +217,7 @@ pub async fn run(api: &Api, command: AppsCommand, json: bool) -> Result<(), Fail
                 println!("app {} changed; the next deployment uses the new settings", cell(&view.name));
             }
         }
-        AppsCommand::Rm { app, yes } => {
+        AppsCommand::Rm { app, yes, keep_volumes, delete_volumes } => {
             if !yes {
                 if !std::io::stdin().is_terminal() {
                     return Err(Failure::Usage(format!("deleting {} needs --yes when stdin is not a terminal", clean(&app))));
@@ -222,7 +229,12 @@ pub async fn run(api: &Api, command: AppsCommand, json: bool) -> Result<(), Fail
                     return Err(Failure::Action("not confirmed; nothing deleted".into()));
                 }
             }
-            api.delete(&format!("/api/apps/{}", segment(&app))).await?;
+            let volumes = match (keep_volumes, delete_volumes) {
+                (true, _) => "?volumes=keep",
+                (_, true) => "?volumes=delete",
+                _ => "",
+            };
+            api.delete(&format!("/api/apps/{}{volumes}", segment(&app))).await?;
             if json {
                 render::json(&json!({"deleted": app}));
             } else {

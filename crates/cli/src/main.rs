@@ -16,6 +16,7 @@ mod login;
 mod logs;
 mod nodes;
 mod render;
+mod volumes;
 
 use std::process::ExitCode;
 
@@ -26,6 +27,7 @@ use domains::DomainsCommand;
 use env::{env_name, EnvCommand};
 use login::LoginArgs;
 use nodes::NodesCommand;
+use volumes::VolumesCommand;
 
 /// Why a command did not succeed, and so its exit status.
 #[derive(Debug)]
@@ -86,6 +88,12 @@ enum Command {
     Domains {
         #[command(subcommand)]
         command: DomainsCommand,
+    },
+    /// Persistent volumes: their data outlives deploys and is deleted only
+    /// by name.
+    Volumes {
+        #[command(subcommand)]
+        command: Option<VolumesCommand>,
     },
     /// Deploy an app from its branch head or a given commit.
     Deploy {
@@ -179,6 +187,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Apps { command } => apps::run(&api, command.unwrap_or(AppsCommand::List), json).await,
         Command::Env { command } => env::run(&api, command, json).await,
         Command::Domains { command } => domains::run(&api, command, json).await,
+        Command::Volumes { command } => volumes::run(&api, command.unwrap_or(VolumesCommand::List { app: None }), json).await,
         Command::Deploy { app, commit, keep_in_flight, follow } => deploy::deploy(&api, &app, commit, keep_in_flight, follow, json).await,
         Command::Rollback { app, to, follow } => deploy::rollback(&api, &app, to, follow, json).await,
         Command::Deployments { app } => deploy::deployments(&api, &app, json).await,

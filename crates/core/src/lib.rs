@@ -36,6 +36,7 @@ pub mod registry_credentials;
 pub mod routes;
 pub mod runtime_logs;
 pub mod secrets;
+pub mod volumes;
 
 pub use cloudweb_store as store;
 

@@ -484,6 +484,7 @@ pub fn merge_metrics(previous: Metrics, update: Metrics) -> Metrics {
         containers: update.containers.or(previous.containers),
         traffic_omitted: if traffic_sent { update.traffic_omitted } else { update.traffic_omitted.or(previous.traffic_omitted) },
         traffic: update.traffic.or(previous.traffic),
+        volumes: update.volumes.or(previous.volumes),
     }
 }
 

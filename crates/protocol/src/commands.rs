@@ -28,6 +28,8 @@ pub struct CommandList {
 pub enum CommandKind {
     Deploy,
     Stop,
+    /// Remove a volume's data ([`crate::volumes::VolumeDeletePayload`]).
+    VolumeDelete,
 }
 
 impl CommandKind {
@@ -35,6 +37,7 @@ impl CommandKind {
         match self {
             CommandKind::Deploy => "deploy",
             CommandKind::Stop => "stop",
+            CommandKind::VolumeDelete => "volume_delete",
         }
     }
 
@@ -42,6 +45,7 @@ impl CommandKind {
         match text {
             "deploy" => Some(CommandKind::Deploy),
             "stop" => Some(CommandKind::Stop),
+            "volume_delete" => Some(CommandKind::VolumeDelete),
             _ => None,
         }
     }

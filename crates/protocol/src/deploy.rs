@@ -294,6 +294,10 @@ pub struct DeployPayload {
     /// when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build_timeout_seconds: Option<u32>,
+    /// Persistent volumes to mount (only to agents that report the
+    /// `volumes` feature; absent means none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::volumes::VolumeMount>,
 }
 
 /// Most variables an app may have, and the largest value.
@@ -659,6 +663,7 @@ impl DeployPayload {
         if let Some(seconds) = self.build_timeout_seconds {
             build_timeout(seconds)?;
         }
+        crate::volumes::mounts(&self.volumes)?;
         if let Some(cpu) = self.limits.cpu {
             if !cpu.is_finite() || cpu <= 0.0 || cpu > 1024.0 {
                 return Err(ValidationError::new("limits.cpu", "must be between 0 and 1024 cores"));

@@ -85,6 +85,21 @@ pub struct Metrics {
     pub traffic: Option<Vec<HostTraffic>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traffic_omitted: Option<u32>,
+    /// The size of each volume's data on the node (at most
+    /// [`MAX_VOLUMES`]); absent when the node holds none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<Vec<VolumeUsage>>,
+}
+
+/// Most volumes one usage sample lists.
+pub const MAX_VOLUMES: usize = 1000;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+pub struct VolumeUsage {
+    pub volume: String,
+    /// Bytes of the files under the volume's directory.
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -210,6 +225,14 @@ impl Metrics {
                 if let Some(started) = &c.started_at {
                     validate::bounded_text("metrics.containers.started_at", started, 64)?;
                 }
+            }
+        }
+        if let Some(volumes) = &self.volumes {
+            if volumes.len() > MAX_VOLUMES {
+                return Err(ValidationError::new("metrics.volumes", "more than 1000 entries"));
+            }
+            for v in volumes {
+                crate::volumes::name(&v.volume)?;
             }
         }
         if let Some(traffic) = &self.traffic {

@@ -16,6 +16,7 @@ pub mod renew;
 pub mod repo_ca;
 pub mod validate;
 pub mod version;
+pub mod volumes;
 
 pub use certificates::{CertificateSet, HostCertificate, TlsAlpnChallenge, TlsAlpnChallenges};
 pub use commands::{Command, CommandKind, CommandList, StopPayload};
@@ -28,6 +29,7 @@ pub use logs::{ContainerLogs, LogUpload, LogUploadResponse, RefusedContainer};
 pub use renew::{RenewRequest, RenewResponse};
 pub use misc::{error_codes, ErrorBody, LeaveConflict, LeaveResponse, LogLine, RegistryConfig, Report, Route, RouteTable};
 pub use validate::ValidationError;
+pub use volumes::{VolumeDeletePayload, VolumeMount};
 pub use version::{negotiate, Negotiation, SupportedRange, Upgrade, UpgradeRequired};
 
 /// Paths of the agent listener, relative to the control plane's public URL.
@@ -85,4 +87,7 @@ pub mod features {
     /// `relay` (0.1.0 agents ignore the flag, so the control plane picks
     /// relays among nodes that announce this).
     pub const MESH_RELAY: &str = "mesh-relay";
+    /// The agent mounts the `volumes` of a deploy command and handles
+    /// `volume_delete`; apps with volumes are placed only on such nodes.
+    pub const VOLUMES: &str = "volumes";
 }

@@ -236,6 +236,7 @@ impl Store {
 
     /// Deletes an app with its deployments, instance records, reports and
     /// log lines (an app's output may hold its secrets: nothing of it stays).
+    /// Its volumes are detached, never deleted.
     pub async fn delete_app(&self, name: &str) -> Result<bool, StoreError> {
         let mut tx = self.write_transaction().await?;
         for table in ["deployment_logs", "deployment_reports", "deployment_events"] {
@@ -250,6 +251,8 @@ impl Store {
             .await?;
         sqlx::query("DELETE FROM deployments WHERE app = $1").bind(name).execute(&mut *tx).await?;
         sqlx::query("DELETE FROM app_hosts WHERE app = $1").bind(name).execute(&mut *tx).await?;
+        // Its volumes stay, detached: data goes only on an explicit delete.
+        sqlx::query("UPDATE volumes SET app = NULL, mount_path = NULL WHERE app = $1").bind(name).execute(&mut *tx).await?;
         let deleted = sqlx::query("DELETE FROM apps WHERE name = $1").bind(name).execute(&mut *tx).await?;
         tx.commit().await?;
         self.count_commit().await;

@@ -27,6 +27,7 @@ mod routes;
 pub mod steps;
 mod tokens;
 mod usage;
+mod volumes;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -46,6 +47,7 @@ pub use nodes::{
 pub use open::DATABASE_FILE;
 pub use overview::{AppRecentUsage, ClusterUsageBucket};
 pub use tokens::TokenRejection;
+pub use volumes::{AttachRefusal, Attached, VolumeDeletion, VolumeRow, MAX_VOLUMES_PER_APP};
 pub use usage::{AppUsage, AppUsageRow, NodeUsageRow, NodeUsageSample, FINE as USAGE_FINE_SECONDS};
 
 #[derive(Debug, thiserror::Error)]

@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
 use maud::{html, Markup};
 use cloudweb_api_types::apps::{DeployRequest, DeploymentQueued, DomainList, EnvVars, RollbackRequest};
+use cloudweb_api_types::volumes::VolumesOnDelete;
 use serde_json::{json, Map, Value};
 
 use super::layout::{self, Nav};
@@ -651,8 +652,14 @@ pub async fn show(ctx: Ctx, Path(name): Path<String>, Query(range): Query<RangeQ
         Err(err) => return err.into_response(),
     };
     let env_names: Vec<String> = crate::deploy::app_env(&ctx.state, &app).map(|env| env.into_keys().collect()).unwrap_or_default();
+    let volumes = match ctx.state.store.app_volumes(&app.name).await {
+        Ok(volumes) => volumes,
+        Err(err) => return ApiError::from(err).into_response(),
+    };
+    let waiting = api::apps::view(&ctx.state, &app).waiting;
     let body = html! {
         (app_body(&ctx, &app, &env_names, &deployments, None))
+        (crate::volumes::app_section(&ctx, &app.name, &volumes, waiting.as_deref()))
         h2 id="charts" { (ctx.t("apps.charts")) }
         (usage_charts::range_nav(&ctx, &format!("/apps/{}", app.name), "#charts", range_name))
         p.help { (ctx.t("mon.gap_note")) }
@@ -747,14 +754,21 @@ pub async fn confirm_delete(ctx: Ctx, Path(name): Path<String>) -> Response {
     }
     let here = format!("/apps/{name}/delete");
     let title = format!("{}: {name}", ctx.t("apps.delete"));
-    layout::confirm(&ctx, &title, Nav::Apps, &here, ctx.t("apps.confirm_delete"), html! {}, &format!("/apps/{name}")).into_response()
+    let volumes = ctx.state.store.app_volumes(&name).await.unwrap_or_default();
+    let extra = crate::volumes::delete_choice(&ctx, &volumes);
+    layout::confirm(&ctx, &title, Nav::Apps, &here, ctx.t("apps.confirm_delete"), extra, &format!("/apps/{name}")).into_response()
 }
 
 pub async fn delete(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
     if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
-    match api::apps::remove(State(ctx.state.clone()), Path(name.clone())).await {
+    let volumes = match form.get("volumes").map(String::as_str) {
+        Some("keep") => VolumesOnDelete::Keep,
+        Some("delete") => VolumesOnDelete::Delete,
+        _ => VolumesOnDelete::Refuse,
+    };
+    match api::apps::delete_app(&ctx.state, &name, volumes).await {
         Ok(_) => ctx.outcome(Ok::<(), ApiError>(()), "/apps"),
         Err(err) => ctx.outcome(Err::<(), _>(err), &format!("/apps/{name}")),
     }

@@ -31,6 +31,7 @@ mod node_page;
 mod nodes;
 mod paging;
 mod usage_charts;
+mod volumes;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -87,6 +88,10 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/apps/{name}/deploy", post(apps::deploy))
         .route("/apps/{name}/rollback", post(apps::rollback))
         .route("/apps/{name}/delete", get(apps::confirm_delete).post(apps::delete))
+        .route("/apps/{name}/volumes", post(volumes::attach))
+        .route("/apps/{name}/volumes/{volume}/detach", post(volumes::detach))
+        .route("/volumes", get(volumes::page))
+        .route("/volumes/{name}/delete", get(volumes::confirm_delete).post(volumes::delete))
         .route("/deployments/{id}", get(deployments::page))
         .route("/deployments/{id}/logs", get(deployments::log_stream))
         .route("/monitoring", get(monitoring::page))

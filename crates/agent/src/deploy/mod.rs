@@ -375,6 +375,10 @@ async fn start_app(runtime: &DockerRuntime, options: &DeployOptions, payload: &D
     let name = payload.container_name();
     let mut env: Vec<String> = payload.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
     env.push(format!("PORT={}", payload.port));
+    let mounts = crate::volumes::prepare(&options.data_dir, &payload.volumes).map_err(Failure::Failed)?;
+    if !mounts.is_empty() {
+        logs.line("agent", format!("mounting {} volume(s): {}", mounts.len(), payload.volumes.iter().map(|v| format!("{} at {}", v.name, v.path)).collect::<Vec<_>>().join(", ")));
+    }
     let spec = AppContainer {
         name: name.clone(),
         image,
@@ -386,6 +390,7 @@ async fn start_app(runtime: &DockerRuntime, options: &DeployOptions, payload: &D
         publish_ip: options.publish_ip.clone(),
         nano_cpus: payload.limits.cpu.map(|cpu| (cpu * 1e9) as i64),
         memory_bytes: payload.limits.memory_bytes.map(|m| m as i64),
+        mounts,
     };
     wait_publish_address(&options.publish_ip).await?;
     let id = match runtime.start_app(&spec).await {

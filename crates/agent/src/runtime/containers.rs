@@ -23,6 +23,8 @@ pub struct AppContainer {
     pub publish_ip: String,
     pub nano_cpus: Option<i64>,
     pub memory_bytes: Option<i64>,
+    /// Host directories (volumes' data) bind-mounted at container paths.
+    pub mounts: Vec<(String, String)>,
 }
 
 /// A container's state as the health wait needs it.
@@ -82,6 +84,18 @@ impl DockerRuntime {
                 restart_policy: Some(RestartPolicy { name: Some(RestartPolicyNameEnum::NO), maximum_retry_count: None }),
                 nano_cpus: spec.nano_cpus,
                 memory: spec.memory_bytes,
+                mounts: (!spec.mounts.is_empty()).then(|| {
+                    spec.mounts
+                        .iter()
+                        .map(|(source, target)| bollard::models::Mount {
+                            source: Some(source.clone()),
+                            target: Some(target.clone()),
+                            typ: Some(bollard::models::MountTypeEnum::BIND),
+                            read_only: Some(false),
+                            ..Default::default()
+                        })
+                        .collect()
+                }),
                 ..Default::default()
             }),
             ..Default::default()

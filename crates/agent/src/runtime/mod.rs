@@ -111,6 +111,17 @@ impl DockerRuntime {
             .collect())
     }
 
+    /// Names of the containers on this host (running or not) that mount
+    /// host directory `source`.
+    pub async fn containers_mounting(&self, source: &str) -> Result<Vec<String>, RuntimeError> {
+        let containers = self.docker()?.list_containers(Some(ListContainersOptionsBuilder::new().all(true).build())).await?;
+        Ok(containers
+            .into_iter()
+            .filter(|c| c.mounts.as_ref().is_some_and(|mounts| mounts.iter().any(|m| m.source.as_deref() == Some(source))))
+            .map(|c| first_name(c.names))
+            .collect())
+    }
+
     /// Every container (running or not) carrying all of `labels`.
     async fn labelled(&self, labels: Vec<String>) -> Result<Vec<bollard::models::ContainerSummary>, RuntimeError> {
         let filters = HashMap::from([("label", labels)]);

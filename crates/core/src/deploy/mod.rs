@@ -227,11 +227,25 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
     if build.is_some() {
         features.push(cloudweb_protocol::features::STATIC_SITES.to_string());
     }
-    let request = Request {
+    // An app with volumes runs only where their data is (once it is
+    // somewhere), and only on agents that mount volumes.
+    let volumes = state.store.app_volumes(&app.name).await?;
+    let pin = match crate::volumes::pin_of(&volumes) {
+        Ok(pin) => pin,
+        Err(reason) => {
+            fail(state, deployment, &reason).await?;
+            return Ok(());
+        }
+    };
+    if !volumes.is_empty() {
+        features.push(cloudweb_protocol::features::VOLUMES.to_string());
+    }
+    let mut request = Request {
         cpu: app.cpu.unwrap_or(DEFAULT_CPU),
         mem_bytes: app.memory_bytes.map(|m| m.max(0) as u64).unwrap_or(DEFAULT_MEMORY),
         features,
         avoid: Vec::new(),
+        pin,
     };
     // An app from a git provider clones with credentials made for this
     // deployment (they travel only in the sealed command).
@@ -256,7 +270,22 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
         let nodes = snapshot(state).await?;
         match scheduler::place(&nodes, &request) {
             Placement::Node(node_id) => {
-                let mut payload = deploy_payload(state, app, deployment, instance, build.clone())?;
+                let mut volumes = volumes.clone();
+                if !volumes.is_empty() && request.pin.is_none() {
+                    // The first placement of these volumes: their data
+                    // lives on this node from now on.
+                    volumes = state.store.pin_volumes(&app.name, &node_id).await?;
+                    match crate::volumes::pin_of(&volumes) {
+                        Ok(Some(pin)) if pin.node == node_id => {
+                            tracing::info!(app = %app.name, node_id = %node_id, "the app's volumes are on this node from now on");
+                            request.pin = Some(pin);
+                        }
+                        // Pinned elsewhere meanwhile (an attach, a move):
+                        // the next pass places it with the new pin.
+                        _ => return Ok(()),
+                    }
+                }
+                let mut payload = deploy_payload(state, app, deployment, instance, build.clone(), &volumes)?;
                 if let Some(source) = payload.source.as_mut() {
                     if let Some(clone) = &clone {
                         source.credentials = Some(clone.clone());
@@ -331,6 +360,7 @@ pub fn deploy_payload(
     deployment: &DeploymentRow,
     instance: i64,
     build: Option<BuildSettings>,
+    volumes: &[crate::store::VolumeRow],
 ) -> Result<DeployPayload, ApiError> {
     let env = app_env(state, app)?;
     let source = match &deployment.image {
@@ -376,6 +406,7 @@ pub fn deploy_payload(
             Some(_) => None,
             None => app.build_timeout_s.map(|s| s.clamp(1, i64::from(cloudweb_protocol::deploy::MAX_BUILD_TIMEOUT_SECONDS)) as u32),
         },
+        volumes: crate::volumes::mounts(volumes),
     })
 }
 

@@ -73,11 +73,20 @@ pub(super) async fn start_replacement(
     replaced: i64,
     avoid: &str,
 ) -> Result<Result<(String, i64), String>, ApiError> {
+    // With volumes, only their node will do: a replacement elsewhere would
+    // start with empty data, so the app waits for that node instead.
+    let volumes = state.store.app_volumes(&app.name).await?;
+    let pin = match crate::volumes::pin_of(&volumes) {
+        Ok(pin) => pin,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    let features = if volumes.is_empty() { Vec::new() } else { vec![cloudweb_protocol::features::VOLUMES.to_string()] };
     let request = Request {
         cpu: app.cpu.unwrap_or(DEFAULT_CPU),
         mem_bytes: app.memory_bytes.map(|m| m.max(0) as u64).unwrap_or(DEFAULT_MEMORY),
-        features: Vec::new(),
+        features,
         avoid: vec![avoid.to_string()],
+        pin,
     };
     let target = match scheduler::place(&snapshot(state).await?, &request) {
         Placement::Node(target) => target,
@@ -85,7 +94,7 @@ pub(super) async fn start_replacement(
     };
     let now_ms = state.clock.now_ms();
     let number = state.store.insert_replacement(&deployment.id, replaced, now_ms).await?;
-    let payload = deploy_payload(state, app, deployment, number, None)?;
+    let payload = deploy_payload(state, app, deployment, number, None, &volumes)?;
     super::place_on(state, &deployment.id, &app.name, number, &target, payload).await?;
     Ok(Ok((target, number)))
 }

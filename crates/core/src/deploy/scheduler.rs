@@ -36,7 +36,11 @@ pub struct Request {
     pub features: Vec<String>,
     /// Nodes that must not get it (e.g. the node being drained).
     pub avoid: Vec<String>,
+    /// The only node that may get it: the one holding the app's volumes.
+    pub pin: Option<Pin>,
 }
+
+pub use crate::volumes::Pin;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
@@ -74,6 +78,9 @@ fn fit(node: &NodeSnapshot, request: &Request) -> Option<f64> {
     if node.state != "ready" || node.degraded.is_some() || request.avoid.contains(&node.id) {
         return None;
     }
+    if request.pin.as_ref().is_some_and(|pin| pin.node != node.id) {
+        return None;
+    }
     if !request.features.iter().all(|f| node.features.contains(f)) {
         return None;
     }
@@ -90,6 +97,17 @@ fn fit(node: &NodeSnapshot, request: &Request) -> Option<f64> {
 
 /// Why no node can take the request, node by node.
 fn explain(nodes: &[NodeSnapshot], request: &Request) -> String {
+    if let Some(pin) = &request.pin {
+        // Only that node counts: starting the app anywhere else would
+        // start it with an empty volume.
+        return match nodes.iter().find(|n| n.id == pin.node) {
+            None => format!("volume {} is on node {}, which is no longer registered; restore it from a backup on another node", pin.volume, pin.node),
+            Some(node) if node.state != "ready" => {
+                format!("waiting for node {} ({}), which holds volume {}: {}", node.name, node.id, pin.volume, node.state)
+            }
+            Some(node) => format!("waiting for node {} ({}), which holds volume {}: {}", node.name, node.id, pin.volume, reason(node, request)),
+        };
+    }
     if nodes.is_empty() {
         return "no node has joined the cluster".to_string();
     }
@@ -147,7 +165,7 @@ mod tests {
     }
 
     fn request() -> Request {
-        Request { cpu: 0.5, mem_bytes: 512 << 20, features: vec![], avoid: vec![] }
+        Request { cpu: 0.5, mem_bytes: 512 << 20, features: vec![], avoid: vec![], pin: None }
     }
 
     fn check(nodes: &[NodeSnapshot], request: &Request, expected: Result<&str, &[&str]>) {
@@ -209,5 +227,21 @@ mod tests {
         avoid.avoid = vec!["a".into()];
         check(&[node("a", 0.0, 0), node("b", 3.0, 7)], &avoid, Ok("b"));
         check(&[], &request(), Err(&["no node has joined"]));
+    }
+
+    #[test]
+    fn a_pinned_request_goes_only_to_its_node_and_waits_for_it() {
+        let mut pinned = request();
+        pinned.pin = Some(Pin { node: "b".into(), volume: "uploads".into() });
+        check(&[node("a", 0.0, 0), node("b", 3.0, 0)], &pinned, Ok("b"));
+        let mut gone = node("b", 0.0, 0);
+        gone.state = "unreachable";
+        check(&[node("a", 0.0, 0), gone.clone()], &pinned, Err(&["waiting for node name-b (b), which holds volume uploads: unreachable"]));
+        // Excluded because it is the node being left: still its state.
+        pinned.avoid = vec!["b".into()];
+        check(&[node("a", 0.0, 0), gone], &pinned, Err(&["which holds volume uploads: unreachable"]));
+        pinned.avoid.clear();
+        check(&[node("b", 0.0, 8)], &pinned, Err(&["holds volume uploads: not enough memory"]));
+        check(&[node("a", 0.0, 0)], &pinned, Err(&["volume uploads is on node b, which is no longer registered"]));
     }
 }

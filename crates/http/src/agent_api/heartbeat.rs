@@ -47,6 +47,11 @@ pub async fn heartbeat(
         heartbeat.mesh_endpoint = None;
     }
     let reported_endpoint = heartbeat.mesh_endpoint.clone();
+    // Volumes' sizes are written when they change, not at every beat.
+    let volume_sizes = heartbeat.metrics.as_ref().and_then(|m| m.volumes.clone()).filter(|sizes| {
+        let previous = state.nodes.get(&node_id).and_then(|n| n.metrics).and_then(|m| m.value.volumes);
+        previous.as_ref() != Some(sizes)
+    });
     // The raw body is kept (in memory, per node) so an operator can see
     // exactly what an agent sends.
     state.last_bodies.lock().expect("last bodies lock").insert(node_id.clone(), body_text);
@@ -58,6 +63,10 @@ pub async fn heartbeat(
     state.heartbeats_total.fetch_add(1, Ordering::Relaxed);
     if let Some(endpoint) = reported_endpoint {
         update_endpoint(&state, &node_id, &endpoint).await?;
+    }
+    if let Some(sizes) = volume_sizes {
+        let sizes: Vec<(String, u64)> = sizes.into_iter().map(|v| (v.volume, v.bytes)).collect();
+        state.store.set_volume_sizes(&node_id, &sizes, state.clock.now_ms()).await?;
     }
     Ok(Json(json!({ "node_id": node_id, "state": node_state.as_str() })))
 }

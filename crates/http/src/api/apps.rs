@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -17,6 +17,7 @@ use cloudweb_api_types::apps::{
     AppList, AppPatch, AppView, BuildInput, CertificateList, CertificateStatus, CreateApp, DeployRequest, DeploymentQueued, DomainList,
     DomainsView, EnvPatch, EnvVars, EnvView, RollbackRequest,
 };
+use cloudweb_api_types::volumes::{DeleteAppQuery, VolumesOnDelete};
 use cloudweb_api_types::ErrorBody;
 use serde_json::Value;
 
@@ -165,7 +166,15 @@ pub fn view(state: &AppState, app: &AppRow) -> AppView {
         git_ssh_key: git.ssh_key.is_some(),
         created_at: rfc3339_ms(app.created_at),
         git: None,
+        waiting: waiting_reason(state, &app.name),
     }
+}
+
+/// Why the app could not be moved off a node, if it waits (see
+/// `deploy::moves`).
+fn waiting_reason(state: &AppState, app: &str) -> Option<String> {
+    let waiting = state.waiting.lock().expect("waiting lock");
+    waiting.values().flatten().find(|(name, _)| name == app).map(|(_, reason)| reason.clone())
 }
 
 #[utoipa::path(post, path = "/api/apps", operation_id = "apps_create", tag = "apps", request_body = CreateApp,
@@ -413,17 +422,39 @@ async fn update_settings(state: &AppState, name: &str, patch: AppPatch) -> Resul
 }
 
 /// Deletes an app after queueing a stop for every instance it still runs.
-#[utoipa::path(delete, path = "/api/apps/{name}", operation_id = "apps_delete", tag = "apps", params(("name" = String, Path, description = "The app's name")),
-    responses((status = 204, description = "Deleted"), (status = 404, description = "No such app", body = ErrorBody)))]
-pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
-    load(&state, &name).await?;
-    crate::git::api::app_removed(&state, &name).await;
-    crate::deploy::stop_app(&state, &name).await?;
-    state.store.delete_app(&name).await?;
-    state.runtime_logs.forget(&name);
-    crate::routes::app_changed(&state, &name).await?;
-    tracing::info!(app = %name, "app deleted");
+/// An app with volumes needs `volumes=keep` (they stay, detached, with
+/// their data) or `volumes=delete`.
+#[utoipa::path(delete, path = "/api/apps/{name}", operation_id = "apps_delete", tag = "apps",
+    params(("name" = String, Path, description = "The app's name"),
+        ("volumes" = Option<String>, Query, description = "`keep` or `delete`: what becomes of the app's volumes; required when it has any")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "Invalid query", body = ErrorBody),
+        (status = 404, description = "No such app", body = ErrorBody),
+        (status = 409, description = "The app has volumes and the query does not say what becomes of them", body = ErrorBody),
+    ))]
+pub async fn remove(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    query: Result<Query<DeleteAppQuery>, QueryRejection>,
+) -> Result<StatusCode, ApiError> {
+    let choice = super::volumes::delete_query(query)?;
+    delete_app(&state, &name, choice).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// What `DELETE /api/apps/{name}` does (the dashboard's delete button too).
+pub async fn delete_app(state: &AppState, name: &str, volumes: VolumesOnDelete) -> Result<(), ApiError> {
+    load(state, name).await?;
+    let doomed = super::volumes::before_app_delete(state, name, volumes).await?;
+    crate::git::api::app_removed(state, name).await;
+    crate::deploy::stop_app(state, name).await?;
+    state.store.delete_app(name).await?;
+    state.runtime_logs.forget(name);
+    crate::routes::app_changed(state, name).await?;
+    tracing::info!(app = %name, "app deleted");
+    super::volumes::after_app_delete(state, &doomed).await?;
+    Ok(())
 }
 
 /// Replaces the app's environment. Values are sealed before they are

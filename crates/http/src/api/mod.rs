@@ -17,6 +17,7 @@ pub mod nodes;
 pub mod openapi;
 mod runtime_logs;
 pub mod traffic;
+pub mod volumes;
 
 use std::sync::Arc;
 
@@ -53,6 +54,10 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(apps::set_env, apps::patch_env))
         .routes(routes!(apps::set_domains))
         .routes(routes!(apps::certificates))
+        .routes(routes!(volumes::list))
+        .routes(routes!(volumes::remove))
+        .routes(routes!(volumes::of_app, volumes::attach))
+        .routes(routes!(volumes::detach))
         .routes(routes!(apps::deploy))
         .routes(routes!(apps::rollback))
         .routes(routes!(deployments::of_app))

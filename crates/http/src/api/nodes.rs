@@ -204,6 +204,9 @@ pub async fn enqueue(
         Some(CommandKind::Deploy) => {
             return Err(ApiError::BadRequest("deploy commands are created by deployments, not queued by hand".into()))
         }
+        Some(CommandKind::VolumeDelete) => {
+            return Err(ApiError::BadRequest("volume_delete commands are queued by DELETE /api/volumes/{name}, not by hand".into()))
+        }
         None => return Err(ApiError::BadRequest("type must be \"stop\"".to_string())),
     }
     if state.store.node(&id).await?.is_none() {

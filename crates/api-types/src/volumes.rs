@@ -1,0 +1,67 @@
+//! Persistent volumes: `GET /api/volumes`, `GET|POST /api/apps/{name}/volumes`,
+//! `DELETE /api/apps/{name}/volumes/{volume}` (detach) and
+//! `DELETE /api/volumes/{name}` (delete the data).
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `POST /api/apps/{name}/volumes`: mount a volume in the app, creating it
+/// when the name is new or attaching a detached one with its data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "uploads", "path": "/app/uploads"}))]
+pub struct AttachVolume {
+    /// 1 to 63 lowercase letters, digits or '-'; unique in the cluster.
+    pub name: String,
+    /// Absolute path inside the app's containers.
+    pub path: String,
+}
+
+/// A volume as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct VolumeView {
+    pub name: String,
+    /// `attached` or `detached` (its app was deleted with the volumes kept,
+    /// or it was detached; the data stays until it is deleted by name).
+    pub state: String,
+    /// The app that mounts it, `null` while detached.
+    pub app: Option<String>,
+    /// Where the app mounts it, `null` while detached.
+    pub path: Option<String>,
+    /// The node that holds the data: `null` until the app's first
+    /// placement after the volume was created.
+    pub node_id: Option<String>,
+    pub node_name: Option<String>,
+    /// Size of the data as the node last reported it.
+    pub size_bytes: Option<i64>,
+    pub size_at: Option<String>,
+    pub created_at: String,
+}
+
+/// `GET /api/volumes`, `GET /api/apps/{name}/volumes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct VolumeList {
+    pub volumes: Vec<VolumeView>,
+}
+
+/// `DELETE /api/apps/{name}`'s query: what becomes of the app's volumes.
+/// An app with volumes is deleted only when this says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum VolumesOnDelete {
+    /// Refuse (409, naming the volumes) when the app has any: the default.
+    #[default]
+    Refuse,
+    /// Detach them: they stay, with their data, listed as detached.
+    Keep,
+    /// Delete them and their data with the app.
+    Delete,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteAppQuery {
+    /// `keep` or `delete`; required when the app has volumes.
+    #[serde(default)]
+    pub volumes: VolumesOnDelete,
+}

@@ -1,0 +1,110 @@
+//! Issue 22, volumes, end to end with the real binaries and Docker: an
+//! app's files on a volume outlive blue/green redeploys and the app
+//! itself, a kept volume carries its data into another app, and its data
+//! goes only when the volume is deleted by name.
+
+use std::time::Duration;
+
+use cloudweb_e2e::{start_platform, unique_name, wait_for, AgentNode, Platform, ServerProcess};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+const AGENT_FLAGS: [&str; 6] = ["--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1"];
+
+/// Each container that starts appends its host name (its container id) to
+/// a file on the volume, then serves the volume's files.
+const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\n\
+CMD [\"sh\", \"-c\", \"mkdir -p /data/www && hostname >> /data/www/boots && exec httpd -f -p 8080 -h /data/www\"]\n";
+
+async fn call(server: &ServerProcess, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    server.call(method, path, body).await.unwrap()
+}
+
+async fn deploy_and_run(server: &ServerProcess, agent: &AgentNode, app: &str) -> Value {
+    let (status, body) = call(server, Method::POST, &format!("/api/apps/{app}/deploy"), None).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap().to_string();
+    let settled = wait_for(Duration::from_secs(120), "the deployment to settle", || async {
+        let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        matches!(d["state"].as_str(), Some("running" | "failed")).then_some(d)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()));
+    assert_eq!(settled["state"], "running", "{settled}\nagent log:\n{}", agent.log_text());
+    settled
+}
+
+/// The lines of `boots` as the running instance serves them.
+async fn boots(deployment: &Value) -> Vec<String> {
+    let address = deployment["instances"][0]["address"].as_str().unwrap();
+    let text = reqwest::get(format!("http://{address}/boots")).await.unwrap().text().await.unwrap();
+    text.lines().map(str::to_string).collect()
+}
+
+#[tokio::test]
+async fn files_on_a_volume_outlive_redeploys_and_the_app_and_go_only_when_deleted() {
+    let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "disk", &token, &ca, &[]).unwrap().unwrap();
+    agent.start(&AGENT_FLAGS).unwrap();
+    let node_id = agent.node_id.clone();
+    wait_for(Duration::from_secs(20), "the node to report volumes", || async {
+        let node = server.node(&node_id).await.ok()?;
+        (node["state"] == "ready" && node["features"].as_array()?.iter().any(|f| f == "volumes")).then_some(())
+    })
+    .await
+    .unwrap();
+    git.commit("stateful", &[("Dockerfile", DOCKERFILE)], "keeps files").unwrap();
+    let app = unique_name("files");
+    let volume = unique_name("vol");
+    let (status, body) = call(&server, Method::POST, "/api/apps", Some(json!({"name": app, "repo_url": git.url("stateful"), "port": 8080}))).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = call(&server, Method::POST, &format!("/api/apps/{app}/volumes"), Some(json!({"name": volume, "path": "/data"}))).await;
+    assert_eq!(status, 201, "{body}");
+
+    let first = deploy_and_run(&server, &agent, &app).await;
+    assert_eq!(boots(&first).await.len(), 1, "one container has started");
+    let on_disk = agent.dir.join("volumes").join(&volume).join("www/boots");
+    assert!(on_disk.is_file(), "the data is in the agent's volume directory: {}", on_disk.display());
+
+    // Blue/green: the new container starts while the old one still runs,
+    // both on the same files.
+    let second = deploy_and_run(&server, &agent, &app).await;
+    let lines = boots(&second).await;
+    assert_eq!(lines.len(), 2, "the second container saw the first one's file: {lines:?}");
+    assert_ne!(lines[0], lines[1], "two different containers: {lines:?}");
+    let (_, listed) = call(&server, Method::GET, "/api/volumes", None).await;
+    let row = listed["volumes"].as_array().unwrap().iter().find(|v| v["name"] == volume.as_str()).cloned().unwrap();
+    assert_eq!(row["node_id"], node_id.as_str(), "{row}");
+    assert_eq!(row["app"], app.as_str());
+
+    // The app goes, its volume stays (detached) with its data.
+    let (status, answer) = call(&server, Method::DELETE, &format!("/api/apps/{app}"), None).await;
+    assert_eq!(status, 409, "{answer}");
+    let (status, answer) = call(&server, Method::DELETE, &format!("/api/apps/{app}?volumes=keep"), None).await;
+    assert_eq!(status, 204, "{answer}");
+    let (_, row) = call(&server, Method::GET, "/api/volumes", None).await;
+    assert_eq!(row["volumes"][0]["state"], "detached", "{row}");
+    assert!(on_disk.is_file(), "kept");
+
+    // Another app takes it over, with the data.
+    let heir = unique_name("heir");
+    let (status, body) = call(&server, Method::POST, "/api/apps", Some(json!({"name": heir, "repo_url": git.url("stateful"), "port": 8080}))).await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = call(&server, Method::POST, &format!("/api/apps/{heir}/volumes"), Some(json!({"name": volume, "path": "/data"}))).await;
+    assert_eq!(status, 200, "attached again, not created: {body}");
+    let third = deploy_and_run(&server, &agent, &heir).await;
+    assert_eq!(boots(&third).await.len(), 3, "the heir sees the earlier boots");
+
+    // Attached: not deletable. Deleted with the app: the node removes the
+    // data once the app's containers are gone.
+    let (status, _) = call(&server, Method::DELETE, &format!("/api/volumes/{volume}"), None).await;
+    assert_eq!(status, 409);
+    let (status, answer) = call(&server, Method::DELETE, &format!("/api/apps/{heir}?volumes=delete"), None).await;
+    assert_eq!(status, 204, "{answer}");
+    let volume_dir = agent.dir.join("volumes").join(&volume);
+    wait_for(Duration::from_secs(60), "the node to delete the volume's data", || async { (!volume_dir.exists()).then_some(()) })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()));
+    assert!(agent.log_text().contains("deleted the volume's data on request"), "{}", agent.log_text());
+}
