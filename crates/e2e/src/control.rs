@@ -158,6 +158,20 @@ pub async fn spin(d: std::time::Duration) {
     .await
 }
 
+/// Ready once `condition` holds, checked at every poll of the task (after
+/// the futures a biased `select!` lists before it).
+pub async fn reached(condition: impl Fn() -> bool) {
+    std::future::poll_fn(|cx| {
+        if condition() {
+            std::task::Poll::Ready(())
+        } else {
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
 /// Wraps `future` and polls it only when it asked to be woken (and
 /// first): a wrapper sharing the task (a `select!`) would otherwise poll it
 /// at every wake-up of the others. Counts its polls that ended `Pending`.

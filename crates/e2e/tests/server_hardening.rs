@@ -8,7 +8,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use cloudweb_e2e::control::{spin, Control, Steps};
+use cloudweb_e2e::control::{reached, spin, Control, Steps};
 use cloudweb_e2e::key_and_csr;
 use cloudweb_server::store::IdempotencyClaim;
 use reqwest::Method;
@@ -644,10 +644,16 @@ async fn cancelled_writes_leave_no_transaction_open() {
             let key = format!("cancel-{round}-{i}");
             let write = Steps::new(store.claim_idempotency_key(&key, "digest", 0));
             let pending = write.pending.clone();
+            // Every third write is cut off as soon as it holds its
+            // transaction object (a point that does not depend on how
+            // fast this machine is); the others after a growing time.
+            let at_step = i % 3 == 0;
+            let watched = pending.clone();
             let mid = tokio::select! {
                 biased;
                 _ = write => false,
-                _ = spin(Duration::from_nanos(i * 500)) => pending.load(Ordering::SeqCst) >= 2,
+                _ = spin(Duration::from_nanos(i * 500)), if !at_step => pending.load(Ordering::SeqCst) >= 2,
+                _ = reached(move || watched.load(Ordering::SeqCst) >= 2), if at_step => true,
             };
             if mid {
                 cut += 1;
