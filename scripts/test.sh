@@ -34,6 +34,8 @@ if ! target/debug/cloudweb-agent --version | grep -qx "cloudweb-agent $version";
 fi
 # The local images the Docker tests run (built from host files, never pulled).
 bash scripts/images.sh
+# The managed databases' test images (Debian's packages; scripts/service-images.sh).
+bash scripts/service-images.sh
 
 # The fault suite (crates/e2e/tests/faults.rs) writes one line per case
 # here; the runner hides a passing test's output, so it is printed at the end.

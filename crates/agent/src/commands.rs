@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cloudweb_protocol::{Command, CommandKind, DeployPayload, LogLine, Report, StopPayload, VolumeDeletePayload};
+use cloudweb_protocol::{Command, CommandKind, DeployPayload, LogLine, Report, ServicePayload, ServiceRemovePayload, StopPayload, VolumeDeletePayload};
 use tokio::sync::watch;
 
 use crate::client::ControlPlane;
@@ -68,6 +68,7 @@ struct Lanes {
 
 struct Inner {
     runtime: DockerRuntime,
+    services: crate::services::Services,
     deploy_options: DeployOptions,
     handled_path: PathBuf,
     handled: Mutex<VecDeque<String>>,
@@ -98,7 +99,7 @@ fn instance_of(command: &Command) -> Option<u32> {
 }
 
 impl Executor {
-    pub fn new(runtime: DockerRuntime, data_dir: &Path, deploy_options: DeployOptions) -> Executor {
+    pub fn new(runtime: DockerRuntime, services: crate::services::Services, data_dir: &Path, deploy_options: DeployOptions) -> Executor {
         let handled_path = data_dir.join(HANDLED_FILE);
         let handled = std::fs::read(&handled_path)
             .ok()
@@ -107,6 +108,7 @@ impl Executor {
         Executor {
             inner: Arc::new(Inner {
                 runtime,
+                services,
                 deploy_options,
                 handled_path,
                 handled: Mutex::new(handled),
@@ -347,6 +349,30 @@ impl Inner {
             Some(CommandKind::Stop) => self.stop(client, command).await,
             Some(CommandKind::Deploy) => self.deploy(client, command, cancel).await,
             Some(CommandKind::VolumeDelete) => self.delete_volume(command).await,
+            Some(CommandKind::ServiceRun) => match serde_json::from_value::<ServicePayload>(command.payload.clone()) {
+                Ok(spec) => match self.services.run(spec) {
+                    Ok(()) => Outcome::Handled,
+                    Err(reason) if reason.starts_with("cannot record") => Outcome::Retry(reason),
+                    Err(reason) => {
+                        tracing::error!(command = %command.id, %reason, "invalid service_run payload; dropping the command");
+                        Outcome::Handled
+                    }
+                },
+                Err(err) => {
+                    tracing::error!(command = %command.id, error = %err, "invalid service_run payload; dropping the command");
+                    Outcome::Handled
+                }
+            },
+            Some(CommandKind::ServiceRemove) => match serde_json::from_value::<ServiceRemovePayload>(command.payload.clone()) {
+                Ok(payload) if payload.validate().is_ok() => match self.services.remove(&payload.service).await {
+                    Ok(()) => Outcome::Handled,
+                    Err(reason) => Outcome::Retry(format!("service {}: {reason}", payload.service)),
+                },
+                _ => {
+                    tracing::error!(command = %command.id, "invalid service_remove payload; dropping the command");
+                    Outcome::Handled
+                }
+            },
             None => {
                 // Nothing to report to: an unknown type names no deployment.
                 tracing::error!(command = %command.id, kind = %command.kind, "this agent cannot handle this command type; dropping it");

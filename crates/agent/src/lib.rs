@@ -19,6 +19,7 @@ pub mod redact;
 pub mod renew;
 pub mod run;
 pub mod runtime;
+pub mod services;
 pub mod shutdown;
 pub mod timestamp;
 pub mod usage;

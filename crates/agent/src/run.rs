@@ -110,7 +110,8 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
         Ok(added) => tracing::info!(added, bridge = crate::runtime::BUILD_BRIDGE, "firewall rules keep builds off the host and private networks"),
         Err(err) => tracing::warn!(error = %err, "builds can reach the host's services and private networks"),
     }
-    let executor = Executor::new(runtime.clone(), &options.data_dir, options.deploy.clone());
+    let services = crate::services::Services::new(runtime.clone(), &options.data_dir, options.mesh.as_ref().map(|m| m.mesh_address.to_string()));
+    let executor = Executor::new(runtime.clone(), services.clone(), &options.data_dir, options.deploy.clone());
     let samples = Arc::new(crate::usage::Latest::default());
     let mut tasks = vec![tokio::spawn(crate::renew::renewer(client.clone(), identity.clone(), options.data_dir.clone()))];
     tasks.push(tokio::spawn(crate::usage::sampler(runtime.clone(), options.data_dir.clone(), options.metrics_interval, samples.clone())));
@@ -137,7 +138,8 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     }
     tasks.push(tokio::spawn(crate::logs::run(client.clone(), runtime.clone())));
     tasks.push(tokio::spawn(crate::prune::pruner(client.clone(), runtime.clone(), options.image_prune_interval, options.keep_images)));
-    tasks.push(tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared, samples, health, mesh)));
+    tasks.push(tokio::spawn(services.clone().supervise()));
+    tasks.push(tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared, samples, health, mesh, services)));
     let commands_client = client.clone();
     tasks.push(tokio::spawn(async move {
         let mut leftovers_removed = leftovers_removed;
@@ -288,6 +290,7 @@ async fn heartbeat_loop(
     samples: Arc<crate::usage::Latest>,
     health: Arc<crate::health::Latest>,
     mesh: Arc<crate::mesh::MeshShared>,
+    services: crate::services::Services,
 ) {
     let mut last_traffic = tokio::time::Instant::now();
     loop {
@@ -295,7 +298,11 @@ async fn heartbeat_loop(
         // This agent builds static sites (it ships the static server); it
         // reports traffic only while its ingress actually runs.
         let ingress_active = ingress.active.load(std::sync::atomic::Ordering::Relaxed);
-        let mut features = vec![cloudweb_protocol::features::STATIC_SITES.to_string(), cloudweb_protocol::features::VOLUMES.to_string()];
+        let mut features = vec![
+            cloudweb_protocol::features::STATIC_SITES.to_string(),
+            cloudweb_protocol::features::VOLUMES.to_string(),
+            cloudweb_protocol::features::SERVICES.to_string(),
+        ];
         if ingress_active {
             features.push(cloudweb_protocol::features::TRAFFIC_METRICS.to_string());
         }
@@ -308,7 +315,13 @@ async fn heartbeat_loop(
             features.push(backend.feature().to_string());
             features.push(cloudweb_protocol::features::MESH_RELAY.to_string());
         }
-        heartbeat.health = Some(cloudweb_protocol::Health { registry, mesh: mesh_health, features: Some(features) });
+        let statuses = services.statuses();
+        heartbeat.health = Some(cloudweb_protocol::Health {
+            registry,
+            mesh: mesh_health,
+            features: Some(features),
+            services: (!statuses.is_empty()).then_some(statuses),
+        });
         heartbeat.ingress = ingress.status.lock().expect("status lock").clone();
         // A usage sample goes out once, with the first heartbeat after it
         // was taken; traffic rides along at the same pace.

@@ -19,6 +19,7 @@ pub mod deployments;
 pub mod error;
 pub mod git;
 pub mod nodes;
+pub mod services;
 pub mod traffic;
 pub mod volumes;
 

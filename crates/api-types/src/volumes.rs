@@ -21,9 +21,13 @@ pub struct AttachVolume {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct VolumeView {
     pub name: String,
-    /// `attached` or `detached` (its app was deleted with the volumes kept,
-    /// or it was detached; the data stays until it is deleted by name).
+    /// `attached`, `service` (a managed service's data) or `detached` (its
+    /// app was deleted with the volumes kept, or it was detached; the data
+    /// stays until it is deleted by name).
     pub state: String,
+    /// The managed service whose data it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
     /// The app that mounts it, `null` while detached.
     pub app: Option<String>,
     /// Where the app mounts it, `null` while detached.

@@ -16,6 +16,7 @@ mod login;
 mod logs;
 mod nodes;
 mod render;
+mod services;
 mod volumes;
 
 use std::process::ExitCode;
@@ -27,6 +28,7 @@ use domains::DomainsCommand;
 use env::{env_name, EnvCommand};
 use login::LoginArgs;
 use nodes::NodesCommand;
+use services::ServicesCommand;
 use volumes::VolumesCommand;
 
 /// Why a command did not succeed, and so its exit status.
@@ -94,6 +96,12 @@ enum Command {
     Volumes {
         #[command(subcommand)]
         command: Option<VolumesCommand>,
+    },
+    /// Managed databases (PostgreSQL, Redis/Valkey, MariaDB), reachable
+    /// only over the mesh, and the apps linked to them.
+    Services {
+        #[command(subcommand)]
+        command: Option<ServicesCommand>,
     },
     /// Deploy an app from its branch head or a given commit.
     Deploy {
@@ -187,6 +195,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Apps { command } => apps::run(&api, command.unwrap_or(AppsCommand::List), json).await,
         Command::Env { command } => env::run(&api, command, json).await,
         Command::Domains { command } => domains::run(&api, command, json).await,
+        Command::Services { command } => services::run(&api, command.unwrap_or(ServicesCommand::List), json).await,
         Command::Volumes { command } => volumes::run(&api, command.unwrap_or(VolumesCommand::List { app: None }), json).await,
         Command::Deploy { app, commit, keep_in_flight, follow } => deploy::deploy(&api, &app, commit, keep_in_flight, follow, json).await,
         Command::Rollback { app, to, follow } => deploy::rollback(&api, &app, to, follow, json).await,

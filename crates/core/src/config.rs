@@ -64,6 +64,11 @@ pub struct Config {
     pub auth: crate::auth::AuthSettings,
     /// Which WireGuard endpoints nodes may announce.
     pub mesh_endpoints: crate::mesh_endpoint::EndpointPolicy,
+    /// The images managed services run (`--service-image`); the official
+    /// ones by default.
+    pub service_images: crate::services::ServiceImages,
+    /// Host ports services are published on, per node (`--service-ports`).
+    pub service_ports: std::ops::RangeInclusive<u16>,
 }
 
 impl Config {
@@ -96,6 +101,8 @@ impl Config {
             listener_cert_lifetime: Duration::from_secs(365 * 24 * 3600),
             auth: crate::auth::AuthSettings::default(),
             mesh_endpoints: Default::default(),
+            service_images: Default::default(),
+            service_ports: 20_000..=29_999,
         }
     }
 }

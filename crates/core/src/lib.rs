@@ -36,6 +36,8 @@ pub mod registry_credentials;
 pub mod routes;
 pub mod runtime_logs;
 pub mod secrets;
+pub mod service_links;
+pub mod services;
 pub mod volumes;
 
 pub use cloudweb_store as store;

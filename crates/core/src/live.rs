@@ -582,6 +582,7 @@ mod tests {
                 registry: Some(RegistryHealth { configured: true, reachable: false, error: Some("i/o timeout".into()) }),
                 mesh: None,
                 features: Some(vec!["static-sites".into()]),
+                services: None,
             },
             received: start,
             at_ms: 0,
@@ -638,7 +639,7 @@ mod tests {
         let start = Instant::now();
         let registry = NodeRegistry::default();
         let relay_health = || Stamped {
-            value: Health { registry: None, mesh: None, features: Some(vec![cloudweb_protocol::features::MESH_RELAY.into()]) },
+            value: Health { registry: None, mesh: None, features: Some(vec![cloudweb_protocol::features::MESH_RELAY.into()]), services: None },
             received: start,
             at_ms: 0,
         };

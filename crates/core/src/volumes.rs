@@ -76,6 +76,7 @@ pub async fn attach(state: &AppState, app: &str, name: &str, path: &str) -> Resu
         Err(AttachRefusal::OtherNode(node, other, other_node)) => Err(ApiError::Conflict(format!(
             "volume {name} is on node {node} and app {app}'s volume {other} on node {other_node}; an app's volumes must be on one node"
         ))),
+        Err(AttachRefusal::Service(service)) => Err(ApiError::Conflict(format!("volume {name} holds the data of service {service}"))),
         Err(AttachRefusal::TooMany) => Err(ApiError::Conflict(format!(
             "app {app} mounts {} volumes, the most an app may",
             crate::store::MAX_VOLUMES_PER_APP
@@ -123,6 +124,9 @@ pub async fn delete(state: &AppState, name: &str) -> Result<VolumeRow, ApiError>
             Ok(volume)
         }
         VolumeDeletion::NotFound => Err(ApiError::NotFound(format!("no volume named {name}"))),
+        VolumeDeletion::Service(service) => Err(ApiError::Conflict(format!(
+            "volume {name} holds the data of service {service}; delete the service with its data instead"
+        ))),
         VolumeDeletion::Attached(app) => Err(ApiError::Conflict(format!(
             "volume {name} is attached to app {app}; detach it first, or delete the app with its volumes"
         ))),
@@ -142,6 +146,7 @@ mod tests {
             size_bytes: None,
             size_at: None,
             created_at: 0,
+            service: None,
         }
     }
 

@@ -30,6 +30,11 @@ pub enum CommandKind {
     Stop,
     /// Remove a volume's data ([`crate::volumes::VolumeDeletePayload`]).
     VolumeDelete,
+    /// Run a managed service ([`crate::services::ServicePayload`]).
+    ServiceRun,
+    /// Stop and remove a service's container
+    /// ([`crate::services::ServiceRemovePayload`]); its data stays.
+    ServiceRemove,
 }
 
 impl CommandKind {
@@ -38,6 +43,8 @@ impl CommandKind {
             CommandKind::Deploy => "deploy",
             CommandKind::Stop => "stop",
             CommandKind::VolumeDelete => "volume_delete",
+            CommandKind::ServiceRun => "service_run",
+            CommandKind::ServiceRemove => "service_remove",
         }
     }
 
@@ -46,6 +53,8 @@ impl CommandKind {
             "deploy" => Some(CommandKind::Deploy),
             "stop" => Some(CommandKind::Stop),
             "volume_delete" => Some(CommandKind::VolumeDelete),
+            "service_run" => Some(CommandKind::ServiceRun),
+            "service_remove" => Some(CommandKind::ServiceRemove),
             _ => None,
         }
     }

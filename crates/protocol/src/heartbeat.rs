@@ -53,6 +53,9 @@ pub struct Health {
     pub mesh: Option<MeshHealth>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub features: Option<Vec<String>>,
+    /// The managed services this node runs and how each is doing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services: Option<Vec<crate::services::ServiceStatus>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -171,6 +174,14 @@ impl Heartbeat {
                 }
                 for feature in features {
                     validate::token("health.features", feature, 64)?;
+                }
+            }
+            if let Some(services) = &health.services {
+                if services.len() > crate::services::MAX_STATUSES {
+                    return Err(ValidationError::new("health.services", "too many entries"));
+                }
+                for service in services {
+                    service.validate()?;
                 }
             }
         }

@@ -14,6 +14,7 @@ pub mod logs;
 pub mod misc;
 pub mod renew;
 pub mod repo_ca;
+pub mod services;
 pub mod validate;
 pub mod version;
 pub mod volumes;
@@ -29,6 +30,7 @@ pub use logs::{ContainerLogs, LogUpload, LogUploadResponse, RefusedContainer};
 pub use renew::{RenewRequest, RenewResponse};
 pub use misc::{error_codes, ErrorBody, LeaveConflict, LeaveResponse, LogLine, RegistryConfig, Report, Route, RouteTable};
 pub use validate::ValidationError;
+pub use services::{ServiceKind, ServicePayload, ServiceRemovePayload, ServiceStatus};
 pub use volumes::{VolumeDeletePayload, VolumeMount};
 pub use version::{negotiate, Negotiation, SupportedRange, Upgrade, UpgradeRequired};
 
@@ -90,4 +92,7 @@ pub mod features {
     /// The agent mounts the `volumes` of a deploy command and handles
     /// `volume_delete`; apps with volumes are placed only on such nodes.
     pub const VOLUMES: &str = "volumes";
+    /// The agent runs managed services (`service_run`, `service_remove`)
+    /// and reports them in `health.services`.
+    pub const SERVICES: &str = "services";
 }

@@ -170,6 +170,15 @@ struct ServeArgs {
     /// Extra CA certificate (PEM) for a self-hosted GitLab.
     #[arg(long)]
     gitlab_ca_file: Option<PathBuf>,
+    /// The image a kind of managed service runs, KIND=IMAGE with KIND
+    /// postgres, redis or mariadb (repeatable; for mirrors and air-gapped
+    /// sites). Default: postgres:16, valkey/valkey:8, mariadb:11.
+    #[arg(long = "service-image", value_name = "KIND=IMAGE")]
+    service_image: Vec<String>,
+    /// Host ports managed services are published on, on each node's
+    /// service address (FIRST-LAST).
+    #[arg(long, default_value = "20000-29999", value_name = "FIRST-LAST")]
+    service_ports: String,
     /// Seconds a node's client certificate is valid; agents renew it
     /// through the agent listener at two thirds of that (default 365 days).
     #[arg(long, default_value_t = 365 * 24 * 3600, value_parser = clap::value_parser!(u64).range(30..=10 * 365 * 24 * 3600))]
@@ -335,6 +344,21 @@ fn real_main() -> anyhow::Result<()> {
             _ => None,
         },
         gitlab_ca_file: args.gitlab_ca_file,
+        service_ports: {
+            let (first, last) = args.service_ports.split_once('-').ok_or_else(|| anyhow::anyhow!("--service-ports takes FIRST-LAST"))?;
+            let (first, last): (u16, u16) = (first.parse()?, last.parse()?);
+            if first < 1024 || last < first {
+                anyhow::bail!("--service-ports {first}-{last}: ports from 1024 up, FIRST at most LAST");
+            }
+            first..=last
+        },
+        service_images: {
+            let mut images = cloudweb_server::services::ServiceImages::default();
+            for text in &args.service_image {
+                images.add(text).map_err(anyhow::Error::msg)?;
+            }
+            images
+        },
         registry: match args.registry_bin {
             Some(binary) => {
                 let advertise = args.registry_advertise.unwrap_or_else(|| args.registry_listen.to_string());

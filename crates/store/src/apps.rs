@@ -251,7 +251,9 @@ impl Store {
             .await?;
         sqlx::query("DELETE FROM deployments WHERE app = $1").bind(name).execute(&mut *tx).await?;
         sqlx::query("DELETE FROM app_hosts WHERE app = $1").bind(name).execute(&mut *tx).await?;
-        // Its volumes stay, detached: data goes only on an explicit delete.
+        // Its links go (the services stay); its volumes stay, detached:
+        // data goes only on an explicit delete.
+        sqlx::query("DELETE FROM service_links WHERE app = $1").bind(name).execute(&mut *tx).await?;
         sqlx::query("UPDATE volumes SET app = NULL, mount_path = NULL WHERE app = $1").bind(name).execute(&mut *tx).await?;
         let deleted = sqlx::query("DELETE FROM apps WHERE name = $1").bind(name).execute(&mut *tx).await?;
         tx.commit().await?;

@@ -23,6 +23,7 @@ mod open;
 mod overview;
 mod reports;
 pub mod retention;
+mod services;
 mod routes;
 pub mod steps;
 mod tokens;
@@ -47,6 +48,7 @@ pub use nodes::{
 pub use open::DATABASE_FILE;
 pub use overview::{AppRecentUsage, ClusterUsageBucket};
 pub use tokens::TokenRejection;
+pub use services::{LinkRefusal, ServiceLinkRow, ServiceRefusal, ServiceRow};
 pub use volumes::{AttachRefusal, Attached, VolumeDeletion, VolumeRow, MAX_VOLUMES_PER_APP};
 pub use usage::{AppUsage, AppUsageRow, NodeUsageRow, NodeUsageSample, FINE as USAGE_FINE_SECONDS};
 

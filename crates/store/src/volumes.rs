@@ -19,9 +19,11 @@ pub struct VolumeRow {
     pub size_bytes: Option<i64>,
     pub size_at: Option<i64>,
     pub created_at: i64,
+    /// The managed service whose data this is (then `app` is `None`).
+    pub service: Option<String>,
 }
 
-const VOLUME_COLUMNS: &str = "name, app, mount_path, node_id, size_bytes, size_at, created_at";
+const VOLUME_COLUMNS: &str = "name, app, mount_path, node_id, size_bytes, size_at, created_at, service";
 
 fn volume_from_row(row: &SqliteRow) -> VolumeRow {
     VolumeRow {
@@ -32,6 +34,7 @@ fn volume_from_row(row: &SqliteRow) -> VolumeRow {
         size_bytes: row.get("size_bytes"),
         size_at: row.get("size_at"),
         created_at: row.get("created_at"),
+        service: row.get("service"),
     }
 }
 
@@ -48,6 +51,8 @@ pub enum AttachRefusal {
     OtherNode(String, String, String),
     /// The app has as many volumes as it may.
     TooMany,
+    /// It holds this managed service's data.
+    Service(String),
 }
 
 /// What `attach_volume` did.
@@ -71,6 +76,8 @@ pub enum VolumeDeletion {
     NotFound,
     /// Still attached to this app: detach it first.
     Attached(String),
+    /// The data of this managed service: delete the service first.
+    Service(String),
 }
 
 impl Store {
@@ -121,6 +128,10 @@ impl Store {
         if let Some(owner) = existing.as_ref().and_then(|v| v.app.clone()) {
             tx.rollback().await?;
             return refuse(AttachRefusal::AttachedTo(owner));
+        }
+        if let Some(service) = existing.as_ref().and_then(|v| v.service.clone()) {
+            tx.rollback().await?;
+            return refuse(AttachRefusal::Service(service));
         }
         let mounted: Vec<VolumeRow> = sqlx::query(&format!("SELECT {VOLUME_COLUMNS} FROM volumes WHERE app = $1"))
             .bind(app)
@@ -219,6 +230,10 @@ impl Store {
         if let Some(app) = &volume.app {
             tx.rollback().await?;
             return Ok(VolumeDeletion::Attached(app.clone()));
+        }
+        if let Some(service) = &volume.service {
+            tx.rollback().await?;
+            return Ok(VolumeDeletion::Service(service.clone()));
         }
         sqlx::query("DELETE FROM volumes WHERE name = $1").bind(name).execute(&mut *tx).await?;
         if let Some(command) = command(&volume) {

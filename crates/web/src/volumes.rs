@@ -140,7 +140,7 @@ pub async fn page(ctx: Ctx) -> Response {
                             td { (node_label(&ctx, volume)) }
                             td { (size_label(volume)) }
                             td {
-                                @if volume.app.is_none() {
+                                @if volume.app.is_none() && volume.service.is_none() {
                                     a.danger href=(format!("/volumes/{}/delete", volume.name)) { (ctx.t("volumes.delete")) }
                                 }
                             }

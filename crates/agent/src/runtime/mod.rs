@@ -7,6 +7,7 @@ pub mod cgroup;
 mod containers;
 mod images;
 mod logs;
+mod service_containers;
 mod usage;
 
 use std::collections::HashMap;
@@ -19,6 +20,7 @@ use bollard::Docker;
 pub use containers::{AppContainer, CaddyContainer, ContainerState, OneShot, BUILD_BRIDGE, BUILD_NETWORK};
 pub use images::{is_transient_registry_error, AppImage, RegistryAuth};
 pub use logs::{AppInstance, OutputLine};
+pub use service_containers::{ServiceContainer, LABEL_GENERATION, LABEL_SERVICE};
 pub use usage::{Sample, UsageTracker};
 
 pub const LABEL_NODE: &str = "cloudweb.node";

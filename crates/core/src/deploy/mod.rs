@@ -240,6 +240,14 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
     if !volumes.is_empty() {
         features.push(cloudweb_protocol::features::VOLUMES.to_string());
     }
+    // Linked services' connection URLs (where they run now).
+    let linked = match crate::service_links::link_env(state, &app.name).await? {
+        Ok(env) => env,
+        Err(reason) => {
+            fail(state, deployment, &reason).await?;
+            return Ok(());
+        }
+    };
     let mut request = Request {
         cpu: app.cpu.unwrap_or(DEFAULT_CPU),
         mem_bytes: app.memory_bytes.map(|m| m.max(0) as u64).unwrap_or(DEFAULT_MEMORY),
@@ -286,6 +294,7 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
                     }
                 }
                 let mut payload = deploy_payload(state, app, deployment, instance, build.clone(), &volumes)?;
+                payload.env.extend(linked.clone());
                 if let Some(source) = payload.source.as_mut() {
                     if let Some(clone) = &clone {
                         source.credentials = Some(clone.clone());

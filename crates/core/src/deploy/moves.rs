@@ -88,13 +88,18 @@ pub(super) async fn start_replacement(
         avoid: vec![avoid.to_string()],
         pin,
     };
+    let linked = match crate::service_links::link_env(state, &app.name).await? {
+        Ok(linked) => linked,
+        Err(reason) => return Ok(Err(reason)),
+    };
     let target = match scheduler::place(&snapshot(state).await?, &request) {
         Placement::Node(target) => target,
         Placement::Nowhere(reason) => return Ok(Err(reason)),
     };
     let now_ms = state.clock.now_ms();
     let number = state.store.insert_replacement(&deployment.id, replaced, now_ms).await?;
-    let payload = deploy_payload(state, app, deployment, number, None, &volumes)?;
+    let mut payload = deploy_payload(state, app, deployment, number, None, &volumes)?;
+    payload.env.extend(linked);
     super::place_on(state, &deployment.id, &app.name, number, &target, payload).await?;
     Ok(Ok((target, number)))
 }

@@ -16,6 +16,7 @@ mod metrics;
 pub mod nodes;
 pub mod openapi;
 mod runtime_logs;
+pub mod services;
 pub mod traffic;
 pub mod volumes;
 
@@ -58,6 +59,10 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(volumes::remove))
         .routes(routes!(volumes::of_app, volumes::attach))
         .routes(routes!(volumes::detach))
+        .routes(routes!(services::list, services::create))
+        .routes(routes!(services::show, services::remove))
+        .routes(routes!(services::link))
+        .routes(routes!(services::unlink))
         .routes(routes!(apps::deploy))
         .routes(routes!(apps::rollback))
         .routes(routes!(deployments::of_app))

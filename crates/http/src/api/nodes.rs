@@ -204,8 +204,8 @@ pub async fn enqueue(
         Some(CommandKind::Deploy) => {
             return Err(ApiError::BadRequest("deploy commands are created by deployments, not queued by hand".into()))
         }
-        Some(CommandKind::VolumeDelete) => {
-            return Err(ApiError::BadRequest("volume_delete commands are queued by DELETE /api/volumes/{name}, not by hand".into()))
+        Some(CommandKind::VolumeDelete | CommandKind::ServiceRun | CommandKind::ServiceRemove) => {
+            return Err(ApiError::BadRequest(format!("{} commands are queued by the volumes and services routes, not by hand", request.kind)))
         }
         None => return Err(ApiError::BadRequest("type must be \"stop\"".to_string())),
     }

@@ -47,6 +47,7 @@ pub const PUBLIC_OPERATIONS: &[&str] = &[
     tags(
         (name = "accounts", description = "Login, sessions and personal API tokens"),
         (name = "apps", description = "Apps and their deployments"),
+        (name = "services", description = "Managed databases (PostgreSQL, Redis/Valkey, MariaDB) and the apps linked to them"),
         (name = "volumes", description = "Persistent volumes: mounted in apps, kept on one node, deleted only by name"),
         (name = "deployments", description = "Deployments and their logs"),
         (name = "nodes", description = "Nodes of the cluster"),

@@ -20,7 +20,13 @@ use crate::AppState;
 pub fn view(state: &AppState, volume: &VolumeRow) -> VolumeView {
     VolumeView {
         name: volume.name.clone(),
-        state: if volume.app.is_some() { "attached" } else { "detached" }.to_string(),
+        state: match (&volume.app, &volume.service) {
+            (Some(_), _) => "attached",
+            (None, Some(_)) => "service",
+            (None, None) => "detached",
+        }
+        .to_string(),
+        service: volume.service.clone(),
         app: volume.app.clone(),
         path: volume.mount_path.clone(),
         node_id: volume.node_id.clone(),

@@ -1,0 +1,240 @@
+//! Managed services on this node: the specs the control plane sent
+//! (`service_run`), kept in `<data dir>/services.json` (mode 0600: they
+//! hold credentials) so a restarted agent knows them, and a supervisor
+//! that keeps each one's container at its generation, probes it with the
+//! service's own tool, and publishes each one's state for the heartbeat.
+//!
+//! A service listens only on this node's service address: its mesh
+//! address, or with the mesh off the Docker bridge's gateway (reachable by
+//! this host and its containers, not by the LAN or the internet).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cloudweb_protocol::{ServicePayload, ServiceStatus, VolumeMount};
+use tokio::sync::Notify;
+
+use crate::files::write_private;
+use crate::runtime::DockerRuntime;
+
+pub const SPECS_FILE: &str = "services.json";
+
+/// How often each service is checked.
+const CHECK_EVERY: Duration = Duration::from_secs(2);
+/// How long a probe may take.
+const PROBE_LIMIT: Duration = Duration::from_secs(5);
+
+struct Inner {
+    runtime: DockerRuntime,
+    data_dir: PathBuf,
+    /// The mesh address when the mesh runs; else the bridge's gateway,
+    /// looked up when needed.
+    service_ip: Option<String>,
+    specs: Mutex<BTreeMap<String, ServicePayload>>,
+    /// Per service: its status, and whether it was ever healthy in this
+    /// container.
+    statuses: Mutex<BTreeMap<String, (ServiceStatus, bool)>>,
+    wake: Notify,
+}
+
+#[derive(Clone)]
+pub struct Services {
+    inner: Arc<Inner>,
+}
+
+fn load(path: &Path) -> BTreeMap<String, ServicePayload> {
+    std::fs::read(path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Vec<ServicePayload>>(&bytes).ok())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|spec| spec.validate().is_ok())
+        .map(|spec| (spec.service.clone(), spec))
+        .collect()
+}
+
+impl Services {
+    pub fn new(runtime: DockerRuntime, data_dir: &Path, service_ip: Option<String>) -> Services {
+        let specs = load(&data_dir.join(SPECS_FILE));
+        Services {
+            inner: Arc::new(Inner {
+                runtime,
+                data_dir: data_dir.to_path_buf(),
+                service_ip,
+                specs: Mutex::new(specs),
+                statuses: Mutex::new(BTreeMap::new()),
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    fn save(&self, specs: &BTreeMap<String, ServicePayload>) -> Result<(), String> {
+        let list: Vec<&ServicePayload> = specs.values().collect();
+        let bytes = serde_json::to_vec(&list).expect("specs serialize");
+        write_private(&self.inner.data_dir.join(SPECS_FILE), &bytes).map_err(|e| format!("cannot record the service: {e}"))
+    }
+
+    /// Takes a `service_run`: recorded, then the supervisor makes it so.
+    pub fn run(&self, spec: ServicePayload) -> Result<(), String> {
+        spec.validate().map_err(|e| e.to_string())?;
+        let mut specs = self.inner.specs.lock().expect("specs lock");
+        if specs.get(&spec.service).is_some_and(|known| known.generation > spec.generation) {
+            tracing::info!(service = %spec.service, "an older generation of the service arrived late; kept the newer one");
+            return Ok(());
+        }
+        let mut next = specs.clone();
+        next.insert(spec.service.clone(), spec.clone());
+        self.save(&next)?;
+        *specs = next;
+        drop(specs);
+        tracing::info!(service = %spec.service, kind = spec.kind.as_str(), generation = spec.generation, "service to run");
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
+    /// Takes a `service_remove`: forgotten, its container removed (its
+    /// data stays in its volume's directory).
+    pub async fn remove(&self, service: &str) -> Result<(), String> {
+        {
+            let mut specs = self.inner.specs.lock().expect("specs lock");
+            let mut next = specs.clone();
+            if next.remove(service).is_some() {
+                self.save(&next)?;
+                *specs = next;
+            }
+        }
+        self.inner.statuses.lock().expect("statuses lock").remove(service);
+        match self.inner.runtime.remove_service(service).await {
+            Ok(removed) => {
+                tracing::info!(service, removed, "service removed; its data stays");
+                Ok(())
+            }
+            Err(err) => Err(err.to_string()),
+        }
+    }
+
+    /// What the heartbeat reports.
+    pub fn statuses(&self) -> Vec<ServiceStatus> {
+        self.inner.statuses.lock().expect("statuses lock").values().map(|(s, _)| s.clone()).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.specs.lock().expect("specs lock").is_empty()
+    }
+
+    /// Keeps every service running until the task is aborted.
+    pub async fn supervise(self) {
+        loop {
+            let specs: Vec<ServicePayload> = self.inner.specs.lock().expect("specs lock").values().cloned().collect();
+            for spec in specs {
+                let status = self.check(&spec).await;
+                let mut statuses = self.inner.statuses.lock().expect("statuses lock");
+                // Removed meanwhile: not reported again.
+                if !self.inner.specs.lock().expect("specs lock").contains_key(&spec.service) {
+                    statuses.remove(&spec.service);
+                    continue;
+                }
+                let was_healthy = statuses.get(&spec.service).is_some_and(|(s, healthy)| *healthy && s.generation == status.generation);
+                let healthy_now = status.state == "healthy";
+                let status = if status.state == "unhealthy" && !was_healthy { ServiceStatus { state: "starting".into(), ..status } } else { status };
+                if statuses.get(&spec.service).map(|(s, _)| s.state.as_str()) != Some(status.state.as_str()) {
+                    tracing::info!(service = %spec.service, state = %status.state, detail = ?status.detail, "service state");
+                }
+                statuses.insert(spec.service.clone(), (status, was_healthy || healthy_now));
+            }
+            tokio::select! {
+                () = tokio::time::sleep(CHECK_EVERY) => {}
+                () = self.inner.wake.notified() => {}
+            }
+        }
+    }
+
+    async fn service_ip(&self) -> Result<String, String> {
+        match &self.inner.service_ip {
+            Some(ip) => Ok(ip.clone()),
+            None => match self.inner.runtime.bridge_gateway().await {
+                Ok(Some(ip)) => Ok(ip),
+                Ok(None) => Err("Docker's bridge network has no IPv4 gateway to publish services on".into()),
+                Err(err) => Err(err.to_string()),
+            },
+        }
+    }
+
+    /// One look at a service: (re)create its container when it is missing
+    /// or of another generation, else probe it.
+    async fn check(&self, spec: &ServicePayload) -> ServiceStatus {
+        let mut status = ServiceStatus { service: spec.service.clone(), generation: spec.generation, state: "starting".into(), address: None, detail: None, restarts: 0 };
+        let ip = match self.service_ip().await {
+            Ok(ip) => ip,
+            Err(detail) => {
+                status.state = "failed".into();
+                status.detail = Some(detail);
+                return status;
+            }
+        };
+        status.address = Some(format!("{ip}:{}", spec.host_port));
+        let container = match self.inner.runtime.service_container(&spec.service).await {
+            Ok(container) => container,
+            Err(err) => {
+                status.state = "failed".into();
+                status.detail = Some(cloudweb_protocol::misc::one_line(&err.to_string(), 500));
+                return status;
+            }
+        };
+        match container {
+            Some(c) if c.generation == spec.generation && c.running => {
+                status.restarts = c.restart_count;
+                match self.inner.runtime.probe_service(&spec.service, &spec.health, PROBE_LIMIT).await {
+                    Ok(true) => status.state = "healthy".into(),
+                    Ok(false) => {
+                        status.state = "unhealthy".into();
+                        status.detail = Some(format!("{} did not answer", spec.health.first().map(String::as_str).unwrap_or("the probe")));
+                    }
+                    Err(err) => {
+                        status.state = "unhealthy".into();
+                        status.detail = Some(cloudweb_protocol::misc::one_line(&err.to_string(), 500));
+                    }
+                }
+            }
+            Some(c) if c.generation == spec.generation && c.restarting => {
+                status.restarts = c.restart_count;
+                status.state = "restarting".into();
+                status.detail = Some(format!("exited with code {}; Docker restarts it", c.exit_code.unwrap_or(0)));
+            }
+            other => {
+                // Missing, stopped for good, or another generation: a new
+                // container on the same data.
+                if let Some(old) = &other {
+                    tracing::info!(service = %spec.service, generation = old.generation, running = old.running, "replacing the service's container");
+                    if let Err(err) = self.inner.runtime.remove_service(&spec.service).await {
+                        status.state = "failed".into();
+                        status.detail = Some(cloudweb_protocol::misc::one_line(&err.to_string(), 500));
+                        return status;
+                    }
+                }
+                let mount = [VolumeMount { name: spec.volume.clone(), path: spec.kind.data_path().to_string() }];
+                let dir = match crate::volumes::prepare(&self.inner.data_dir, &mount) {
+                    Ok(binds) => binds.into_iter().next().map(|(dir, _)| dir).unwrap_or_default(),
+                    Err(detail) => {
+                        status.state = "failed".into();
+                        status.detail = Some(detail);
+                        return status;
+                    }
+                };
+                match self.inner.runtime.start_service(spec, &ip, &dir).await {
+                    Ok(id) => tracing::info!(service = %spec.service, container = %id, address = ?status.address, "service container started"),
+                    Err(err) => {
+                        // Left half made (created, not started): removed
+                        // so the next look starts over.
+                        let _ = self.inner.runtime.remove_service(&spec.service).await;
+                        status.state = "failed".into();
+                        status.detail = Some(cloudweb_protocol::misc::one_line(&err.to_string(), 500));
+                    }
+                }
+            }
+        }
+        status
+    }
+}

@@ -1,0 +1,97 @@
+//! Managed services: `GET|POST /api/services`, `GET|DELETE
+//! /api/services/{name}`, `POST /api/services/{name}/links` and `DELETE
+//! /api/services/{name}/links/{app}`.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+pub use cloudweb_protocol::ServiceKind;
+
+/// `POST /api/services`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "db", "type": "postgres", "version": "16", "memory": 1073741824}))]
+pub struct CreateService {
+    /// 1 to 63 lowercase letters, digits or '-'.
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: ServiceKind,
+    /// The image's tag when the cluster runs the official images (digits
+    /// and dots); the operator's `--service-image` is used as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// A node's id or name; the scheduler's choice when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Memory limit in bytes (64 MiB to 1 TiB); none when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<u64>,
+}
+
+/// A service as the API shows it (never its password).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ServiceView {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub version: Option<String>,
+    pub image: String,
+    pub node_id: String,
+    pub node_name: Option<String>,
+    /// `pending` until its node reports it, then the node's word:
+    /// `starting`, `healthy`, `restarting`, `unhealthy`, `failed`;
+    /// `unknown` while the node is silent.
+    pub state: String,
+    pub detail: Option<String>,
+    /// Where linked apps connect (the node's service address).
+    pub address: Option<String>,
+    pub restarts: u64,
+    /// The volume holding its data.
+    pub volume: String,
+    pub memory: Option<i64>,
+    pub links: Vec<LinkView>,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LinkView {
+    pub app: String,
+    /// The variable the app gets.
+    pub variable: String,
+}
+
+/// `GET /api/services`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ServiceList {
+    pub services: Vec<ServiceView>,
+}
+
+/// `POST /api/services/{name}/links`: from the app's next deploy on, it
+/// gets the service's connection URL in `variable` (`DATABASE_URL` for
+/// PostgreSQL and MariaDB, `REDIS_URL` for Redis, when absent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"app": "web"}))]
+pub struct CreateLink {
+    pub app: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variable: Option<String>,
+}
+
+/// `DELETE /api/services/{name}`'s query.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteServiceQuery {
+    /// `keep` (the default: its volume stays, detached, with the data) or
+    /// `delete`.
+    #[serde(default)]
+    pub data: DataOnDelete,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DataOnDelete {
+    #[default]
+    Keep,
+    Delete,
+}

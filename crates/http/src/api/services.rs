@@ -1,0 +1,140 @@
+//! Managed services: create, list, inspect and delete them, and link apps
+//! to them. Passwords never leave the control plane through these routes:
+//! a linked app gets its connection URL in its environment at deploy.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use cloudweb_api_types::services::{CreateLink, CreateService, DataOnDelete, DeleteServiceQuery, LinkView, ServiceList, ServiceView};
+use cloudweb_api_types::ErrorBody;
+
+use crate::clock::rfc3339_ms;
+use crate::error::{body_bytes, parse_json, ApiError};
+use crate::services::NewService;
+use crate::store::ServiceRow;
+use crate::AppState;
+
+async fn view(state: &AppState, service: &ServiceRow) -> Result<ServiceView, ApiError> {
+    let node = state.nodes.get(&service.node_id);
+    let status = crate::services::status(state, service);
+    let silent = node
+        .as_ref()
+        .is_none_or(|n| n.state(tokio::time::Instant::now(), state.config.unreachable_after) == crate::live::NodeState::Unreachable);
+    let (state_word, detail) = match (&status, silent) {
+        (_, true) => ("unknown".to_string(), Some("its node is not reachable".to_string())),
+        (Some(s), false) if s.generation == service.generation.max(0) as u64 => (s.state.clone(), s.detail.clone()),
+        _ => ("pending".to_string(), None),
+    };
+    let links = state.store.service_links(&service.name).await?;
+    Ok(ServiceView {
+        name: service.name.clone(),
+        kind: service.kind.clone(),
+        version: service.version.clone(),
+        image: service.image.clone(),
+        node_id: service.node_id.clone(),
+        node_name: node.map(|n| n.name.clone()),
+        state: state_word,
+        detail,
+        address: status.as_ref().and_then(|s| s.address.clone()),
+        restarts: status.as_ref().map_or(0, |s| s.restarts),
+        volume: service.volume.clone(),
+        memory: service.memory_bytes,
+        links: links.into_iter().map(|l| LinkView { app: l.app, variable: l.variable }).collect(),
+        created_at: rfc3339_ms(service.created_at),
+    })
+}
+
+async fn load(state: &AppState, name: &str) -> Result<ServiceRow, ApiError> {
+    state.store.service(name).await?.ok_or_else(|| ApiError::NotFound(format!("no service named {name}")))
+}
+
+#[utoipa::path(get, path = "/api/services", operation_id = "services_list", tag = "services",
+    responses((status = 200, description = "Every managed service", body = ServiceList)))]
+pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<ServiceList>, ApiError> {
+    let mut services = Vec::new();
+    for row in state.store.services().await? {
+        services.push(view(&state, &row).await?);
+    }
+    Ok(Json(ServiceList { services }))
+}
+
+#[utoipa::path(post, path = "/api/services", operation_id = "services_create", tag = "services", request_body = CreateService,
+    responses(
+        (status = 201, description = "Created; its node starts it (state `pending`, then `starting`, then `healthy`)", body = ServiceView),
+        (status = 400, description = "Invalid name, type, version or memory", body = ErrorBody),
+        (status = 404, description = "No such node", body = ErrorBody),
+        (status = 409, description = "The name is taken, or no node can take it (the scheduler's reasons)", body = ErrorBody),
+    ))]
+pub async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<ServiceView>), ApiError> {
+    let request: CreateService = parse_json(&body_bytes(body)?)?;
+    let row = crate::services::create(
+        &state,
+        NewService { name: request.name, kind: request.kind, version: request.version, node: request.node, memory_bytes: request.memory },
+    )
+    .await?;
+    Ok((StatusCode::CREATED, Json(view(&state, &row).await?)))
+}
+
+#[utoipa::path(get, path = "/api/services/{name}", operation_id = "services_show", tag = "services",
+    params(("name" = String, Path, description = "The service's name")),
+    responses((status = 200, description = "The service", body = ServiceView), (status = 404, description = "No such service", body = ErrorBody)))]
+pub async fn show(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<ServiceView>, ApiError> {
+    let row = load(&state, &name).await?;
+    Ok(Json(view(&state, &row).await?))
+}
+
+/// Deletes a service: its container goes; its data stays in its volume
+/// (detached) unless `data=delete`.
+#[utoipa::path(delete, path = "/api/services/{name}", operation_id = "services_delete", tag = "services",
+    params(("name" = String, Path, description = "The service's name"),
+        ("data" = Option<String>, Query, description = "`keep` (default: its volume stays, detached) or `delete`")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "Invalid query", body = ErrorBody),
+        (status = 404, description = "No such service", body = ErrorBody),
+        (status = 409, description = "Apps are still linked to it", body = ErrorBody),
+    ))]
+pub async fn remove(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    query: Result<Query<DeleteServiceQuery>, QueryRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(format!("invalid query: {}; data= takes keep or delete", e.body_text())))?;
+    load(&state, &name).await?;
+    let links = state.store.service_links(&name).await?;
+    if !links.is_empty() {
+        let apps: Vec<&str> = links.iter().map(|l| l.app.as_str()).collect();
+        return Err(ApiError::Conflict(format!("apps are linked to service {name} ({}); unlink them first", apps.join(", "))));
+    }
+    let deleted = crate::services::delete(&state, &name).await?;
+    if query.data == DataOnDelete::Delete {
+        crate::volumes::delete(&state, &deleted.volume).await?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/api/services/{name}/links", operation_id = "services_link", tag = "services",
+    params(("name" = String, Path, description = "The service's name")), request_body = CreateLink,
+    responses(
+        (status = 200, description = "Linked: the app's next deploy gets the variable", body = LinkView),
+        (status = 400, description = "Invalid variable name", body = ErrorBody),
+        (status = 404, description = "No such service or app", body = ErrorBody),
+        (status = 409, description = "The app gets that variable from another service", body = ErrorBody),
+    ))]
+pub async fn link(State(state): State<Arc<AppState>>, Path(name): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Json<LinkView>, ApiError> {
+    let request: CreateLink = parse_json(&body_bytes(body)?)?;
+    let link = crate::services::link(&state, &name, &request.app, request.variable.as_deref()).await?;
+    Ok(Json(LinkView { app: link.app, variable: link.variable }))
+}
+
+#[utoipa::path(delete, path = "/api/services/{name}/links/{app}", operation_id = "services_unlink", tag = "services",
+    params(("name" = String, Path, description = "The service's name"), ("app" = String, Path, description = "The app's name")),
+    responses((status = 204, description = "Unlinked from the app's next deploy on"), (status = 404, description = "Not linked", body = ErrorBody)))]
+pub async fn unlink(State(state): State<Arc<AppState>>, Path((name, app)): Path<(String, String)>) -> Result<StatusCode, ApiError> {
+    crate::services::unlink(&state, &name, &app).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,231 @@
+//! Managed services and the apps linked to them. A service's credentials
+//! arrive sealed; its data is a volume row marked with the service, made
+//! in the same transaction as the service and kept when it is deleted
+//! unless the caller deletes the volume by name afterwards.
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::Row;
+
+use super::commands::insert_command;
+use super::{NewCommand, Store, StoreError};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceRow {
+    pub name: String,
+    /// `postgres`, `redis` or `mariadb`.
+    pub kind: String,
+    pub version: Option<String>,
+    pub image: String,
+    pub node_id: String,
+    pub host_port: i64,
+    pub memory_bytes: Option<i64>,
+    /// The volume holding its data.
+    pub volume: String,
+    /// The sealed credentials.
+    pub secret_sealed: String,
+    pub generation: i64,
+    pub created_at: i64,
+}
+
+const SERVICE_COLUMNS: &str = "name, kind, version, image, node_id, host_port, memory_bytes, volume, secret_sealed, generation, created_at";
+
+fn service_from_row(row: &SqliteRow) -> ServiceRow {
+    ServiceRow {
+        name: row.get("name"),
+        kind: row.get("kind"),
+        version: row.get("version"),
+        image: row.get("image"),
+        node_id: row.get("node_id"),
+        host_port: row.get("host_port"),
+        memory_bytes: row.get("memory_bytes"),
+        volume: row.get("volume"),
+        secret_sealed: row.get("secret_sealed"),
+        generation: row.get("generation"),
+        created_at: row.get("created_at"),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceLinkRow {
+    pub service: String,
+    pub app: String,
+    pub variable: String,
+    pub created_at: i64,
+}
+
+fn link_from_row(row: &SqliteRow) -> ServiceLinkRow {
+    ServiceLinkRow { service: row.get("service"), app: row.get("app"), variable: row.get("variable"), created_at: row.get("created_at") }
+}
+
+/// Why a service could not be created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServiceRefusal {
+    NameTaken,
+    /// A volume of that name exists already.
+    VolumeTaken,
+    /// Every port of the service range is taken on that node.
+    NoPort,
+}
+
+/// Why a link could not be made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkRefusal {
+    NoSuchService,
+    NoSuchApp,
+    /// The app has this variable from another service already.
+    VariableTaken(String),
+}
+
+impl Store {
+    pub async fn services(&self) -> Result<Vec<ServiceRow>, StoreError> {
+        let rows = sqlx::query(&format!("SELECT {SERVICE_COLUMNS} FROM services ORDER BY name")).fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(service_from_row).collect())
+    }
+
+    pub async fn service(&self, name: &str) -> Result<Option<ServiceRow>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {SERVICE_COLUMNS} FROM services WHERE name = $1")).bind(name).fetch_optional(&self.pool).await?;
+        Ok(row.as_ref().map(service_from_row))
+    }
+
+    /// Creates the service, its data volume (on the same node) and the
+    /// node's `service_run` command in one transaction. The host port is
+    /// the node's lowest free one in the service range; `command` gets it.
+    pub async fn insert_service(
+        &self,
+        service: &ServiceRow,
+        ports: std::ops::RangeInclusive<u16>,
+        command: impl FnOnce(i64) -> NewCommand,
+        now_ms: i64,
+    ) -> Result<Result<ServiceRow, ServiceRefusal>, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        if sqlx::query("SELECT 1 FROM services WHERE name = $1").bind(&service.name).fetch_optional(&mut *tx).await?.is_some() {
+            tx.rollback().await?;
+            return Ok(Err(ServiceRefusal::NameTaken));
+        }
+        if sqlx::query("SELECT 1 FROM volumes WHERE name = $1").bind(&service.volume).fetch_optional(&mut *tx).await?.is_some() {
+            tx.rollback().await?;
+            return Ok(Err(ServiceRefusal::VolumeTaken));
+        }
+        let used: Vec<i64> = sqlx::query("SELECT host_port FROM services WHERE node_id = $1 ORDER BY host_port")
+            .bind(&service.node_id)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| r.get("host_port"))
+            .collect();
+        let Some(port) = ports.map(i64::from).find(|p| !used.contains(p)) else {
+            tx.rollback().await?;
+            return Ok(Err(ServiceRefusal::NoPort));
+        };
+        let row = sqlx::query(&format!(
+            "INSERT INTO services ({SERVICE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING {SERVICE_COLUMNS}"
+        ))
+        .bind(&service.name)
+        .bind(&service.kind)
+        .bind(&service.version)
+        .bind(&service.image)
+        .bind(&service.node_id)
+        .bind(port)
+        .bind(service.memory_bytes)
+        .bind(&service.volume)
+        .bind(&service.secret_sealed)
+        .bind(service.generation)
+        .bind(service.created_at)
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query("INSERT INTO volumes (name, node_id, service, created_at) VALUES ($1, $2, $3, $4)")
+            .bind(&service.volume)
+            .bind(&service.node_id)
+            .bind(&service.name)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+        insert_command(&mut tx, &command(port), now_ms).await?;
+        tx.commit().await?;
+        self.count_commit().await;
+        Ok(Ok(service_from_row(&row)))
+    }
+
+    /// Deletes the service and its links, queues the node's
+    /// `service_remove`, and leaves its volume detached (with its data).
+    /// Returns the deleted row.
+    pub async fn delete_service(&self, name: &str, command: impl FnOnce(&ServiceRow) -> NewCommand, now_ms: i64) -> Result<Option<ServiceRow>, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        let Some(service) = sqlx::query(&format!("SELECT {SERVICE_COLUMNS} FROM services WHERE name = $1"))
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?
+            .as_ref()
+            .map(service_from_row)
+        else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        sqlx::query("DELETE FROM service_links WHERE service = $1").bind(name).execute(&mut *tx).await?;
+        sqlx::query("DELETE FROM services WHERE name = $1").bind(name).execute(&mut *tx).await?;
+        sqlx::query("UPDATE volumes SET service = NULL WHERE name = $1").bind(&service.volume).execute(&mut *tx).await?;
+        insert_command(&mut tx, &command(&service), now_ms).await?;
+        tx.commit().await?;
+        self.count_commit().await;
+        Ok(Some(service))
+    }
+
+    pub async fn service_links(&self, service: &str) -> Result<Vec<ServiceLinkRow>, StoreError> {
+        let rows = sqlx::query("SELECT service, app, variable, created_at FROM service_links WHERE service = $1 ORDER BY app")
+            .bind(service)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(link_from_row).collect())
+    }
+
+    pub async fn app_links(&self, app: &str) -> Result<Vec<ServiceLinkRow>, StoreError> {
+        let rows = sqlx::query("SELECT service, app, variable, created_at FROM service_links WHERE app = $1 ORDER BY variable")
+            .bind(app)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(link_from_row).collect())
+    }
+
+    /// Links (or relinks under another variable) an app to a service.
+    pub async fn link_service(&self, service: &str, app: &str, variable: &str, now_ms: i64) -> Result<Result<ServiceLinkRow, LinkRefusal>, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        if sqlx::query("SELECT 1 FROM services WHERE name = $1").bind(service).fetch_optional(&mut *tx).await?.is_none() {
+            tx.rollback().await?;
+            return Ok(Err(LinkRefusal::NoSuchService));
+        }
+        if sqlx::query("SELECT 1 FROM apps WHERE name = $1").bind(app).fetch_optional(&mut *tx).await?.is_none() {
+            tx.rollback().await?;
+            return Ok(Err(LinkRefusal::NoSuchApp));
+        }
+        let holder: Option<String> = sqlx::query("SELECT service FROM service_links WHERE app = $1 AND variable = $2 AND service <> $3")
+            .bind(app)
+            .bind(variable)
+            .bind(service)
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|r| r.get("service"));
+        if let Some(holder) = holder {
+            tx.rollback().await?;
+            return Ok(Err(LinkRefusal::VariableTaken(holder)));
+        }
+        let row = sqlx::query(
+            "INSERT INTO service_links (service, app, variable, created_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (service, app) DO UPDATE SET variable = excluded.variable RETURNING service, app, variable, created_at",
+        )
+        .bind(service)
+        .bind(app)
+        .bind(variable)
+        .bind(now_ms)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.count_commit().await;
+        Ok(Ok(link_from_row(&row)))
+    }
+
+    pub async fn unlink_service(&self, service: &str, app: &str) -> Result<bool, StoreError> {
+        let result = sqlx::query("DELETE FROM service_links WHERE service = $1 AND app = $2").bind(service).bind(app).execute(&self.pool).await?;
+        self.count_commit().await;
+        Ok(result.rows_affected() == 1)
+    }
+}
