@@ -102,12 +102,38 @@ pub struct CreateApp {
     /// Goes with `git_username`; stored sealed, never returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_password: Option<String>,
+    /// `blue-green` (default) or `recreate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
     /// The app's own ssh private key, for ssh:// and scp-like URLs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_ssh_key: Option<String>,
     /// `known_hosts` lines of the git host (as `ssh-keyscan` prints them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_known_hosts: Option<String>,
+}
+
+/// How a deploy replaces the app's instances.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rollout {
+    /// The new instance starts beside the old one, which stops once the
+    /// new one is healthy (no downtime): the default.
+    #[default]
+    BlueGreen,
+    /// The old instances stop first, then the new one starts (downtime,
+    /// measured in the deployment's log): for apps that cannot share their
+    /// files with a second copy of themselves.
+    Recreate,
+}
+
+impl Rollout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rollout::BlueGreen => "blue-green",
+            Rollout::Recreate => "recreate",
+        }
+    }
 }
 
 /// `PATCH /api/apps/{name}`: the settings a user may change after
@@ -141,6 +167,8 @@ pub struct AppPatch {
     #[serde(default, deserialize_with = "crate::present", skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<u32>)]
     pub build_timeout_seconds: Option<Option<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
 }
 
 /// The link between an app and its git provider (absent for an app with
@@ -197,6 +225,8 @@ pub struct AppView {
     pub health_path: String,
     pub health_timeout_seconds: i64,
     pub build_timeout_seconds: i64,
+    /// `blue-green` or `recreate`.
+    pub rollout: String,
     /// Names only: values never leave the control plane through the API.
     pub env: Vec<String>,
     /// Whether a git user name and password are stored.

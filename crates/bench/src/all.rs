@@ -68,6 +68,7 @@ const STEPS: &[Step] = &[
     step("agent", &["--containers", "1,50"], 100),
     step("acme", &["--ingress-nodes", "2", "--runs", "2", "--timeout-seconds", "30"], 60),
     step("deploy", &["--runs", "1", "--settle-timeout-seconds", "60"], 90),
+    step("services", &["--runs", "2"], 90),
     step("webhook", &["--runs", "2", "--settle-timeout-seconds", "60"], 90),
     step(
         "ingress",

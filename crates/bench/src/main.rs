@@ -28,6 +28,7 @@ mod process;
 mod procstat;
 mod scheduler;
 mod server;
+mod services;
 mod simulate;
 mod stats;
 mod target;
@@ -92,6 +93,10 @@ enum Commands {
     /// test CA) through the control plane, with N ingress nodes: median
     /// and p90 over the runs, and the ACME orders per host.
     Acme(acme::Args),
+    /// Time from creating a managed PostgreSQL or Redis to it accepting
+    /// connections, against `docker run` of the same image with the same
+    /// readiness probe (local images from scripts/service-images.sh).
+    Services(services::Args),
     /// Every command above, one after the other, each in its own process
     /// and bounded in time, then a table of every target's verdict; exits
     /// non-zero if a target is NOT met or a command failed. `--quick` runs
@@ -121,6 +126,7 @@ fn main() -> std::process::ExitCode {
             Commands::Dashboard(args) => interruptible(dashboard::run(args)).await,
             Commands::Mesh(args) => interruptible(mesh::run(args)).await,
             Commands::Acme(args) => interruptible(acme::run(args)).await,
+            Commands::Services(args) => interruptible(services::run(args)).await,
             Commands::All(_) => unreachable!("handled above"),
         }
     });

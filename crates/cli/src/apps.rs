@@ -3,7 +3,7 @@
 use std::io::{BufRead, IsTerminal};
 
 use clap::{Args, Subcommand};
-use cloudweb_api_types::apps::{AppList, AppPatch, AppView, BuildInput, CreateApp};
+use cloudweb_api_types::apps::{AppList, AppPatch, AppView, BuildInput, CreateApp, Rollout};
 use cloudweb_protocol::{Spa, Strategy};
 use reqwest::Method;
 use serde_json::json;
@@ -86,6 +86,10 @@ pub struct RunArgs {
     health_timeout: Option<u32>,
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=7200))]
     build_timeout: Option<u32>,
+    /// How a deploy replaces the instances: blue-green (the new one starts
+    /// beside the old one) or recreate (the old ones stop first).
+    #[arg(long, value_parser = ["blue-green", "recreate"])]
+    rollout: Option<String>,
     /// Static site: install command (with `apps set`, the build flags
     /// given replace the earlier build settings as a whole).
     #[arg(long)]
@@ -108,6 +112,15 @@ fn strategy(name: &str) -> Strategy {
         "static" => Strategy::Static,
         "buildpacks" => Strategy::Buildpacks,
         _ => Strategy::Auto,
+    }
+}
+
+/// The rollout `--rollout` names (clap has checked it is one).
+fn rollout(name: &str) -> Rollout {
+    if name == "recreate" {
+        Rollout::Recreate
+    } else {
+        Rollout::BlueGreen
     }
 }
 
@@ -141,6 +154,7 @@ impl RunArgs {
         body.health_path = self.health_path;
         body.health_timeout_seconds = self.health_timeout;
         body.build_timeout_seconds = self.build_timeout;
+        body.rollout = self.rollout.as_deref().map(rollout);
     }
 
     /// Adds the settings given to a change.
@@ -153,6 +167,7 @@ impl RunArgs {
         body.health_path = self.health_path;
         body.health_timeout_seconds = self.health_timeout;
         body.build_timeout_seconds = self.build_timeout.map(Some);
+        body.rollout = self.rollout.as_deref().map(rollout);
     }
 }
 

@@ -102,6 +102,7 @@ impl Dashboard {
             env_sealed: None,
             git_credentials_sealed: None,
             created_at: now,
+            rollout: "blue-green".into(),
         };
         self.server.state.store.insert_app(&app, &format!("{name}.localhost")).await.unwrap().unwrap();
     }

@@ -108,3 +108,68 @@ async fn files_on_a_volume_outlive_redeploys_and_the_app_and_go_only_when_delete
         .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()));
     assert!(agent.log_text().contains("deleted the volume's data on request"), "{}", agent.log_text());
 }
+
+/// `rollout: recreate`: the old instance stops before the new one starts
+/// (they never share the files), and the deployment's log says how long
+/// the app was down.
+#[tokio::test]
+async fn a_recreate_rollout_stops_the_old_instance_first_and_logs_the_downtime() {
+    let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "single", &token, &ca, &[]).unwrap().unwrap();
+    agent.start(&AGENT_FLAGS).unwrap();
+    let node_id = agent.node_id.clone();
+    wait_for(Duration::from_secs(20), "the node to be ready", || async {
+        let node = server.node(&node_id).await.ok()?;
+        (node["state"] == "ready" && node["features"].as_array()?.iter().any(|f| f == "volumes")).then_some(())
+    })
+    .await
+    .unwrap();
+    // Each container counts the others it finds running on the files.
+    let dockerfile = "FROM cloudweb-test/busybox:latest\n\
+CMD [\"sh\", \"-c\", \"mkdir -p /data/www && ls /data/running-* 2>/dev/null | wc -l >> /data/www/overlaps && touch /data/running-$(hostname) && exec httpd -f -p 8080 -h /data/www\"]\n";
+    git.commit("single", &[("Dockerfile", dockerfile)], "one at a time").unwrap();
+    let app = unique_name("alone");
+    let (status, body) = call(&server, Method::POST, "/api/apps", Some(json!({"name": app, "repo_url": git.url("single"), "port": 8080, "rollout": "maybe"}))).await;
+    assert_eq!(status, 400, "an unknown rollout is refused: {body}");
+    let (status, body) = call(&server, Method::POST, "/api/apps", Some(json!({"name": app, "repo_url": git.url("single"), "port": 8080, "rollout": "recreate"}))).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["rollout"], "recreate");
+    let (status, _) = call(&server, Method::POST, &format!("/api/apps/{app}/volumes"), Some(json!({"name": unique_name("one"), "path": "/data"}))).await;
+    assert_eq!(status, 201);
+    deploy_and_run(&server, &agent, &app).await;
+    let second = deploy_and_run(&server, &agent, &app).await;
+    let address = second["instances"][0]["address"].as_str().unwrap();
+    let overlaps = reqwest::get(format!("http://{address}/overlaps")).await.unwrap().text().await.unwrap();
+    // The first container found none; the second found only the first's
+    // marker file (left behind: it was stopped, not still running).
+    assert_eq!(overlaps.split_whitespace().collect::<Vec<_>>(), ["0", "1"], "{overlaps}");
+    let id = second["id"].as_str().unwrap();
+    let log = server
+        .http
+        .get(server.api(&format!("/api/deployments/{id}/logs")))
+        .bearer_auth(&server.admin_token)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(log.contains("recreate: stopped 1 older instance(s)"), "{log}");
+    let downtime: u64 = log
+        .split("recreate: downtime ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("no downtime line: {log}"));
+    eprintln!("recreate downtime: {downtime} ms");
+    // Blue/green is the default and the old instance still ran when the
+    // new one started: switched back, a third deploy overlaps.
+    let (status, body) = call(&server, Method::PATCH, &format!("/api/apps/{app}"), Some(json!({"rollout": "blue-green"}))).await;
+    assert_eq!(status, 200, "{body}");
+    let third = deploy_and_run(&server, &agent, &app).await;
+    let address = third["instances"][0]["address"].as_str().unwrap();
+    let overlaps = reqwest::get(format!("http://{address}/overlaps")).await.unwrap().text().await.unwrap();
+    assert_eq!(overlaps.split_whitespace().last(), Some("2"), "{overlaps}");
+}

@@ -298,6 +298,10 @@ pub struct DeployPayload {
     /// `volumes` feature; absent means none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::volumes::VolumeMount>,
+    /// The app's rollout is `recreate`: stop its older instances on this
+    /// node before starting this one (instead of blue/green).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recreate: bool,
 }
 
 /// Most variables an app may have, and the largest value.

@@ -237,6 +237,7 @@ impl Sim {
                 env_sealed: None,
                 git_credentials_sealed: None,
                 created_at: now,
+                rollout: "blue-green".into(),
             };
             state.store.insert_app(&row, &format!("{app}.localhost")).await.expect("store").expect("app created");
             let first = self.commit_id();

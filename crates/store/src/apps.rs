@@ -28,10 +28,12 @@ pub struct AppRow {
     pub env_sealed: Option<String>,
     pub git_credentials_sealed: Option<String>,
     pub created_at: i64,
+    /// `blue-green` or `recreate`.
+    pub rollout: String,
 }
 
 const APP_COLUMNS: &str = "name, repo_url, branch, port, domains, build, strategy, instances, cpu, memory_bytes, health_path, \
-     health_timeout_s, env_sealed, git_credentials_sealed, created_at, build_timeout_s";
+     health_timeout_s, env_sealed, git_credentials_sealed, created_at, build_timeout_s, rollout";
 
 fn app_from_row(row: &SqliteRow) -> AppRow {
     AppRow {
@@ -51,6 +53,7 @@ fn app_from_row(row: &SqliteRow) -> AppRow {
         git_credentials_sealed: row.get("git_credentials_sealed"),
         created_at: row.get("created_at"),
         build_timeout_s: row.get("build_timeout_s"),
+        rollout: row.get("rollout"),
     }
 }
 
@@ -100,7 +103,7 @@ impl Store {
     pub async fn insert_app(&self, app: &AppRow, default_host: &str) -> Result<Result<(), AppRefusal>, StoreError> {
         let mut tx = self.write_transaction().await?;
         let result = sqlx::query(&format!(
-            "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+            "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
              ON CONFLICT (name) DO NOTHING"
         ))
         .bind(&app.name)
@@ -119,6 +122,7 @@ impl Store {
         .bind(&app.git_credentials_sealed)
         .bind(app.created_at)
         .bind(app.build_timeout_s)
+        .bind(&app.rollout)
         .execute(&mut *tx)
         .await?;
         if result.rows_affected() != 1 {
@@ -155,7 +159,7 @@ impl Store {
     pub async fn update_app_settings(&self, app: &AppRow) -> Result<bool, StoreError> {
         let result = sqlx::query(
             "UPDATE apps SET branch = $1, port = $2, build = $3, strategy = $4, instances = $5, cpu = $6, memory_bytes = $7, \
-             health_path = $8, health_timeout_s = $9, build_timeout_s = $10 WHERE name = $11",
+             health_path = $8, health_timeout_s = $9, build_timeout_s = $10, rollout = $11 WHERE name = $12",
         )
         .bind(&app.branch)
         .bind(app.port)
@@ -167,6 +171,7 @@ impl Store {
         .bind(&app.health_path)
         .bind(app.health_timeout_s)
         .bind(app.build_timeout_s)
+        .bind(&app.rollout)
         .bind(&app.name)
         .execute(&self.pool)
         .await?;

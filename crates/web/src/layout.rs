@@ -11,6 +11,8 @@ use super::{csrf_field, Ctx};
 pub enum Nav {
     Nodes,
     Apps,
+    /// Managed databases and volumes.
+    Data,
     Monitoring,
 }
 
@@ -45,6 +47,7 @@ pub fn page(ctx: &Ctx, title: &str, nav: Nav, here: &str, body: Markup) -> Marku
                     nav {
                         (link(Nav::Nodes, "/nodes", "nav.nodes"))
                         (link(Nav::Apps, "/apps", "nav.apps"))
+                        (link(Nav::Data, "/services", "nav.data"))
                         (link(Nav::Monitoring, "/monitoring", "nav.monitoring"))
                     }
                     // On a narrow screen the script folds these behind

@@ -30,6 +30,7 @@ mod monitoring;
 mod node_page;
 mod nodes;
 mod paging;
+mod services;
 mod usage_charts;
 mod volumes;
 
@@ -90,6 +91,10 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/apps/{name}/delete", get(apps::confirm_delete).post(apps::delete))
         .route("/apps/{name}/volumes", post(volumes::attach))
         .route("/apps/{name}/volumes/{volume}/detach", post(volumes::detach))
+        .route("/services", get(services::page).post(services::create))
+        .route("/services/{name}/links", post(services::link))
+        .route("/services/{name}/links/{app}/delete", post(services::unlink))
+        .route("/services/{name}/delete", get(services::confirm_delete).post(services::delete))
         .route("/volumes", get(volumes::page))
         .route("/volumes/{name}/delete", get(volumes::confirm_delete).post(volumes::delete))
         .route("/deployments/{id}", get(deployments::page))

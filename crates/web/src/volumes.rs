@@ -150,7 +150,7 @@ pub async fn page(ctx: Ctx) -> Response {
             }
         }
     };
-    layout::page(&ctx, ctx.t("volumes.title"), Nav::Apps, "/volumes", body).into_response()
+    layout::page(&ctx, ctx.t("volumes.title"), Nav::Data, "/volumes", body).into_response()
 }
 
 pub async fn confirm_delete(ctx: Ctx, Path(name): Path<String>) -> Response {
@@ -159,7 +159,7 @@ pub async fn confirm_delete(ctx: Ctx, Path(name): Path<String>) -> Response {
     }
     let here = format!("/volumes/{name}/delete");
     let title = format!("{}: {name}", ctx.t("volumes.delete"));
-    layout::confirm(&ctx, &title, Nav::Apps, &here, ctx.t("volumes.confirm_delete"), html! {}, "/volumes").into_response()
+    layout::confirm(&ctx, &title, Nav::Data, &here, ctx.t("volumes.confirm_delete"), html! {}, "/volumes").into_response()
 }
 
 pub async fn delete(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {

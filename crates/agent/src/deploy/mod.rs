@@ -306,8 +306,11 @@ async fn run(
             if with_registry_retry(&REGISTRY_RETRY_DELAYS, |line| logs.line("agent", line), &format!("pull of {image}"), || runtime.ensure_image(image, registry.as_ref())).await? {
                 logs.line("agent", format!("pulled {image}"));
             }
+            let stopped_at = recreate(runtime, payload, logs).await?;
             let id = start_app(runtime, options, payload, image.clone(), logs).await?;
-            return check_or_remove(runtime, options, payload, &id, logs).await;
+            let address = check_or_remove(runtime, options, payload, &id, logs).await?;
+            downtime(stopped_at, logs);
+            return Ok(address);
         }
         None => {
             let (registry, ()) = tokio::try_join!(registry(client, options), state(client, payload, "building", None))?;
@@ -336,8 +339,11 @@ async fn run(
     let start = async {
         // Said now, without the image, so the state shows the start; the
         // image follows with the push.
+        let stopped_at = recreate(runtime, payload, logs).await?;
         let (id, ()) = tokio::try_join!(start_app(runtime, options, payload, tag.clone(), logs), state(client, payload, "deploying", None))?;
-        check_or_remove(runtime, options, payload, &id, logs).await
+        let address = check_or_remove(runtime, options, payload, &id, logs).await?;
+        downtime(stopped_at, logs);
+        Ok(address)
     };
     match tokio::try_join!(publish, start) {
         Ok(((), address)) => Ok(address),
@@ -348,6 +354,26 @@ async fn run(
             }
             Err(failure)
         }
+    }
+}
+
+/// A `recreate` rollout stops the app's older instances on this node
+/// before this one starts (for apps that cannot share their files with a
+/// second copy); returns when they stopped, to measure the downtime.
+async fn recreate(runtime: &DockerRuntime, payload: &DeployPayload, logs: &LogShipper) -> Result<Option<std::time::Instant>, Failure> {
+    if !payload.recreate {
+        return Ok(None);
+    }
+    let number = payload.container_name().rsplit('-').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+    let stopped = runtime.stop_older_instances(&payload.app, number).await?;
+    logs.line("agent", format!("recreate: stopped {stopped} older instance(s) of {} on this node before starting this one", payload.app));
+    Ok(Some(std::time::Instant::now()))
+}
+
+/// Says how long a `recreate` rollout left the app with nothing running.
+fn downtime(stopped_at: Option<std::time::Instant>, logs: &LogShipper) {
+    if let Some(at) = stopped_at {
+        logs.line("agent", format!("recreate: downtime {} ms (older instances stopped -> this one healthy)", at.elapsed().as_millis()));
     }
 }
 

@@ -172,6 +172,24 @@ impl DockerRuntime {
         Ok(containers.len())
     }
 
+    /// For a `recreate` rollout: stops and removes this node's instances of
+    /// `app` that are older than container number `number` (container
+    /// names grow with every instance the app ever had, so a late command
+    /// of an older deployment never stops a newer one). Returns how many.
+    pub async fn stop_older_instances(&self, app: &str, number: u64) -> Result<usize, RuntimeError> {
+        let prefix = format!("cw-{app}-");
+        let older: Vec<OwnContainer> = self
+            .own_containers(None)
+            .await?
+            .into_iter()
+            .filter(|c| c.name.strip_prefix(&prefix).and_then(|n| n.parse::<u64>().ok()).is_some_and(|n| n < number))
+            .collect();
+        for container in &older {
+            self.remove(&container.id).await?;
+        }
+        Ok(older.len())
+    }
+
     /// Stops (with a grace period) and removes one container.
     pub async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
         let docker = self.docker()?;

@@ -416,6 +416,7 @@ pub fn deploy_payload(
             None => app.build_timeout_s.map(|s| s.clamp(1, i64::from(cloudweb_protocol::deploy::MAX_BUILD_TIMEOUT_SECONDS)) as u32),
         },
         volumes: crate::volumes::mounts(volumes),
+        recreate: app.rollout == "recreate",
     })
 }
 

@@ -160,6 +160,7 @@ pub fn view(state: &AppState, app: &AppRow) -> AppView {
         health_path: app.health_path.clone(),
         health_timeout_seconds: app.health_timeout_s,
         build_timeout_seconds: app.build_timeout_s.unwrap_or(i64::from(deploy::DEFAULT_BUILD_TIMEOUT_SECONDS)),
+        rollout: app.rollout.clone(),
         // Names only: values never leave the control plane through the API.
         env: env_names,
         git_credentials: git.username.is_some(),
@@ -254,6 +255,7 @@ pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal
         env_sealed: None,
         git_credentials_sealed,
         created_at: state.clock.now_ms(),
+        rollout: request.rollout.unwrap_or_default().as_str().to_string(),
     };
     let default_host = format!("{}.{}", app.name, state.config.base_domain);
     match state.store.insert_app(&app, &default_host).await? {
@@ -334,6 +336,9 @@ fn apply_patch(patch: AppPatch, app: &mut AppRow) -> Result<(), ApiError> {
         health_timeout_seconds: patch.health_timeout_seconds,
         build_timeout_seconds: patch.build_timeout_seconds.flatten(),
     })?;
+    if let Some(rollout) = patch.rollout {
+        app.rollout = rollout.as_str().to_string();
+    }
     if let Some(build) = patch.build {
         app.build = build.map(build_settings).transpose()?.map(|b| serde_json::to_string(&b).expect("settings serialize"));
     }
