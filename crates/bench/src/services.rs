@@ -70,7 +70,7 @@ async fn through_cloudweb(cluster: &Cluster, kind: &Kind) -> Result<Duration> {
     if status != 201 {
         bail!("POST /api/services answered {status}: {body}");
     }
-    let container = format!("cw-svc-{name}");
+    let container = format!("cw-svc.{name}");
     let probe: Vec<&str> = match kind.kind {
         // The service's own probe, as the agent runs it (Redis's needs the
         // password the container holds in REDISCLI_AUTH).

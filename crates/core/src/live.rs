@@ -169,7 +169,7 @@ pub struct NodeRegistry {
 pub fn app_of_container(name: &str) -> Option<&str> {
     let rest = name.strip_prefix("cw-")?;
     let (app, n) = rest.rsplit_once('-')?;
-    (!app.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some(app)
+    (!app.is_empty() && !app.contains('.') && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some(app)
 }
 
 impl NodeRegistry {
@@ -560,6 +560,7 @@ mod tests {
         assert_eq!(app_of_container("cw-my-app-12"), Some("my-app"));
         assert_eq!(app_of_container("cw-web"), None);
         assert_eq!(app_of_container("other-1"), None);
+        assert_eq!(app_of_container("cw-svc.db-2"), None, "a service's container is no app's");
     }
 
     #[tokio::test(start_paused = true)]

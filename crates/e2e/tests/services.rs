@@ -118,10 +118,12 @@ async fn a_postgres_service_serves_a_linked_app_keeps_its_data_and_is_reachable_
     let healthy = until_state(&server, &agent, &name, "healthy", Duration::from_secs(90)).await;
     eprintln!("service create -> healthy: {:.1} s", started.elapsed().as_secs_f64());
     let address = healthy["address"].as_str().unwrap().to_string();
+    let metrics = server.http.get(server.api("/metrics")).bearer_auth(&server.admin_token).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains(&format!("cloudweb_service_healthy{{service=\"{name}\",node=\"{node_id}\"}} 1")), "{metrics}");
     let (ip, port) = address.rsplit_once(':').unwrap();
     assert!(!ip.starts_with("127.") && ip != "0.0.0.0", "a service listens on the node's service address: {address}");
     // Published on that address only, as Docker reports it.
-    let published = docker(&["port", &format!("cw-svc-{name}"), "5432/tcp"]);
+    let published = docker(&["port", &format!("cw-svc.{name}"), "5432/tcp"]);
     assert_eq!(published, address, "published only at the service address");
     if let Some(lan) = lan_address().filter(|lan| lan != ip) {
         let refused = tokio::net::TcpStream::connect(format!("{lan}:{port}")).await;
@@ -164,7 +166,7 @@ async fn a_postgres_service_serves_a_linked_app_keeps_its_data_and_is_reachable_
     assert!(psql(&wrong, "SELECT 1").unwrap_err().contains("password authentication failed"));
 
     // Its process is killed: back, with the data, within 10 s.
-    let pid = docker(&["inspect", "-f", "{{.State.Pid}}", &format!("cw-svc-{name}")]);
+    let pid = docker(&["inspect", "-f", "{{.State.Pid}}", &format!("cw-svc.{name}")]);
     let killed = Instant::now();
     assert!(Command::new("kill").args(["-9", &pid]).status().unwrap().success());
     let back = wait_for(Duration::from_secs(10), "the data to answer again", || async { psql(&url, "SELECT x FROM kept").ok() }).await;
@@ -190,7 +192,7 @@ async fn a_postgres_service_serves_a_linked_app_keeps_its_data_and_is_reachable_
     assert_eq!(status, 204);
     let (status, answer) = call(&server, Method::DELETE, &format!("/api/services/{name}"), None).await;
     assert_eq!(status, 204, "{answer}");
-    let container = format!("cw-svc-{name}");
+    let container = format!("cw-svc.{name}");
     wait_for(Duration::from_secs(30), "the container to go", || async {
         let out = Command::new("docker").args(["ps", "-aq", "--filter", &format!("name=^{container}$")]).output().ok()?;
         (out.status.success() && out.stdout.is_empty()).then_some(())
@@ -264,13 +266,13 @@ async fn redis_and_mariadb_services_answer_with_their_credentials_only() {
     // keeps: read through the one place that hands it out, a deploy's
     // environment, is covered by the PostgreSQL test; here the service's
     // own container holds it in REDISCLI_AUTH.
-    let secret = docker(&["exec", &format!("cw-svc-{redis}"), "sh", "-c", "printf %s \"$REDISCLI_AUTH\""]);
+    let secret = docker(&["exec", &format!("cw-svc.{redis}"), "sh", "-c", "printf %s \"$REDISCLI_AUTH\""]);
     let (ok, pong) = run("cloudweb-test/redis:7", &["redis-cli", "-u", &format!("redis://default:{secret}@{kv_address}/0"), "ping"]);
     assert!(ok && pong.contains("PONG") && !pong.contains("WRONGPASS"), "{pong}");
 
     let sql_address = sql["address"].as_str().unwrap();
     let (host, port) = sql_address.rsplit_once(':').unwrap();
-    let password = docker(&["exec", &format!("cw-svc-{maria}"), "sh", "-c", "printf %s \"$MARIADB_PASSWORD\""]);
+    let password = docker(&["exec", &format!("cw-svc.{maria}"), "sh", "-c", "printf %s \"$MARIADB_PASSWORD\""]);
     let (ok, out) = run("cloudweb-test/mariadb:10", &["mariadb", "-h", host, "-P", port, "-u", "app", &format!("-p{password}"), "app", "-e", "SELECT 6*7"]);
     assert!(ok && out.contains("42"), "{out}");
     let (ok, out) = run("cloudweb-test/mariadb:10", &["mariadb", "-h", host, "-P", port, "-u", "app", "-pwrong", "app", "-e", "SELECT 1"]);

@@ -102,7 +102,8 @@ pub fn name(value: &str) -> Result<(), ValidationError> {
 
 /// Container name of a service.
 pub fn container_name(service: &str) -> String {
-    format!("cw-svc-{service}")
+    // A dot no app name has: never `cw-<app>-<n>`, an app instance's name.
+    format!("cw-svc.{service}")
 }
 
 impl ServicePayload {

@@ -1,4 +1,4 @@
-//! Managed services' containers: one per service, `cw-svc-<name>`,
+//! Managed services' containers: one per service, `cw-svc.<name>` (a dot no app name has, so never an app instance's `cw-<app>-<n>`),
 //! labelled with its generation, published on one address and port only,
 //! restarted by Docker (`unless-stopped`) when it dies, probed with
 //! `docker exec` of the service's own tool.

@@ -32,6 +32,10 @@ pub struct Figures {
     pub nodes: Vec<NodeFigures>,
     /// Per app and node: CPU cores and memory of its containers there.
     pub apps: Vec<AppFigures>,
+    /// Per volume: its node and the size of its data.
+    pub volumes: Vec<(String, String, u64)>,
+    /// Per managed service: its node, whether it is healthy, its restarts.
+    pub services: Vec<(String, String, bool, u64)>,
 }
 
 pub struct NodeFigures {
@@ -123,6 +127,15 @@ fn figures(state: &AppState) -> Figures {
         for (app, (cpu_cores, mem_bytes)) in apps {
             figures.apps.push(AppFigures { app: app.to_string(), node: node.id.clone(), cpu_cores, mem_bytes });
         }
+        for volume in sample.value.volumes.iter().flatten() {
+            figures.volumes.push((volume.volume.clone(), node.id.clone(), volume.bytes));
+        }
+    }
+    for node in &nodes {
+        let Some(health) = node.current_health(now) else { continue };
+        for service in health.services.iter().flatten() {
+            figures.services.push((service.service.clone(), node.id.clone(), service.state == "healthy", service.restarts));
+        }
     }
     figures
 }
@@ -159,6 +172,17 @@ pub fn encode_figures(figures: &Figures) -> Result<String, std::fmt::Error> {
         app_cpu.get_or_create(&labels).set(app.cpu_cores);
         app_mem.get_or_create(&labels).set(app.mem_bytes as f64);
     }
+    let volume_bytes = gauges(&mut registry, "cloudweb_volume_bytes", "Size of a volume's data on its node, from the latest usage sample");
+    for (volume, node, bytes) in &figures.volumes {
+        volume_bytes.get_or_create(&vec![("volume", label(volume)), ("node", label(node))]).set(*bytes as f64);
+    }
+    let service_healthy = gauges(&mut registry, "cloudweb_service_healthy", "1 while a managed service's probe succeeds, else 0");
+    let service_restarts = gauges(&mut registry, "cloudweb_service_restarts", "How often Docker restarted a managed service's container");
+    for (service, node, healthy, restarts) in &figures.services {
+        let labels: Labels = vec![("service", label(service)), ("node", label(node))];
+        service_healthy.get_or_create(&labels).set(if *healthy { 1.0 } else { 0.0 });
+        service_restarts.get_or_create(&labels).set(*restarts as f64);
+    }
     let mut out = String::new();
     encode(&mut out, &registry)?;
     Ok(out)
@@ -188,6 +212,8 @@ mod tests {
             commits: 3,
             nodes: vec![NodeFigures { id: "n-1".into(), name: "we\"ird\\name\nx".into(), cpu_pct: Some(12.5), mem_used: None, disk_used: Some(10) }],
             apps: vec![AppFigures { app: "web".into(), node: "n-1".into(), cpu_cores: 0.25, mem_bytes: 104857600 }],
+            volumes: vec![("uploads".into(), "n-1".into(), 4096)],
+            services: vec![("db".into(), "n-1".into(), true, 2)],
         };
         let text = encode_figures(&figures).unwrap();
         assert!(text.contains("cloudweb_nodes{state=\"ready\"} 2"), "{text}");
@@ -196,6 +222,9 @@ mod tests {
         assert!(text.contains(r#"cloudweb_node_cpu_percent{node="n-1",name="we\"ird\\name\nx"} 12.5"#), "{text}");
         assert!(!text.contains("cloudweb_node_memory_used_bytes{"), "no sample, no gauge: {text}");
         assert!(text.contains("cloudweb_app_memory_bytes{app=\"web\",node=\"n-1\"} 104857600"), "{text}");
+        assert!(text.contains("cloudweb_volume_bytes{volume=\"uploads\",node=\"n-1\"} 4096"), "{text}");
+        assert!(text.contains("cloudweb_service_healthy{service=\"db\",node=\"n-1\"} 1"), "{text}");
+        assert!(text.contains("cloudweb_service_restarts{service=\"db\",node=\"n-1\"} 2"), "{text}");
         // Every sample line is `name{labels} value` on one line.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("cloudweb_"), "{line:?} in {text}");
