@@ -55,6 +55,17 @@ fn load(path: &Path) -> BTreeMap<String, ServicePayload> {
         .collect()
 }
 
+/// Below this much free space the disk holding a service's data counts
+/// as full.
+const FULL_BELOW: u64 = 1 << 20;
+
+/// The free bytes of the file system holding `dir`, when it is full.
+fn full_disk(dir: &Path) -> Option<u64> {
+    let stat = nix::sys::statvfs::statvfs(dir).ok()?;
+    let free = stat.blocks_available() as u64 * stat.fragment_size() as u64;
+    (free < FULL_BELOW).then_some(free)
+}
+
 impl Services {
     pub fn new(runtime: DockerRuntime, data_dir: &Path, service_ip: Option<String>) -> Services {
         let specs = load(&data_dir.join(SPECS_FILE));
@@ -137,7 +148,7 @@ impl Services {
                     continue;
                 }
                 let was_healthy = statuses.get(&spec.service).is_some_and(|(s, healthy)| *healthy && s.generation == status.generation);
-                let healthy_now = status.state == "healthy";
+                let healthy_now = matches!(status.state.as_str(), "healthy" | "degraded");
                 let status = if status.state == "unhealthy" && !was_healthy { ServiceStatus { state: "starting".into(), ..status } } else { status };
                 if statuses.get(&spec.service).map(|(s, _)| s.state.as_str()) != Some(status.state.as_str()) {
                     tracing::info!(service = %spec.service, state = %status.state, detail = ?status.detail, "service state");
@@ -187,7 +198,14 @@ impl Services {
             Some(c) if c.generation == spec.generation && c.running => {
                 status.restarts = c.restart_count;
                 match self.inner.runtime.probe_service(&spec.service, &spec.health, PROBE_LIMIT).await {
-                    Ok(true) => status.state = "healthy".into(),
+                    Ok(true) => match full_disk(&crate::volumes::dir(&self.inner.data_dir, &spec.volume)) {
+                        // It answers, but cannot write: said, not hidden.
+                        Some(free) => {
+                            status.state = "degraded".into();
+                            status.detail = Some(format!("the disk holding volume {} is full ({free} bytes free)", spec.volume));
+                        }
+                        None => status.state = "healthy".into(),
+                    },
                     Ok(false) => {
                         status.state = "unhealthy".into();
                         status.detail = Some(format!("{} did not answer", spec.health.first().map(String::as_str).unwrap_or("the probe")));

@@ -39,7 +39,8 @@ pub struct ServiceView {
     pub node_id: String,
     pub node_name: Option<String>,
     /// `pending` until its node reports it, then the node's word:
-    /// `starting`, `healthy`, `restarting`, `unhealthy`, `failed`;
+    /// `starting`, `healthy`, `degraded` (its disk is full), `restarting`,
+    /// `unhealthy`, `failed`;
     /// `unknown` while the node is silent.
     pub state: String,
     pub detail: Option<String>,

@@ -286,3 +286,48 @@ async fn redis_and_mariadb_services_answer_with_their_credentials_only() {
     let (_, volumes) = call(&server, Method::GET, "/api/volumes", None).await;
     assert_eq!(volumes["volumes"], json!([]), "deleted with their data: {volumes}");
 }
+
+/// A service whose disk fills up is marked degraded with the reason (and
+/// the node goes on); once space is freed it is healthy again.
+#[tokio::test]
+async fn a_service_whose_disk_fills_is_degraded_with_the_reason_and_recovers() {
+    service_images();
+    let ports = service_ports();
+    let Platform { tmp, server, .. } = start_platform(&["--service-image", "redis=cloudweb-test/redis:7", "--service-ports", &ports]).await.unwrap();
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "small-disk", &token, &ca, &[]).unwrap().unwrap();
+    agent.start(&AGENT_FLAGS).unwrap();
+    let node_id = agent.node_id.clone();
+    wait_for(Duration::from_secs(20), "the node to run services", || async {
+        let node = server.node(&node_id).await.ok()?;
+        (node["state"] == "ready" && node["features"].as_array()?.iter().any(|f| f == "services")).then_some(())
+    })
+    .await
+    .unwrap();
+    let name = unique_name("full");
+    // The service's volume directory on a small file system of its own.
+    let disk = cloudweb_e2e::tmpfs::Tmpfs::mount(&agent.dir.join("volumes").join(format!("svc-{name}")), "8m");
+    let (status, body) = call(&server, Method::POST, "/api/services", Some(json!({"name": name, "type": "redis"}))).await;
+    assert_eq!(status, 201, "{body}");
+    until_state(&server, &agent, &name, "healthy", Duration::from_secs(60)).await;
+    let filler = disk.fill();
+    let degraded = until_state(&server, &agent, &name, "degraded", Duration::from_secs(20)).await;
+    let detail = degraded["detail"].as_str().unwrap();
+    assert!(detail.contains("is full"), "{detail}");
+    let node = server.node(&node_id).await.unwrap();
+    assert_eq!(node["state"], "ready", "the node goes on: {node}");
+    std::fs::remove_file(filler).unwrap();
+    until_state(&server, &agent, &name, "healthy", Duration::from_secs(20)).await;
+    // Its data stays (the volume is this test's file system).
+    let (status, _) = call(&server, Method::DELETE, &format!("/api/services/{name}"), None).await;
+    assert_eq!(status, 204);
+    // The container goes before the file system does.
+    let container = format!("cw-svc.{name}");
+    wait_for(Duration::from_secs(30), "the container to go", || async {
+        let out = Command::new("docker").args(["ps", "-aq", "--filter", &format!("name=^{container}$")]).output().ok()?;
+        (out.status.success() && out.stdout.is_empty()).then_some(())
+    })
+    .await
+    .unwrap();
+    drop(disk);
+}

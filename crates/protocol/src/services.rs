@@ -148,6 +148,7 @@ pub struct ServiceStatus {
     /// The generation of the container it describes.
     pub generation: u64,
     /// `starting` (created, not accepting connections yet), `healthy`,
+    /// `degraded` (answers, but the disk holding its data is full),
     /// `restarting` (it died; Docker brings it back), `unhealthy` (runs
     /// but its probe fails), `failed` (cannot be started; see `detail`).
     pub state: String,
@@ -165,7 +166,7 @@ pub struct ServiceStatus {
 /// Most services one node reports.
 pub const MAX_STATUSES: usize = 200;
 
-pub const STATES: [&str; 5] = ["starting", "healthy", "restarting", "unhealthy", "failed"];
+pub const STATES: [&str; 6] = ["starting", "healthy", "degraded", "restarting", "unhealthy", "failed"];
 
 impl ServiceStatus {
     pub fn validate(&self) -> Result<(), ValidationError> {
