@@ -40,6 +40,9 @@ pub struct VolumeView {
     pub size_bytes: Option<i64>,
     pub size_at: Option<String>,
     pub created_at: String,
+    /// Set while the disk of the node holding it is 80 % full or more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 /// `GET /api/volumes`, `GET /api/apps/{name}/volumes`.

@@ -16,8 +16,10 @@ fn beat(cp: &Control, node: &HandNode) -> tokio::task::JoinHandle<()> {
     let url = cp.agent_url("/agent/v1/heartbeat");
     tokio::spawn(async move {
         loop {
+            // The disk is 85 % full: volumes there carry a warning.
             let body = json!({"cpu_cores": 4, "mem_bytes": 8u64 << 30, "disk_bytes": 100u64 << 30,
-                              "health": {"features": ["static-sites", "volumes"]}})
+                              "health": {"features": ["static-sites", "volumes"]},
+                              "metrics": {"node": {"disk_used": 85u64 << 30}}})
             .to_string();
             let _ = client.send(Method::POST, &url, &[], Some(&body)).await;
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -101,6 +103,8 @@ async fn an_app_with_a_volume_stays_on_its_node_and_waits_for_it() {
     let (home, other) = if home_id == a.id { (0, 1) } else { (1, 0) };
     let (_, list) = cp.call(Method::GET, "/api/apps/keeper/volumes", None).await;
     assert_eq!(list["volumes"][0]["node_id"], home_id.as_str(), "{list}");
+    let warning = list["volumes"][0]["warning"].as_str().unwrap_or_else(|| panic!("no disk warning: {list}"));
+    assert!(warning.contains("85% full (over 80%)"), "{warning}");
     let sent = commands(&cp, nodes[home]).await;
     let deploy_command = sent.iter().find(|c| c["type"] == "deploy" && c["payload"]["deployment_id"] == first.as_str()).expect("a deploy command");
     assert_eq!(deploy_command["payload"]["volumes"], json!([{"name": "data", "path": "/data"}]), "{deploy_command}");

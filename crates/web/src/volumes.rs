@@ -50,7 +50,10 @@ pub fn app_section(ctx: &Ctx, app: &str, volumes: &[VolumeRow], waiting: Option<
                         tr {
                             td { (volume.name) }
                             td { code { (volume.mount_path.as_deref().unwrap_or("")) } }
-                            td { (node_label(ctx, volume)) }
+                            td {
+                                (node_label(ctx, volume))
+                                @if let Some(warning) = api::volumes::view(&ctx.state, volume).warning { br; span.warning { (warning) } }
+                            }
                             td { (size_label(volume)) }
                             td {
                                 form.inline method="post" action=(format!("/apps/{app}/volumes/{}/detach", volume.name)) {
@@ -137,7 +140,10 @@ pub async fn page(ctx: Ctx) -> Response {
                                 }
                             }
                             td { code { (volume.mount_path.as_deref().unwrap_or("")) } }
-                            td { (node_label(&ctx, volume)) }
+                            td {
+                                (node_label(&ctx, volume))
+                                @if let Some(warning) = api::volumes::view(&ctx.state, volume).warning { br; span.warning { (warning) } }
+                            }
                             td { (size_label(volume)) }
                             td {
                                 @if volume.app.is_none() && volume.service.is_none() {

@@ -17,8 +17,26 @@ use crate::error::{body_bytes, parse_json, ApiError};
 use crate::store::{Attached, VolumeRow};
 use crate::AppState;
 
+/// Warnings start at this share of the node's disk in use.
+const DISK_WARNINGS: [u64; 2] = [90, 80];
+
+/// A warning when the disk of the node holding the volume is 80 % (or
+/// 90 %) full, from the node's latest usage sample.
+fn disk_warning(state: &AppState, volume: &VolumeRow) -> Option<String> {
+    let node = state.nodes.get(volume.node_id.as_deref()?)?;
+    let total = node.capacity?.disk_bytes;
+    let used = node.metrics.as_ref()?.value.node.as_ref()?.disk_used?;
+    if total == 0 {
+        return None;
+    }
+    let percent = used.saturating_mul(100) / total;
+    let level = DISK_WARNINGS.into_iter().find(|level| percent >= *level)?;
+    Some(format!("the disk of node {} is {percent}% full (over {level}%)", node.name))
+}
+
 pub fn view(state: &AppState, volume: &VolumeRow) -> VolumeView {
     VolumeView {
+        warning: disk_warning(state, volume),
         name: volume.name.clone(),
         state: match (&volume.app, &volume.service) {
             (Some(_), _) => "attached",
