@@ -69,6 +69,12 @@ const STEPS: &[Step] = &[
     step("acme", &["--ingress-nodes", "2", "--runs", "2", "--timeout-seconds", "30"], 60),
     step("deploy", &["--runs", "1", "--settle-timeout-seconds", "60"], 90),
     step("services", &["--runs", "2"], 90),
+    step_as(
+        "volumes",
+        &["ingress", "--volume"],
+        &["--sizes", "10", "--changes", "1", "--switches", "20", "--latency-requests", "10", "--throughput-seconds", "1", "--build-budget-seconds", "30"],
+        120,
+    ),
     step("webhook", &["--runs", "2", "--settle-timeout-seconds", "60"], 90),
     step(
         "ingress",

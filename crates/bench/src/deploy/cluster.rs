@@ -254,7 +254,8 @@ impl Cluster {
         if !self.app_created {
             return Ok(());
         }
-        let (status, body) = self.server.call(Method::DELETE, &format!("/api/apps/{}", self.app), None).await?;
+        // A benchmark's app takes its volumes (if any) with it.
+        let (status, body) = self.server.call(Method::DELETE, &format!("/api/apps/{}?volumes=delete", self.app), None).await?;
         if status != 204 {
             bail!("deleting app {} answered {status}: {body}", self.app);
         }

@@ -37,6 +37,11 @@ pub const APPLY_TIMEOUT: Duration = Duration::from_secs(300);
 /// drain period.
 const DOCKERFILE: &str = "FROM {base}\nCOPY index.html /www/index.html\n\
 CMD [\"sh\", \"-c\", \"trap 'exit 0' TERM; httpd -f -p 8080 -h /www & wait\"]\n";
+/// The probe with a volume at /data (`--volume`): every container appends
+/// its name to a file there at start, so both generations of a blue/green
+/// switch write to the same files.
+const VOLUME_DOCKERFILE: &str = "FROM {base}\nCOPY index.html /www/index.html\n\
+CMD [\"sh\", \"-c\", \"trap 'exit 0' TERM; hostname >> /data/boots; httpd -f -p 8080 -h /www & wait\"]\n";
 /// The probe's page served by cloudweb-static, which keeps connections
 /// alive (busybox httpd closes every one), for part 3's keep-alive upstream.
 /// It exits on SIGTERM itself.
@@ -91,10 +96,17 @@ impl Edge {
 
     /// Creates the probe app and deploys its blue version; returns the
     /// deployment's view once it runs and Caddy serves it.
-    pub async fn deploy_probe(&mut self, base_image: &str) -> Result<Value> {
-        self.dockerfile = DOCKERFILE.replace("{base}", base_image);
+    pub async fn deploy_probe(&mut self, base_image: &str, volume: Option<&str>) -> Result<Value> {
+        self.dockerfile = if volume.is_some() { VOLUME_DOCKERFILE } else { DOCKERFILE }.replace("{base}", base_image);
         let commit = self.cluster.git().commit("probe", &[("Dockerfile", &self.dockerfile), ("index.html", BLUE)], "blue")?;
         self.cluster.create_app("probe", HEALTH_TIMEOUT_SECONDS).await?;
+        if let Some(volume) = volume {
+            let path = format!("/api/apps/{}/volumes", self.probe());
+            let (status, answer) = self.cluster.server.call(Method::POST, &path, Some(&json!({"name": volume, "path": "/data"}))).await?;
+            if status != 201 {
+                bail!("POST {path} answered {status}: {answer}");
+            }
+        }
         let deployment = self.deploy(&commit).await?;
         let root = self.cluster.agent_dir().join("caddy/data/caddy/pki/authorities/local/root.crt");
         self.root_pem = wait_for_file(&root, Duration::from_secs(30)).await?;
