@@ -36,8 +36,18 @@ struct Inner {
     /// Per service: its status, and whether it was ever healthy in this
     /// container.
     statuses: Mutex<BTreeMap<String, (ServiceStatus, bool)>>,
+    /// Since when each service's container has been seen stopped (its
+    /// restart policy gets [`POLICY_GRACE`] to bring it back first).
+    stopped_since: Mutex<BTreeMap<String, std::time::Instant>>,
+    /// Restarts Docker's count no longer shows: the agent's own, and the
+    /// policy's before a start by hand reset that count.
+    own_restarts: Mutex<BTreeMap<String, u64>>,
     wake: Notify,
 }
+
+/// How long a stopped container of the right generation is left to
+/// Docker's restart policy before the agent starts it itself.
+const POLICY_GRACE: Duration = Duration::from_secs(3);
 
 #[derive(Clone)]
 pub struct Services {
@@ -76,6 +86,8 @@ impl Services {
                 service_ip,
                 specs: Mutex::new(specs),
                 statuses: Mutex::new(BTreeMap::new()),
+                stopped_since: Mutex::new(BTreeMap::new()),
+                own_restarts: Mutex::new(BTreeMap::new()),
                 wake: Notify::new(),
             }),
         }
@@ -194,9 +206,13 @@ impl Services {
                 return status;
             }
         };
+        let own = self.inner.own_restarts.lock().expect("restarts lock").get(&spec.service).copied().unwrap_or(0);
+        if container.as_ref().is_none_or(|c| c.running || c.restarting || c.generation != spec.generation) {
+            self.inner.stopped_since.lock().expect("stopped lock").remove(&spec.service);
+        }
         match container {
             Some(c) if c.generation == spec.generation && c.running => {
-                status.restarts = c.restart_count;
+                status.restarts = c.restart_count + own;
                 match self.inner.runtime.probe_service(&spec.service, &spec.health, PROBE_LIMIT).await {
                     Ok(true) => match full_disk(&crate::volumes::dir(&self.inner.data_dir, &spec.volume)) {
                         // It answers, but cannot write: said, not hidden.
@@ -217,13 +233,34 @@ impl Services {
                 }
             }
             Some(c) if c.generation == spec.generation && c.restarting => {
-                status.restarts = c.restart_count;
+                status.restarts = c.restart_count + own;
                 status.state = "restarting".into();
                 status.detail = Some(format!("exited with code {}; Docker restarts it", c.exit_code.unwrap_or(0)));
             }
+            Some(c) if c.generation == spec.generation => {
+                // Exited and not (yet) brought back by its restart policy:
+                // after a grace period the agent starts it itself, on the
+                // same container and data.
+                status.restarts = c.restart_count + own;
+                status.state = "restarting".into();
+                status.detail = Some(format!("exited with code {}", c.exit_code.unwrap_or(0)));
+                let since = *self.inner.stopped_since.lock().expect("stopped lock").entry(spec.service.clone()).or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= POLICY_GRACE {
+                    match self.inner.runtime.start_service_container(&spec.service).await {
+                        Ok(()) => {
+                            // A start by hand resets Docker's count: it is
+                            // carried over here, with this restart.
+                            *self.inner.own_restarts.lock().expect("restarts lock").entry(spec.service.clone()).or_default() += c.restart_count + 1;
+                            self.inner.stopped_since.lock().expect("stopped lock").remove(&spec.service);
+                            tracing::info!(service = %spec.service, "started the service's stopped container again");
+                        }
+                        Err(err) => status.detail = Some(cloudweb_protocol::misc::one_line(&format!("exited, and cannot be started: {err}"), 500)),
+                    }
+                }
+            }
             other => {
-                // Missing, stopped for good, or another generation: a new
-                // container on the same data.
+                // Missing or of another generation: a new container on the
+                // same data.
                 if let Some(old) = &other {
                     tracing::info!(service = %spec.service, generation = old.generation, running = old.running, "replacing the service's container");
                     if let Err(err) = self.inner.runtime.remove_service(&spec.service).await {

@@ -174,7 +174,17 @@ async fn a_postgres_service_serves_a_linked_app_keeps_its_data_and_is_reachable_
     assert_eq!(back, "42");
     eprintln!("service back after kill -9: {:.1} s", killed.elapsed().as_secs_f64());
     let view = until_state(&server, &agent, &name, "healthy", Duration::from_secs(20)).await;
-    assert!(view["restarts"].as_u64().unwrap() >= 1, "{view}");
+    let restarts = view["restarts"].as_u64().unwrap();
+    assert!(restarts >= 1, "{view}");
+    // Stopped by hand, Docker's policy leaves it stopped: the agent starts
+    // it again (after giving the policy its chance).
+    docker(&["stop", &format!("cw-svc.{name}")]);
+    let stopped = Instant::now();
+    let back = wait_for(Duration::from_secs(15), "the stopped service to answer again", || async { psql(&url, "SELECT x FROM kept").ok() }).await;
+    assert_eq!(back.unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text())), "42");
+    eprintln!("service back after docker stop: {:.1} s", stopped.elapsed().as_secs_f64());
+    let view = until_state(&server, &agent, &name, "healthy", Duration::from_secs(20)).await;
+    assert!(view["restarts"].as_u64().unwrap() > restarts, "the agent's own restart counts: {view}");
 
     // The agent restarts: the service stays, and is reported again.
     agent.kill();

@@ -94,6 +94,14 @@ impl DockerRuntime {
         Ok(created.id)
     }
 
+    /// Starts the service's existing (stopped) container again.
+    pub async fn start_service_container(&self, name: &str) -> Result<(), RuntimeError> {
+        let container = cloudweb_protocol::services::container_name(name);
+        self.docker()?.start_container(&container, None::<bollard::query_parameters::StartContainerOptions>).await?;
+        self.changed();
+        Ok(())
+    }
+
     /// Stops (10 s grace) and removes the service's container; false when
     /// there was none.
     pub async fn remove_service(&self, name: &str) -> Result<bool, RuntimeError> {
