@@ -24,8 +24,10 @@ use cloudweb_protocol::{DeployPayload, Report, Strategy};
 use tokio::sync::watch;
 
 mod log_shipper;
+mod rollout;
 
 use self::log_shipper::LogShipper;
+use self::rollout::{downtime, recreate};
 use crate::build::{self, Plan};
 use crate::client::ControlPlane;
 use crate::redact::Redactor;
@@ -354,26 +356,6 @@ async fn run(
             }
             Err(failure)
         }
-    }
-}
-
-/// A `recreate` rollout stops the app's older instances on this node
-/// before this one starts (for apps that cannot share their files with a
-/// second copy); returns when they stopped, to measure the downtime.
-async fn recreate(runtime: &DockerRuntime, payload: &DeployPayload, logs: &LogShipper) -> Result<Option<std::time::Instant>, Failure> {
-    if !payload.recreate {
-        return Ok(None);
-    }
-    let number = payload.container_name().rsplit('-').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
-    let stopped = runtime.stop_older_instances(&payload.app, number).await?;
-    logs.line("agent", format!("recreate: stopped {stopped} older instance(s) of {} on this node before starting this one", payload.app));
-    Ok(Some(std::time::Instant::now()))
-}
-
-/// Says how long a `recreate` rollout left the app with nothing running.
-fn downtime(stopped_at: Option<std::time::Instant>, logs: &LogShipper) {
-    if let Some(at) = stopped_at {
-        logs.line("agent", format!("recreate: downtime {} ms (older instances stopped -> this one healthy)", at.elapsed().as_millis()));
     }
 }
 
