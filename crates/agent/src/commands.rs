@@ -352,8 +352,8 @@ impl Inner {
             Some(CommandKind::ServiceRun) => match serde_json::from_value::<ServicePayload>(command.payload.clone()) {
                 Ok(spec) => match self.services.run(spec) {
                     Ok(()) => Outcome::Handled,
-                    Err(reason) if reason.starts_with("cannot record") => Outcome::Retry(reason),
-                    Err(reason) => {
+                    Err(crate::services::RunRefusal::NotRecorded(reason)) => Outcome::Retry(reason),
+                    Err(crate::services::RunRefusal::Invalid(reason)) => {
                         tracing::error!(command = %command.id, %reason, "invalid service_run payload; dropping the command");
                         Outcome::Handled
                     }

@@ -49,6 +49,15 @@ struct Inner {
 /// Docker's restart policy before the agent starts it itself.
 const POLICY_GRACE: Duration = Duration::from_secs(3);
 
+/// Why a `service_run` was not taken.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RunRefusal {
+    /// The payload is wrong: dropped.
+    Invalid(String),
+    /// It could not be written to disk: retried.
+    NotRecorded(String),
+}
+
 #[derive(Clone)]
 pub struct Services {
     inner: Arc<Inner>,
@@ -100,8 +109,8 @@ impl Services {
     }
 
     /// Takes a `service_run`: recorded, then the supervisor makes it so.
-    pub fn run(&self, spec: ServicePayload) -> Result<(), String> {
-        spec.validate().map_err(|e| e.to_string())?;
+    pub fn run(&self, spec: ServicePayload) -> Result<(), RunRefusal> {
+        spec.validate().map_err(|e| RunRefusal::Invalid(e.to_string()))?;
         let mut specs = self.inner.specs.lock().expect("specs lock");
         if specs.get(&spec.service).is_some_and(|known| known.generation > spec.generation) {
             tracing::info!(service = %spec.service, "an older generation of the service arrived late; kept the newer one");
@@ -109,7 +118,7 @@ impl Services {
         }
         let mut next = specs.clone();
         next.insert(spec.service.clone(), spec.clone());
-        self.save(&next)?;
+        self.save(&next).map_err(RunRefusal::NotRecorded)?;
         *specs = next;
         drop(specs);
         tracing::info!(service = %spec.service, kind = spec.kind.as_str(), generation = spec.generation, "service to run");

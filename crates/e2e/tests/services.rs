@@ -46,6 +46,21 @@ async fn until_state(server: &ServerProcess, agent: &AgentNode, name: &str, want
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()))
 }
 
+/// Joins and starts an agent and waits until it reports running services.
+async fn services_node(server: &ServerProcess, dir: &Path, name: &str) -> AgentNode {
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(server, &dir.join("node"), name, &token, &ca, &[]).unwrap().unwrap();
+    agent.start(&AGENT_FLAGS).unwrap();
+    let node_id = agent.node_id.clone();
+    wait_for(Duration::from_secs(20), "the node to run services", || async {
+        let node = server.node(&node_id).await.ok()?;
+        (node["state"] == "ready" && node["features"].as_array()?.iter().any(|f| f == "services")).then_some(())
+    })
+    .await
+    .unwrap();
+    agent
+}
+
 /// Waits until the service is healthy again with at least `restarts`
 /// restarts counted.
 async fn until_restarts(server: &ServerProcess, agent: &AgentNode, name: &str, restarts: u64) -> Value {
@@ -96,16 +111,8 @@ async fn a_postgres_service_serves_a_linked_app_keeps_its_data_and_is_reachable_
     service_images();
     let ports = service_ports();
     let Platform { tmp, git, server } = start_platform(&["--service-image", &format!("postgres={IMAGE}"), "--service-ports", &ports]).await.unwrap();
-    let (token, ca) = server.join_token().await.unwrap();
-    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "db-node", &token, &ca, &[]).unwrap().unwrap();
-    agent.start(&AGENT_FLAGS).unwrap();
+    let mut agent = services_node(&server, tmp.path(), "db-node").await;
     let node_id = agent.node_id.clone();
-    wait_for(Duration::from_secs(20), "the node to run services", || async {
-        let node = server.node(&node_id).await.ok()?;
-        (node["state"] == "ready" && node["features"].as_array()?.iter().any(|f| f == "services")).then_some(())
-    })
-    .await
-    .unwrap();
 
     // Bad requests create nothing.
     for (body, fragment) in [
@@ -239,16 +246,7 @@ async fn redis_and_mariadb_services_answer_with_their_credentials_only() {
     let ports = service_ports();
     let flags = ["--service-image", "redis=cloudweb-test/redis:7", "--service-image", "mariadb=cloudweb-test/mariadb:10", "--service-ports", &ports];
     let Platform { tmp, server, .. } = start_platform(&flags).await.unwrap();
-    let (token, ca) = server.join_token().await.unwrap();
-    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "kv-node", &token, &ca, &[]).unwrap().unwrap();
-    agent.start(&AGENT_FLAGS).unwrap();
-    let node_id = agent.node_id.clone();
-    wait_for(Duration::from_secs(20), "the node to run services", || async {
-        let node = server.node(&node_id).await.ok()?;
-        (node["state"] == "ready" && node["features"].as_array()?.iter().any(|f| f == "services")).then_some(())
-    })
-    .await
-    .unwrap();
+    let agent = services_node(&server, tmp.path(), "kv-node").await;
     let (redis, maria) = (unique_name("kv"), unique_name("sql"));
     let started = Instant::now();
     for (name, kind) in [(&redis, "redis"), (&maria, "mariadb")] {
@@ -315,16 +313,8 @@ async fn a_service_whose_disk_fills_is_degraded_with_the_reason_and_recovers() {
     service_images();
     let ports = service_ports();
     let Platform { tmp, server, .. } = start_platform(&["--service-image", "redis=cloudweb-test/redis:7", "--service-ports", &ports]).await.unwrap();
-    let (token, ca) = server.join_token().await.unwrap();
-    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "small-disk", &token, &ca, &[]).unwrap().unwrap();
-    agent.start(&AGENT_FLAGS).unwrap();
+    let agent = services_node(&server, tmp.path(), "small-disk").await;
     let node_id = agent.node_id.clone();
-    wait_for(Duration::from_secs(20), "the node to run services", || async {
-        let node = server.node(&node_id).await.ok()?;
-        (node["state"] == "ready" && node["features"].as_array()?.iter().any(|f| f == "services")).then_some(())
-    })
-    .await
-    .unwrap();
     let name = unique_name("full");
     // The service's volume directory on a small file system of its own.
     let disk = cloudweb_e2e::tmpfs::Tmpfs::mount(&agent.dir.join("volumes").join(format!("svc-{name}")), "8m");

@@ -15,6 +15,7 @@ pub mod misc;
 pub mod renew;
 pub mod repo_ca;
 pub mod services;
+pub mod ssh;
 pub mod validate;
 pub mod version;
 pub mod volumes;
