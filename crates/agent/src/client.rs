@@ -531,6 +531,11 @@ impl ControlPlane {
         self.send(self.http().post(self.url(paths::REPORT)).json(&report)).await.map(drop)
     }
 
+    /// Reports on a volume move (see [`crate::volume_moves`]).
+    pub async fn volume_move(&self, move_id: &str, report: &cloudweb_protocol::MoveReport) -> Result<(), ClientError> {
+        self.send(self.http().post(self.url(&paths::volume_move(move_id))).json(report)).await.map(drop)
+    }
+
     /// Uploads runtime log lines (see [`crate::logs`]).
     pub async fn upload_logs(&self, upload: &cloudweb_protocol::LogUpload) -> Result<cloudweb_protocol::LogUploadResponse, ClientError> {
         let mut upload = upload.clone();

@@ -69,6 +69,7 @@ struct Lanes {
 struct Inner {
     runtime: DockerRuntime,
     services: crate::services::Services,
+    moves: crate::volume_moves::Moves,
     deploy_options: DeployOptions,
     handled_path: PathBuf,
     handled: Mutex<VecDeque<String>>,
@@ -107,6 +108,7 @@ impl Executor {
             .unwrap_or_default();
         Executor {
             inner: Arc::new(Inner {
+                moves: crate::volume_moves::Moves::new(runtime.clone(), data_dir),
                 runtime,
                 services,
                 deploy_options,
@@ -373,11 +375,36 @@ impl Inner {
                     Outcome::Handled
                 }
             },
+            Some(CommandKind::VolumeReceive) => self.move_step(client, command, |moves, client, p| async move { moves.receive(&client, p).await }).await,
+            Some(CommandKind::VolumeSend) => self.move_step(client, command, |moves, client, p| async move { moves.send(&client, p).await }).await,
+            Some(CommandKind::VolumeMoveAbort) => self.move_step(client, command, |moves, client, p| async move { moves.abort(&client, p).await }).await,
+            Some(CommandKind::VolumeRelease) => self.move_step(client, command, |moves, client, p| async move { moves.release(&client, p).await }).await,
+            Some(CommandKind::VolumePurge) => self.move_step(client, command, |moves, client, p| async move { moves.purge(&client, p).await }).await,
             None => {
                 // Nothing to report to: an unknown type names no deployment.
                 tracing::error!(command = %command.id, kind = %command.kind, "this agent cannot handle this command type; dropping it");
                 Outcome::Handled
             }
+        }
+    }
+
+    /// Runs a volume-move command with its payload, once it parses.
+    async fn move_step<P, F, Fut>(&self, client: &Arc<ControlPlane>, command: &Command, run: F) -> Outcome
+    where
+        P: serde::de::DeserializeOwned,
+        F: FnOnce(crate::volume_moves::Moves, Arc<ControlPlane>, P) -> Fut,
+        Fut: std::future::Future<Output = crate::volume_moves::Step>,
+    {
+        let payload: P = match serde_json::from_value(command.payload.clone()) {
+            Ok(payload) => payload,
+            Err(err) => {
+                tracing::error!(command = %command.id, kind = %command.kind, error = %err, "invalid payload; dropping the command");
+                return Outcome::Handled;
+            }
+        };
+        match run(self.moves.clone(), client.clone(), payload).await {
+            crate::volume_moves::Step::Done => Outcome::Handled,
+            crate::volume_moves::Step::Retry(reason) => Outcome::Retry(reason),
         }
     }
 

@@ -23,6 +23,7 @@ pub mod services;
 pub mod shutdown;
 pub mod timestamp;
 pub mod usage;
+pub mod volume_moves;
 pub mod volumes;
 
 /// This agent's version, sent in `X-Cloudweb-Agent-Version`.

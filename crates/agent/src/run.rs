@@ -302,6 +302,7 @@ async fn heartbeat_loop(
             cloudweb_protocol::features::STATIC_SITES.to_string(),
             cloudweb_protocol::features::VOLUMES.to_string(),
             cloudweb_protocol::features::SERVICES.to_string(),
+            cloudweb_protocol::features::VOLUME_MOVES.to_string(),
         ];
         if ingress_active {
             features.push(cloudweb_protocol::features::TRAFFIC_METRICS.to_string());

@@ -8,6 +8,11 @@ pub fn now_rfc3339() -> String {
     ::time::OffsetDateTime::now_utc().format(&::time::format_description::well_known::Rfc3339).unwrap_or_default()
 }
 
+/// Now, in milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -72,3 +72,57 @@ pub struct DeleteAppQuery {
     #[serde(default)]
     pub volumes: VolumesOnDelete,
 }
+
+/// `POST /api/volumes/{name}/move`: copy the volume's data to another node
+/// over the mesh and switch its app there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"to": "node-b"}))]
+pub struct MoveVolume {
+    /// The target node's name or id.
+    pub to: String,
+}
+
+/// A volume move as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct VolumeMoveView {
+    pub id: String,
+    pub volume: String,
+    pub from_node_id: String,
+    pub from_node_name: Option<String>,
+    pub to_node_id: String,
+    pub to_node_name: Option<String>,
+    /// `copying` (the volume is still on its old node), `switched` (it is
+    /// on the new node; its app is starting there), `done` or `failed`.
+    pub state: String,
+    /// Why it failed, or, when done, why the app did not start on the new
+    /// node.
+    pub reason: Option<String>,
+    /// Files in the copy, checked one by one (SHA-256).
+    pub files: Option<i64>,
+    /// Bytes sent over both passes.
+    pub bytes: Option<i64>,
+    /// Digest of the whole tree, the same on both nodes.
+    pub digest: Option<String>,
+    /// When the volume's containers stopped for the last pass.
+    pub stopped_at: Option<String>,
+    pub switched_at: Option<String>,
+    pub finished_at: Option<String>,
+    /// The deployment that runs the app on the new node.
+    pub deployment_id: Option<String>,
+    /// From the containers' stop on the old node to the app running on
+    /// the new one.
+    pub downtime_ms: Option<i64>,
+    /// The data left on the old node: `in-use` (still the volume),
+    /// `kept` (set aside until `keep_until`, or until the move is
+    /// confirmed), `purging`, `purged`.
+    pub source_copy: String,
+    pub keep_until: Option<String>,
+    pub created_at: String,
+}
+
+/// `GET /api/volumes/{name}/moves`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct VolumeMoveList {
+    pub moves: Vec<VolumeMoveView>,
+}

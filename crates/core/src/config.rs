@@ -69,6 +69,9 @@ pub struct Config {
     pub service_images: crate::services::ServiceImages,
     /// Host ports services are published on, per node (`--service-ports`).
     pub service_ports: std::ops::RangeInclusive<u16>,
+    /// How long a moved volume's old copy stays on its old node before it
+    /// is deleted, unless the user confirms the move sooner.
+    pub volume_move_keep: Duration,
 }
 
 impl Config {
@@ -103,6 +106,7 @@ impl Config {
             mesh_endpoints: Default::default(),
             service_images: Default::default(),
             service_ports: 20_000..=29_999,
+            volume_move_keep: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }

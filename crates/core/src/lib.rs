@@ -38,6 +38,7 @@ pub mod runtime_logs;
 pub mod secrets;
 pub mod service_links;
 pub mod services;
+pub mod volume_moves;
 pub mod volumes;
 
 pub use cloudweb_store as store;

@@ -35,6 +35,18 @@ pub enum CommandKind {
     /// Stop and remove a service's container
     /// ([`crate::services::ServiceRemovePayload`]); its data stays.
     ServiceRemove,
+    /// Listen for a volume's data from another node
+    /// ([`crate::volume_moves::VolumeReceivePayload`]).
+    VolumeReceive,
+    /// Send a volume's data to another node
+    /// ([`crate::volume_moves::VolumeSendPayload`]).
+    VolumeSend,
+    /// End a failed move on this node ([`crate::volume_moves::VolumeMoveStep`]).
+    VolumeMoveAbort,
+    /// Set a moved volume's old copy aside ([`crate::volume_moves::VolumeMoveStep`]).
+    VolumeRelease,
+    /// Delete a moved volume's old copy ([`crate::volume_moves::VolumeMoveStep`]).
+    VolumePurge,
 }
 
 impl CommandKind {
@@ -45,6 +57,11 @@ impl CommandKind {
             CommandKind::VolumeDelete => "volume_delete",
             CommandKind::ServiceRun => "service_run",
             CommandKind::ServiceRemove => "service_remove",
+            CommandKind::VolumeReceive => "volume_receive",
+            CommandKind::VolumeSend => "volume_send",
+            CommandKind::VolumeMoveAbort => "volume_move_abort",
+            CommandKind::VolumeRelease => "volume_release",
+            CommandKind::VolumePurge => "volume_purge",
         }
     }
 
@@ -55,6 +72,11 @@ impl CommandKind {
             "volume_delete" => Some(CommandKind::VolumeDelete),
             "service_run" => Some(CommandKind::ServiceRun),
             "service_remove" => Some(CommandKind::ServiceRemove),
+            "volume_receive" => Some(CommandKind::VolumeReceive),
+            "volume_send" => Some(CommandKind::VolumeSend),
+            "volume_move_abort" => Some(CommandKind::VolumeMoveAbort),
+            "volume_release" => Some(CommandKind::VolumeRelease),
+            "volume_purge" => Some(CommandKind::VolumePurge),
             _ => None,
         }
     }

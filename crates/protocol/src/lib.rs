@@ -18,6 +18,7 @@ pub mod services;
 pub mod ssh;
 pub mod validate;
 pub mod version;
+pub mod volume_moves;
 pub mod volumes;
 
 pub use certificates::{CertificateSet, HostCertificate, TlsAlpnChallenge, TlsAlpnChallenges};
@@ -32,6 +33,7 @@ pub use renew::{RenewRequest, RenewResponse};
 pub use misc::{error_codes, ErrorBody, LeaveConflict, LeaveResponse, LogLine, RegistryConfig, Report, Route, RouteTable};
 pub use validate::ValidationError;
 pub use services::{ServiceKind, ServicePayload, ServiceRemovePayload, ServiceStatus};
+pub use volume_moves::{Frame, MoveReport, MoveReportState, VolumeMoveStep, VolumeReceivePayload, VolumeSendPayload};
 pub use volumes::{VolumeDeletePayload, VolumeMount};
 pub use version::{negotiate, Negotiation, SupportedRange, Upgrade, UpgradeRequired};
 
@@ -60,6 +62,13 @@ pub mod paths {
         format!("{ACME_CHALLENGE}/{token}")
     }
     pub const RENEW: &str = "/agent/v1/renew";
+    /// `POST /agent/v1/volume-moves/{move_id}`: a node's report on a move.
+    pub const VOLUME_MOVES: &str = "/agent/v1/volume-moves";
+
+    /// `POST /agent/v1/volume-moves/{move_id}`.
+    pub fn volume_move(move_id: &str) -> String {
+        format!("{VOLUME_MOVES}/{move_id}")
+    }
 
     /// `POST /agent/v1/commands/{id}/ack`.
     pub fn ack(command_id: &str) -> String {
@@ -96,4 +105,7 @@ pub mod features {
     /// The agent runs managed services (`service_run`, `service_remove`)
     /// and reports them in `health.services`.
     pub const SERVICES: &str = "services";
+    /// The agent sends and receives volumes over the mesh
+    /// (`volume_receive`, `volume_send` and the other move commands).
+    pub const VOLUME_MOVES: &str = "volume-moves";
 }

@@ -325,6 +325,7 @@ async fn serve(
         tokio::spawn(api::listener::serve(api_listener, api_router, api_limits(&state.config.api_connections))),
         tokio::spawn(heartbeat_writer(state.clone())),
         tokio::spawn(deploy::reconciler(state.clone())),
+        tokio::spawn(cloudweb_core::volume_moves::watcher(state.clone())),
         tokio::spawn(acme::run(state.clone())),
         tokio::spawn(git::status_poster(state.clone())),
         tokio::spawn(git::refresher(state.clone())),

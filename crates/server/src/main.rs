@@ -179,6 +179,10 @@ struct ServeArgs {
     /// service address (FIRST-LAST).
     #[arg(long, default_value = "20000-29999", value_name = "FIRST-LAST")]
     service_ports: String,
+    /// Days a moved volume's old copy stays on its old node before it is
+    /// deleted (`cloudweb volumes confirm-move` deletes it sooner).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u64).range(0..=365))]
+    volume_move_keep_days: u64,
     /// Seconds a node's client certificate is valid; agents renew it
     /// through the agent listener at two thirds of that (default 365 days).
     #[arg(long, default_value_t = 365 * 24 * 3600, value_parser = clap::value_parser!(u64).range(30..=10 * 365 * 24 * 3600))]
@@ -352,6 +356,7 @@ fn real_main() -> anyhow::Result<()> {
             }
             first..=last
         },
+        volume_move_keep: std::time::Duration::from_secs(args.volume_move_keep_days * 24 * 3600),
         service_images: {
             let mut images = cloudweb_server::services::ServiceImages::default();
             for text in &args.service_image {

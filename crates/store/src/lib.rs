@@ -28,6 +28,7 @@ mod routes;
 pub mod steps;
 mod tokens;
 mod usage;
+mod volume_moves;
 mod volumes;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,6 +50,7 @@ pub use open::DATABASE_FILE;
 pub use overview::{AppRecentUsage, ClusterUsageBucket};
 pub use tokens::TokenRejection;
 pub use services::{LinkRefusal, ServiceLinkRow, ServiceRefusal, ServiceRow};
+pub use volume_moves::{MoveRefusal, VolumeMoveRow};
 pub use volumes::{AttachRefusal, Attached, VolumeDeletion, VolumeRow, MAX_VOLUMES_PER_APP};
 pub use usage::{AppUsage, AppUsageRow, NodeUsageRow, NodeUsageSample, FINE as USAGE_FINE_SECONDS};
 

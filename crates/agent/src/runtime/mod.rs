@@ -124,6 +124,36 @@ impl DockerRuntime {
             .collect())
     }
 
+    /// The running containers that bind-mount `source`, by id.
+    pub async fn running_mounting(&self, source: &str) -> Result<Vec<String>, RuntimeError> {
+        let containers = self.docker()?.list_containers(Some(ListContainersOptionsBuilder::new().build())).await?;
+        Ok(containers
+            .into_iter()
+            .filter(|c| c.mounts.as_ref().is_some_and(|mounts| mounts.iter().any(|m| m.source.as_deref() == Some(source))))
+            .filter_map(|c| c.id)
+            .collect())
+    }
+
+    /// Stops a container (with the grace period) and keeps it, so it can
+    /// start again as it was.
+    pub async fn stop_keep(&self, id: &str) -> Result<(), RuntimeError> {
+        let stop = StopContainerOptionsBuilder::new().t(STOP_GRACE_SECONDS).build();
+        self.changed();
+        match self.docker()?.stop_container(id, Some(stop)).await {
+            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 304, .. }) => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Starts a stopped container again; one that runs or is gone is fine.
+    pub async fn start_existing(&self, id: &str) -> Result<(), RuntimeError> {
+        self.changed();
+        match self.docker()?.start_container(id, None::<bollard::query_parameters::StartContainerOptions>).await {
+            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 304 | 404, .. }) => Ok(()),
+            Err(err) => Err(err.into()),
+        }
+    }
+
     /// Every container (running or not) carrying all of `labels`.
     async fn labelled(&self, labels: Vec<String>) -> Result<Vec<bollard::models::ContainerSummary>, RuntimeError> {
         let filters = HashMap::from([("label", labels)]);

@@ -17,6 +17,7 @@ pub use crate::listener_cert;
 mod renew;
 mod report;
 mod stream;
+mod volume_moves;
 
 use std::sync::Arc;
 
@@ -76,6 +77,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/agent/v1/acme-challenge/{token}", get(certificates::challenge))
         .route(paths::ACME_TLS_ALPN, get(certificates::tls_alpn))
         .route(paths::RENEW, post(renew::renew))
+        .route("/agent/v1/volume-moves/{id}", post(volume_moves::report))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_node));
     Router::new()
         .route(paths::JOIN, post(join::join))

@@ -18,6 +18,7 @@ pub mod openapi;
 mod runtime_logs;
 pub mod services;
 pub mod traffic;
+pub mod volume_moves;
 pub mod volumes;
 
 use std::sync::Arc;
@@ -59,6 +60,10 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(volumes::remove))
         .routes(routes!(volumes::of_app, volumes::attach))
         .routes(routes!(volumes::detach))
+        .routes(routes!(volume_moves::start))
+        .routes(routes!(volume_moves::of_volume))
+        .routes(routes!(volume_moves::show))
+        .routes(routes!(volume_moves::confirm))
         .routes(routes!(services::list, services::create))
         .routes(routes!(services::show, services::remove))
         .routes(routes!(services::link))

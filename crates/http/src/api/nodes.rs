@@ -204,7 +204,7 @@ pub async fn enqueue(
         Some(CommandKind::Deploy) => {
             return Err(ApiError::BadRequest("deploy commands are created by deployments, not queued by hand".into()))
         }
-        Some(CommandKind::VolumeDelete | CommandKind::ServiceRun | CommandKind::ServiceRemove) => {
+        Some(_) => {
             return Err(ApiError::BadRequest(format!("{} commands are queued by the volumes and services routes, not by hand", request.kind)))
         }
         None => return Err(ApiError::BadRequest("type must be \"stop\"".to_string())),
