@@ -79,8 +79,10 @@ pub struct DeleteAppQuery {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"to": "node-b"}))]
 pub struct MoveVolume {
-    /// The target node's name or id.
-    pub to: String,
+    /// The target node's name or id; when absent, the ready node (not
+    /// draining, running the mesh) with the most free disk.
+    #[serde(default)]
+    pub to: Option<String>,
 }
 
 /// A volume move as the API shows it.

@@ -238,7 +238,7 @@ fn check(command: &Command) -> Result<(), Failure> {
         {
             return Err(Failure::Usage("--cpu must be 0.01 to 64 cores".into()));
         }
-        Command::Nodes { command: Some(NodesCommand::Drain { node } | NodesCommand::Undrain { node } | NodesCommand::Rm { node, .. }) }
+        Command::Nodes { command: Some(NodesCommand::Drain { node, .. } | NodesCommand::Undrain { node } | NodesCommand::Rm { node, .. }) }
             if node.trim().is_empty() =>
         {
             return Err(Failure::Usage("a node id or name is needed".into()));

@@ -17,7 +17,18 @@ pub enum NodesCommand {
     /// new node.
     Token,
     /// Stop placing instances on a node and move its instances away.
-    Drain { node: String },
+    Drain {
+        node: String,
+        /// Also move the volumes this node holds (their apps stay here
+        /// otherwise): each is copied over the mesh and its app restarted
+        /// on the target.
+        #[arg(long)]
+        move_volumes: bool,
+        /// Where `--move-volumes` sends them (name or id); the ready node
+        /// with the most free disk for each when absent.
+        #[arg(long, requires = "move_volumes")]
+        to: Option<String>,
+    },
     /// Let a drained node take instances again.
     Undrain { node: String },
     /// Remove a node that runs nothing (`--force` for an unreachable node
@@ -92,10 +103,23 @@ pub async fn run(api: &Api, command: NodesCommand, json: bool) -> Result<(), Fai
                 println!("  {}", cell(&token.command));
             }
         }
-        NodesCommand::Drain { node } => {
+        NodesCommand::Drain { node, move_volumes, to } => {
             let id = node_id(api, &node).await?;
             let view: NodeView = api.post(&format!("/api/nodes/{}/drain", segment(&id))).await?;
-            if json {
+            let volumes: cloudweb_api_types::volumes::VolumeList = api.get("/api/volumes").await?;
+            let held: Vec<_> = volumes.volumes.into_iter().filter(|v| v.node_id.as_deref() == Some(id.as_str()) && v.service.is_none()).collect();
+            let mut moves = Vec::new();
+            if move_volumes {
+                for volume in &held {
+                    let body = cloudweb_api_types::volumes::MoveVolume { to: to.clone() };
+                    let started: cloudweb_api_types::volumes::VolumeMoveView =
+                        api.call(reqwest::Method::POST, &format!("/api/volumes/{}/move", segment(&volume.name)), Some(&body)).await?;
+                    moves.push(started);
+                }
+            }
+            if json && move_volumes {
+                render::json(&json!({"node": view, "moves": moves}));
+            } else if json {
                 render::json(&view);
             } else {
                 println!("node {} ({id}) is draining: its instances move to other nodes", cell(&view.name));
@@ -104,6 +128,15 @@ pub async fn run(api: &Api, command: NodesCommand, json: bool) -> Result<(), Fai
                     for app in &view.waiting {
                         println!("  {}: {}", cell(&app.app), cell(&app.reason));
                     }
+                }
+                for started in &moves {
+                    let to = started.to_node_name.clone().unwrap_or_else(|| started.to_node_id.clone());
+                    println!("moving volume {} to {} ({}); follow it with `cloudweb volumes moves {}`", cell(&started.volume), cell(&to), cell(&started.id), cell(&started.volume));
+                }
+                if !move_volumes && !held.is_empty() {
+                    let names: Vec<String> = held.iter().map(|v| cell(&v.name)).collect();
+                    println!("it holds volumes {}: their apps stay on it until they move", names.join(", "));
+                    println!("  cloudweb nodes drain {} --move-volumes [--to NODE]", cell(&node));
                 }
             }
         }

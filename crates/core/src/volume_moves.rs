@@ -69,8 +69,35 @@ fn usable_node(state: &AppState, wanted: &str, role: &str) -> Result<(String, St
     Ok((node.id.clone(), crate::mesh_address(node.mesh_index)))
 }
 
-/// Starts moving volume `name` to node `to` (id or name).
-pub async fn start(state: &AppState, name: &str, to: &str) -> Result<VolumeMoveRow, ApiError> {
+/// The node a volume goes to when the user names none: a ready node
+/// other than `from` that can take part, with the most free disk (and
+/// room for `size` bytes, when known).
+fn pick_target(state: &AppState, from: &str, size: Option<i64>) -> Result<String, ApiError> {
+    let mut best: Option<(u64, String)> = None;
+    for node in state.nodes.all() {
+        if node.id == from || usable_node(state, &node.id, "target").is_err() {
+            continue;
+        }
+        let free = match (node.capacity, node.metrics.as_ref().and_then(|m| m.value.node.as_ref()).and_then(|n| n.disk_used)) {
+            (Some(capacity), Some(used)) => capacity.disk_bytes.saturating_sub(used),
+            (Some(capacity), None) => capacity.disk_bytes,
+            _ => 0,
+        };
+        if size.is_some_and(|s| free < s.max(0) as u64) {
+            continue;
+        }
+        if best.as_ref().is_none_or(|(most, _)| free > *most) {
+            best = Some((free, node.id.clone()));
+        }
+    }
+    best.map(|(_, id)| id).ok_or_else(|| {
+        ApiError::Conflict("no other node can take the volume (each must be ready, not draining, run the mesh and have room)".into())
+    })
+}
+
+/// Starts moving volume `name` to node `to` (id or name; picked when
+/// `None`).
+pub async fn start(state: &AppState, name: &str, to: Option<&str>) -> Result<VolumeMoveRow, ApiError> {
     cloudweb_protocol::volumes::name(name).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let volume = state.store.volume(name).await?.ok_or_else(|| ApiError::NotFound(format!("no volume named {name}")))?;
     if let Some(service) = &volume.service {
@@ -81,7 +108,11 @@ pub async fn start(state: &AppState, name: &str, to: &str) -> Result<VolumeMoveR
     let Some(from) = volume.node_id.clone() else {
         return Err(ApiError::Conflict(format!("volume {name} has no data on any node yet; it is created where its app is first placed")));
     };
-    let (to_id, to_mesh) = usable_node(state, to, "target")?;
+    let to = match to {
+        Some(to) => to.to_string(),
+        None => pick_target(state, &from, volume.size_bytes)?,
+    };
+    let (to_id, to_mesh) = usable_node(state, &to, "target")?;
     if to_id == from {
         return Err(ApiError::Conflict(format!("volume {name} is on node {to} already")));
     }

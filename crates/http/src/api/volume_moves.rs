@@ -54,8 +54,10 @@ pub fn view(state: &AppState, moved: &VolumeMoveRow) -> VolumeMoveView {
     ))]
 pub async fn start(State(state): State<Arc<AppState>>, Path(name): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<VolumeMoveView>), ApiError> {
     let request: MoveVolume = parse_json(&body_bytes(body)?)?;
-    cloudweb_protocol::validate::bounded_text("to", &request.to, 128).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let moved = crate::volume_moves::start(&state, &name, &request.to).await?;
+    if let Some(to) = &request.to {
+        cloudweb_protocol::validate::bounded_text("to", to, 128).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    }
+    let moved = crate::volume_moves::start(&state, &name, request.to.as_deref()).await?;
     Ok((StatusCode::ACCEPTED, Json(view(&state, &moved))))
 }
 
