@@ -307,6 +307,91 @@ async fn write_content<R: tokio::io::AsyncRead + Unpin>(reader: &mut R, at: &Pat
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::volume_moves::send;
+
+    fn payload(grant: &str) -> VolumeReceivePayload {
+        VolumeReceivePayload {
+            move_id: "mv_0123456789abcdef".into(),
+            volume: "files".into(),
+            grant: grant.into(),
+            listen: "127.0.0.1".into(),
+            from: "127.0.0.1".into(),
+            timeout_seconds: 60,
+        }
+    }
+
+    /// A wrong grant is refused and the receiver waits on; the right one
+    /// copies a tree in two passes (the second sends only what changed and
+    /// removes what the source deleted), and the copy is put in place.
+    #[tokio::test]
+    async fn two_passes_copy_a_tree_and_a_wrong_grant_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("source");
+        std::fs::create_dir_all(source.join("a/b")).unwrap();
+        std::fs::write(source.join("a/b/one"), b"one").unwrap();
+        std::fs::write(source.join("gone"), b"deleted before pass 2").unwrap();
+        std::os::unix::fs::symlink("a/b/one", source.join("link")).unwrap();
+        let (staging, volume_dir) = (dir.path().join("staging"), dir.path().join("volume"));
+        let grant = "ab".repeat(32);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let to = listener.local_addr().unwrap().to_string();
+        let (_cancel, cancelled) = watch::channel(false);
+        let receiver = {
+            let (payload, staging, volume_dir) = (payload(&grant), staging.clone(), volume_dir.clone());
+            tokio::spawn(async move { serve(listener, &payload, &staging, &volume_dir, cancelled).await })
+        };
+        let mut sent = send::Sent::new();
+        let wrong = send::pass(send::connect(&to).await.unwrap(), &source, "mv_0123456789abcdef", &"cd".repeat(32), 1, &mut sent).await;
+        assert!(wrong.unwrap_err().contains("refused"));
+        let first = send::pass(send::connect(&to).await.unwrap(), &source, "mv_0123456789abcdef", &grant, 1, &mut sent).await.unwrap();
+        assert_eq!(first.files, 2);
+        std::fs::remove_file(source.join("gone")).unwrap();
+        std::fs::write(source.join("a/new"), b"written between the passes").unwrap();
+        let second = send::pass(send::connect(&to).await.unwrap(), &source, "mv_0123456789abcdef", &grant, 2, &mut sent).await.unwrap();
+        assert_eq!(second.bytes, "written between the passes".len() as u64, "only the new file is sent again");
+        let received = receiver.await.unwrap().unwrap();
+        assert_eq!(received.digest, second.digest);
+        assert_eq!(std::fs::read(volume_dir.join("a/b/one")).unwrap(), b"one");
+        assert_eq!(std::fs::read(volume_dir.join("a/new")).unwrap(), b"written between the passes");
+        assert!(!volume_dir.join("gone").exists());
+        assert_eq!(std::fs::read_link(volume_dir.join("link")).unwrap(), Path::new("a/b/one"));
+        assert!(!staging.exists());
+    }
+
+    /// A sender that tries to write outside the volume (a `..` path, or a
+    /// path through a symlink it sent) fails the move; nothing is written
+    /// outside the staging directory.
+    #[tokio::test]
+    async fn paths_out_of_the_volume_fail_the_copy() {
+        for attack in [vec![Frame::Dir { path: "../escape".into(), mode: 0o755, uid: 0, gid: 0 }], vec![
+            Frame::Link { path: "l".into(), target: "/tmp".into(), uid: 0, gid: 0 },
+            Frame::File { path: "l/escape".into(), size: 1, mode: 0o644, uid: 0, gid: 0, mtime_ns: 0 },
+        ]] {
+            let dir = tempfile::tempdir().unwrap();
+            let (staging, volume_dir) = (dir.path().join("in/staging"), dir.path().join("volume"));
+            let grant = "ab".repeat(32);
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let to = listener.local_addr().unwrap().to_string();
+            let (_cancel, cancelled) = watch::channel(false);
+            let receiver = {
+                let (payload, staging, volume_dir) = (payload(&grant), staging.clone(), volume_dir.clone());
+                tokio::spawn(async move { serve(listener, &payload, &staging, &volume_dir, cancelled).await })
+            };
+            let stream = TcpStream::connect(&to).await.unwrap();
+            let (mut read, mut write) = stream.into_split();
+            write_frame(&mut write, &Frame::Hello { move_id: "mv_0123456789abcdef".into(), pass: 1, grant }).await.unwrap();
+            assert_eq!(read_frame(&mut read).await.unwrap(), Frame::Ready);
+            write_frame(&mut write, &Frame::Dir { path: String::new(), mode: 0o755, uid: 0, gid: 0 }).await.unwrap();
+            for frame in &attack {
+                write_frame(&mut write, frame).await.unwrap();
+            }
+            let _ = write.write_all(b"x").await;
+            let outcome = receiver.await.unwrap();
+            assert!(outcome.is_err(), "{attack:?}");
+            assert!(!dir.path().join("in/escape").exists() && !Path::new("/tmp/escape").exists());
+            assert!(!volume_dir.exists());
+        }
+    }
 
     #[test]
     fn grants_compare_in_constant_time_and_exactly() {
