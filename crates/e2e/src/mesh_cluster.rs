@@ -102,6 +102,8 @@ pub struct Setup {
     /// would forward (`ip_forward=0`, FORWARD policy DROP, as on a host
     /// where Docker set it), before any agent starts.
     pub control_drops_forwarding: bool,
+    /// More arguments for `cloudweb-server run`.
+    pub server_args: Vec<String>,
 }
 
 impl MeshCluster {
@@ -157,6 +159,7 @@ impl MeshCluster {
             // exist yet: the registry starts once that node's agent is up.
             args.extend(["--registry-bin".into(), "/usr/bin/docker-registry".into(), "--registry-listen".into(), format!("10.77.0.1:{registry_port}")]);
         }
+        args.extend(setup.server_args.iter().cloned());
         let server_bin = bin("cloudweb-server").display().to_string();
         let server = Process::spawn("ip".as_ref(), &lan.members[0].wrap(&server_bin, &args), tmp.path().join("server.log"))?;
         let backend = kernel_wireguard(&lan);
