@@ -97,6 +97,7 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/services/{name}/delete", get(services::confirm_delete).post(services::delete))
         .route("/volumes", get(volumes::page))
         .route("/volumes/{name}/delete", get(volumes::confirm_delete).post(volumes::delete))
+        .route("/volumes/{name}/move", post(volumes::start_move))
         .route("/deployments/{id}", get(deployments::page))
         .route("/deployments/{id}/logs", get(deployments::log_stream))
         .route("/monitoring", get(monitoring::page))

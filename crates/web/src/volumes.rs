@@ -122,6 +122,15 @@ pub async fn page(ctx: Ctx) -> Response {
         Ok(volumes) => volumes,
         Err(err) => return ApiError::from(err).into_response(),
     };
+    let mut last_moves = HashMap::new();
+    for volume in &volumes {
+        if let Ok(moves) = ctx.state.store.volume_moves_of(&volume.name).await {
+            if let Some(last) = moves.into_iter().next() {
+                last_moves.insert(volume.name.clone(), last);
+            }
+        }
+    }
+    let nodes = ctx.state.nodes.all();
     let body = html! {
         p.help { (ctx.t("volumes.page_help")) }
         @if volumes.is_empty() {
@@ -146,7 +155,27 @@ pub async fn page(ctx: Ctx) -> Response {
                             }
                             td { (size_label(volume)) }
                             td {
+                                @if let (Some(from), None) = (&volume.node_id, &volume.service) {
+                                    form.inline method="post" action=(format!("/volumes/{}/move", volume.name)) {
+                                        (csrf_field(&ctx))
+                                        select name="to" aria-label=(ctx.t("volumes.move")) {
+                                            @for node in nodes.iter().filter(|n| n.id != *from) {
+                                                option value=(node.id) { (node.name) }
+                                            }
+                                        }
+                                        button type="submit" { (ctx.t("volumes.move")) }
+                                    }
+                                }
+                                @if let Some(last) = last_moves.get(&volume.name) {
+                                    br;
+                                    span.help {
+                                        (ctx.t("volumes.last_move")) ": " (last.state)
+                                        @if let Some(downtime) = last.downtime_ms { " (" (format!("{:.1} s", downtime as f64 / 1000.0)) ")" }
+                                        @if let Some(reason) = &last.reason { " – " (reason) }
+                                    }
+                                }
                                 @if volume.app.is_none() && volume.service.is_none() {
+                                    " "
                                     a.danger href=(format!("/volumes/{}/delete", volume.name)) { (ctx.t("volumes.delete")) }
                                 }
                             }
@@ -157,6 +186,18 @@ pub async fn page(ctx: Ctx) -> Response {
         }
     };
     layout::page(&ctx, ctx.t("volumes.title"), Nav::Data, "/volumes", body).into_response()
+}
+
+/// The move form: starts a move and comes back to the list, where the
+/// volume's last move shows how it goes.
+pub async fn start_move(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Some(refused) = ctx.refusal(&form) {
+        return refused;
+    }
+    let to = form.get("to").map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    let body = serde_json::to_vec(&cloudweb_api_types::volumes::MoveVolume { to }).expect("strings serialize");
+    let result = api::volume_moves::start(State(ctx.state.clone()), Path(name), Ok(Bytes::from(body))).await;
+    ctx.outcome(result.map(|_| ()), "/volumes")
 }
 
 pub async fn confirm_delete(ctx: Ctx, Path(name): Path<String>) -> Response {
