@@ -33,6 +33,7 @@ mod simulate;
 mod stats;
 mod target;
 mod timestamp;
+mod volumes;
 mod webhook;
 
 use clap::{Parser, Subcommand};
@@ -97,6 +98,10 @@ enum Commands {
     /// connections, against `docker run` of the same image with the same
     /// readiness probe (local images from scripts/service-images.sh).
     Services(services::Args),
+    /// Throughput of a volume move between two real agents over their
+    /// mesh (from the POST to `switched`), against `tar | TCP | tar` over
+    /// the same path, with the app's downtime.
+    VolumeMove(volumes::Args),
     /// Every command above, one after the other, each in its own process
     /// and bounded in time, then a table of every target's verdict; exits
     /// non-zero if a target is NOT met or a command failed. `--quick` runs
@@ -127,6 +132,7 @@ fn main() -> std::process::ExitCode {
             Commands::Mesh(args) => interruptible(mesh::run(args)).await,
             Commands::Acme(args) => interruptible(acme::run(args)).await,
             Commands::Services(args) => interruptible(services::run(args)).await,
+            Commands::VolumeMove(args) => interruptible(volumes::run(args)).await,
             Commands::All(_) => unreachable!("handled above"),
         }
     });
