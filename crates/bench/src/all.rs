@@ -69,7 +69,7 @@ const STEPS: &[Step] = &[
     step("acme", &["--ingress-nodes", "2", "--runs", "2", "--timeout-seconds", "30"], 60),
     step("deploy", &["--runs", "1", "--settle-timeout-seconds", "60"], 90),
     step("services", &["--runs", "2"], 90),
-    step("volume-move", &["--quick", "--runs", "3"], 90),
+    step("volume-move", &["--quick", "--runs", "2"], 150),
     step_as(
         "volumes",
         &["ingress", "--volume"],
