@@ -42,7 +42,27 @@ struct Inner {
     /// Restarts Docker's count no longer shows: the agent's own, and the
     /// policy's before a start by hand reset that count.
     own_restarts: Mutex<BTreeMap<String, u64>>,
+    /// The containers (by id) whose database took their spec's password
+    /// (`set_password`); run again after an agent restart, which is
+    /// harmless.
+    passwords_set: Mutex<std::collections::HashSet<String>>,
     wake: Notify,
+}
+
+/// How long setting a service's password may take.
+const PASSWORD_LIMIT: Duration = Duration::from_secs(20);
+
+/// `text` without the secrets of `exec`: every value of its environment
+/// and every longer word of its standard input.
+fn redact(text: &str, exec: &cloudweb_protocol::ServiceExec) -> String {
+    let mut secrets: Vec<&str> = exec.env.values().map(String::as_str).collect();
+    secrets.extend(exec.stdin.split(|c: char| !c.is_ascii_alphanumeric()).filter(|w| w.len() >= 12));
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut text = text.to_string();
+    for secret in secrets.into_iter().filter(|s| !s.is_empty()) {
+        text = text.replace(secret, "[redacted]");
+    }
+    text
 }
 
 /// How long a stopped container of the right generation is left to
@@ -97,6 +117,7 @@ impl Services {
                 statuses: Mutex::new(BTreeMap::new()),
                 stopped_since: Mutex::new(BTreeMap::new()),
                 own_restarts: Mutex::new(BTreeMap::new()),
+                passwords_set: Mutex::new(std::collections::HashSet::new()),
                 wake: Notify::new(),
             }),
         }
@@ -183,6 +204,33 @@ impl Services {
         }
     }
 
+    /// Makes the database of container `id` accept the spec's password,
+    /// once per container. Its error is one line without the output (which
+    /// may quote the statement, so the password).
+    async fn set_password(&self, spec: &ServicePayload, id: &str) -> Result<(), String> {
+        let Some(exec) = &spec.set_password else { return Ok(()) };
+        if self.inner.passwords_set.lock().expect("passwords lock").contains(id) {
+            return Ok(());
+        }
+        let program = exec.cmd.first().map(String::as_str).unwrap_or("the command");
+        match self.inner.runtime.exec_service(&spec.service, exec, PASSWORD_LIMIT).await {
+            Ok((Some(0), _)) => {
+                self.inner.passwords_set.lock().expect("passwords lock").insert(id.to_string());
+                tracing::info!(service = %spec.service, generation = spec.generation, "the service's database took its password");
+                Ok(())
+            }
+            Ok((code, output)) => {
+                let output = redact(&output, exec);
+                tracing::warn!(service = %spec.service, ?code, output = %cloudweb_protocol::misc::one_line(&output, 500), "setting the service's password failed");
+                Err(match code {
+                    Some(code) => format!("could not set the password ({program} exited with code {code}); it keeps the one it had"),
+                    None => format!("could not set the password ({program} did not finish in {} s); it keeps the one it had", PASSWORD_LIMIT.as_secs()),
+                })
+            }
+            Err(err) => Err(cloudweb_protocol::misc::one_line(&format!("could not set the password: {err}"), 500)),
+        }
+    }
+
     async fn service_ip(&self) -> Result<String, String> {
         match &self.inner.service_ip {
             Some(ip) => Ok(ip.clone()),
@@ -222,7 +270,20 @@ impl Services {
         match container {
             Some(c) if c.generation == spec.generation && c.running => {
                 status.restarts = c.restart_count + own;
-                match self.inner.runtime.probe_service(&spec.service, &spec.health, PROBE_LIMIT).await {
+                let probed = match self.inner.runtime.probe_service(&spec.service, &spec.health, PROBE_LIMIT).await {
+                    Ok(true) => match self.set_password(spec, &c.id).await {
+                        Ok(()) => Ok(true),
+                        Err(detail) => {
+                            // It answers, with the password it had: said,
+                            // so the control plane keeps handing that one out.
+                            status.state = "failed".into();
+                            status.detail = Some(detail);
+                            return status;
+                        }
+                    },
+                    other => other,
+                };
+                match probed {
                     Ok(true) => match full_disk(&crate::volumes::dir(&self.inner.data_dir, &spec.volume)) {
                         // It answers, but cannot write: said, not hidden.
                         Some(free) => {
@@ -269,7 +330,14 @@ impl Services {
             }
             other => {
                 // Missing or of another generation: a new container on the
-                // same data.
+                // same data, once its image is on this node (an upgrade
+                // to an image that cannot be had keeps the old container).
+                if let Err(err) = self.inner.runtime.ensure_image(&spec.image, None).await {
+                    status.state = "failed".into();
+                    let kept = other.as_ref().map(|old| format!("; the container of generation {} is kept", old.generation)).unwrap_or_default();
+                    status.detail = Some(cloudweb_protocol::misc::one_line(&format!("cannot get image {}: {err}{kept}", spec.image), 500));
+                    return status;
+                }
                 if let Some(old) = &other {
                     tracing::info!(service = %spec.service, generation = old.generation, running = old.running, "replacing the service's container");
                     if let Err(err) = self.inner.runtime.remove_service(&spec.service).await {
@@ -300,5 +368,23 @@ impl Services {
             }
         }
         status
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use cloudweb_protocol::ServiceExec;
+
+    #[test]
+    fn the_output_of_setting_a_password_is_redacted() {
+        let exec = ServiceExec {
+            cmd: vec!["mariadb".into()],
+            env: BTreeMap::from([("MYSQL_PWD".into(), "rootsecret".into())]),
+            stdin: "ALTER USER 'app'@'%' IDENTIFIED BY 'Abcdefghijkl0123';".into(),
+        };
+        let out = super::redact("ERROR near 'Abcdefghijkl0123' for rootsecret at IDENTIFIED", &exec);
+        assert_eq!(out, "ERROR near '[redacted]' for [redacted] at IDENTIFIED");
     }
 }

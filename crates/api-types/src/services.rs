@@ -1,6 +1,8 @@
 //! Managed services: `GET|POST /api/services`, `GET|DELETE
-//! /api/services/{name}`, `POST /api/services/{name}/links` and `DELETE
-//! /api/services/{name}/links/{app}`.
+//! /api/services/{name}`, `POST /api/services/{name}/links`, `DELETE
+//! /api/services/{name}/links/{app}`, `POST
+//! /api/services/{name}/rotate-password` and `POST
+//! /api/services/{name}/upgrade`.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -52,6 +54,29 @@ pub struct ServiceView {
     pub memory: Option<i64>,
     pub links: Vec<LinkView>,
     pub created_at: String,
+    /// Present while a password rotation is unfinished: linked apps get
+    /// the old password until the node runs the new one, then they are
+    /// redeployed and the old one stops working.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation: Option<RotationView>,
+}
+
+/// An unfinished password rotation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RotationView {
+    /// When it was asked for (RFC 3339).
+    pub since: String,
+    /// What it waits for.
+    pub detail: String,
+}
+
+/// `POST /api/services/{name}/upgrade`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"version": "16.4"}))]
+pub struct UpgradeService {
+    /// The version to run (digits and dots): the image's tag.
+    pub version: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -2,7 +2,9 @@
 //! MariaDB) and the apps linked to them.
 
 use clap::{Subcommand, ValueEnum};
-use cloudweb_api_types::services::{CreateLink, CreateService, LinkView, ServiceKind, ServiceList, ServiceView};
+use std::time::{Duration, Instant};
+
+use cloudweb_api_types::services::{CreateLink, CreateService, LinkView, ServiceKind, ServiceList, ServiceView, UpgradeService};
 use reqwest::Method;
 use serde_json::json;
 
@@ -51,6 +53,28 @@ pub enum ServicesCommand {
     },
     /// Take the variable away from the app's next deploy on.
     Unlink { service: String, app: String },
+    /// Give the service a new password: its node makes the database take
+    /// it, linked apps are redeployed with the new URL, and the old one
+    /// stops working. Waits until that is done unless --no-wait.
+    RotatePassword {
+        name: String,
+        /// Return once it has started.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Run another version on the same data (a new container of the new
+    /// image): a minor version, e.g. 15.4 to 15.6; PostgreSQL's major
+    /// versions need a dump and a restore. Waits until it is healthy
+    /// unless --no-wait.
+    Upgrade {
+        name: String,
+        /// The version (the image's tag), e.g. 16.4.
+        #[arg(long)]
+        version: String,
+        /// Return once it is queued.
+        #[arg(long)]
+        no_wait: bool,
+    },
     /// Delete a service. Its data stays in its volume (listed as detached)
     /// unless --delete-data.
     Rm {
@@ -121,6 +145,36 @@ pub async fn run(api: &Api, command: ServicesCommand, json: bool) -> Result<(), 
                 println!("{} is unlinked from {} from its next deploy on", clean(&app), clean(&service));
             }
         }
+        ServicesCommand::RotatePassword { name, no_wait } => {
+            let path = format!("/api/services/{}", segment(&name));
+            let started: ServiceView = api.post(&format!("{path}/rotate-password")).await?;
+            let view = if no_wait { started } else { wait(api, &path, WAIT_LIMIT, |v| v.rotation.is_none()).await? };
+            let apps: Vec<&str> = view.links.iter().map(|l| l.app.as_str()).collect();
+            if json {
+                render::json(&view);
+            } else if let Some(rotation) = &view.rotation {
+                println!("password rotation of {} started: {}", clean(&name), clean(&rotation.detail));
+            } else if apps.is_empty() {
+                println!("password of {} rotated; the old one no longer works", clean(&name));
+            } else {
+                println!("password of {} rotated; the old one no longer works; redeployed with the new URL: {}", clean(&name), clean(&apps.join(", ")));
+            }
+        }
+        ServicesCommand::Upgrade { name, version, no_wait } => {
+            let path = format!("/api/services/{}", segment(&name));
+            let body = UpgradeService { version };
+            let queued: ServiceView = api.call(Method::POST, &format!("{path}/upgrade"), Some(&body)).await?;
+            let view = if no_wait { queued } else { wait(api, &path, WAIT_LIMIT, |v| matches!(v.state.as_str(), "healthy" | "degraded" | "failed")).await? };
+            if json {
+                render::json(&view);
+            } else if view.state == "failed" {
+                return Err(Failure::Action(format!("service {} did not start {}: {}", clean(&name), clean(&view.image), clean(&view.detail.unwrap_or_default()))));
+            } else if no_wait {
+                println!("service {} goes to {}; its node replaces the container on the same data", clean(&name), clean(&view.image));
+            } else {
+                println!("service {} runs {} on the same data ({})", clean(&name), clean(&view.image), clean(&view.state));
+            }
+        }
         ServicesCommand::Rm { name, delete_data } => {
             let query = if delete_data { "?data=delete" } else { "" };
             api.delete(&format!("/api/services/{}{query}", segment(&name))).await?;
@@ -134,4 +188,23 @@ pub async fn run(api: &Api, command: ServicesCommand, json: bool) -> Result<(), 
         }
     }
     Ok(())
+}
+
+/// How long rotate-password and upgrade wait for the node.
+const WAIT_LIMIT: Duration = Duration::from_secs(300);
+
+/// Polls the service until `done` holds; a timeout says what it waits for.
+async fn wait(api: &Api, path: &str, limit: Duration, done: impl Fn(&ServiceView) -> bool) -> Result<ServiceView, Failure> {
+    let start = Instant::now();
+    loop {
+        let view: ServiceView = api.get(path).await?;
+        if done(&view) {
+            return Ok(view);
+        }
+        if start.elapsed() > limit {
+            let waiting = view.rotation.map(|r| r.detail).or(view.detail).unwrap_or_else(|| view.state.clone());
+            return Err(Failure::Action(format!("gave up waiting after {} s (state {}): {}", limit.as_secs(), clean(&view.state), clean(&waiting))));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

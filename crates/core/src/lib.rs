@@ -37,6 +37,7 @@ pub mod routes;
 pub mod runtime_logs;
 pub mod secrets;
 pub mod service_links;
+pub mod service_ops;
 pub mod services;
 pub mod volume_moves;
 pub mod volumes;

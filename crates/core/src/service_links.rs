@@ -48,9 +48,30 @@ pub fn status(state: &AppState, service: &ServiceRow) -> Option<ServiceStatus> {
     health.services.as_ref()?.iter().find(|s| s.service == service.name).cloned()
 }
 
-/// The connection URL a linked app gets.
+/// Whether the node runs the service's current generation with its
+/// password set: healthy (or degraded) at that generation. Until then, an
+/// unfinished rotation's old password is the one the database accepts.
+pub fn runs_current(state: &AppState, service: &ServiceRow) -> bool {
+    status(state, service)
+        .is_some_and(|s| s.generation >= service.generation.max(0) as u64 && matches!(s.state.as_str(), "healthy" | "degraded"))
+}
+
+/// The credentials the database accepts now: during a rotation the old
+/// ones until its node runs the generation that sets the new ones.
+pub fn accepted_secret(state: &AppState, service: &ServiceRow) -> Result<ServiceSecret, ApiError> {
+    match &service.previous_secret_sealed {
+        Some(previous) if !runs_current(state, service) => state
+            .sealer
+            .open_json(&secret_context(&service.name), previous)
+            .map_err(|e| ApiError::Internal(format!("service {}: {e}", service.name))),
+        _ => secret(state, service),
+    }
+}
+
+/// The connection URL a linked app gets: with the password the database
+/// accepts now.
 pub fn url(state: &AppState, service: &ServiceRow, address: &str) -> Result<String, ApiError> {
-    let secret = secret(state, service)?;
+    let secret = accepted_secret(state, service)?;
     Ok(match kind_of(service)? {
         ServiceKind::Postgres => format!("postgres://{USER}:{}@{address}/{DATABASE}", secret.password),
         // Redis 6 and later (and Valkey) name the requirepass user `default`;
@@ -73,4 +94,3 @@ pub async fn link_env(state: &AppState, app: &str) -> Result<Result<BTreeMap<Str
     }
     Ok(Ok(env))
 }
-

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use cloudweb_protocol::services::{self, ServiceKind, ServicePayload, ServiceRemovePayload};
+use cloudweb_protocol::services::{self, ServiceExec, ServiceKind, ServicePayload, ServiceRemovePayload};
 use cloudweb_protocol::CommandKind;
 use rand::Rng;
 
@@ -44,23 +44,44 @@ impl ServiceImages {
         Ok(())
     }
 
-    /// The image for a kind and (optional) version: the operator's image
-    /// as given, else the official one with the version as its tag.
+    /// The image for a kind and (optional) version: the official one with
+    /// the version as its tag; the operator's repository with the version
+    /// as its tag when it names one without a tag; the operator's image as
+    /// given when it names a tag (or a digest): see [`Self::pinned`].
     pub fn image(&self, kind: ServiceKind, version: Option<&str>) -> String {
-        match self.0.get(kind.as_str()) {
-            Some(image) => image.clone(),
-            None => {
-                let default = default_image(kind);
-                match version {
-                    Some(version) => format!("{}:{version}", default.rsplit_once(':').map_or(default, |(repo, _)| repo)),
-                    None => default.to_string(),
-                }
-            }
+        let base = self.0.get(kind.as_str()).map(String::as_str).unwrap_or(default_image(kind));
+        if self.pinned(kind).is_some() {
+            return base.to_string();
         }
+        match version {
+            Some(version) => format!("{}:{version}", repository(base)),
+            None => base.to_string(),
+        }
+    }
+
+    /// The operator's image for a kind when it fixes the version (a tag or
+    /// a digest): every service of the kind runs exactly that image.
+    pub fn pinned(&self, kind: ServiceKind) -> Option<&str> {
+        self.0.get(kind.as_str()).map(String::as_str).filter(|image| tag(image).is_some() || image.contains('@'))
     }
 }
 
-fn password() -> String {
+/// An image reference's tag (`postgres:16` → `16`; a registry's port is no tag).
+pub fn tag(image: &str) -> Option<&str> {
+    let name = image.split('@').next().unwrap_or(image);
+    let last = name.rsplit('/').next().unwrap_or(name);
+    last.split_once(':').map(|(_, tag)| tag)
+}
+
+/// An image reference without its tag.
+fn repository(image: &str) -> &str {
+    match tag(image) {
+        Some(tag) => &image[..image.len() - tag.len() - 1],
+        None => image,
+    }
+}
+
+pub(crate) fn password() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::rng();
     (0..32).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
@@ -88,12 +109,20 @@ pub fn payload(state: &AppState, service: &ServiceRow) -> Result<ServicePayload,
     let secret = secret(state, service)?;
     let mut env = BTreeMap::new();
     let mut command = Vec::new();
+    let mut set_password = None;
     let health: Vec<String> = match kind {
         ServiceKind::Postgres => {
             env.insert("POSTGRES_PASSWORD".to_string(), secret.password.clone());
             env.insert("POSTGRES_USER".to_string(), USER.to_string());
             env.insert("POSTGRES_DB".to_string(), DATABASE.to_string());
             env.insert("PGDATA".to_string(), kind.data_path().to_string());
+            // Over the container's unix socket, which trusts local users
+            // (the official image's `--auth-local=trust`).
+            set_password = Some(ServiceExec {
+                cmd: ["psql", "-v", "ON_ERROR_STOP=1", "--no-psqlrc", "--quiet", "-U", USER, "-d", DATABASE].map(String::from).to_vec(),
+                env: BTreeMap::new(),
+                stdin: format!("ALTER USER {USER} PASSWORD '{}';\n", sql_string(&secret.password)),
+            });
             ["pg_isready", "-h", "127.0.0.1", "-p", "5432", "-U", USER, "-d", DATABASE].map(String::from).to_vec()
         }
         ServiceKind::Redis => {
@@ -112,6 +141,17 @@ pub fn payload(state: &AppState, service: &ServiceRow) -> Result<ServicePayload,
             env.insert("MARIADB_USER".to_string(), USER.to_string());
             env.insert("MARIADB_PASSWORD".to_string(), secret.password.clone());
             env.insert("MARIADB_DATABASE".to_string(), DATABASE.to_string());
+            // A newer MariaDB on older data upgrades its system tables
+            // (`mariadb-upgrade`) when it starts: `services upgrade`.
+            env.insert("MARIADB_AUTO_UPGRADE".to_string(), "1".to_string());
+            // As root over the socket, root's password in the exec's
+            // environment (MYSQL_PWD), the new one on standard input.
+            let root = secret.root_password.clone().unwrap_or_else(|| secret.password.clone());
+            set_password = Some(ServiceExec {
+                cmd: ["mariadb", "--protocol=socket", "-uroot", "--batch"].map(String::from).to_vec(),
+                env: BTreeMap::from([("MYSQL_PWD".to_string(), root)]),
+                stdin: format!("ALTER USER '{USER}'@'%' IDENTIFIED BY '{}';\n", mariadb_string(&secret.password)),
+            });
             ["mariadb-admin", "ping", "-h", "127.0.0.1", "--silent"].map(String::from).to_vec()
         }
     };
@@ -126,7 +166,20 @@ pub fn payload(state: &AppState, service: &ServiceRow) -> Result<ServicePayload,
         memory_bytes: service.memory_bytes.map(|m| m.max(0) as u64),
         health,
         generation: service.generation.max(0) as u64,
+        set_password,
     })
+}
+
+/// A string for inside single quotes in PostgreSQL's SQL (standard
+/// strings: a backslash is itself). Generated passwords are letters and
+/// digits; the escaping is for safety.
+fn sql_string(text: &str) -> String {
+    text.replace('\'', "''")
+}
+
+/// The same for MariaDB, where a backslash escapes.
+fn mariadb_string(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('\'', "''")
 }
 
 /// What a user asks for.
@@ -200,6 +253,8 @@ pub async fn create(state: &AppState, new: NewService) -> Result<ServiceRow, Api
         secret_sealed: state.sealer.seal_json(&secret_context(&new.name), &secret),
         generation: 1,
         created_at: now,
+        previous_secret_sealed: None,
+        rotation_started_at: None,
     };
     // The payload needs the port the store picks, inside its transaction.
     let mut failure = None;
@@ -307,6 +362,16 @@ mod tests {
         assert_eq!(images.image(ServiceKind::Redis, None), "valkey/valkey:8");
         images.add("postgres=mirror.example.com/postgres:16").unwrap();
         assert_eq!(images.image(ServiceKind::Postgres, Some("15")), "mirror.example.com/postgres:16");
+        assert_eq!(images.pinned(ServiceKind::Postgres), Some("mirror.example.com/postgres:16"));
+        // A repository without a tag: the version is its tag.
+        images.add("redis=mirror.example.com:5000/valkey").unwrap();
+        assert_eq!(images.pinned(ServiceKind::Redis), None);
+        assert_eq!(images.image(ServiceKind::Redis, Some("8.1")), "mirror.example.com:5000/valkey:8.1");
+        assert_eq!(images.image(ServiceKind::Redis, None), "mirror.example.com:5000/valkey");
+        images.add("mariadb=mirror.example.com/mariadb@sha256:abc").unwrap();
+        assert!(images.pinned(ServiceKind::Mariadb).is_some());
+        assert_eq!(tag("localhost:5000/pg"), None);
+        assert_eq!(tag("localhost:5000/pg:15.4"), Some("15.4"));
         assert!(images.add("mysql=x").is_err());
         assert!(images.add("postgres").is_err());
         assert!(images.add("postgres=--privileged").is_err());

@@ -22,5 +22,5 @@ pub mod whole_requests;
 pub use cloudweb_core::{
     acme, ca, clock, command_context, config, deploy, deployment_state, flash, hub, listener_cert,
     live, mesh_address, queue_command, registry, registry_credentials, remove_node, routes,
-    runtime_logs, secrets, services, store, volume_moves, volumes, AgentBinary, AppState,
+    runtime_logs, secrets, service_ops, services, store, volume_moves, volumes, AgentBinary, AppState,
 };

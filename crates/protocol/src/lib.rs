@@ -32,7 +32,7 @@ pub use logs::{ContainerLogs, LogUpload, LogUploadResponse, RefusedContainer};
 pub use renew::{RenewRequest, RenewResponse};
 pub use misc::{error_codes, ErrorBody, LeaveConflict, LeaveResponse, LogLine, RegistryConfig, Report, Route, RouteTable};
 pub use validate::ValidationError;
-pub use services::{ServiceKind, ServicePayload, ServiceRemovePayload, ServiceStatus};
+pub use services::{ServiceExec, ServiceKind, ServicePayload, ServiceRemovePayload, ServiceStatus};
 pub use volume_moves::{Frame, MoveReport, MoveReportState, VolumeMoveStep, VolumeReceivePayload, VolumeSendPayload};
 pub use volumes::{VolumeDeletePayload, VolumeMount};
 pub use version::{negotiate, Negotiation, SupportedRange, Upgrade, UpgradeRequired};

@@ -86,6 +86,46 @@ pub struct ServicePayload {
     /// Grows when the container must be replaced (new image, rotated
     /// password); the agent keeps a container of the same generation.
     pub generation: u64,
+    /// Run once in each new container as soon as it answers `health`,
+    /// before it is reported healthy: makes the database accept the
+    /// password of this payload (PostgreSQL and MariaDB keep the one their
+    /// data was made with, whatever the environment says later). Absent
+    /// when the command line sets it (Redis) or for older control planes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set_password: Option<ServiceExec>,
+}
+
+/// A command run with `docker exec` in a service's container whose
+/// secret travels on its standard input and in its environment, never on a
+/// command line (`ps` shows those to every user of the host).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceExec {
+    pub cmd: Vec<String>,
+    /// The exec's own environment, added to the container's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Written to its standard input, which is then closed.
+    #[serde(default)]
+    pub stdin: String,
+}
+
+/// Most bytes a [`ServiceExec`]'s standard input holds.
+pub const MAX_EXEC_STDIN: usize = 4096;
+
+impl ServiceExec {
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        if self.cmd.is_empty() || self.cmd.len() > 16 {
+            return Err(ValidationError::new("set_password.cmd", "must be 1 to 16 arguments"));
+        }
+        for arg in &self.cmd {
+            validate::bounded_text("set_password.cmd", arg, 1024)?;
+        }
+        crate::deploy::env(&self.env)?;
+        if self.stdin.len() > MAX_EXEC_STDIN {
+            return Err(ValidationError::new("set_password.stdin", "at most 4096 bytes"));
+        }
+        Ok(())
+    }
 }
 
 /// Payload of `service_remove`: stop and remove the service's container.
@@ -129,6 +169,9 @@ impl ServicePayload {
         }
         for arg in &self.health {
             validate::bounded_text("health", arg, 1024)?;
+        }
+        if let Some(exec) = &self.set_password {
+            exec.validate()?;
         }
         Ok(())
     }
@@ -200,6 +243,7 @@ mod tests {
             memory_bytes: None,
             health: vec!["pg_isready".into()],
             generation: 1,
+            set_password: Some(ServiceExec { cmd: vec!["psql".into()], env: BTreeMap::new(), stdin: "ALTER USER app PASSWORD 'x';".into() }),
         }
     }
 
@@ -218,6 +262,16 @@ mod tests {
         let mut bad = payload();
         bad.service = "Db".into();
         assert!(bad.validate().is_err());
+        let mut bad = payload();
+        bad.set_password.as_mut().unwrap().cmd.clear();
+        assert!(bad.validate().is_err());
+        let mut bad = payload();
+        bad.set_password.as_mut().unwrap().stdin = "x".repeat(MAX_EXEC_STDIN + 1);
+        assert!(bad.validate().is_err());
+        // An older control plane's payload has none.
+        let mut old = serde_json::to_value(payload()).unwrap();
+        old.as_object_mut().unwrap().remove("set_password");
+        assert_eq!(serde_json::from_value::<ServicePayload>(old).unwrap().set_password, None);
         assert_eq!(ServiceKind::parse("mariadb"), Some(ServiceKind::Mariadb));
         assert_eq!(ServiceKind::parse("mysql"), None);
         let json = serde_json::to_value(payload()).unwrap();

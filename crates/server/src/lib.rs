@@ -326,6 +326,7 @@ async fn serve(
         tokio::spawn(heartbeat_writer(state.clone())),
         tokio::spawn(deploy::reconciler(state.clone())),
         tokio::spawn(cloudweb_core::volume_moves::watcher(state.clone())),
+        tokio::spawn(cloudweb_core::service_ops::watcher(state.clone())),
         tokio::spawn(acme::run(state.clone())),
         tokio::spawn(git::status_poster(state.clone())),
         tokio::spawn(git::refresher(state.clone())),

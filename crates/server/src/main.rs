@@ -172,7 +172,10 @@ struct ServeArgs {
     gitlab_ca_file: Option<PathBuf>,
     /// The image a kind of managed service runs, KIND=IMAGE with KIND
     /// postgres, redis or mariadb (repeatable; for mirrors and air-gapped
-    /// sites). Default: postgres:16, valkey/valkey:8, mariadb:11.
+    /// sites). A repository without a tag takes each service's version as
+    /// its tag; an image with a tag or digest pins the version (`services
+    /// upgrade` is refused). Default: postgres:16, valkey/valkey:8,
+    /// mariadb:11.
     #[arg(long = "service-image", value_name = "KIND=IMAGE")]
     service_image: Vec<String>,
     /// Host ports managed services are published on, on each node's

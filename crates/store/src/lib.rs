@@ -49,7 +49,7 @@ pub use nodes::{
 pub use open::DATABASE_FILE;
 pub use overview::{AppRecentUsage, ClusterUsageBucket};
 pub use tokens::TokenRejection;
-pub use services::{LinkRefusal, ServiceLinkRow, ServiceRefusal, ServiceRow};
+pub use services::{LinkRefusal, ServiceChange, ServiceLinkRow, ServiceRefusal, ServiceRow};
 pub use volume_moves::{MoveRefusal, VolumeMoveRow};
 pub use volumes::{AttachRefusal, Attached, VolumeDeletion, VolumeRow, MAX_VOLUMES_PER_APP};
 pub use usage::{AppUsage, AppUsageRow, NodeUsageRow, NodeUsageSample, FINE as USAGE_FINE_SECONDS};

@@ -25,9 +25,26 @@ pub struct ServiceRow {
     pub secret_sealed: String,
     pub generation: i64,
     pub created_at: i64,
+    /// While a password rotation is unfinished: the credentials before it
+    /// (sealed), which the database may still be the only one to accept.
+    pub previous_secret_sealed: Option<String>,
+    pub rotation_started_at: Option<i64>,
 }
 
-const SERVICE_COLUMNS: &str = "name, kind, version, image, node_id, host_port, memory_bytes, volume, secret_sealed, generation, created_at";
+/// The columns a new service is inserted with.
+const INSERT_COLUMNS: &str = "name, kind, version, image, node_id, host_port, memory_bytes, volume, secret_sealed, generation, created_at";
+const SERVICE_COLUMNS: &str =
+    "name, kind, version, image, node_id, host_port, memory_bytes, volume, secret_sealed, generation, created_at, previous_secret_sealed, rotation_started_at";
+
+/// What a change of a service sets (a rotated password, another version).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceChange {
+    pub version: Option<String>,
+    pub image: String,
+    pub secret_sealed: String,
+    pub previous_secret_sealed: Option<String>,
+    pub rotation_started_at: Option<i64>,
+}
 
 fn service_from_row(row: &SqliteRow) -> ServiceRow {
     ServiceRow {
@@ -42,6 +59,8 @@ fn service_from_row(row: &SqliteRow) -> ServiceRow {
         secret_sealed: row.get("secret_sealed"),
         generation: row.get("generation"),
         created_at: row.get("created_at"),
+        previous_secret_sealed: row.get("previous_secret_sealed"),
+        rotation_started_at: row.get("rotation_started_at"),
     }
 }
 
@@ -118,7 +137,7 @@ impl Store {
             return Ok(Err(ServiceRefusal::NoPort));
         };
         let row = sqlx::query(&format!(
-            "INSERT INTO services ({SERVICE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING {SERVICE_COLUMNS}"
+            "INSERT INTO services ({INSERT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING {SERVICE_COLUMNS}"
         ))
         .bind(&service.name)
         .bind(&service.kind)
@@ -168,6 +187,65 @@ impl Store {
         tx.commit().await?;
         self.count_commit().await;
         Ok(Some(service))
+    }
+
+    /// Changes a service still at `generation` to the next one and queues
+    /// its node's `service_run` (made from the changed row) in the same
+    /// transaction. None when it is gone or changed meanwhile.
+    pub async fn change_service(
+        &self,
+        name: &str,
+        generation: i64,
+        change: &ServiceChange,
+        command: impl FnOnce(&ServiceRow) -> NewCommand,
+        now_ms: i64,
+    ) -> Result<Option<ServiceRow>, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        let row = sqlx::query(&format!(
+            "UPDATE services SET version = $3, image = $4, secret_sealed = $5, previous_secret_sealed = $6, rotation_started_at = $7, \
+             generation = generation + 1 WHERE name = $1 AND generation = $2 RETURNING {SERVICE_COLUMNS}"
+        ))
+        .bind(name)
+        .bind(generation)
+        .bind(&change.version)
+        .bind(&change.image)
+        .bind(&change.secret_sealed)
+        .bind(&change.previous_secret_sealed)
+        .bind(change.rotation_started_at)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(service) = row.as_ref().map(service_from_row) else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        insert_command(&mut tx, &command(&service), now_ms).await?;
+        tx.commit().await?;
+        self.count_commit().await;
+        Ok(Some(service))
+    }
+
+    /// The services whose password rotation is unfinished.
+    pub async fn rotating_services(&self) -> Result<Vec<ServiceRow>, StoreError> {
+        let rows = sqlx::query(&format!("SELECT {SERVICE_COLUMNS} FROM services WHERE previous_secret_sealed IS NOT NULL ORDER BY name"))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(service_from_row).collect())
+    }
+
+    /// Ends a rotation once the node runs `generation` with the new
+    /// password: the old one is forgotten. False when the service is gone
+    /// or at another generation.
+    pub async fn finish_rotation(&self, name: &str, generation: i64) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "UPDATE services SET previous_secret_sealed = NULL, rotation_started_at = NULL \
+             WHERE name = $1 AND generation = $2 AND previous_secret_sealed IS NOT NULL",
+        )
+        .bind(name)
+        .bind(generation)
+        .execute(&self.pool)
+        .await?;
+        self.count_commit().await;
+        Ok(result.rows_affected() == 1)
     }
 
     pub async fn service_links(&self, service: &str) -> Result<Vec<ServiceLinkRow>, StoreError> {

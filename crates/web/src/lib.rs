@@ -94,6 +94,8 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/services", get(services::page).post(services::create))
         .route("/services/{name}/links", post(services::link))
         .route("/services/{name}/links/{app}/delete", post(services::unlink))
+        .route("/services/{name}/rotate-password", post(services::rotate_password))
+        .route("/services/{name}/upgrade", post(services::upgrade))
         .route("/services/{name}/delete", get(services::confirm_delete).post(services::delete))
         .route("/volumes", get(volumes::page))
         .route("/volumes/{name}/delete", get(volumes::confirm_delete).post(volumes::delete))

@@ -1,5 +1,6 @@
 //! `/services`: the managed databases, each with its state, address and
 //! linked apps; a form that creates one, forms that link and unlink apps,
+//! a button that rotates its password, a form that changes its version,
 //! and a delete button (after a confirmation page). Each form acts through
 //! the user API's handlers; no password is ever on these pages.
 
@@ -9,7 +10,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Form;
-use cloudweb_api_types::services::{CreateLink, CreateService, DataOnDelete, DeleteServiceQuery, ServiceKind, ServiceList};
+use cloudweb_api_types::services::{CreateLink, CreateService, DataOnDelete, DeleteServiceQuery, ServiceKind, ServiceList, UpgradeService};
 use maud::{html, Markup};
 
 use super::layout::{self, Nav};
@@ -34,7 +35,12 @@ fn list_body(ctx: &Ctx, list: &ServiceList) -> Markup {
                             td { (service.name) }
                             td { (service.kind) }
                             td { (service.node_name.clone().unwrap_or_else(|| service.node_id.clone())) }
-                            td title=(service.detail.clone().unwrap_or_default()) { (service.state) }
+                            td title=(service.detail.clone().unwrap_or_default()) {
+                                (service.state)
+                                @if let Some(rotation) = &service.rotation {
+                                    br; small.rotation { (ctx.t("services.rotating")) " " (rotation.detail) }
+                                }
+                            }
                             td { code { (service.address.clone().unwrap_or_default()) } }
                             td {
                                 @for link in &service.links {
@@ -51,7 +57,22 @@ fn list_body(ctx: &Ctx, list: &ServiceList) -> Markup {
                                     button type="submit" { (ctx.t("services.link")) }
                                 }
                             }
-                            td { a.danger href=(format!("/services/{}/delete", service.name)) { (ctx.t("services.delete")) } }
+                            td {
+                                form.inline method="post" action=(format!("/services/{}/rotate-password", service.name)) {
+                                    (csrf_field(ctx))
+                                    button type="submit" { (ctx.t("services.rotate")) }
+                                }
+                                " "
+                                form.inline method="post" action=(format!("/services/{}/upgrade", service.name)) {
+                                    (csrf_field(ctx))
+                                    input type="text" name="version" required maxlength="16" size="6" pattern="[0-9][0-9.]*"
+                                        placeholder=(service.version.clone().unwrap_or_default()) aria-label=(ctx.t("services.version"));
+                                    " "
+                                    button type="submit" { (ctx.t("services.upgrade")) }
+                                }
+                                " "
+                                a.danger href=(format!("/services/{}/delete", service.name)) { (ctx.t("services.delete")) }
+                            }
                         }
                     }
                 }
@@ -113,6 +134,24 @@ pub async fn unlink(ctx: Ctx, Path((name, app)): Path<(String, String)>, Form(fo
         return refused;
     }
     let result = api::services::unlink(State(ctx.state.clone()), Path((name, app))).await.map(|_| ());
+    ctx.outcome(result, "/services")
+}
+
+pub async fn rotate_password(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Some(refused) = ctx.refusal(&form) {
+        return refused;
+    }
+    let result = api::services::rotate_password(State(ctx.state.clone()), Path(name)).await.map(|_| ());
+    ctx.outcome(result, "/services")
+}
+
+pub async fn upgrade(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Some(refused) = ctx.refusal(&form) {
+        return refused;
+    }
+    let body = UpgradeService { version: form.get("version").map(|v| v.trim().to_string()).unwrap_or_default() };
+    let bytes = serde_json::to_vec(&body).expect("strings serialize");
+    let result = api::services::upgrade(State(ctx.state.clone()), Path(name), Ok(Bytes::from(bytes))).await.map(|_| ());
     ctx.outcome(result, "/services")
 }
 

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use bollard::models::{ContainerCreateBody, ExecConfig, HostConfig, Mount, MountTypeEnum, PortBinding, RestartPolicy, RestartPolicyNameEnum};
 use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
-use cloudweb_protocol::ServicePayload;
+use cloudweb_protocol::{ServiceExec, ServicePayload};
 use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
 
 use super::{DockerRuntime, RuntimeError, LABEL_NODE};
 
@@ -137,6 +138,44 @@ impl DockerRuntime {
         match tokio::time::timeout(limit, run).await {
             Ok(result) => Ok(result?),
             Err(_) => Ok(false),
+        }
+    }
+
+    /// Runs `exec` in the service's container with its secret on standard
+    /// input (then closed) and in the exec's own environment, never on a
+    /// command line. Its exit code (None when it did not end within
+    /// `limit`) and its output.
+    pub async fn exec_service(&self, name: &str, exec: &ServiceExec, limit: Duration) -> Result<(Option<i64>, String), RuntimeError> {
+        let docker = self.docker()?;
+        let container = cloudweb_protocol::services::container_name(name);
+        let config = ExecConfig {
+            cmd: Some(exec.cmd.clone()),
+            env: (!exec.env.is_empty()).then(|| exec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            attach_stdin: Some(true),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            ..Default::default()
+        };
+        let run = async {
+            let created = docker.create_exec(&container, config).await?;
+            let mut text = String::new();
+            if let bollard::exec::StartExecResults::Attached { mut output, mut input } = docker.start_exec(&created.id, None).await? {
+                // A write error means it exited early; its code says why.
+                let _ = input.write_all(exec.stdin.as_bytes()).await;
+                let _ = input.shutdown().await;
+                drop(input);
+                while let Some(Ok(chunk)) = output.next().await {
+                    if text.len() < 4096 {
+                        text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
+                    }
+                }
+            }
+            let inspect = docker.inspect_exec(&created.id).await?;
+            Ok::<_, bollard::errors::Error>((inspect.exit_code, text))
+        };
+        match tokio::time::timeout(limit, run).await {
+            Ok(result) => Ok(result?),
+            Err(_) => Ok((None, String::new())),
         }
     }
 

@@ -68,6 +68,8 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(services::show, services::remove))
         .routes(routes!(services::link))
         .routes(routes!(services::unlink))
+        .routes(routes!(services::rotate_password))
+        .routes(routes!(services::upgrade))
         .routes(routes!(apps::deploy))
         .routes(routes!(apps::rollback))
         .routes(routes!(deployments::of_app))

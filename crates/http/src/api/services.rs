@@ -9,7 +9,7 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use cloudweb_api_types::services::{CreateLink, CreateService, DataOnDelete, DeleteServiceQuery, LinkView, ServiceList, ServiceView};
+use cloudweb_api_types::services::{CreateLink, CreateService, DataOnDelete, DeleteServiceQuery, LinkView, RotationView, ServiceList, ServiceView, UpgradeService};
 use cloudweb_api_types::ErrorBody;
 
 use crate::clock::rfc3339_ms;
@@ -45,6 +45,10 @@ async fn view(state: &AppState, service: &ServiceRow) -> Result<ServiceView, Api
         memory: service.memory_bytes,
         links: links.into_iter().map(|l| LinkView { app: l.app, variable: l.variable }).collect(),
         created_at: rfc3339_ms(service.created_at),
+        rotation: service.previous_secret_sealed.as_ref().map(|_| RotationView {
+            since: rfc3339_ms(service.rotation_started_at.unwrap_or(service.created_at)),
+            detail: crate::service_ops::rotation_detail(state, service),
+        }),
     })
 }
 
@@ -137,4 +141,37 @@ pub async fn link(State(state): State<Arc<AppState>>, Path(name): Path<String>, 
 pub async fn unlink(State(state): State<Arc<AppState>>, Path((name, app)): Path<(String, String)>) -> Result<StatusCode, ApiError> {
     crate::services::unlink(&state, &name, &app).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Rotates the service's password: its node makes the database take a new
+/// one, linked apps are redeployed with it once the node runs it, and the
+/// old one stops working. Answers at once; `rotation` shows it until done.
+#[utoipa::path(post, path = "/api/services/{name}/rotate-password", operation_id = "services_rotate_password", tag = "services",
+    params(("name" = String, Path, description = "The service's name")),
+    responses(
+        (status = 202, description = "Started: `rotation` is present until the node runs the new password and linked apps are redeployed", body = ServiceView),
+        (status = 404, description = "No such service", body = ErrorBody),
+        (status = 409, description = "Another rotation is unfinished", body = ErrorBody),
+        (status = 503, description = "Its node is not reachable: nothing was changed", body = ErrorBody),
+    ))]
+pub async fn rotate_password(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<(StatusCode, Json<ServiceView>), ApiError> {
+    let row = crate::service_ops::rotate_password(&state, &name).await?;
+    Ok((StatusCode::ACCEPTED, Json(view(&state, &row).await?)))
+}
+
+/// Runs another version of the service on the same data: a minor version
+/// (a major one for Redis and MariaDB going forward); a major PostgreSQL
+/// version is refused (dump and restore instead).
+#[utoipa::path(post, path = "/api/services/{name}/upgrade", operation_id = "services_upgrade", tag = "services",
+    params(("name" = String, Path, description = "The service's name")), request_body = UpgradeService,
+    responses(
+        (status = 202, description = "Queued: its node replaces the container on the same data (state `pending` until it reports the new one)", body = ServiceView),
+        (status = 400, description = "Invalid version", body = ErrorBody),
+        (status = 404, description = "No such service", body = ErrorBody),
+        (status = 409, description = "Not on the same data (a major PostgreSQL version, an older series), the operator's pinned image, the same image, or a rotation is unfinished", body = ErrorBody),
+    ))]
+pub async fn upgrade(State(state): State<Arc<AppState>>, Path(name): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<ServiceView>), ApiError> {
+    let request: UpgradeService = parse_json(&body_bytes(body)?)?;
+    let row = crate::service_ops::upgrade(&state, &name, &request.version).await?;
+    Ok((StatusCode::ACCEPTED, Json(view(&state, &row).await?)))
 }
