@@ -5,7 +5,9 @@
 //! refused while the node is unreachable), a minor version changed on the
 //! same data and a major PostgreSQL one refused, and a node restart (agent
 //! killed, the service's container stopped as a host shutdown stops it)
-//! reported as `restarting` then `healthy` with the service intact.
+//! reported as `restarting` then `healthy` with the service intact; the
+//! container's output readable through the API and the command line,
+//! without its passwords.
 
 use std::path::Path;
 use std::process::Command;
@@ -117,6 +119,16 @@ fn password_of(url: &str) -> String {
     url.split("://").nth(1).unwrap().split('@').next().unwrap().split(':').nth(1).unwrap().to_string()
 }
 
+/// Waits until the service's logs hold `text` (any case); returns them.
+async fn logs_with(server: &ServerProcess, agent: &AgentNode, name: &str, text: &str) -> String {
+    wait_for(Duration::from_secs(30), &format!("service {name}'s logs to say {text:?}"), || async {
+        let (status, logs) = server.call(Method::GET, &format!("/api/services/{name}/logs?lines=2000"), None).await.ok()?;
+        (status == 200 && logs.to_string().to_lowercase().contains(text)).then(|| logs.to_string())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()))
+}
+
 /// The `cloudweb` command line against this server.
 fn cli(server: &ServerProcess, args: &[&str]) -> (i32, String, String) {
     let home = server.dir.join("cli-home");
@@ -184,6 +196,17 @@ async fn a_postgres_password_rotates_its_version_changes_on_the_same_data_and_a_
         assert!(!server.process.log_text().contains(password.as_str()), "the server's log shows a password");
         assert!(!agent.log_text().contains(password.as_str()), "the agent's log shows a password");
     }
+
+    // Its container's output, without either password.
+    let logs = logs_with(&server, &agent, &name, "database system is ready to accept connections").await;
+    for password in [&old_password, &new_password] {
+        assert!(!logs.contains(password.as_str()), "the service's logs show a password");
+    }
+    let (code, stdout, stderr) = cli(&server, &["services", "logs", &name, "-n", "5"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout.lines().count(), 5, "{stdout}");
+    let (status, _) = call(&server, Method::GET, &format!("/api/services/{name}/logs?lines=5000"), None).await;
+    assert_eq!(status, 400);
 
     // A minor version: a new container of the new image on the same data.
     let _tag = Tag(format!("cloudweb-test/postgres:{MINOR}"));
@@ -310,10 +333,34 @@ async fn redis_and_mariadb_passwords_rotate_and_a_pinned_image_keeps_its_version
     assert!(!ok && out.contains("Access denied"), "the old MariaDB password is refused: {out}");
     let (ok, out) = mariadb(&new_sql);
     assert!(ok && out.contains("42"), "the new one works: {out}");
+    let kv_logs = logs_with(&server, &agent, &redis, "ready to accept connections").await;
+    let sql_logs = logs_with(&server, &agent, &maria, "ready for connections").await;
     for password in [&old_kv, &new_kv, &old_sql, &new_sql] {
+        assert!(!kv_logs.contains(password.as_str()) && !sql_logs.contains(password.as_str()), "a service's logs show a password");
         assert!(!agent.log_text().contains(password.as_str()), "the agent's log shows a password");
         assert!(!server.process.log_text().contains(password.as_str()), "the server's log shows a password");
     }
+
+    // The agent route: another node cannot write into this node's
+    // service, an unknown service is refused, a malformed upload is a 400.
+    let (token, ca) = server.join_token().await.unwrap();
+    let other = AgentNode::join(&server, &tmp.path().join("other"), "other", &token, &ca, &[]).unwrap().unwrap();
+    let url = format!("{}/agent/v1/service-logs", server.url());
+    let headers = [("x-cloudweb-protocol", "1"), ("x-cloudweb-agent-version", "0.1.0")];
+    let forged = |service: &str| {
+        json!({"services": [{"service": service, "lines": [{"ts": "2026-12-01T10:00:00.000000001Z", "stream": "stdout", "line": "forged"}]}]})
+            .to_string()
+    };
+    let (status, answer) = other.raw_client().send(Method::POST, &url, &headers, Some(&forged(&redis))).await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("does not run on this node") && answer.contains("\"accepted\":0"), "{answer}");
+    let (_, answer) = agent.raw_client().send(Method::POST, &url, &headers, Some(&forged("nope"))).await.unwrap();
+    assert!(answer.contains("no service nope"), "{answer}");
+    let bad = json!({"services": [{"service": redis, "lines": [{"ts": "x", "stream": "build", "line": "x"}]}]}).to_string();
+    let (status, answer) = agent.raw_client().send(Method::POST, &url, &headers, Some(&bad)).await.unwrap();
+    assert_eq!(status, 400, "{answer}");
+    let (_, logs) = call(&server, Method::GET, &format!("/api/services/{redis}/logs?lines=2000"), None).await;
+    assert!(!logs.to_string().contains("forged"), "{logs}");
 
     // The operator pinned the image (a tag): the version is theirs.
     let (status, answer) = call(&server, Method::POST, &format!("/api/services/{maria}/upgrade"), Some(json!({"version": "10.99"}))).await;
