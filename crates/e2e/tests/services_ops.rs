@@ -2,7 +2,9 @@
 //! the real binaries and the local images `scripts/service-images.sh`
 //! builds: a password rotated (the old one refused by the database's own
 //! client, the new one taken, the linked app redeployed with the new URL,
-//! refused while the node is unreachable), a minor version changed on the
+//! refused while the node is unreachable, finished once an agent that died
+//! after the request is back, reported failed while the database refuses
+//! the change and finished once it can), a minor version changed on the
 //! same data and a major PostgreSQL one refused, and a node restart (agent
 //! killed, the service's container stopped as a host shutdown stops it)
 //! reported as `restarting` then `healthy` with the service intact; the
@@ -264,16 +266,33 @@ async fn a_postgres_password_rotates_its_version_changes_on_the_same_data_and_a_
         assert_eq!(row_after[field], row_before[field], "{field}");
     }
 
+    // The agent dies just after a rotation was asked for: the rotation
+    // waits in the node's queue, says so, and the database keeps taking
+    // the password it had; once the agent is back it finishes and the app
+    // is redeployed again.
+    agent.kill();
+    let (status, view) = call(&server, Method::POST, &format!("/api/services/{name}/rotate-password"), None).await;
+    assert_eq!(status, 202, "the node is not yet counted unreachable: {view}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, view) = call(&server, Method::GET, &format!("/api/services/{name}"), None).await;
+    assert!(view["rotation"]["detail"].as_str().unwrap().contains("has not run generation"), "{view}");
+    assert_eq!(psql(&new_url, "SELECT x FROM kept").unwrap(), "42", "the database still takes the password it had");
+    agent.start(&AGENT_FLAGS).unwrap();
+    until(&server, &agent, &name, "the queued rotation finished", Duration::from_secs(60), |v| v.get("rotation").is_none() && v["state"] == "healthy").await;
+    let (_, third_url) = running_url(&server, &app, Some(&second)).await;
+    assert_ne!(third_url, new_url);
+    assert!(psql(&new_url, "SELECT 1").unwrap_err().contains("password authentication failed"));
+    assert_eq!(psql(&third_url, "SELECT x FROM kept").unwrap(), "42");
+
     // Its node unreachable: a rotation is refused and changes nothing.
     agent.kill();
     until(&server, &agent, &name, "unknown", Duration::from_secs(30), |v| v["state"] == "unknown").await;
     let (status, answer) = call(&server, Method::POST, &format!("/api/services/{name}/rotate-password"), None).await;
     assert_eq!(status, 503, "{answer}");
     assert!(answer["error"].as_str().unwrap().contains("not reachable"), "{answer}");
-    assert_eq!(psql(&new_url, "SELECT x FROM kept").unwrap(), "42", "the password is as it was");
-    let (_, list) = call(&server, Method::GET, &format!("/api/apps/{app}/deployments"), None).await;
-    assert!(!list.to_string().contains(&new_password));
-    let _ = second;
+    assert_eq!(psql(&third_url, "SELECT x FROM kept").unwrap(), "42", "the password is as it was");
+    let (_, view) = call(&server, Method::GET, &format!("/api/services/{name}"), None).await;
+    assert!(view.get("rotation").is_none(), "{view}");
 }
 
 /// Redis and MariaDB: the old password refused by redis-cli and the
@@ -340,6 +359,34 @@ async fn redis_and_mariadb_passwords_rotate_and_a_pinned_image_keeps_its_version
         assert!(!agent.log_text().contains(password.as_str()), "the agent's log shows a password");
         assert!(!server.process.log_text().contains(password.as_str()), "the server's log shows a password");
     }
+
+    // Setting the password fails (root's password was changed by hand,
+    // so the node cannot log in to change it): the service says so, the
+    // rotation stays unfinished, and the database keeps the password it
+    // had, which apps keep getting. Once root is as it was, the node's
+    // next try finishes it.
+    let as_root = |sql: &str, pwd_var: &str| {
+        docker(&["exec", &format!("cw-svc.{maria}"), "sh", "-c", &format!("MYSQL_PWD=\"${pwd_var}\" mariadb -uroot -e \"{sql}\"")])
+    };
+    as_root("SET PASSWORD FOR root@localhost = PASSWORD('changed-by-hand')", "MARIADB_ROOT_PASSWORD");
+    let (status, _) = call(&server, Method::POST, &format!("/api/services/{maria}/rotate-password"), None).await;
+    assert_eq!(status, 202);
+    let failed = until(&server, &agent, &maria, "failing to set the password", Duration::from_secs(60), |v| v["state"] == "failed").await;
+    assert!(failed["detail"].as_str().unwrap().contains("could not set the password (mariadb exited with code"), "{failed}");
+    assert!(failed["rotation"]["detail"].as_str().unwrap().contains("could not set the password"), "{failed}");
+    let newest = env_of(&maria, "MARIADB_PASSWORD");
+    assert_ne!(newest, new_sql);
+    let (ok, out) = mariadb(&new_sql);
+    assert!(ok && out.contains("42"), "the database keeps the password it had: {out}");
+    let (ok, _) = mariadb(&newest);
+    assert!(!ok, "the new one is not taken yet");
+    docker(&["exec", &format!("cw-svc.{maria}"), "sh", "-c", "MYSQL_PWD=changed-by-hand mariadb -uroot -e \"SET PASSWORD FOR root@localhost = PASSWORD('$MARIADB_ROOT_PASSWORD')\""]);
+    until(&server, &agent, &maria, "rotated after all", Duration::from_secs(60), |v| v.get("rotation").is_none() && v["state"] == "healthy").await;
+    let (ok, out) = mariadb(&new_sql);
+    assert!(!ok && out.contains("Access denied"), "{out}");
+    let (ok, out) = mariadb(&newest);
+    assert!(ok && out.contains("42"), "{out}");
+    assert!(!agent.log_text().contains(newest.as_str()) && !server.process.log_text().contains(newest.as_str()));
 
     // The agent route: another node cannot write into this node's
     // service, an unknown service is refused, a malformed upload is a 400.
