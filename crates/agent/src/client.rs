@@ -544,6 +544,13 @@ impl ControlPlane {
         Self::json(response).await
     }
 
+    pub async fn upload_service_logs(&self, upload: &cloudweb_protocol::ServiceLogUpload) -> Result<cloudweb_protocol::LogUploadResponse, ClientError> {
+        let mut upload = upload.clone();
+        upload.sanitize();
+        let response = self.send(self.http().post(self.url(paths::SERVICE_LOGS)).json(&upload)).await?;
+        Self::json(response).await
+    }
+
     pub async fn leave(&self, force: bool) -> Result<LeaveResponse, ClientError> {
         let path = if force { format!("{}?force=1", paths::LEAVE) } else { paths::LEAVE.to_string() };
         let response = self.send(self.http().post(self.url(&path))).await?;

@@ -19,6 +19,7 @@ pub mod redact;
 pub mod renew;
 pub mod run;
 pub mod runtime;
+pub mod service_logs;
 pub mod services;
 pub mod shutdown;
 pub mod timestamp;

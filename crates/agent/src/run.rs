@@ -139,6 +139,7 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     tasks.push(tokio::spawn(crate::logs::run(client.clone(), runtime.clone())));
     tasks.push(tokio::spawn(crate::prune::pruner(client.clone(), runtime.clone(), options.image_prune_interval, options.keep_images)));
     tasks.push(tokio::spawn(services.clone().supervise()));
+    tasks.push(tokio::spawn(crate::service_logs::run(client.clone(), runtime.clone(), services.clone())));
     tasks.push(tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared, samples, health, mesh, services)));
     let commands_client = client.clone();
     tasks.push(tokio::spawn(async move {
@@ -303,6 +304,7 @@ async fn heartbeat_loop(
             cloudweb_protocol::features::VOLUMES.to_string(),
             cloudweb_protocol::features::SERVICES.to_string(),
             cloudweb_protocol::features::VOLUME_MOVES.to_string(),
+            cloudweb_protocol::features::SERVICE_OPS.to_string(),
         ];
         if ingress_active {
             features.push(cloudweb_protocol::features::TRAFFIC_METRICS.to_string());

@@ -173,6 +173,11 @@ impl Services {
         self.inner.statuses.lock().expect("statuses lock").values().map(|(s, _)| s.clone()).collect()
     }
 
+    /// The specs it keeps running now.
+    pub fn specs(&self) -> Vec<ServicePayload> {
+        self.inner.specs.lock().expect("specs lock").values().cloned().collect()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.inner.specs.lock().expect("specs lock").is_empty()
     }

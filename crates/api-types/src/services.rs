@@ -1,8 +1,8 @@
 //! Managed services: `GET|POST /api/services`, `GET|DELETE
 //! /api/services/{name}`, `POST /api/services/{name}/links`, `DELETE
 //! /api/services/{name}/links/{app}`, `POST
-//! /api/services/{name}/rotate-password` and `POST
-//! /api/services/{name}/upgrade`.
+//! /api/services/{name}/rotate-password`, `POST
+//! /api/services/{name}/upgrade` and `GET /api/services/{name}/logs`.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -120,4 +120,26 @@ pub enum DataOnDelete {
     #[default]
     Keep,
     Delete,
+}
+
+/// `GET /api/services/{name}/logs`: the recent output of the service's
+/// container (its secrets redacted by the node), oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ServiceLogsView {
+    pub service: String,
+    pub lines: Vec<ServiceLogLine>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ServiceLogLine {
+    /// Grows with every line stored.
+    pub seq: u64,
+    /// The Docker Engine's time of the line (RFC 3339).
+    pub ts: String,
+    /// `stdout`, `stderr`, or `agent` for a note of the platform's own
+    /// (lines lost on the node).
+    pub stream: String,
+    pub line: String,
+    pub node_id: String,
+    pub container: String,
 }

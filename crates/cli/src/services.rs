@@ -4,7 +4,7 @@
 use clap::{Subcommand, ValueEnum};
 use std::time::{Duration, Instant};
 
-use cloudweb_api_types::services::{CreateLink, CreateService, LinkView, ServiceKind, ServiceList, ServiceView, UpgradeService};
+use cloudweb_api_types::services::{CreateLink, CreateService, LinkView, ServiceKind, ServiceList, ServiceView, ServiceLogsView, UpgradeService};
 use reqwest::Method;
 use serde_json::json;
 
@@ -74,6 +74,14 @@ pub enum ServicesCommand {
         /// Return once it is queued.
         #[arg(long)]
         no_wait: bool,
+    },
+    /// What the service's container printed recently (its secrets
+    /// redacted by its node).
+    Logs {
+        name: String,
+        /// How many recent lines (0 to 2000).
+        #[arg(long, short = 'n', default_value_t = 100, value_parser = clap::value_parser!(u16).range(0..=2000))]
+        lines: u16,
     },
     /// Delete a service. Its data stays in its volume (listed as detached)
     /// unless --delete-data.
@@ -173,6 +181,16 @@ pub async fn run(api: &Api, command: ServicesCommand, json: bool) -> Result<(), 
                 println!("service {} goes to {}; its node replaces the container on the same data", clean(&name), clean(&view.image));
             } else {
                 println!("service {} runs {} on the same data ({})", clean(&name), clean(&view.image), clean(&view.state));
+            }
+        }
+        ServicesCommand::Logs { name, lines } => {
+            let view: ServiceLogsView = api.get(&format!("/api/services/{}/logs?lines={lines}", segment(&name))).await?;
+            if json {
+                render::json(&view);
+            } else {
+                for line in &view.lines {
+                    println!("{} {:<6} {}", line.ts, line.stream, clean(&line.line));
+                }
             }
         }
         ServicesCommand::Rm { name, delete_data } => {

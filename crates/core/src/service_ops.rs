@@ -74,12 +74,21 @@ async fn change(state: &AppState, service: &ServiceRow, change: ServiceChange) -
 pub async fn rotate_password(state: &AppState, name: &str) -> Result<ServiceRow, ApiError> {
     let service = load(state, name).await?;
     unfinished(&service)?;
-    let reachable =
-        state.nodes.get(&service.node_id).is_some_and(|n| n.state(tokio::time::Instant::now(), state.config.unreachable_after) != crate::live::NodeState::Unreachable);
-    if !reachable {
+    let now = tokio::time::Instant::now();
+    let node = state.nodes.get(&service.node_id).filter(|n| n.state(now, state.config.unreachable_after) != crate::live::NodeState::Unreachable);
+    let Some(node) = node else {
         return Err(ApiError::Unavailable(format!(
             "service {name}'s node {} is not reachable: the password was not changed; try again once the node is back",
             service.node_id
+        )));
+    };
+    // An older agent would replace the container without telling the
+    // database: the new password would be handed out and refused.
+    if !node.has_feature(now, cloudweb_protocol::features::SERVICE_OPS) {
+        return Err(ApiError::Conflict(format!(
+            "service {name}'s node {} has not said it can change a database's password (an older agent, or no heartbeat yet): \
+             the password was not changed",
+            node.name
         )));
     }
     let old = secret(state, &service)?;

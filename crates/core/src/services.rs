@@ -300,6 +300,12 @@ pub async fn create(state: &AppState, new: NewService) -> Result<ServiceRow, Api
     }
 }
 
+/// Where a service's output lines are kept in [`crate::runtime_logs`]
+/// (beside the apps' rings: no app name holds a colon).
+pub fn logs_key(service: &str) -> String {
+    format!("service:{service}")
+}
+
 /// Deletes a service: its node removes the container; its volume stays,
 /// detached, with the data (returned so the caller can delete it when the
 /// user asked for that).
@@ -322,6 +328,7 @@ pub async fn delete(state: &AppState, name: &str) -> Result<ServiceRow, ApiError
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no service named {name}")))?;
     state.hub.notify(&deleted.node_id, cloudweb_protocol::events::COMMANDS);
+    state.runtime_logs.forget(&logs_key(&deleted.name));
     tracing::info!(service = %deleted.name, volume = %deleted.volume, "service deleted; its volume stays unless deleted by name");
     Ok(deleted)
 }

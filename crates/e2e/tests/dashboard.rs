@@ -636,3 +636,57 @@ async fn long_lists_are_paged_and_searched_and_monitoring_is_an_overview() {
         assert!(page.len() < 150_000, "{path} is {} bytes", page.len());
     }
 }
+
+/// The Data page's buttons act through the API's handlers: a rotation its
+/// node cannot take is refused with the reason shown, a version change is
+/// recorded and queued, a major PostgreSQL one refused, and neither goes
+/// without the CSRF token.
+#[tokio::test]
+async fn the_data_page_rotates_passwords_and_changes_versions_through_the_api() {
+    let dashboard = Dashboard::start().await;
+    let node = dashboard.join("db-node").await;
+    let state = &dashboard.server.state;
+    let secret = state.sealer.seal_json("service:db", &serde_json::json!({"password": "Pw0123456789abcdefghijklmnopqrst"}));
+    let row = cloudweb_server::store::ServiceRow {
+        name: "db".into(),
+        kind: "postgres".into(),
+        version: None,
+        image: "postgres:16".into(),
+        node_id: node.clone(),
+        host_port: 0,
+        memory_bytes: None,
+        volume: "svc-db".into(),
+        secret_sealed: secret,
+        generation: 1,
+        created_at: state.clock.now_ms(),
+        previous_secret_sealed: None,
+        rotation_started_at: None,
+    };
+    let command = |_| cloudweb_server::store::NewCommand { node_id: node.clone(), kind: "service_run".into(), payload: "{}".into() };
+    state.store.insert_service(&row, 20000..=20001, command, state.clock.now_ms()).await.unwrap().unwrap();
+    let cookie = dashboard.login().await.unwrap();
+    let (status, page) = dashboard.get(&cookie, "/services").await;
+    assert_eq!(status, 200);
+    assert!(page.contains(r#"action="/services/db/rotate-password""#) && page.contains("Rotate password"), "{page}");
+    assert!(page.contains(r#"action="/services/db/upgrade""#), "{page}");
+    let csrf = Dashboard::csrf(&page);
+    let post = |path: &'static str, form: Vec<(&'static str, String)>| {
+        let request = dashboard.http.post(dashboard.url(path)).header(COOKIE, &cookie).form(&form);
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(post("/services/db/rotate-password", vec![]).await, 403, "no CSRF token");
+    assert_eq!(post("/services/db/rotate-password", vec![("csrf_token", csrf.clone())]).await, 303);
+    let (_, page) = dashboard.get(&cookie, "/services").await;
+    assert!(page.contains("the password was not changed"), "its silent node refuses it: {page}");
+    assert!(state.store.service("db").await.unwrap().unwrap().previous_secret_sealed.is_none());
+
+    assert_eq!(post("/services/db/upgrade", vec![("csrf_token", csrf.clone()), ("version", "16.4".into())]).await, 303);
+    let upgraded = state.store.service("db").await.unwrap().unwrap();
+    assert_eq!((upgraded.version.as_deref(), upgraded.image.as_str(), upgraded.generation), (Some("16.4"), "postgres:16.4", 2));
+    let queued = state.store.pending_commands(&node).await.unwrap();
+    assert_eq!(queued.iter().filter(|c| c.kind == "service_run").count(), 2, "the new generation is queued");
+    assert_eq!(post("/services/db/upgrade", vec![("csrf_token", csrf), ("version", "17".into())]).await, 303);
+    let (_, page) = dashboard.get(&cookie, "/services").await;
+    assert!(page.contains("major version change"), "{page}");
+    assert_eq!(state.store.service("db").await.unwrap().unwrap().generation, 2);
+}

@@ -2,10 +2,14 @@
 //! the real binaries and the local images `scripts/service-images.sh`
 //! builds: a password rotated (the old one refused by the database's own
 //! client, the new one taken, the linked app redeployed with the new URL,
-//! refused while the node is unreachable), a minor version changed on the
+//! refused while the node is unreachable, finished once an agent that died
+//! after the request is back, reported failed while the database refuses
+//! the change and finished once it can), a minor version changed on the
 //! same data and a major PostgreSQL one refused, and a node restart (agent
 //! killed, the service's container stopped as a host shutdown stops it)
-//! reported as `restarting` then `healthy` with the service intact.
+//! reported as `restarting` then `healthy` with the service intact; the
+//! container's output readable through the API and the command line,
+//! without its passwords.
 
 use std::path::Path;
 use std::process::Command;
@@ -117,6 +121,16 @@ fn password_of(url: &str) -> String {
     url.split("://").nth(1).unwrap().split('@').next().unwrap().split(':').nth(1).unwrap().to_string()
 }
 
+/// Waits until the service's logs hold `text` (any case); returns them.
+async fn logs_with(server: &ServerProcess, agent: &AgentNode, name: &str, text: &str) -> String {
+    wait_for(Duration::from_secs(30), &format!("service {name}'s logs to say {text:?}"), || async {
+        let (status, logs) = server.call(Method::GET, &format!("/api/services/{name}/logs?lines=2000"), None).await.ok()?;
+        (status == 200 && logs.to_string().to_lowercase().contains(text)).then(|| logs.to_string())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()))
+}
+
 /// The `cloudweb` command line against this server.
 fn cli(server: &ServerProcess, args: &[&str]) -> (i32, String, String) {
     let home = server.dir.join("cli-home");
@@ -185,6 +199,17 @@ async fn a_postgres_password_rotates_its_version_changes_on_the_same_data_and_a_
         assert!(!agent.log_text().contains(password.as_str()), "the agent's log shows a password");
     }
 
+    // Its container's output, without either password.
+    let logs = logs_with(&server, &agent, &name, "database system is ready to accept connections").await;
+    for password in [&old_password, &new_password] {
+        assert!(!logs.contains(password.as_str()), "the service's logs show a password");
+    }
+    let (code, stdout, stderr) = cli(&server, &["services", "logs", &name, "-n", "5"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout.lines().count(), 5, "{stdout}");
+    let (status, _) = call(&server, Method::GET, &format!("/api/services/{name}/logs?lines=5000"), None).await;
+    assert_eq!(status, 400);
+
     // A minor version: a new container of the new image on the same data.
     let _tag = Tag(format!("cloudweb-test/postgres:{MINOR}"));
     docker(&["tag", "cloudweb-test/postgres:15", &format!("cloudweb-test/postgres:{MINOR}")]);
@@ -241,16 +266,33 @@ async fn a_postgres_password_rotates_its_version_changes_on_the_same_data_and_a_
         assert_eq!(row_after[field], row_before[field], "{field}");
     }
 
+    // The agent dies just after a rotation was asked for: the rotation
+    // waits in the node's queue, says so, and the database keeps taking
+    // the password it had; once the agent is back it finishes and the app
+    // is redeployed again.
+    agent.kill();
+    let (status, view) = call(&server, Method::POST, &format!("/api/services/{name}/rotate-password"), None).await;
+    assert_eq!(status, 202, "the node is not yet counted unreachable: {view}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, view) = call(&server, Method::GET, &format!("/api/services/{name}"), None).await;
+    assert!(view["rotation"]["detail"].as_str().unwrap().contains("has not run generation"), "{view}");
+    assert_eq!(psql(&new_url, "SELECT x FROM kept").unwrap(), "42", "the database still takes the password it had");
+    agent.start(&AGENT_FLAGS).unwrap();
+    until(&server, &agent, &name, "the queued rotation finished", Duration::from_secs(60), |v| v.get("rotation").is_none() && v["state"] == "healthy").await;
+    let (_, third_url) = running_url(&server, &app, Some(&second)).await;
+    assert_ne!(third_url, new_url);
+    assert!(psql(&new_url, "SELECT 1").unwrap_err().contains("password authentication failed"));
+    assert_eq!(psql(&third_url, "SELECT x FROM kept").unwrap(), "42");
+
     // Its node unreachable: a rotation is refused and changes nothing.
     agent.kill();
     until(&server, &agent, &name, "unknown", Duration::from_secs(30), |v| v["state"] == "unknown").await;
     let (status, answer) = call(&server, Method::POST, &format!("/api/services/{name}/rotate-password"), None).await;
     assert_eq!(status, 503, "{answer}");
     assert!(answer["error"].as_str().unwrap().contains("not reachable"), "{answer}");
-    assert_eq!(psql(&new_url, "SELECT x FROM kept").unwrap(), "42", "the password is as it was");
-    let (_, list) = call(&server, Method::GET, &format!("/api/apps/{app}/deployments"), None).await;
-    assert!(!list.to_string().contains(&new_password));
-    let _ = second;
+    assert_eq!(psql(&third_url, "SELECT x FROM kept").unwrap(), "42", "the password is as it was");
+    let (_, view) = call(&server, Method::GET, &format!("/api/services/{name}"), None).await;
+    assert!(view.get("rotation").is_none(), "{view}");
 }
 
 /// Redis and MariaDB: the old password refused by redis-cli and the
@@ -310,10 +352,62 @@ async fn redis_and_mariadb_passwords_rotate_and_a_pinned_image_keeps_its_version
     assert!(!ok && out.contains("Access denied"), "the old MariaDB password is refused: {out}");
     let (ok, out) = mariadb(&new_sql);
     assert!(ok && out.contains("42"), "the new one works: {out}");
+    let kv_logs = logs_with(&server, &agent, &redis, "ready to accept connections").await;
+    let sql_logs = logs_with(&server, &agent, &maria, "ready for connections").await;
     for password in [&old_kv, &new_kv, &old_sql, &new_sql] {
+        assert!(!kv_logs.contains(password.as_str()) && !sql_logs.contains(password.as_str()), "a service's logs show a password");
         assert!(!agent.log_text().contains(password.as_str()), "the agent's log shows a password");
         assert!(!server.process.log_text().contains(password.as_str()), "the server's log shows a password");
     }
+
+    // Setting the password fails (root's password was changed by hand,
+    // so the node cannot log in to change it): the service says so, the
+    // rotation stays unfinished, and the database keeps the password it
+    // had, which apps keep getting. Once root is as it was, the node's
+    // next try finishes it.
+    let as_root = |sql: &str, pwd_var: &str| {
+        docker(&["exec", &format!("cw-svc.{maria}"), "sh", "-c", &format!("MYSQL_PWD=\"${pwd_var}\" mariadb -uroot -e \"{sql}\"")])
+    };
+    as_root("SET PASSWORD FOR root@localhost = PASSWORD('changed-by-hand')", "MARIADB_ROOT_PASSWORD");
+    let (status, _) = call(&server, Method::POST, &format!("/api/services/{maria}/rotate-password"), None).await;
+    assert_eq!(status, 202);
+    let failed = until(&server, &agent, &maria, "failing to set the password", Duration::from_secs(60), |v| v["state"] == "failed").await;
+    assert!(failed["detail"].as_str().unwrap().contains("could not set the password (mariadb exited with code"), "{failed}");
+    assert!(failed["rotation"]["detail"].as_str().unwrap().contains("could not set the password"), "{failed}");
+    let newest = env_of(&maria, "MARIADB_PASSWORD");
+    assert_ne!(newest, new_sql);
+    let (ok, out) = mariadb(&new_sql);
+    assert!(ok && out.contains("42"), "the database keeps the password it had: {out}");
+    let (ok, _) = mariadb(&newest);
+    assert!(!ok, "the new one is not taken yet");
+    docker(&["exec", &format!("cw-svc.{maria}"), "sh", "-c", "MYSQL_PWD=changed-by-hand mariadb -uroot -e \"SET PASSWORD FOR root@localhost = PASSWORD('$MARIADB_ROOT_PASSWORD')\""]);
+    until(&server, &agent, &maria, "rotated after all", Duration::from_secs(60), |v| v.get("rotation").is_none() && v["state"] == "healthy").await;
+    let (ok, out) = mariadb(&new_sql);
+    assert!(!ok && out.contains("Access denied"), "{out}");
+    let (ok, out) = mariadb(&newest);
+    assert!(ok && out.contains("42"), "{out}");
+    assert!(!agent.log_text().contains(newest.as_str()) && !server.process.log_text().contains(newest.as_str()));
+
+    // The agent route: another node cannot write into this node's
+    // service, an unknown service is refused, a malformed upload is a 400.
+    let (token, ca) = server.join_token().await.unwrap();
+    let other = AgentNode::join(&server, &tmp.path().join("other"), "other", &token, &ca, &[]).unwrap().unwrap();
+    let url = format!("{}/agent/v1/service-logs", server.url());
+    let headers = [("x-cloudweb-protocol", "1"), ("x-cloudweb-agent-version", "0.1.0")];
+    let forged = |service: &str| {
+        json!({"services": [{"service": service, "lines": [{"ts": "2026-12-01T10:00:00.000000001Z", "stream": "stdout", "line": "forged"}]}]})
+            .to_string()
+    };
+    let (status, answer) = other.raw_client().send(Method::POST, &url, &headers, Some(&forged(&redis))).await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("does not run on this node") && answer.contains("\"accepted\":0"), "{answer}");
+    let (_, answer) = agent.raw_client().send(Method::POST, &url, &headers, Some(&forged("nope"))).await.unwrap();
+    assert!(answer.contains("no service nope"), "{answer}");
+    let bad = json!({"services": [{"service": redis, "lines": [{"ts": "x", "stream": "build", "line": "x"}]}]}).to_string();
+    let (status, answer) = agent.raw_client().send(Method::POST, &url, &headers, Some(&bad)).await.unwrap();
+    assert_eq!(status, 400, "{answer}");
+    let (_, logs) = call(&server, Method::GET, &format!("/api/services/{redis}/logs?lines=2000"), None).await;
+    assert!(!logs.to_string().contains("forged"), "{logs}");
 
     // The operator pinned the image (a tag): the version is theirs.
     let (status, answer) = call(&server, Method::POST, &format!("/api/services/{maria}/upgrade"), Some(json!({"version": "10.99"}))).await;

@@ -32,7 +32,7 @@ pub use logs::{ContainerLogs, LogUpload, LogUploadResponse, RefusedContainer};
 pub use renew::{RenewRequest, RenewResponse};
 pub use misc::{error_codes, ErrorBody, LeaveConflict, LeaveResponse, LogLine, RegistryConfig, Report, Route, RouteTable};
 pub use validate::ValidationError;
-pub use services::{ServiceExec, ServiceKind, ServicePayload, ServiceRemovePayload, ServiceStatus};
+pub use services::{ServiceExec, ServiceKind, ServiceLogUpload, ServiceLogs, ServicePayload, ServiceRemovePayload, ServiceStatus};
 pub use volume_moves::{Frame, MoveReport, MoveReportState, VolumeMoveStep, VolumeReceivePayload, VolumeSendPayload};
 pub use volumes::{VolumeDeletePayload, VolumeMount};
 pub use version::{negotiate, Negotiation, SupportedRange, Upgrade, UpgradeRequired};
@@ -49,6 +49,8 @@ pub mod paths {
     pub const REGISTRY: &str = "/agent/v1/registry";
     pub const STREAM: &str = "/agent/v1/stream";
     pub const LOGS: &str = "/agent/v1/logs";
+    /// Output lines of the node's managed services' containers.
+    pub const SERVICE_LOGS: &str = "/agent/v1/service-logs";
     /// The ACME certificates an ingress node serves.
     pub const CERTIFICATES: &str = "/agent/v1/certificates";
     /// `GET /agent/v1/acme-challenge/{token}`: the key authorization of a
@@ -108,4 +110,8 @@ pub mod features {
     /// The agent sends and receives volumes over the mesh
     /// (`volume_receive`, `volume_send` and the other move commands).
     pub const VOLUME_MOVES: &str = "volume-moves";
+    /// The agent runs a `service_run`'s `set_password` (so a rotated
+    /// password reaches the database) and uploads its services' output
+    /// (`POST /agent/v1/service-logs`).
+    pub const SERVICE_OPS: &str = "service-ops";
 }

@@ -206,6 +206,62 @@ pub struct ServiceStatus {
     pub restarts: u64,
 }
 
+/// `POST /agent/v1/service-logs`: new output lines of this node's service
+/// containers, with their secrets redacted by the agent. A control plane
+/// without the route answers 404; the agent then drops the lines and asks
+/// again much later.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceLogUpload {
+    pub services: Vec<ServiceLogs>,
+}
+
+/// New lines of one service's container, oldest first (the answer is a
+/// [`crate::LogUploadResponse`], `refused` naming services).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceLogs {
+    pub service: String,
+    /// Lines the agent lost before this batch (its buffer was full).
+    #[serde(default)]
+    pub dropped: u64,
+    /// `stream` is `stdout` or `stderr`; `ts` the Engine's RFC 3339 time.
+    #[serde(default)]
+    pub lines: Vec<crate::LogLine>,
+}
+
+impl ServiceLogUpload {
+    /// Caps every line at [`crate::misc::MAX_LOG_LINE`] bytes.
+    pub fn sanitize(&mut self) {
+        for service in &mut self.services {
+            for line in &mut service.lines {
+                crate::misc::cap_log_line(&mut line.line);
+            }
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        if self.services.len() > MAX_STATUSES {
+            return Err(ValidationError::new("services", format!("more than {MAX_STATUSES} services")));
+        }
+        let total: usize = self.services.iter().map(|s| s.lines.len()).sum();
+        if total > crate::logs::MAX_UPLOAD_LINES {
+            return Err(ValidationError::new("lines", format!("more than {} lines", crate::logs::MAX_UPLOAD_LINES)));
+        }
+        for service in &self.services {
+            name(&service.service)?;
+            for line in &service.lines {
+                validate::bounded_text("lines.ts", &line.ts, 64)?;
+                if !matches!(line.stream.as_str(), "stdout" | "stderr") {
+                    return Err(ValidationError::new("lines.stream", "must be stdout or stderr"));
+                }
+                if line.line.len() > crate::misc::MAX_LOG_LINE {
+                    return Err(ValidationError::new("lines.line", "longer than 16 KiB"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Most services one node reports.
 pub const MAX_STATUSES: usize = 200;
 
@@ -276,6 +332,22 @@ mod tests {
         assert_eq!(ServiceKind::parse("mysql"), None);
         let json = serde_json::to_value(payload()).unwrap();
         assert_eq!(json["kind"], "postgres");
+    }
+
+    #[test]
+    fn service_log_uploads_are_checked() {
+        let line = |stream: &str| crate::LogLine { ts: "2026-12-01T10:00:00.000000001Z".into(), stream: stream.into(), line: "ready".into() };
+        let ok = ServiceLogUpload { services: vec![ServiceLogs { service: "db".into(), dropped: 0, lines: vec![line("stdout"), line("stderr")] }] };
+        ok.validate().unwrap();
+        let mut bad = ok.clone();
+        bad.services[0].service = "Db".into();
+        assert!(bad.validate().is_err());
+        let mut bad = ok.clone();
+        bad.services[0].lines.push(line("agent"));
+        assert!(bad.validate().is_err());
+        let mut bad = ok;
+        bad.services[0].lines = vec![line("stdout"); crate::logs::MAX_UPLOAD_LINES + 1];
+        assert!(bad.validate().is_err());
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod listener;
 pub use crate::listener_cert;
 mod renew;
 mod report;
+mod service_logs;
 mod stream;
 mod volume_moves;
 
@@ -70,6 +71,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(paths::LEAVE, post(leave::leave))
         .route(paths::REPORT, post(report::report))
         .route(paths::LOGS, post(logs::upload))
+        .route(paths::SERVICE_LOGS, post(service_logs::upload))
         .route(paths::ROUTES, get(cluster::routes))
         .route(paths::REGISTRY, get(cluster::registry))
         .route(paths::STREAM, get(stream::stream))

@@ -70,6 +70,7 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(services::unlink))
         .routes(routes!(services::rotate_password))
         .routes(routes!(services::upgrade))
+        .routes(routes!(services::logs))
         .routes(routes!(apps::deploy))
         .routes(routes!(apps::rollback))
         .routes(routes!(deployments::of_app))

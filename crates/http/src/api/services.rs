@@ -9,7 +9,7 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use cloudweb_api_types::services::{CreateLink, CreateService, DataOnDelete, DeleteServiceQuery, LinkView, RotationView, ServiceList, ServiceView, UpgradeService};
+use cloudweb_api_types::services::{CreateLink, CreateService, DataOnDelete, DeleteServiceQuery, LinkView, RotationView, ServiceList, ServiceLogLine, ServiceLogsView, ServiceView, UpgradeService};
 use cloudweb_api_types::ErrorBody;
 
 use crate::clock::rfc3339_ms;
@@ -174,4 +174,40 @@ pub async fn upgrade(State(state): State<Arc<AppState>>, Path(name): Path<String
     let request: UpgradeService = parse_json(&body_bytes(body)?)?;
     let row = crate::service_ops::upgrade(&state, &name, &request.version).await?;
     Ok((StatusCode::ACCEPTED, Json(view(&state, &row).await?)))
+}
+
+#[derive(Debug, serde::Deserialize)]
+pub struct ServiceLogsQuery {
+    lines: Option<String>,
+}
+
+/// The recent output of the service's container, as its node uploads it
+/// (kept in memory like apps' runtime logs: 2,000 lines, 2 MiB).
+#[utoipa::path(get, path = "/api/services/{name}/logs", operation_id = "services_logs", tag = "services",
+    params(("name" = String, Path, description = "The service's name"), ("lines" = Option<u32>, Query, description = "How many recent lines (default 100, at most 2000)")),
+    responses(
+        (status = 200, description = "Recent lines, oldest first", body = ServiceLogsView),
+        (status = 400, description = "Invalid query", body = ErrorBody),
+        (status = 404, description = "No such service", body = ErrorBody),
+    ))]
+pub async fn logs(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    query: Result<Query<ServiceLogsQuery>, QueryRejection>,
+) -> Result<Json<ServiceLogsView>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(format!("invalid query: {}", e.body_text())))?;
+    let max = crate::runtime_logs::MAX_APP_LINES;
+    let limit = match query.lines.as_deref() {
+        None => 100,
+        Some(text) => text.parse::<usize>().ok().filter(|n| *n <= max).ok_or_else(|| ApiError::BadRequest(format!("lines must be 0 to {max}")))?,
+    };
+    load(&state, &name).await?;
+    let lines = state.runtime_logs.recent(&crate::services::logs_key(&name), 0, limit, None);
+    Ok(Json(ServiceLogsView {
+        service: name,
+        lines: lines
+            .into_iter()
+            .map(|l| ServiceLogLine { seq: l.seq, ts: l.ts, stream: l.stream, line: l.line, node_id: l.node_id, container: l.container })
+            .collect(),
+    }))
 }
