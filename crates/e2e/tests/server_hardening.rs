@@ -248,7 +248,12 @@ async fn an_unfinished_rollback_on_a_node_that_goes_silent_is_placed_again() {
     assert_eq!(cp.deployment(&rollback).await["instances"][0]["node_id"], silent.id.as_str());
     silenced.abort();
     let moved = cp
-        .deployment_until(&rollback, 15, "the instance to move", |d| d["instances"].as_array().unwrap().iter().any(|i| i["node_id"] == stays.id.as_str()))
+        // The replacement is written before the old instance is marked
+        // lost (two writes): wait for both, not for the first.
+        .deployment_until(&rollback, 15, "the instance to move and the old one to be lost", |d| {
+            let instances = d["instances"].as_array().unwrap();
+            instances.iter().any(|i| i["node_id"] == stays.id.as_str()) && instances[0]["state"] == "lost"
+        })
         .await;
     for beat in &beats {
         beat.abort();
