@@ -6,25 +6,19 @@
 //! its data after its process is killed and after the agent restarts, and
 //! deleted without its data unless asked.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use cloudweb_e2e::services::{ensure_service_images, services_node, AGENT_FLAGS};
 use cloudweb_e2e::{start_platform, unique_name, wait_for, AgentNode, Platform, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
 
 const IMAGE: &str = "cloudweb-test/postgres:15";
-const AGENT_FLAGS: [&str; 6] = ["--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1"];
 /// Writes the URL it got into a file it serves.
 const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\n\
 CMD [\"sh\", \"-c\", \"mkdir -p /www && echo \\\"$DATABASE_URL\\\" > /www/url && exec httpd -f -p 8080 -h /www\"]\n";
 
-fn service_images() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/service-images.sh");
-    let out = Command::new("bash").arg(&script).output().expect("bash runs");
-    assert!(out.status.success(), "service-images.sh: {}", String::from_utf8_lossy(&out.stderr));
-}
 
 /// Two host ports of its own for each test process (tests run side by
 /// side on one Docker bridge).
@@ -46,20 +40,6 @@ async fn until_state(server: &ServerProcess, agent: &AgentNode, name: &str, want
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()))
 }
 
-/// Joins and starts an agent and waits until it reports running services.
-async fn services_node(server: &ServerProcess, dir: &Path, name: &str) -> AgentNode {
-    let (token, ca) = server.join_token().await.unwrap();
-    let mut agent = AgentNode::join(server, &dir.join("node"), name, &token, &ca, &[]).unwrap().unwrap();
-    agent.start(&AGENT_FLAGS).unwrap();
-    let node_id = agent.node_id.clone();
-    wait_for(Duration::from_secs(20), "the node to run services", || async {
-        let node = server.node(&node_id).await.ok()?;
-        (node["state"] == "ready" && node["features"].as_array()?.iter().any(|f| f == "services")).then_some(())
-    })
-    .await
-    .unwrap();
-    agent
-}
 
 /// Waits until the service is healthy again with at least `restarts`
 /// restarts counted.
@@ -108,7 +88,7 @@ fn lan_address() -> Option<String> {
 
 #[tokio::test]
 async fn a_postgres_service_serves_a_linked_app_keeps_its_data_and_is_reachable_only_where_it_must() {
-    service_images();
+    ensure_service_images();
     let ports = service_ports();
     let Platform { tmp, git, server } = start_platform(&["--service-image", &format!("postgres={IMAGE}"), "--service-ports", &ports]).await.unwrap();
     let mut agent = services_node(&server, tmp.path(), "db-node").await;
@@ -242,7 +222,7 @@ async fn a_postgres_service_serves_a_linked_app_keeps_its_data_and_is_reachable_
 /// works from a container with the password and not without it.
 #[tokio::test]
 async fn redis_and_mariadb_services_answer_with_their_credentials_only() {
-    service_images();
+    ensure_service_images();
     let ports = service_ports();
     let flags = ["--service-image", "redis=cloudweb-test/redis:7", "--service-image", "mariadb=cloudweb-test/mariadb:10", "--service-ports", &ports];
     let Platform { tmp, server, .. } = start_platform(&flags).await.unwrap();
@@ -310,7 +290,7 @@ async fn redis_and_mariadb_services_answer_with_their_credentials_only() {
 /// the node goes on); once space is freed it is healthy again.
 #[tokio::test]
 async fn a_service_whose_disk_fills_is_degraded_with_the_reason_and_recovers() {
-    service_images();
+    ensure_service_images();
     let ports = service_ports();
     let Platform { tmp, server, .. } = start_platform(&["--service-image", "redis=cloudweb-test/redis:7", "--service-ports", &ports]).await.unwrap();
     let agent = services_node(&server, tmp.path(), "small-disk").await;

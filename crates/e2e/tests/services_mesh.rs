@@ -16,8 +16,7 @@ const IMAGE: &str = "cloudweb-test/postgres:15";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_answers_over_the_mesh_from_another_node_and_not_on_the_lan() {
     ensure_images().unwrap();
-    let status = std::process::Command::new("bash").arg("scripts/service-images.sh").current_dir(env!("CARGO_MANIFEST_DIR").to_string() + "/../..").status().unwrap();
-    assert!(status.success(), "scripts/service-images.sh");
+    cloudweb_e2e::services::ensure_service_images();
     let setup = Setup { docker: vec![2], server_args: vec!["--service-image".into(), format!("postgres={IMAGE}")], ..Setup::default() };
     let cluster = MeshCluster::start_with(2, setup).await.unwrap();
     if let Err(err) = scenario(&cluster).await {

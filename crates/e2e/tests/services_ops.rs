@@ -11,15 +11,14 @@
 //! container's output readable through the API and the command line,
 //! without its passwords.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use cloudweb_e2e::services::{ensure_service_images, services_node, AGENT_FLAGS};
 use cloudweb_e2e::{bin, start_platform, unique_name, wait_for, AgentNode, Platform, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-const AGENT_FLAGS: [&str; 6] = ["--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1"];
 /// Writes the URL it got into a file it serves.
 const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\n\
 CMD [\"sh\", \"-c\", \"mkdir -p /www && echo \\\"$DATABASE_URL\\\" > /www/url && exec httpd -f -p 8080 -h /www\"]\n";
@@ -27,11 +26,6 @@ CMD [\"sh\", \"-c\", \"mkdir -p /www && echo \\\"$DATABASE_URL\\\" > /www/url &&
 /// tag, made by this test.
 const MINOR: &str = "15.99";
 
-fn service_images() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/service-images.sh");
-    let out = Command::new("bash").arg(&script).output().expect("bash runs");
-    assert!(out.status.success(), "service-images.sh: {}", String::from_utf8_lossy(&out.stderr));
-}
 
 fn service_ports() -> String {
     let base = 40_000 + (std::process::id() % 10_000) * 2;
@@ -84,19 +78,6 @@ where
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()))
 }
 
-async fn services_node(server: &ServerProcess, dir: &Path, name: &str) -> AgentNode {
-    let (token, ca) = server.join_token().await.unwrap();
-    let mut agent = AgentNode::join(server, &dir.join("node"), name, &token, &ca, &[]).unwrap().unwrap();
-    agent.start(&AGENT_FLAGS).unwrap();
-    let node_id = agent.node_id.clone();
-    wait_for(Duration::from_secs(20), "the node to run services", || async {
-        let node = server.node(&node_id).await.ok()?;
-        (node["state"] == "ready" && node["features"].as_array()?.iter().any(|f| f == "services")).then_some(())
-    })
-    .await
-    .unwrap();
-    agent
-}
 
 /// The app's newest running deployment: its id and the URL it got.
 async fn running_url(server: &ServerProcess, app: &str, not: Option<&str>) -> (String, String) {
@@ -148,7 +129,7 @@ fn cli(server: &ServerProcess, args: &[&str]) -> (i32, String, String) {
 
 #[tokio::test]
 async fn a_postgres_password_rotates_its_version_changes_on_the_same_data_and_a_node_restart_is_reported() {
-    service_images();
+    ensure_service_images();
     let ports = service_ports();
     // A repository without a tag: versions are its tags.
     let flags = ["--service-image", "postgres=cloudweb-test/postgres", "--service-ports", &ports, "--unreachable-after-seconds", "5"];
@@ -300,7 +281,7 @@ async fn a_postgres_password_rotates_its_version_changes_on_the_same_data_and_a_
 /// its version.
 #[tokio::test]
 async fn redis_and_mariadb_passwords_rotate_and_a_pinned_image_keeps_its_version() {
-    service_images();
+    ensure_service_images();
     let ports = service_ports();
     let flags = ["--service-image", "redis=cloudweb-test/redis:7", "--service-image", "mariadb=cloudweb-test/mariadb:10", "--service-ports", &ports];
     let Platform { tmp, server, .. } = start_platform(&flags).await.unwrap();
