@@ -4,7 +4,8 @@
 -- starting there as `deployment_id`), `done` or `failed`. At most one move
 -- of a volume is unfinished at a time. `source_copy` says what became of
 -- the data left on `from_node`: `in-use` until the switch, `kept` once set
--- aside (until `keep_until`, or the user confirms), `purged`.
+-- aside (until `keep_until`, or the user confirms), `purging` (its
+-- deletion is queued on `from_node`), `purged`.
 CREATE TABLE volume_moves (
     id              TEXT PRIMARY KEY,
     volume          TEXT NOT NULL,

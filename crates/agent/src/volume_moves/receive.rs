@@ -320,6 +320,20 @@ mod tests {
         }
     }
 
+    /// A receiver on loopback: its address, its task, and what cancels it.
+    async fn start_receiver(
+        grant: &str,
+        staging: &Path,
+        volume_dir: &Path,
+    ) -> (String, tokio::task::JoinHandle<Result<PassResult, String>>, watch::Sender<bool>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let to = listener.local_addr().unwrap().to_string();
+        let (cancel, cancelled) = watch::channel(false);
+        let (payload, staging, volume_dir) = (payload(grant), staging.to_path_buf(), volume_dir.to_path_buf());
+        let receiver = tokio::spawn(async move { serve(listener, &payload, &staging, &volume_dir, cancelled).await });
+        (to, receiver, cancel)
+    }
+
     /// A wrong grant is refused and the receiver waits on; the right one
     /// copies a tree in two passes (the second sends only what changed and
     /// removes what the source deleted), and the copy is put in place.
@@ -333,13 +347,7 @@ mod tests {
         std::os::unix::fs::symlink("a/b/one", source.join("link")).unwrap();
         let (staging, volume_dir) = (dir.path().join("staging"), dir.path().join("volume"));
         let grant = "ab".repeat(32);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let to = listener.local_addr().unwrap().to_string();
-        let (_cancel, cancelled) = watch::channel(false);
-        let receiver = {
-            let (payload, staging, volume_dir) = (payload(&grant), staging.clone(), volume_dir.clone());
-            tokio::spawn(async move { serve(listener, &payload, &staging, &volume_dir, cancelled).await })
-        };
+        let (to, receiver, _cancel) = start_receiver(&grant, &staging, &volume_dir).await;
         let mut sent = send::Sent::new();
         let wrong = send::pass(send::connect(&to).await.unwrap(), &source, "mv_0123456789abcdef", &"cd".repeat(32), 1, &mut sent).await;
         assert!(wrong.unwrap_err().contains("refused"));
@@ -370,13 +378,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let (staging, volume_dir) = (dir.path().join("in/staging"), dir.path().join("volume"));
             let grant = "ab".repeat(32);
-            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let to = listener.local_addr().unwrap().to_string();
-            let (_cancel, cancelled) = watch::channel(false);
-            let receiver = {
-                let (payload, staging, volume_dir) = (payload(&grant), staging.clone(), volume_dir.clone());
-                tokio::spawn(async move { serve(listener, &payload, &staging, &volume_dir, cancelled).await })
-            };
+            let (to, receiver, _cancel) = start_receiver(&grant, &staging, &volume_dir).await;
             let stream = TcpStream::connect(&to).await.unwrap();
             let (mut read, mut write) = stream.into_split();
             write_frame(&mut write, &Frame::Hello { move_id: "mv_0123456789abcdef".into(), pass: 1, grant }).await.unwrap();
