@@ -17,8 +17,10 @@ need=()
 # pebble (Let's Encrypt's test CA, with pebble-challtestsrv as its mock DNS)
 # issues real ACME certificates in the certificate tests.
 # mmdebstrap builds the Debian rootfs of the managed databases' test images
-# (PostgreSQL, Redis, MariaDB; scripts/service-images.sh).
-for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables chromium chromium-driver pebble mmdebstrap; do
+# (PostgreSQL, Redis, MariaDB; scripts/service-images.sh); postgresql-client
+# gives the host pg_isready, which the services-over-the-mesh test runs from
+# another node's namespace.
+for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables chromium chromium-driver pebble mmdebstrap postgresql-client; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
