@@ -47,6 +47,14 @@ pub enum CommandKind {
     VolumeRelease,
     /// Delete a moved volume's old copy ([`crate::volume_moves::VolumeMoveStep`]).
     VolumePurge,
+    /// Back up a volume or a service ([`crate::backups::BackupJobPayload`]).
+    BackupRun,
+    /// Check a snapshot by restoring it ([`crate::backups::VerifyPayload`]).
+    BackupVerify,
+    /// Restore a snapshot ([`crate::backups::RestorePayload`]).
+    BackupRestore,
+    /// Stop a backup job ([`crate::backups::BackupCancelPayload`]).
+    BackupCancel,
 }
 
 impl CommandKind {
@@ -62,6 +70,10 @@ impl CommandKind {
             CommandKind::VolumeMoveAbort => "volume_move_abort",
             CommandKind::VolumeRelease => "volume_release",
             CommandKind::VolumePurge => "volume_purge",
+            CommandKind::BackupRun => "backup_run",
+            CommandKind::BackupVerify => "backup_verify",
+            CommandKind::BackupRestore => "backup_restore",
+            CommandKind::BackupCancel => "backup_cancel",
         }
     }
 
@@ -77,6 +89,10 @@ impl CommandKind {
             "volume_move_abort" => Some(CommandKind::VolumeMoveAbort),
             "volume_release" => Some(CommandKind::VolumeRelease),
             "volume_purge" => Some(CommandKind::VolumePurge),
+            "backup_run" => Some(CommandKind::BackupRun),
+            "backup_verify" => Some(CommandKind::BackupVerify),
+            "backup_restore" => Some(CommandKind::BackupRestore),
+            "backup_cancel" => Some(CommandKind::BackupCancel),
             _ => None,
         }
     }

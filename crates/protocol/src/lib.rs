@@ -5,6 +5,7 @@
 //! apart. The crate does no I/O: it holds types, the protocol-version decision
 //! (including the 426 body) and the input checks both sides share.
 
+pub mod backups;
 pub mod certificates;
 pub mod commands;
 pub mod deploy;
@@ -21,6 +22,9 @@ pub mod version;
 pub mod volume_moves;
 pub mod volumes;
 
+pub use backups::{
+    BackupCancelPayload, BackupJobPayload, BackupJobReport, BackupSource, Expected, JobState, Replace, Repository, RestorePayload, Retention, VerifyPayload,
+};
 pub use certificates::{CertificateSet, HostCertificate, TlsAlpnChallenge, TlsAlpnChallenges};
 pub use commands::{Command, CommandKind, CommandList, StopPayload};
 pub use deploy::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Source, Spa, SshAccess, Strategy};
@@ -66,10 +70,18 @@ pub mod paths {
     pub const RENEW: &str = "/agent/v1/renew";
     /// `POST /agent/v1/volume-moves/{move_id}`: a node's report on a move.
     pub const VOLUME_MOVES: &str = "/agent/v1/volume-moves";
+    /// `POST {BACKUP_JOBS}/{job_id}`: what became of a backup, verify or
+    /// restore job.
+    pub const BACKUP_JOBS: &str = "/agent/v1/backup-jobs";
 
     /// `POST /agent/v1/volume-moves/{move_id}`.
     pub fn volume_move(move_id: &str) -> String {
         format!("{VOLUME_MOVES}/{move_id}")
+    }
+
+    /// `POST /agent/v1/backup-jobs/{job_id}`.
+    pub fn backup_job(job_id: &str) -> String {
+        format!("{BACKUP_JOBS}/{job_id}")
     }
 
     /// `POST /agent/v1/commands/{id}/ack`.
@@ -114,4 +126,8 @@ pub mod features {
     /// password reaches the database) and uploads its services' output
     /// (`POST /agent/v1/service-logs`).
     pub const SERVICE_OPS: &str = "service-ops";
+    /// The agent runs restic for `backup_run`, `backup_verify`,
+    /// `backup_restore` and `backup_cancel` and reports to
+    /// `POST /agent/v1/backup-jobs/{id}`.
+    pub const BACKUPS: &str = "backups";
 }

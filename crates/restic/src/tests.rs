@@ -1,0 +1,104 @@
+//! Against the real restic, on a repository in a temporary directory.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::*;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn restic(dir: &Path, password: &str) -> Restic {
+    let repository = Repository { url: dir.join("repo").to_string_lossy().into_owned(), password: password.into(), env: BTreeMap::new() };
+    Restic::new(repository, &dir.join("cache"))
+}
+
+#[tokio::test]
+async fn backs_up_and_restores_a_directory_and_a_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = restic(dir.path(), "correct horse battery staple");
+    repo.init(LIMIT).await.unwrap();
+    assert_eq!(repo.init(LIMIT).await, Err(ResticError::AlreadyInitialized));
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("sub")).unwrap();
+    std::fs::write(data.join("a.txt"), b"alpha").unwrap();
+    std::fs::write(data.join("sub/b.bin"), vec![7u8; 100_000]).unwrap();
+    let tags = vec!["cloudweb".to_string(), "target=volume/data".to_string()];
+    let summary = repo.backup_dir(&data, &tags, LIMIT).await.unwrap();
+    assert_eq!(summary.total_files_processed, 2);
+    assert_eq!(summary.total_bytes_processed, 100_005);
+
+    let out = dir.path().join("out");
+    repo.restore(&summary.snapshot_id, &out, LIMIT).await.unwrap();
+    assert_eq!(std::fs::read(out.join("a.txt")).unwrap(), b"alpha");
+    assert_eq!(std::fs::read(out.join("sub/b.bin")).unwrap(), vec![7u8; 100_000]);
+
+    let stream = repo
+        .backup_stdin("dump.pgdump", &tags, LIMIT, &b"a dump"[..], async { Ok(()) })
+        .await
+        .unwrap();
+    let mut back = Vec::new();
+    assert_eq!(repo.dump(&stream.snapshot_id, "dump.pgdump", &mut back, LIMIT).await.unwrap(), 6);
+    assert_eq!(back, b"a dump");
+    let listed = repo.snapshots(&tags, LIMIT).await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.iter().any(|s| s.short_id == summary.snapshot_id));
+    repo.check(100, LIMIT).await.unwrap();
+    repo.forget_prune("target=volume/data", Retention { keep_daily: 1, keep_weekly: 0, keep_monthly: 0 }, LIMIT).await.unwrap();
+    assert_eq!(repo.snapshots(&tags, LIMIT).await.unwrap().len(), 1, "one daily snapshot kept");
+}
+
+#[tokio::test]
+async fn a_failed_feed_makes_no_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = restic(dir.path(), "correct horse battery staple");
+    repo.init(LIMIT).await.unwrap();
+    let err = repo
+        .backup_stdin("dump.pgdump", &[], LIMIT, &vec![1u8; 1 << 20][..], async { Err("pg_dump exited with 1".to_string()) })
+        .await
+        .unwrap_err();
+    assert_eq!(err, ResticError::Io("pg_dump exited with 1".into()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    repo.unlock(LIMIT).await.unwrap();
+    assert!(repo.snapshots(&[], LIMIT).await.unwrap().is_empty(), "a cut dump is no snapshot");
+}
+
+#[tokio::test]
+async fn a_wrong_password_or_no_repository_is_said_in_words() {
+    let dir = tempfile::tempdir().unwrap();
+    restic(dir.path(), "correct horse battery staple").init(LIMIT).await.unwrap();
+    let wrong = restic(dir.path(), "not the right password at all");
+    let err = wrong.snapshots(&[], LIMIT).await.unwrap_err();
+    assert!(matches!(err, ResticError::WrongPassword(_)), "{err:?}");
+    assert!(!err.to_string().contains("not the right password"), "{err}");
+    let other = tempfile::tempdir().unwrap();
+    let err = restic(other.path(), "correct horse battery staple").open(LIMIT).await.unwrap_err();
+    assert!(matches!(err, ResticError::NoRepository(_)), "{err:?}");
+    let unreachable = Restic::new(
+        Repository {
+            url: "s3:http://127.0.0.1:9/bucket/x".into(),
+            password: "correct horse battery staple".into(),
+            env: BTreeMap::from([("AWS_ACCESS_KEY_ID".into(), "id".into()), ("AWS_SECRET_ACCESS_KEY".into(), "a-secret-key".into())]),
+        },
+        &dir.path().join("cache"),
+    );
+    let err = unreachable.open(Duration::from_secs(30)).await.unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    assert!(!err.to_string().contains("a-secret-key"), "{err}");
+}
+
+#[tokio::test]
+async fn a_run_over_its_limit_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = restic(dir.path(), "correct horse battery staple");
+    repo.init(LIMIT).await.unwrap();
+    let started = std::time::Instant::now();
+    let err = repo
+        .backup_stdin("slow", &[], Duration::from_secs(1), &b"x"[..], async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    assert!(matches!(err, ResticError::Io(ref text) if text.contains("limit")), "{err:?}");
+}
