@@ -14,6 +14,7 @@
 //! command) are `cloudweb-protocol`'s, reused here.
 
 pub mod accounts;
+pub mod backups;
 pub mod apps;
 pub mod deployments;
 pub mod error;

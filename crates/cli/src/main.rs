@@ -6,6 +6,7 @@
 //! value). Listings take `--json` and then print the API's JSON.
 
 mod apps;
+mod backups;
 mod client;
 mod config;
 mod deploy;
@@ -29,6 +30,7 @@ use env::{env_name, EnvCommand};
 use login::LoginArgs;
 use nodes::NodesCommand;
 use services::ServicesCommand;
+use backups::BackupsCommand;
 use volumes::VolumesCommand;
 
 /// Why a command did not succeed, and so its exit status.
@@ -102,6 +104,12 @@ enum Command {
     Services {
         #[command(subcommand)]
         command: Option<ServicesCommand>,
+    },
+    /// Backups of services and volumes (restic, to S3 or a path), their
+    /// verification by restoring, and restores.
+    Backups {
+        #[command(subcommand)]
+        command: Option<BackupsCommand>,
     },
     /// Deploy an app from its branch head or a given commit.
     Deploy {
@@ -196,6 +204,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Env { command } => env::run(&api, command, json).await,
         Command::Domains { command } => domains::run(&api, command, json).await,
         Command::Services { command } => services::run(&api, command.unwrap_or(ServicesCommand::List), json).await,
+        Command::Backups { command } => backups::run(&api, command.unwrap_or(BackupsCommand::Status), json).await,
         Command::Volumes { command } => volumes::run(&api, command.unwrap_or(VolumesCommand::List { app: None }), json).await,
         Command::Deploy { app, commit, keep_in_flight, follow } => deploy::deploy(&api, &app, commit, keep_in_flight, follow, json).await,
         Command::Rollback { app, to, follow } => deploy::rollback(&api, &app, to, follow, json).await,

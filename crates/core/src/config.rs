@@ -72,6 +72,33 @@ pub struct Config {
     /// How long a moved volume's old copy stays on its old node before it
     /// is deleted, unless the user confirms the move sooner.
     pub volume_move_keep: Duration,
+    /// Backup schedules, retries and keep periods.
+    pub backups: BackupSettings,
+}
+
+/// How backups are paced.
+#[derive(Debug, Clone)]
+pub struct BackupSettings {
+    /// The wait before the first retry of a failed scheduled backup; each
+    /// later retry waits four times longer (3 retries).
+    pub retry_after: Duration,
+    /// How long a restore keeps the data it replaced (`--backup-keep-days`).
+    pub keep_restored: Duration,
+    /// How often the control plane backs up its own state.
+    pub control_plane_every: Duration,
+    /// How often the backup watcher looks at what is due.
+    pub tick: Duration,
+}
+
+impl Default for BackupSettings {
+    fn default() -> Self {
+        BackupSettings {
+            retry_after: Duration::from_secs(60),
+            keep_restored: Duration::from_secs(7 * 24 * 3600),
+            control_plane_every: Duration::from_secs(3600),
+            tick: Duration::from_secs(5),
+        }
+    }
 }
 
 impl Config {
@@ -107,6 +134,7 @@ impl Config {
             service_images: Default::default(),
             service_ports: 20_000..=29_999,
             volume_move_keep: Duration::from_secs(7 * 24 * 3600),
+            backups: BackupSettings::default(),
         }
     }
 }

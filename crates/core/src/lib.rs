@@ -17,6 +17,7 @@
 
 pub mod acme;
 pub mod auth;
+pub mod backups;
 pub mod ca;
 pub mod clock;
 pub mod config;

@@ -327,6 +327,7 @@ async fn serve(
         tokio::spawn(deploy::reconciler(state.clone())),
         tokio::spawn(cloudweb_core::volume_moves::watcher(state.clone())),
         tokio::spawn(cloudweb_core::service_ops::watcher(state.clone())),
+        tokio::spawn(cloudweb_core::backups::watcher(state.clone())),
         tokio::spawn(acme::run(state.clone())),
         tokio::spawn(git::status_poster(state.clone())),
         tokio::spawn(git::refresher(state.clone())),

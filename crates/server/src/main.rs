@@ -186,6 +186,19 @@ struct ServeArgs {
     /// deleted (`cloudweb volumes confirm-move` deletes it sooner).
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u64).range(0..=365))]
     volume_move_keep_days: u64,
+    /// Days a restore keeps the data it replaced (as the volume
+    /// `<name>-before-restore-<time>`) before deleting it
+    /// (`cloudweb backups confirm-restore` deletes it sooner).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u64).range(0..=365))]
+    backup_keep_days: u64,
+    /// Seconds before the first retry of a failed scheduled backup; each
+    /// of the next two retries waits four times longer.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    backup_retry_seconds: u64,
+    /// Minutes between the control plane's backups of its own state (to
+    /// every backup destination).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=10_080))]
+    control_plane_backup_minutes: u64,
     /// Seconds a node's client certificate is valid; agents renew it
     /// through the agent listener at two thirds of that (default 365 days).
     #[arg(long, default_value_t = 365 * 24 * 3600, value_parser = clap::value_parser!(u64).range(30..=10 * 365 * 24 * 3600))]
@@ -360,6 +373,12 @@ fn real_main() -> anyhow::Result<()> {
             first..=last
         },
         volume_move_keep: std::time::Duration::from_secs(args.volume_move_keep_days * 24 * 3600),
+        backups: cloudweb_server::config::BackupSettings {
+            retry_after: std::time::Duration::from_secs(args.backup_retry_seconds),
+            keep_restored: std::time::Duration::from_secs(args.backup_keep_days * 24 * 3600),
+            control_plane_every: std::time::Duration::from_secs(args.control_plane_backup_minutes * 60),
+            ..Default::default()
+        },
         service_images: {
             let mut images = cloudweb_server::services::ServiceImages::default();
             for text in &args.service_image {

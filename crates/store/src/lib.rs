@@ -11,6 +11,7 @@
 //! means is the core's), speak HTTP or start tasks of its own.
 
 mod accounts;
+mod backups;
 mod apps;
 mod certificates;
 mod commands;
@@ -37,6 +38,7 @@ use std::sync::Arc;
 use sqlx::SqlitePool;
 
 pub use accounts::{ApiTokenRow, SessionRow, UserRow};
+pub use backups::{BackupJobRow, DestinationRemoval, DestinationRow, JobOutcome, JobRefusal, PlanRow};
 pub use apps::{AppRefusal, AppRow};
 pub use certificates::{CertificateOrders, CertificateRow};
 pub use commands::{CommandRow, NewCommand};

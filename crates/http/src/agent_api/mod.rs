@@ -19,6 +19,7 @@ mod report;
 mod service_logs;
 mod stream;
 mod volume_moves;
+mod backup_jobs;
 
 use std::sync::Arc;
 
@@ -80,6 +81,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(paths::ACME_TLS_ALPN, get(certificates::tls_alpn))
         .route(paths::RENEW, post(renew::renew))
         .route("/agent/v1/volume-moves/{id}", post(volume_moves::report))
+        .route("/agent/v1/backup-jobs/{id}", post(backup_jobs::report))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_node));
     Router::new()
         .route(paths::JOIN, post(join::join))

@@ -36,6 +36,10 @@ pub struct Figures {
     pub volumes: Vec<(String, String, u64)>,
     /// Per managed service: its node, whether it is healthy, its restarts.
     pub services: Vec<(String, String, bool, u64)>,
+    /// Per backup target (and `control-plane`): its last successful
+    /// backup (seconds since the epoch), that backup's bytes, and whether
+    /// it needs attention.
+    pub backups: Vec<(String, Option<f64>, Option<f64>, bool)>,
 }
 
 pub struct NodeFigures {
@@ -183,6 +187,19 @@ pub fn encode_figures(figures: &Figures) -> Result<String, std::fmt::Error> {
         service_healthy.get_or_create(&labels).set(if *healthy { 1.0 } else { 0.0 });
         service_restarts.get_or_create(&labels).set(*restarts as f64);
     }
+    let backup_time = gauges(&mut registry, "cloudweb_backup_last_success_timestamp_seconds", "When a target's last successful backup ended");
+    let backup_bytes = gauges(&mut registry, "cloudweb_backup_last_success_bytes", "The size of a target's last successful backup");
+    let backup_alert = gauges(&mut registry, "cloudweb_backup_alert", "1 while a target's backups need attention (a failure, a failed verification, or none for twice its schedule)");
+    for (target, at, bytes, alert) in &figures.backups {
+        let labels: Labels = vec![("target", label(target))];
+        if let Some(at) = at {
+            backup_time.get_or_create(&labels).set(*at);
+        }
+        if let Some(bytes) = bytes {
+            backup_bytes.get_or_create(&labels).set(*bytes);
+        }
+        backup_alert.get_or_create(&labels).set(if *alert { 1.0 } else { 0.0 });
+    }
     let mut out = String::new();
     encode(&mut out, &registry)?;
     Ok(out)
@@ -194,7 +211,9 @@ pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 
 #[utoipa::path(get, path = "/metrics", operation_id = "metrics_prometheus", tag = "metrics", responses((status = 200, description = "OpenMetrics text format (Prometheus scrapes it)", content_type = METRICS_CONTENT_TYPE, body = String)))]
 pub async fn prometheus(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    match encode_figures(&figures(&state)) {
+    let mut figures = figures(&state);
+    figures.backups = cloudweb_core::backups::metrics_lines(&state).await;
+    match encode_figures(&figures) {
         Ok(out) => (StatusCode::OK, [(CONTENT_TYPE, METRICS_CONTENT_TYPE)], out),
         Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, [(CONTENT_TYPE, "text/plain; charset=utf-8")], "cannot encode the metrics\n".to_string()),
     }
@@ -214,6 +233,7 @@ mod tests {
             apps: vec![AppFigures { app: "web".into(), node: "n-1".into(), cpu_cores: 0.25, mem_bytes: 104857600 }],
             volumes: vec![("uploads".into(), "n-1".into(), 4096)],
             services: vec![("db".into(), "n-1".into(), true, 2)],
+            backups: vec![("service/db".into(), Some(1_764_640_000.0), Some(2048.0), false)],
         };
         let text = encode_figures(&figures).unwrap();
         assert!(text.contains("cloudweb_nodes{state=\"ready\"} 2"), "{text}");
@@ -225,6 +245,8 @@ mod tests {
         assert!(text.contains("cloudweb_volume_bytes{volume=\"uploads\",node=\"n-1\"} 4096"), "{text}");
         assert!(text.contains("cloudweb_service_healthy{service=\"db\",node=\"n-1\"} 1"), "{text}");
         assert!(text.contains("cloudweb_service_restarts{service=\"db\",node=\"n-1\"} 2"), "{text}");
+        assert!(text.contains("cloudweb_backup_last_success_bytes{target=\"service/db\"} 2048"), "{text}");
+        assert!(text.contains("cloudweb_backup_alert{target=\"service/db\"} 0"), "{text}");
         // Every sample line is `name{labels} value` on one line.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("cloudweb_"), "{line:?} in {text}");

@@ -18,6 +18,7 @@ pub mod openapi;
 mod runtime_logs;
 pub mod services;
 pub mod traffic;
+pub mod backups;
 pub mod volume_moves;
 pub mod volumes;
 
@@ -71,6 +72,17 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(services::rotate_password))
         .routes(routes!(services::upgrade))
         .routes(routes!(services::logs))
+        .routes(routes!(backups::list_destinations, backups::create_destination))
+        .routes(routes!(backups::remove_destination))
+        .routes(routes!(backups::overview))
+        .routes(routes!(backups::service_backups, backups::run_service))
+        .routes(routes!(backups::volume_backups, backups::run_volume))
+        .routes(routes!(backups::plan_service))
+        .routes(routes!(backups::plan_volume))
+        .routes(routes!(backups::show))
+        .routes(routes!(backups::verify))
+        .routes(routes!(backups::restore))
+        .routes(routes!(backups::confirm))
         .routes(routes!(apps::deploy))
         .routes(routes!(apps::rollback))
         .routes(routes!(deployments::of_app))

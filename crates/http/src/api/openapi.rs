@@ -49,6 +49,7 @@ pub const PUBLIC_OPERATIONS: &[&str] = &[
         (name = "apps", description = "Apps and their deployments"),
         (name = "services", description = "Managed databases (PostgreSQL, Redis/Valkey, MariaDB) and the apps linked to them"),
         (name = "volumes", description = "Persistent volumes: mounted in apps, kept on one node, deleted only by name"),
+        (name = "backups", description = "Backup destinations, schedules, backups, their verification and restores (restic)"),
         (name = "deployments", description = "Deployments and their logs"),
         (name = "nodes", description = "Nodes of the cluster"),
         (name = "traffic", description = "The route table and request counts"),
