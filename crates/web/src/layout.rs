@@ -71,6 +71,12 @@ pub fn page(ctx: &Ctx, title: &str, nav: Nav, here: &str, body: Markup) -> Marku
                     }
                 }
                 main id="main" {
+                    @if !ctx.backup_alerts.is_empty() {
+                        div.flash.error id="backup-banner" role="alert" {
+                            a href="/backups" { (ctx.t("backups.banner")) }
+                            ul { @for alert in &ctx.backup_alerts { li { (alert) } } }
+                        }
+                    }
                     h1 { (title) }
                     (flash(ctx))
                     (body)

@@ -33,6 +33,7 @@ mod paging;
 mod services;
 mod usage_charts;
 mod volumes;
+mod backups;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -98,6 +99,10 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/services/{name}/upgrade", post(services::upgrade))
         .route("/services/{name}/delete", get(services::confirm_delete).post(services::delete))
         .route("/volumes", get(volumes::page))
+        .route("/backups", get(backups::page))
+        .route("/backups/destinations", axum::routing::post(backups::add_destination))
+        .route("/backups/run/{kind}/{name}", axum::routing::post(backups::run))
+        .route("/backups/jobs/{id}/confirm", axum::routing::post(backups::confirm_restore))
         .route("/volumes/{name}/delete", get(volumes::confirm_delete).post(volumes::delete))
         .route("/volumes/{name}/move", post(volumes::start_move))
         .route("/deployments/{id}", get(deployments::page))
@@ -160,6 +165,8 @@ pub struct Ctx {
     pub principal: auth::Principal,
     pub flash: Option<Flash>,
     pub state: Arc<AppState>,
+    /// Backups that need attention (the banner on every page).
+    pub backup_alerts: Vec<String>,
 }
 
 impl Ctx {
@@ -226,6 +233,7 @@ impl FromRequestParts<Arc<AppState>> for Ctx {
             user_name: session.user.name.clone(),
             principal: auth::Principal::User { user: session.user, via },
             flash,
+            backup_alerts: backups::alerts(state).await,
             state: state.clone(),
         })
     }

@@ -20,7 +20,7 @@ use crate::error::ApiError;
 
 fn list_body(ctx: &Ctx, list: &ServiceList) -> Markup {
     html! {
-        p.help { (ctx.t("services.help")) " " a href="/volumes" { (ctx.t("volumes.title")) } }
+        p.help { (ctx.t("services.help")) " " a href="/volumes" { (ctx.t("volumes.title")) } " · " a href="/backups" { (ctx.t("backups.title")) } }
         @if list.services.is_empty() {
             p.empty { (ctx.t("services.none")) }
         } @else {
