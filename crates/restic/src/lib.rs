@@ -327,20 +327,23 @@ impl Restic {
     }
 
     /// `forget --prune` of the snapshots tagged `tag`, keeping what
-    /// `retention` says.
+    /// `retention` says. They form one group whatever their other tags
+    /// (each carries its own `job=<id>`) and paths: every cloud-web
+    /// snapshot has the same host, [`SNAPSHOT_HOST`].
     pub async fn forget_prune(&self, tag: &str, retention: Retention, limit: Duration) -> Result<(), ResticError> {
         let (daily, weekly, monthly) = (retention.keep_daily.to_string(), retention.keep_weekly.to_string(), retention.keep_monthly.to_string());
         let args = [
-            "forget", "-q", "--prune", "--group-by", "tags", "--tag", tag, "--keep-daily", &daily, "--keep-weekly", &weekly, "--keep-monthly", &monthly,
+            "forget", "-q", "--prune", "--group-by", "host", "--tag", tag, "--keep-daily", &daily, "--keep-weekly", &weekly, "--keep-monthly", &monthly,
         ];
         self.run(&args, limit).await.map(|_| ())
     }
 
     /// `forget --prune` keeping the newest `hourly` hourly and `daily`
-    /// daily snapshots tagged `tag` (the control plane's own backups).
+    /// daily snapshots tagged `tag` (the control plane's own backups), as
+    /// one group like [`Restic::forget_prune`].
     pub async fn forget_prune_hourly(&self, tag: &str, hourly: u32, daily: u32, limit: Duration) -> Result<(), ResticError> {
         let (hourly, daily) = (hourly.to_string(), daily.to_string());
-        let args = ["forget", "-q", "--prune", "--group-by", "tags", "--tag", tag, "--keep-hourly", &hourly, "--keep-daily", &daily];
+        let args = ["forget", "-q", "--prune", "--group-by", "host", "--tag", tag, "--keep-hourly", &hourly, "--keep-daily", &daily];
         self.run(&args, limit).await.map(|_| ())
     }
 

@@ -102,3 +102,21 @@ async fn a_run_over_its_limit_is_killed() {
     assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
     assert!(matches!(err, ResticError::Io(ref text) if text.contains("limit")), "{err:?}");
 }
+
+#[tokio::test]
+async fn retention_groups_a_targets_snapshots_whatever_their_job_tags() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = restic(dir.path(), "correct horse battery staple");
+    repo.init(LIMIT).await.unwrap();
+    for job in ["job=bj_1", "job=bj_2", "job=bj_3"] {
+        let tags = vec!["target=service/db".to_string(), job.to_string()];
+        repo.backup_stdin("dump.pgdump", &tags, LIMIT, job.as_bytes(), async { Ok(()) }).await.unwrap();
+    }
+    let other = vec!["target=service/other".to_string(), "job=bj_4".to_string()];
+    repo.backup_stdin("dump.pgdump", &other, LIMIT, &b"other"[..], async { Ok(()) }).await.unwrap();
+    repo.forget_prune("target=service/db", Retention { keep_daily: 1, keep_weekly: 0, keep_monthly: 0 }, LIMIT).await.unwrap();
+    assert_eq!(repo.snapshots(&["target=service/db".to_string()], LIMIT).await.unwrap().len(), 1, "one daily snapshot of the target kept");
+    assert_eq!(repo.snapshots(&["target=service/other".to_string()], LIMIT).await.unwrap().len(), 1, "another target's are left alone");
+    repo.forget_prune_hourly("target=service/other", 1, 1, LIMIT).await.unwrap();
+    assert_eq!(repo.snapshots(&[], LIMIT).await.unwrap().len(), 2);
+}
