@@ -536,6 +536,16 @@ impl ControlPlane {
         self.send(self.http().post(self.url(&paths::volume_move(move_id))).json(report)).await.map(drop)
     }
 
+    /// Reports on a backup job (see [`crate::backups`]), its free text made
+    /// valid first.
+    pub async fn backup_job(&self, job_id: &str, report: &cloudweb_protocol::BackupJobReport) -> Result<(), ClientError> {
+        let mut report = report.clone();
+        for text in [&mut report.message, &mut report.detail].into_iter().flatten() {
+            *text = cloudweb_protocol::misc::one_line(text, cloudweb_protocol::misc::MAX_REPORT_MESSAGE);
+        }
+        self.send(self.http().post(self.url(&paths::backup_job(job_id))).json(&report)).await.map(drop)
+    }
+
     /// Uploads runtime log lines (see [`crate::logs`]).
     pub async fn upload_logs(&self, upload: &cloudweb_protocol::LogUpload) -> Result<cloudweb_protocol::LogUploadResponse, ClientError> {
         let mut upload = upload.clone();

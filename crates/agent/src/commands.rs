@@ -70,6 +70,7 @@ struct Inner {
     runtime: DockerRuntime,
     services: crate::services::Services,
     moves: crate::volume_moves::Moves,
+    backups: crate::backups::Backups,
     deploy_options: DeployOptions,
     handled_path: PathBuf,
     handled: Mutex<VecDeque<String>>,
@@ -100,7 +101,7 @@ fn instance_of(command: &Command) -> Option<u32> {
 }
 
 impl Executor {
-    pub fn new(runtime: DockerRuntime, services: crate::services::Services, data_dir: &Path, deploy_options: DeployOptions) -> Executor {
+    pub fn new(runtime: DockerRuntime, services: crate::services::Services, backups: crate::backups::Backups, data_dir: &Path, deploy_options: DeployOptions) -> Executor {
         let handled_path = data_dir.join(HANDLED_FILE);
         let handled = std::fs::read(&handled_path)
             .ok()
@@ -111,6 +112,7 @@ impl Executor {
                 moves: crate::volume_moves::Moves::new(runtime.clone(), data_dir),
                 runtime,
                 services,
+                backups,
                 deploy_options,
                 handled_path,
                 handled: Mutex::new(handled),
@@ -380,6 +382,26 @@ impl Inner {
             Some(CommandKind::VolumeMoveAbort) => self.move_step(client, command, |moves, client, p| async move { moves.abort(&client, p).await }).await,
             Some(CommandKind::VolumeRelease) => self.move_step(client, command, |moves, client, p| async move { moves.release(&client, p).await }).await,
             Some(CommandKind::VolumePurge) => self.move_step(client, command, |moves, client, p| async move { moves.purge(&client, p).await }).await,
+            Some(CommandKind::BackupRun) => self.backup_step(command, |backups, p| backups.run(p)),
+            Some(CommandKind::BackupVerify) => self.backup_step(command, |backups, p| backups.verify(p)),
+            Some(CommandKind::BackupRestore) => self.backup_step(command, |backups, p| backups.restore(p)),
+            Some(CommandKind::BackupCancel) => match serde_json::from_value::<cloudweb_protocol::BackupCancelPayload>(command.payload.clone()) {
+                Ok(payload) => match self.backups.cancel(&payload) {
+                    Ok(true) => Outcome::Handled,
+                    Ok(false) => {
+                        tracing::info!(command = %command.id, job_id = %payload.job_id, "no such backup job runs here; nothing to cancel");
+                        Outcome::Handled
+                    }
+                    Err(reason) => {
+                        tracing::error!(command = %command.id, %reason, "invalid backup_cancel payload; dropping the command");
+                        Outcome::Handled
+                    }
+                },
+                Err(err) => {
+                    tracing::error!(command = %command.id, error = %err, "invalid backup_cancel payload; dropping the command");
+                    Outcome::Handled
+                }
+            },
             None => {
                 // Nothing to report to: an unknown type names no deployment.
                 tracing::error!(command = %command.id, kind = %command.kind, "this agent cannot handle this command type; dropping it");
@@ -406,6 +428,27 @@ impl Inner {
             crate::volume_moves::Step::Done => Outcome::Handled,
             crate::volume_moves::Step::Retry(reason) => Outcome::Retry(reason),
         }
+    }
+
+    /// Hands a backup job to [`crate::backups`], which runs it in the
+    /// background and reports on it: the command is handled once taken.
+    fn backup_step<P, F>(&self, command: &Command, start: F) -> Outcome
+    where
+        P: serde::de::DeserializeOwned,
+        F: FnOnce(&crate::backups::Backups, P) -> crate::backups::Accepted,
+    {
+        let payload: P = match serde_json::from_value(command.payload.clone()) {
+            Ok(payload) => payload,
+            Err(err) => {
+                tracing::error!(command = %command.id, kind = %command.kind, error = %err, "invalid payload; dropping the command");
+                return Outcome::Handled;
+            }
+        };
+        match start(&self.backups, payload) {
+            crate::backups::Accepted::Invalid(reason) => tracing::error!(command = %command.id, kind = %command.kind, %reason, "invalid payload; dropping the command"),
+            accepted => tracing::info!(command = %command.id, kind = %command.kind, ?accepted, "backup job taken"),
+        }
+        Outcome::Handled
     }
 
     async fn deploy(&self, client: &Arc<ControlPlane>, command: &Command, cancel: watch::Receiver<bool>) -> Outcome {

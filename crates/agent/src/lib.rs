@@ -2,6 +2,7 @@
 //! plane over mTLS (after a join that pins the cluster CA by fingerprint),
 //! and drives this node's Docker Engine.
 
+pub mod backups;
 pub mod build;
 pub mod capacity;
 pub mod client;

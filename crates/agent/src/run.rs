@@ -98,10 +98,19 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     // background: heartbeats start at once, and only the command loop
     // waits for it (so never two builders run).
     let (builders_gone, leftovers_removed) = tokio::sync::watch::channel(false);
+    let services = crate::services::Services::new(runtime.clone(), &options.data_dir, options.mesh.as_ref().map(|m| m.mesh_address.to_string()));
+    // Before the services' supervisor starts: a service whose data an
+    // earlier agent was swapping stays held until the swap is settled.
+    let backups = crate::backups::Backups::new(runtime.clone(), services.clone(), &options.data_dir, client.clone());
     {
-        let runtime = runtime.clone();
+        let (runtime, backups) = (runtime.clone(), backups.clone());
         tokio::spawn(async move {
             remove_builders(&runtime, "left by an earlier agent").await;
+            // Backup jobs an earlier agent left halfway are settled before
+            // a command delivered again could find their leftovers.
+            if tokio::time::timeout(BACKUP_RECOVERY_LIMIT, backups.recover()).await.is_err() {
+                tracing::warn!("settling the backup jobs of an earlier agent took over {} s; going on", BACKUP_RECOVERY_LIMIT.as_secs());
+            }
             let _ = builders_gone.send(true);
         });
     }
@@ -110,8 +119,7 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
         Ok(added) => tracing::info!(added, bridge = crate::runtime::BUILD_BRIDGE, "firewall rules keep builds off the host and private networks"),
         Err(err) => tracing::warn!(error = %err, "builds can reach the host's services and private networks"),
     }
-    let services = crate::services::Services::new(runtime.clone(), &options.data_dir, options.mesh.as_ref().map(|m| m.mesh_address.to_string()));
-    let executor = Executor::new(runtime.clone(), services.clone(), &options.data_dir, options.deploy.clone());
+    let executor = Executor::new(runtime.clone(), services.clone(), backups.clone(), &options.data_dir, options.deploy.clone());
     let samples = Arc::new(crate::usage::Latest::default());
     let mut tasks = vec![tokio::spawn(crate::renew::renewer(client.clone(), identity.clone(), options.data_dir.clone()))];
     tasks.push(tokio::spawn(crate::usage::sampler(runtime.clone(), options.data_dir.clone(), options.metrics_interval, samples.clone())));
@@ -163,6 +171,8 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     // reporting the failure the clean-up below would cause.
     crate::shutdown::begin();
     let shutdown = async {
+        // Paused containers unpaused, throwaways removed, reports sent.
+        backups.shutdown(BACKUP_SHUTDOWN_LIMIT).await;
         for task in &tasks {
             task.abort();
         }
@@ -192,6 +202,12 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     tracing::info!("agent stopped");
     Ok(())
 }
+
+/// How long settling an earlier agent's backup jobs may hold the command
+/// loop.
+const BACKUP_RECOVERY_LIMIT: Duration = Duration::from_secs(120);
+/// How long the running backup jobs get to stop at a shutdown.
+const BACKUP_SHUTDOWN_LIMIT: Duration = Duration::from_secs(8);
 
 /// How long listing the builder containers, and then killing and
 /// removing each, may take.
@@ -305,6 +321,7 @@ async fn heartbeat_loop(
             cloudweb_protocol::features::SERVICES.to_string(),
             cloudweb_protocol::features::VOLUME_MOVES.to_string(),
             cloudweb_protocol::features::SERVICE_OPS.to_string(),
+            cloudweb_protocol::features::BACKUPS.to_string(),
         ];
         if ingress_active {
             features.push(cloudweb_protocol::features::TRAFFIC_METRICS.to_string());

@@ -50,6 +50,10 @@ pub struct Buffer {
     next_seq: u64,
 }
 
+/// A service, the highest sequence number and the lost lines an upload
+/// carries of it.
+type Carried = (String, u64, u64);
+
 impl Buffer {
     pub fn push(&mut self, service: &str, stream: &str, ts: String, text: String) {
         let pending = self.services.entry(service.to_string()).or_default();
@@ -64,8 +68,8 @@ impl Buffer {
     }
 
     /// The next upload and, per service, the highest sequence number and
-    /// the lost lines it carries.
-    fn take(&self) -> Option<(ServiceLogUpload, Vec<(String, u64, u64)>)> {
+    /// the lost lines it carries ([`Carried`]).
+    fn take(&self) -> Option<(ServiceLogUpload, Vec<Carried>)> {
         let mut upload = ServiceLogUpload::default();
         let mut taken = Vec::new();
         let (mut lines, mut bytes) = (0, 0);

@@ -46,6 +46,13 @@ struct Inner {
     /// (`set_password`); run again after an agent restart, which is
     /// harmless.
     passwords_set: Mutex<std::collections::HashSet<String>>,
+    /// Services a restore holds (by service, the job): the supervisor
+    /// leaves their containers stopped while their data is swapped.
+    held: Mutex<BTreeMap<String, String>>,
+    /// Held by the supervisor while it checks a service, so that
+    /// [`Services::hold`] returns only once no check started before it
+    /// can still start the container.
+    checking: tokio::sync::Mutex<()>,
     wake: Notify,
 }
 
@@ -118,6 +125,8 @@ impl Services {
                 stopped_since: Mutex::new(BTreeMap::new()),
                 own_restarts: Mutex::new(BTreeMap::new()),
                 passwords_set: Mutex::new(std::collections::HashSet::new()),
+                held: Mutex::new(BTreeMap::new()),
+                checking: tokio::sync::Mutex::new(()),
                 wake: Notify::new(),
             }),
         }
@@ -182,12 +191,58 @@ impl Services {
         self.inner.specs.lock().expect("specs lock").is_empty()
     }
 
+    /// Makes the supervisor leave `service`'s container alone (stopped,
+    /// for a restore's swap) until [`Services::release`]; returns once no
+    /// check of it is under way.
+    pub async fn hold(&self, service: &str, job_id: &str) {
+        self.hold_now(service, job_id);
+        drop(self.inner.checking.lock().await);
+    }
+
+    /// [`Services::hold`] before the supervisor runs (an agent start that
+    /// finds a swap its predecessor did not finish).
+    pub fn hold_now(&self, service: &str, job_id: &str) {
+        tracing::info!(service, job_id, "service held for a restore");
+        self.inner.held.lock().expect("held lock").insert(service.to_string(), job_id.to_string());
+    }
+
+    /// Ends a hold: the supervisor looks after the service again at once.
+    pub fn release(&self, service: &str) {
+        if self.inner.held.lock().expect("held lock").remove(service).is_some() {
+            tracing::info!(service, "service released after a restore");
+            self.inner.wake.notify_one();
+        }
+    }
+
+    pub fn is_held(&self, service: &str) -> bool {
+        self.inner.held.lock().expect("held lock").contains_key(service)
+    }
+
+    /// The spec of one service this node runs.
+    pub fn spec(&self, service: &str) -> Option<ServicePayload> {
+        self.inner.specs.lock().expect("specs lock").get(service).cloned()
+    }
+
     /// Keeps every service running until the task is aborted.
     pub async fn supervise(self) {
         loop {
             let specs: Vec<ServicePayload> = self.inner.specs.lock().expect("specs lock").values().cloned().collect();
             for spec in specs {
-                let status = self.check(&spec).await;
+                let checking = self.inner.checking.lock().await;
+                let status = if self.is_held(&spec.service) {
+                    let before = self.inner.statuses.lock().expect("statuses lock").get(&spec.service).map(|(s, _)| s.clone());
+                    ServiceStatus {
+                        service: spec.service.clone(),
+                        generation: spec.generation,
+                        state: "restarting".into(),
+                        address: before.as_ref().and_then(|s| s.address.clone()),
+                        detail: Some("stopped while its data is restored from a backup".into()),
+                        restarts: before.map(|s| s.restarts).unwrap_or(0),
+                    }
+                } else {
+                    self.check(&spec).await
+                };
+                drop(checking);
                 let mut statuses = self.inner.statuses.lock().expect("statuses lock");
                 // Removed meanwhile: not reported again.
                 if !self.inner.specs.lock().expect("specs lock").contains_key(&spec.service) {

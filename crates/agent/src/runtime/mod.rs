@@ -3,6 +3,7 @@
 //! node's id, so an agent never touches containers that are not its own
 //! (other agents may share the same daemon).
 
+mod backup_containers;
 pub mod cgroup;
 mod containers;
 mod images;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder};
 use bollard::Docker;
 
+pub use backup_containers::{throwaway_name, AttachedExec, Throwaway, LABEL_BACKUP_JOB, ROLE_BACKUP};
 pub use containers::{AppContainer, CaddyContainer, ContainerState, OneShot, BUILD_BRIDGE, BUILD_NETWORK};
 pub use images::{is_transient_registry_error, AppImage, RegistryAuth};
 pub use logs::{AppInstance, OutputLine};
