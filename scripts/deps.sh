@@ -20,7 +20,8 @@ need=()
 # (PostgreSQL, Redis, MariaDB; scripts/service-images.sh); postgresql-client
 # gives the host pg_isready, which the services-over-the-mesh test runs from
 # another node's namespace.
-for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables chromium chromium-driver pebble mmdebstrap postgresql-client; do
+# restic is the backup engine the tests run for real.
+for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables chromium chromium-driver pebble mmdebstrap postgresql-client restic; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
@@ -68,6 +69,15 @@ if ! "$openapi_client_bin" --version >/dev/null 2>&1; then
     python3 -m pip install --quiet --disable-pip-version-check openapi-python-client
 fi
 "$openapi_client_bin" --version
+
+# An S3-compatible server for the backup tests: moto's standalone server
+# (PyPI). s3s-fs 0.14 (crates.io) was tried first; it answers restic's
+# listings with an empty `delimiter=` as if "" were a delimiter, so
+# `restic check` finds no pack files there.
+moto_bin=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/moto_server
+if ! "$moto_bin" --help >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check 'moto[server]>=5'
+fi
 
 if ! docker info >/dev/null 2>&1; then
     echo "deps: the Docker Engine is not reachable; the end-to-end tests need it" >&2

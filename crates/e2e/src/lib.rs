@@ -20,6 +20,7 @@ pub mod engine;
 pub mod flood;
 pub mod fleet;
 pub mod netns;
+pub mod s3;
 pub mod services;
 pub mod pebble;
 pub mod tmpfs;

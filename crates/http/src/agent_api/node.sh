@@ -70,6 +70,19 @@ fi
 [ "$(id -u)" = 0 ] || die "run as root (sudo sh)"
 { command -v systemctl >/dev/null && [ -d /run/systemd/system ]; } || die "systemd is required"
 
+# restic: the agent backs up this node's volumes and databases with it.
+# Without it the node works, and its backups fail saying restic is missing.
+if [ -z "$uninstall" ] && ! command -v restic >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1; then
+        echo "node.sh: installing restic (backups)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq restic >/dev/null 2>&1 \
+            || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq restic >/dev/null 2>&1; } \
+            || echo "node.sh: could not install restic; this node's backups fail until it is installed" >&2
+    else
+        echo "node.sh: restic is not installed; this node's backups fail until it is (Debian/Ubuntu: apt-get install restic)" >&2
+    fi
+fi
+
 if [ -n "$uninstall" ]; then
     [ -n "$yes" ] || die "uninstalling removes this node from the cluster; add --yes"
     # Stop the agent first, so no deploy in flight recreates a container
