@@ -26,6 +26,7 @@ mod reports;
 pub mod retention;
 mod services;
 mod routes;
+mod snapshot;
 pub mod steps;
 mod tokens;
 mod usage;
