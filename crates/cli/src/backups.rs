@@ -98,6 +98,13 @@ pub enum BackupsCommand {
     ConfirmRestore { job: String },
     /// One job.
     Show { job: String },
+    /// Back up the control plane itself now (its state, CA and keys, to
+    /// every destination). Waits until the first destination's ends
+    /// unless --no-wait.
+    ControlPlane {
+        #[arg(long)]
+        no_wait: bool,
+    },
 }
 
 #[derive(clap::Args, Default)]
@@ -436,6 +443,11 @@ pub async fn run(api: &Api, command: BackupsCommand, json: bool) -> Result<(), F
             } else {
                 println!("the data restore {} replaced ({}) is being deleted", clean(&view.id), cell(&view.kept_volume));
             }
+        }
+        BackupsCommand::ControlPlane { no_wait } => {
+            let job: BackupJobView = api.post("/api/control-plane/backups").await?;
+            let job = if no_wait { job } else { wait(api, &job.id).await? };
+            finish(&job, json, !no_wait)?;
         }
         BackupsCommand::Show { job } => {
             let view: BackupJobView = api.get(&format!("/api/backups/{}", segment(&job))).await?;

@@ -328,6 +328,7 @@ async fn serve(
         tokio::spawn(cloudweb_core::volume_moves::watcher(state.clone())),
         tokio::spawn(cloudweb_core::service_ops::watcher(state.clone())),
         tokio::spawn(cloudweb_core::backups::watcher(state.clone())),
+        tokio::spawn(cloudweb_core::backups::control_plane::scheduler(state.clone())),
         tokio::spawn(acme::run(state.clone())),
         tokio::spawn(git::status_poster(state.clone())),
         tokio::spawn(git::refresher(state.clone())),

@@ -3,6 +3,7 @@
 
 mod admin_cli;
 mod cli;
+mod restore;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -46,6 +47,10 @@ enum Commands {
     /// Deploy an app through a running control plane's user API, optionally
     /// wait until it runs, and print the deployment's id or state.
     Deploy(cli::deploy::DeployArgs),
+    /// Rebuild a data dir from the newest (or a named) control-plane
+    /// backup with the recovery key, on a new host; then `serve` it with
+    /// the same public URL and every agent reconnects without joining.
+    Restore(restore::RestoreArgs),
 }
 
 #[derive(Parser)]
@@ -274,6 +279,11 @@ fn real_main() -> anyhow::Result<()> {
         Commands::NodeStatus(args) => return script(Box::pin(cli::status::node(args))),
         Commands::AppStatus(args) => return script(Box::pin(cli::status::app(args))),
         Commands::Deploy(args) => return script(Box::pin(cli::deploy::run(args))),
+        Commands::Restore(args) => {
+            // The restored files are keys and the state: for no other user.
+            nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+            return script(Box::pin(restore::run(args)));
+        }
     };
     raise_open_file_limit();
     // The data dir holds keys, token digests and logs: nothing the control

@@ -28,6 +28,7 @@
 //! stays as a volume of its own until confirmed or kept for
 //! `--backup-keep-days`.
 
+pub mod control_plane;
 pub mod cron;
 mod destinations;
 mod jobs;

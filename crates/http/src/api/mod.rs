@@ -19,6 +19,7 @@ mod runtime_logs;
 pub mod services;
 pub mod traffic;
 pub mod backups;
+pub mod control_plane_backups;
 pub mod volume_moves;
 pub mod volumes;
 
@@ -83,6 +84,7 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(backups::verify))
         .routes(routes!(backups::restore))
         .routes(routes!(backups::confirm))
+        .routes(routes!(control_plane_backups::run))
         .routes(routes!(apps::deploy))
         .routes(routes!(apps::rollback))
         .routes(routes!(deployments::of_app))
