@@ -573,3 +573,143 @@ impl Drop for Tmpfs {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+#[tokio::test]
+async fn at_most_two_jobs_run_at_once_and_a_waiting_one_can_be_cancelled() {
+    let fx = Fixture::new().await;
+    let service = format!("busy{}", &job_id()[3..11]);
+    let _container = fake_database(&fx, &service, "head -c 1000 /dev/zero; sleep 600");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let jobs: Vec<BackupJobPayload> = (0..3).map(|_| fx.backup(service_source(&service))).collect();
+    for job in &jobs {
+        assert_eq!(fx.backups.run(job.clone()), Accepted::Started);
+    }
+    fx.recorder.wait_running(&jobs[0].job_id, Duration::from_secs(30)).await;
+    fx.recorder.wait_running(&jobs[1].job_id, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(fx.recorder.of(&jobs[2].job_id).is_empty(), "the third waits for a slot");
+    let out = Command::new("docker").args(["top", &_container.0]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("pg_dump"), "the two dumps run");
+    assert!(fx.backups.is_running(&jobs[2].job_id));
+    fx.backups.cancel(&BackupCancelPayload { job_id: jobs[2].job_id.clone(), reason: None }).unwrap();
+    let report = fx.recorder.final_report(&jobs[2].job_id, Duration::from_secs(10)).await;
+    assert_eq!(report.state, Some(JobState::Cancelled));
+    assert!(report.message.as_deref().unwrap().contains("before it started"), "{report:?}");
+    for job in &jobs[..2] {
+        fx.backups.cancel(&BackupCancelPayload { job_id: job.job_id.clone(), reason: None }).unwrap();
+        assert_eq!(fx.recorder.final_report(&job.job_id, Duration::from_secs(20)).await.state, Some(JobState::Cancelled));
+    }
+    // No dump goes on in the service's container for nobody.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let out = Command::new("docker").args(["top", &_container.0]).output().unwrap();
+    let processes = String::from_utf8_lossy(&out.stdout);
+    assert!(!processes.contains("pg_dump"), "{processes}");
+}
+
+#[tokio::test]
+async fn a_held_service_is_left_stopped_by_the_supervisor_until_released() {
+    let fx = Fixture::new().await;
+    ensure_script("images.sh");
+    let name = format!("held{}", &job_id()[3..11]);
+    let spec = cloudweb_protocol::ServicePayload {
+        service: name.clone(),
+        kind: ServiceKind::Redis,
+        image: BUSYBOX.into(),
+        env: BTreeMap::new(),
+        command: vec!["sleep".into(), "3600".into()],
+        volume: format!("{name}-data"),
+        host_port: std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port(),
+        memory_bytes: None,
+        health: vec!["true".into()],
+        generation: 1,
+        set_password: None,
+    };
+    let _guard = ContainerGuard(cloudweb_protocol::services::container_name(&name));
+    fx.services.run(spec).unwrap();
+    let supervisor = tokio::spawn(fx.services.clone().supervise());
+    let running = || async { fx.runtime.service_container(&name).await.unwrap().is_some_and(|c| c.running) };
+    let started = std::time::Instant::now();
+    while !running().await {
+        assert!(started.elapsed() < Duration::from_secs(30), "the supervisor did not start the service");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    fx.services.hold(&name, "bj_0000000000000001").await;
+    let id = fx.runtime.service_container(&name).await.unwrap().unwrap().id;
+    fx.runtime.stop_keep(&id).await.unwrap();
+    // Well past the supervisor's grace for a stopped container.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert!(!running().await, "a held service stays stopped");
+    assert!(fx.services.statuses().iter().any(|s| s.service == name && s.state == "restarting"));
+    fx.services.release(&name);
+    let released = std::time::Instant::now();
+    while !running().await {
+        assert!(released.elapsed() < Duration::from_secs(15), "the released service was not started again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    supervisor.abort();
+    let _ = fx.runtime.remove_service(&name).await;
+}
+
+/// The restore a kill test kills: run in a child process (this test
+/// binary, started again on this test alone) when
+/// `CLOUDWEB_BACKUP_KILL_CHILD` names its job; a no-op in the normal run.
+#[tokio::test]
+async fn kill_test_child_restores_until_killed() {
+    let Ok(job) = std::env::var("CLOUDWEB_BACKUP_KILL_CHILD") else { return };
+    let payload: RestorePayload = serde_json::from_str(&job).unwrap();
+    let data = PathBuf::from(std::env::var("CLOUDWEB_BACKUP_KILL_DATA").unwrap());
+    let fx = Fixture::on(tempfile::tempdir().unwrap(), data, payload.repository.clone());
+    assert_eq!(fx.backups.restore(payload), Accepted::Started);
+    tokio::time::sleep(Duration::from_secs(600)).await;
+}
+
+#[tokio::test]
+async fn an_agent_killed_mid_restore_leaves_the_volume_and_a_retry_succeeds() {
+    let fx = Fixture::new().await;
+    let source = BackupSource::Volume { volume: "bulk".into(), pause: false };
+    for n in 0..6 {
+        write(&fx.volume(&format!("bulk/part{n}")), &noise(16 << 20, 10 + n), 0o644);
+    }
+    let original = tree(&fx.volume("bulk"));
+    let snapshot = fx.run(fx.backup(source.clone())).await.snapshot.unwrap();
+    let payload = fx.restore(&snapshot, source.clone(), "bulk-restore", Some(Replace { volume: "bulk".into(), keep_as: "bulk-before-restore-1".into() }));
+    let staging = fx.data.join("volumes/.restoring").join(&payload.job_id);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "backups::tests::kill_test_child_restores_until_killed", "--nocapture"])
+        .env("CLOUDWEB_BACKUP_KILL_CHILD", serde_json::to_string(&payload).unwrap())
+        .env("CLOUDWEB_BACKUP_KILL_DATA", &fx.data)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed (SIGKILL) as soon as restic writes into the staging directory.
+    let started = std::time::Instant::now();
+    while !staging.exists() || std::fs::read_dir(&staging).unwrap().count() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(60), "the child never started restoring");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(fx.data.join(JOBS_DIR).join(format!("{}.run.json", payload.job_id)).exists());
+    let (_, bytes) = count_tree(&staging);
+    assert!(bytes < 96 << 20, "killed before the restore was whole ({bytes} bytes)");
+
+    // The next agent on the same data directory.
+    let (dir, data, repository) = (fx.dir, fx.data, fx.repository);
+    let fx = Fixture::on(dir, data, repository);
+    // restic died with its parent (no restore goes on writing).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    fx.backups.recover().await;
+    let report = fx.recorder.final_report(&payload.job_id, Duration::from_secs(10)).await;
+    assert_eq!(report.state, Some(JobState::Failed));
+    assert!(report.message.as_deref().unwrap().contains("agent restarted during the restore"), "{report:?}");
+    assert!(!staging.exists(), "the partial copy is removed");
+    assert_eq!(tree(&fx.volume("bulk")), original, "the volume is untouched");
+    assert!(!fx.volume("bulk-before-restore-1").exists());
+    // Delivered again: its report, not a second run.
+    assert_eq!(fx.backups.restore(payload.clone()), Accepted::Finished);
+    let retried = fx.run_restore(RestorePayload { job_id: job_id(), ..payload }).await;
+    assert_eq!(retried.state, Some(JobState::Succeeded), "{retried:?}");
+    assert_eq!(tree(&fx.volume("bulk")), original);
+    assert_eq!(tree(&fx.volume("bulk-before-restore-1")), original);
+}
