@@ -240,6 +240,9 @@ mod tests {
         assert_eq!(deployment.state, "failed");
         assert!(deployment.error.as_deref().unwrap().contains("restored from a backup"), "{deployment:?}");
         assert_eq!(store.apps().await.unwrap().len(), 1);
+        let own = store.backup_jobs_of("control-plane", Some("backup"), 5).await.unwrap();
+        assert_eq!(own.len(), 1, "{own:?}");
+        assert_eq!((own[0].state.as_str(), own[0].snapshot.as_deref()), ("succeeded", Some(restored.snapshot.id.as_str())), "the backup that made the snapshot ended well in it");
         store.close().await;
         let text = report(&restored, &target);
         assert!(text.contains("old") && text.contains("--public-url https://127.0.0.1:8443"), "{text}");

@@ -465,6 +465,8 @@ async fn restore_into(restic: &Restic, snapshot: &Snapshot, staging: &Path, age:
         store.integrity_check().await.map_err(|e| unusable(format!("its database fails the integrity check: {e}")))?;
         let now_ms = i64::try_from(now.unix_timestamp_nanos() / 1_000_000).unwrap_or(i64::MAX);
         let failed_deployments = fail_in_flight_deployments(&store, age, now_ms).await.map_err(|e| unusable(format!("cannot end its deployments in flight: {e}")))?;
+        let taken_ms = snapshot_time(snapshot).map(|t| i64::try_from(t.unix_timestamp_nanos() / 1_000_000).unwrap_or(now_ms)).unwrap_or(now_ms);
+        end_own_job(&store, snapshot, taken_ms).await.map_err(|e| unusable(format!("cannot end its own backup job: {e}")))?;
         let reason = format!("the control plane was restored from a backup {} old, taken while this job ran", human_age(age));
         let failed_jobs = store.fail_unfinished_backup_jobs(&reason, now_ms).await.map_err(|e| unusable(format!("cannot end its backup jobs in flight: {e}")))?;
         Ok::<_, RestoreError>((failed_deployments, failed_jobs))
@@ -473,6 +475,25 @@ async fn restore_into(restic: &Restic, snapshot: &Snapshot, staging: &Path, age:
     store.close().await;
     let (failed_deployments, failed_jobs) = settled?;
     Ok((manifest, failed_deployments, failed_jobs))
+}
+
+/// The database was snapshotted while the control-plane backup that made
+/// `snapshot` ran, so that job is unfinished in it: it succeeded, with this
+/// snapshot, when the snapshot was taken.
+async fn end_own_job(store: &Store, snapshot: &Snapshot, taken_ms: i64) -> Result<(), crate::store::StoreError> {
+    for job in store.backup_jobs_of(CONTROL_PLANE_TARGET, Some("backup"), 5).await? {
+        if matches!(job.state.as_str(), "queued" | "running") && job.created_at <= taken_ms {
+            let outcome = JobOutcome {
+                state: "succeeded".into(),
+                snapshot: Some(snapshot.id.clone()),
+                pruned: Some(false),
+                detail: Some("this control plane was restored from this backup".into()),
+                ..JobOutcome::default()
+            };
+            store.finish_backup_job(&job.id, &outcome, &[], taken_ms).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Deployments on their way (queued, building, deploying) when the backup
