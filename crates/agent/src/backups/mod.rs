@@ -372,18 +372,22 @@ impl Backups {
         self.start(&job_id, JobKind::Restore, timeout, move |job| Box::pin(async move { restore::run(&job, &payload).await }))
     }
 
-    /// `backup_cancel`: true when the job was running or waiting here.
+    /// `backup_cancel`: true when the job was running or waiting here. A
+    /// job that ended before gets its final report sent again, so the
+    /// control plane learns how it ended.
     pub fn cancel(&self, payload: &BackupCancelPayload) -> Result<bool, String> {
         payload.validate().map_err(|e| e.to_string())?;
         let reason = payload.reason.clone().unwrap_or_else(|| "cancelled".to_string());
-        match self.inner.jobs.lock().expect("jobs lock").get(&payload.job_id) {
-            Some(cancel) => {
-                tracing::info!(job_id = %payload.job_id, %reason, "cancelling the backup job");
-                let _ = cancel.send(Some(reason));
-                Ok(true)
-            }
-            None => Ok(false),
+        if let Some(cancel) = self.inner.jobs.lock().expect("jobs lock").get(&payload.job_id) {
+            tracing::info!(job_id = %payload.job_id, %reason, "cancelling the backup job");
+            let _ = cancel.send(Some(reason));
+            return Ok(true);
         }
+        if let Some(finished) = self.finished(&payload.job_id) {
+            let (backups, job_id) = (self.clone(), payload.job_id.clone());
+            tokio::spawn(async move { backups.send_final(&job_id, finished).await });
+        }
+        Ok(false)
     }
 
     fn start<F>(&self, job_id: &str, kind: JobKind, timeout_seconds: u32, work: F) -> Accepted

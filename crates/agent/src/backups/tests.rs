@@ -449,6 +449,9 @@ async fn a_cancelled_or_overdue_job_stops_and_leaves_nothing() {
     assert!(report.message.as_deref().unwrap().contains("the service was deleted"), "{report:?}");
     assert!(!fx.backups.is_running(&job));
     assert!(!fx.data.join(JOBS_DIR).join(format!("{job}.run.json")).exists());
+    // Cancelled again once it ended: its final report again.
+    assert_eq!(fx.backups.cancel(&BackupCancelPayload { job_id: job.clone(), reason: None }), Ok(false));
+    assert_eq!(fx.recorder.final_report_n(&job, 2, Duration::from_secs(10)).await, report);
 
     let overdue = BackupJobPayload { timeout_seconds: 10, ..fx.backup(service_source(&service)) };
     let report = fx.run(overdue).await;

@@ -48,9 +48,11 @@ pub(super) async fn start(job: &Job, kind: ServiceKind, image: &str, env: &BTree
     for value in env.values() {
         job.add_secret(value);
     }
-    for arg in command {
-        // Redis takes its password as an argument.
-        job.add_secret(arg);
+    // Redis takes its passwords as arguments.
+    for pair in command.windows(2) {
+        if pair[0] == "--requirepass" || pair[0] == "--masterauth" {
+            job.add_secret(&pair[1]);
+        }
     }
     job.runtime().ensure_image(image, None).await.map_err(|e| format!("cannot get image {image} on this node: {e}"))?;
     job.update(|r| r.throwaway = true)?;

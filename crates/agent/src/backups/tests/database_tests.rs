@@ -113,6 +113,14 @@ fn verify(fx: &Fixture, spec: &ServicePayload, snapshot: &str, bytes: u64) -> Ve
     }
 }
 
+/// None of `secrets` is in any report.
+fn no_secret_reported(fx: &Fixture, secrets: &[&str]) {
+    for (job, report) in fx.recorder.reports.lock().unwrap().iter() {
+        let text = serde_json::to_string(report).unwrap();
+        assert!(secrets.iter().all(|s| !text.contains(s)), "{job}: {text}");
+    }
+}
+
 /// No throwaway container of this node is left, nor a temporary directory.
 fn nothing_left(fx: &Fixture) {
     let out = std::process::Command::new("docker")
@@ -176,6 +184,7 @@ async fn postgres_is_dumped_verified_and_restored_in_place_and_as_a_clone() {
     let over_tcp = ["psql", "-X", "-At", "postgresql://app@127.0.0.1:5432/app", "-c", "select md5(string_agg(id || name, ',' order by id)) from items"];
     assert_eq!(exec(&fx, &clone.service, &over_tcp, &["PGPASSWORD=clone-password-5678".to_string()]).await, before);
     nothing_left(&fx);
+    no_secret_reported(&fx, &["first-password-1234", "clone-password-5678", &fx.repository.password]);
     let _ = fx.runtime.remove_service(&name).await;
     let _ = fx.runtime.remove_service(&clone.service).await;
 }
@@ -214,6 +223,7 @@ async fn redis_is_saved_verified_and_restored_in_place() {
     assert_eq!(exec(&fx, &name, &["redis-cli", "-h", "127.0.0.1", "GET", "key7"], &[]).await, "value7");
     assert!(fx.volume(&db.volume).join("appendonlydir").exists());
     nothing_left(&fx);
+    no_secret_reported(&fx, &["redis-password-1234", &fx.repository.password]);
     let _ = fx.runtime.remove_service(&name).await;
 }
 
@@ -247,6 +257,7 @@ async fn mariadb_is_dumped_verified_and_cloned() {
     let count = ["mariadb", "--protocol=tcp", "-h", "127.0.0.1", "-uapp", "-N", "-B", "app", "-e", "select count(*) from items"];
     assert_eq!(exec(&fx, &clone.service, &count, &["MYSQL_PWD=clone-password-5678".to_string()]).await, "40");
     nothing_left(&fx);
+    no_secret_reported(&fx, &["maria-password-1234", "clone-password-5678", &fx.repository.password]);
     let _ = fx.runtime.remove_service(&name).await;
     let _ = fx.runtime.remove_service(&clone.service).await;
 }
