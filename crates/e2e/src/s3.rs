@@ -61,9 +61,20 @@ impl S3Server {
         self.http.get(self.url(&format!("/{bucket}/{key}"))).send().await.unwrap().bytes().await.unwrap().to_vec()
     }
 
+    /// Writes an object with a signed request (boto3, which moto's package
+    /// brings): moto refuses an unsigned write.
     pub async fn put(&self, bucket: &str, key: &str, body: Vec<u8>) {
-        let response = self.http.put(self.url(&format!("/{bucket}/{key}"))).body(body).send().await.unwrap();
-        assert!(response.status().is_success(), "put {key}: {}", response.status());
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), &body).unwrap();
+        let script = "import sys, boto3\n\
+s3 = boto3.client('s3', endpoint_url=sys.argv[1], aws_access_key_id=sys.argv[2], aws_secret_access_key=sys.argv[3], region_name='us-east-1')\n\
+s3.put_object(Bucket=sys.argv[4], Key=sys.argv[5], Body=open(sys.argv[6], 'rb').read())\n";
+        let out = Command::new("python3")
+            .args(["-c", script, &self.endpoint(), ACCESS_KEY_ID, SECRET_ACCESS_KEY, bucket, key, &file.path().to_string_lossy()])
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "put {key}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
     /// Stops the server (a destination that went away).

@@ -12,7 +12,23 @@ use crate::store::{DestinationRemoval, DestinationRow};
 use crate::AppState;
 
 /// How long `restic init` of a new destination may take.
-const INIT_LIMIT: Duration = Duration::from_secs(60);
+const INIT_LIMIT: Duration = Duration::from_secs(30);
+/// How long the first connection to an S3 endpoint may take (restic
+/// itself retries a refused connection for minutes).
+const CONNECT_LIMIT: Duration = Duration::from_secs(5);
+
+/// Whether the S3 endpoint takes a TCP connection at all: an answer in
+/// seconds, rather than after restic's retries.
+async fn reachable(endpoint: &str) -> Result<(), ApiError> {
+    let url = url::Url::parse(endpoint).map_err(|e| bad(format!("endpoint: {e}")))?;
+    let host = url.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_string();
+    let port = url.port_or_known_default().unwrap_or(443);
+    match tokio::time::timeout(CONNECT_LIMIT, tokio::net::TcpStream::connect((host.as_str(), port))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(err)) => Err(ApiError::BadGateway(format!("the destination did not answer: cannot connect to {host}:{port}: {err}"))),
+        Err(_) => Err(ApiError::BadGateway(format!("the destination did not answer: no connection to {host}:{port} within {} s", CONNECT_LIMIT.as_secs()))),
+    }
+}
 
 fn bad(text: impl Into<String>) -> ApiError {
     ApiError::BadRequest(text.into())
@@ -173,6 +189,9 @@ pub async fn add_destination(state: &AppState, new: &NewDestination) -> Result<(
     retention.validate().map_err(|e| bad(e.to_string()))?;
     if state.store.destination(&new.name).await?.is_some() {
         return Err(ApiError::Conflict(format!("a backup destination named {} exists already", new.name)));
+    }
+    if let Some(endpoint) = new.endpoint.as_deref().filter(|_| new.kind == "s3") {
+        reachable(endpoint).await?;
     }
     let password = recovery_key();
     let row = DestinationRow {
