@@ -310,9 +310,6 @@ pub fn logs_key(service: &str) -> String {
 /// detached, with the data (returned so the caller can delete it when the
 /// user asked for that).
 pub async fn delete(state: &AppState, name: &str) -> Result<ServiceRow, ApiError> {
-    // A backup or restore of it that is under way ends `cancelled` and
-    // its node stops it (no dump left running against a removed container).
-    crate::backups::cancel_jobs_of(state, &crate::backups::Target::Service(name.to_string()), "the service was deleted").await?;
     let now = state.clock.now_ms();
     let deleted = state
         .store

@@ -117,7 +117,6 @@ pub async fn delete(state: &AppState, name: &str) -> Result<VolumeRow, ApiError>
         .await?;
     match outcome {
         VolumeDeletion::Deleted(volume) => {
-            crate::backups::cancel_jobs_of(state, &crate::backups::Target::Volume(volume.name.clone()), "the volume was deleted").await?;
             if let Some(node) = &volume.node_id {
                 state.hub.notify(node, cloudweb_protocol::events::COMMANDS);
             }

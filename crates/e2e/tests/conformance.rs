@@ -77,6 +77,7 @@ async fn every_route_but_join_needs_a_client_certificate() {
         (Method::POST, "/agent/v1/logs", Some(r#"{"containers":[]}"#)),
         (Method::POST, "/agent/v1/volume-moves/mv_0123456789abcdef", Some(r#"{"state":"failed"}"#)),
         (Method::POST, "/agent/v1/service-logs", Some(r#"{"services":[]}"#)),
+        (Method::POST, "/agent/v1/backup-jobs/bj_0123456789abcdef", Some(r#"{"state":"failed"}"#)),
         (Method::GET, "/agent/v1/routes", None),
         (Method::GET, "/agent/v1/registry", None),
         (Method::GET, "/agent/v1/stream", None),

@@ -355,7 +355,7 @@ pub const ES: &[(&str, &str)] = &[
     ("backups.keep", "Conservar (diarias/semanales/mensuales)"),
     ("backups.default", "Por defecto"),
     ("backups.endpoint", "Punto de acceso S3"),
-    ("backups.bucket", "Bucket"),
+    ("backups.bucket", "Contenedor (bucket)"),
     ("backups.prefix", "Prefijo"),
     ("backups.region", "Región"),
     ("backups.access_key", "Id de la clave de acceso"),

@@ -115,6 +115,9 @@ pub async fn remove(
         return Err(ApiError::Conflict(format!("apps are linked to service {name} ({}); unlink them first", apps.join(", "))));
     }
     let deleted = crate::services::delete(&state, &name).await?;
+    // A backup or restore of it under way ends `cancelled` and its node
+    // stops it: no dump keeps running against a removed container.
+    cloudweb_core::backups::cancel_jobs_of(&state, &cloudweb_core::backups::Target::Service(deleted.name.clone()), "the service was deleted").await?;
     if query.data == DataOnDelete::Delete {
         crate::volumes::delete(&state, &deleted.volume).await?;
     }

@@ -115,7 +115,8 @@ pub async fn detach(State(state): State<Arc<AppState>>, Path((name, volume)): Pa
         (status = 409, description = "Still attached to an app", body = ErrorBody),
     ))]
 pub async fn remove(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
-    crate::volumes::delete(&state, &name).await?;
+    let deleted = crate::volumes::delete(&state, &name).await?;
+    cloudweb_core::backups::cancel_jobs_of(&state, &cloudweb_core::backups::Target::Volume(deleted.name.clone()), "the volume was deleted").await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
