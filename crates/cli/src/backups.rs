@@ -118,6 +118,8 @@ pub struct Which {
 }
 
 #[derive(Subcommand)]
+// Parsed once per run: the size of the add variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum DestinationsCommand {
     /// Every destination (no secrets).
     #[command(visible_alias = "ls")]

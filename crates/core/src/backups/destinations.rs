@@ -53,8 +53,11 @@ fn plain_path(field: &str, value: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The restic URL base of a new destination, its region and key id.
-fn base_of(new: &NewDestination) -> Result<(String, Option<String>, Option<String>, Option<String>), ApiError> {
+/// A new destination's restic URL base, region, key id and secret.
+type Base = (String, Option<String>, Option<String>, Option<String>);
+
+/// The restic URL base of a new destination, its region and its keys.
+fn base_of(new: &NewDestination) -> Result<Base, ApiError> {
     match new.kind.as_str() {
         "s3" => {
             let endpoint = new.endpoint.as_deref().ok_or_else(|| bad("an s3 destination needs endpoint"))?;
