@@ -70,6 +70,7 @@ const STEPS: &[Step] = &[
     step("deploy", &["--runs", "1", "--settle-timeout-seconds", "60"], 90),
     step("services", &["--runs", "2"], 90),
     step("volume-move", &["--quick", "--runs", "2"], 150),
+    step("backups", &["--quick"], 150),
     step_as(
         "volumes",
         &["ingress", "--volume"],

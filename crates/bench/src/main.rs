@@ -8,7 +8,8 @@
 //! against the same WireGuard configured by hand; `dashboard` measures
 //! the dashboard's page weight and the Nodes page's time to first byte;
 //! `acme` measures the time to a public host's first certificate from
-//! pebble with N ingress nodes. Every command ends with its targets'
+//! pebble with N ingress nodes; `backups` measures issue 23's backups
+//! against restic run by hand. Every command ends with its targets'
 //! verdicts (`target …: met|NOT met`, see `target.rs`); `all --quick` runs
 //! every command at a small size and sums the verdicts up.
 
@@ -16,6 +17,7 @@ mod acme;
 mod agent_rss;
 mod all;
 mod apps;
+mod backups;
 mod dashboard;
 mod deploy;
 mod docker;
@@ -102,6 +104,11 @@ enum Commands {
     /// mesh (from the POST to `switched`), against `tar | TCP | tar` over
     /// the same path, with the app's downtime.
     VolumeMove(volumes::Args),
+    /// A PostgreSQL backup through cloud-web against `pg_dump -Fc | restic
+    /// backup --stdin` by hand into the same repository, the restore in
+    /// place to accepting connections, an unchanged volume's incremental
+    /// backup, and the control plane's own backup with many apps.
+    Backups(backups::Args),
     /// Every command above, one after the other, each in its own process
     /// and bounded in time, then a table of every target's verdict; exits
     /// non-zero if a target is NOT met or a command failed. `--quick` runs
@@ -133,6 +140,7 @@ fn main() -> std::process::ExitCode {
             Commands::Acme(args) => interruptible(acme::run(args)).await,
             Commands::Services(args) => interruptible(services::run(args)).await,
             Commands::VolumeMove(args) => interruptible(volumes::run(args)).await,
+            Commands::Backups(args) => interruptible(backups::run(args)).await,
             Commands::All(_) => unreachable!("handled above"),
         }
     });
