@@ -11,6 +11,9 @@ use crate::error::ApiError;
 use crate::store::{BackupJobRow, DestinationRow, JobRefusal, NewCommand};
 use crate::AppState;
 
+/// How often a target's retention runs at most.
+const PRUNE_EVERY_MS: i64 = 20 * 3600 * 1000;
+
 /// Slack past a job's own limit before the control plane gives up on it.
 const DEADLINE_SLACK_MS: i64 = 5 * 60 * 1000;
 
@@ -73,12 +76,18 @@ pub async fn queue_backup(state: &AppState, target: &Target, trigger: &str, atte
     };
     let now = state.clock.now_ms();
     let id = new_job_id();
+    // Retention (forget --prune, which rewrites pack files) runs with the
+    // first successful backup of a day, not after every one: the daily,
+    // weekly and monthly buckets need no more, and a prune costs more than
+    // a small backup.
+    let recent = state.store.backup_jobs_of(&target.key(), Some("backup"), 50).await?;
+    let pruned_lately = recent.iter().any(|j| j.pruned == Some(true) && j.destination == destination.name && j.finished_at.is_some_and(|at| now - at < PRUNE_EVERY_MS));
     let payload = BackupJobPayload {
         job_id: id.clone(),
         source: located.source.clone(),
         repository: repository(state, &destination, "data")?,
         tags: vec!["cloudweb".into()],
-        retention: Some(retention(&destination)),
+        retention: (!pruned_lately).then(|| retention(&destination)),
         exec_env,
         timeout_seconds: JOB_TIMEOUT_SECONDS,
     };
