@@ -147,7 +147,11 @@ async fn record_refusal(state: &AppState, target: &Target, destination: &str, tr
 
 /// The wait before retry number `attempt` (the first retry is attempt 2).
 fn retry_wait_ms(state: &AppState, attempt: i64) -> i64 {
-    let base = state.config.backups.retry_after.as_millis() as i64;
+    backoff_ms(state.config.backups.retry_after.as_millis() as i64, attempt)
+}
+
+/// `base`, then four times longer for each later retry.
+fn backoff_ms(base: i64, attempt: i64) -> i64 {
     base.saturating_mul(4i64.saturating_pow((attempt - 2).clamp(0, 8) as u32))
 }
 
@@ -233,5 +237,17 @@ pub async fn watcher(state: Arc<AppState>) {
         if let Err(err) = tick(&state).await {
             tracing::warn!(error = %err, "backup watcher pass failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn retries_wait_four_times_longer_each_time() {
+        let minute = 60_000;
+        let waits: Vec<i64> = (2..=4).map(|attempt| super::backoff_ms(minute, attempt)).collect();
+        assert_eq!(waits, vec![minute, 4 * minute, 16 * minute]);
+        assert!(super::MAX_RETRIES == 3, "three retries, then the next scheduled time");
+        assert_eq!(super::backoff_ms(i64::MAX / 2, 10), i64::MAX, "no overflow");
     }
 }
