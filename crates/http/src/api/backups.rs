@@ -63,7 +63,6 @@ pub async fn overview(State(state): State<Arc<AppState>>) -> Result<Json<BackupO
 }
 
 async fn list(state: &AppState, target: Target) -> Result<Json<BackupList>, ApiError> {
-    backups::resolve(state, Some(if matches!(target, Target::Service(_)) { "service" } else { "volume" }), target.name()).await?;
     let exists = match &target {
         Target::Service(name) => state.store.service(name).await?.is_some(),
         Target::Volume(name) => state.store.volume(name).await?.is_some(),
