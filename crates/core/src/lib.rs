@@ -34,6 +34,8 @@ pub mod mesh_endpoint;
 pub mod mesh_peers;
 pub mod registry;
 pub mod registry_credentials;
+pub mod registry_storage;
+pub mod s3;
 pub mod routes;
 pub mod runtime_logs;
 pub mod secrets;

@@ -24,6 +24,7 @@ use tokio::process::{Child, Command};
 use crate::ca::{self, write_private, ClusterCa};
 use crate::listener_cert::{self, CertInfo};
 use crate::registry_credentials::Credentials;
+pub use crate::registry_storage::{RegistryS3, RegistryStorage};
 use crate::AppState;
 
 #[derive(Debug, Clone)]
@@ -36,6 +37,8 @@ pub struct RegistrySettings {
     pub advertise: String,
     /// How long its certificate is valid; renewed at two thirds of that.
     pub cert_lifetime: Duration,
+    /// Where it keeps images.
+    pub storage: RegistryStorage,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +58,8 @@ pub enum RegistryError {
 pub struct RunningRegistry {
     pub agent_config: RegistryConfig,
     command: Vec<std::ffi::OsString>,
+    /// Its whole environment (the storage's keys, if any).
+    env: Vec<(String, String)>,
     child: Child,
     listen: SocketAddr,
     pid_file: cloudweb_child::PidFile,
@@ -111,11 +116,17 @@ pub async fn start(
     let htpasswd = credentials.htpasswd_path().to_path_buf();
 
     let quote = |p: &Path| serde_json::to_string(&p.display().to_string()).expect("string serializes");
+    let root = dir.join("storage");
+    if let Some(endpoint) = settings.storage.endpoint() {
+        if let Err(err) = crate::s3::reachable(endpoint).await {
+            tracing::error!(endpoint, error = %err, "the image registry's S3 storage does not answer: pushes and pulls fail until it does");
+        }
+    }
     let config = format!(
-        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {storage}\n  delete:\n    enabled: true\n\
+        "version: 0.1\nlog:\n  level: warn\n{storage}\
          http:\n  addr: {addr}\n  tls:\n    certificate: {cert}\n    key: {key}\n\
          auth:\n  htpasswd:\n    realm: cloudweb\n    path: {htpasswd}\n",
-        storage = quote(&dir.join("storage")),
+        storage = settings.storage.config(&root),
         addr = serde_json::to_string(&settings.listen.to_string()).expect("string serializes"),
         cert = quote(&cert_path),
         key = quote(&key_path),
@@ -140,12 +151,14 @@ pub async fn start(
         Err(err) => tracing::warn!(error = %err, "could not look for a leftover image registry"),
     }
     let version = credentials.written_version();
-    let child = spawn(&command, &pid_file)?;
+    let env = settings.storage.env();
+    let child = spawn(&command, &env, &pid_file)?;
     wait_listening(settings.listen).await?;
     credentials.loaded(version);
     tracing::info!(
         listen = %settings.listen,
         advertise = %settings.advertise,
+        storage = %settings.storage.describe(&root),
         cert_serial = %cert.info.serial,
         cert_not_after = %crate::clock::rfc3339_ms(cert.info.not_after_ms),
         "image registry running"
@@ -153,6 +166,7 @@ pub async fn start(
     Ok(RunningRegistry {
         agent_config: agent_config(settings, ca),
         command,
+        env,
         child,
         listen: settings.listen,
         pid_file,
@@ -201,12 +215,25 @@ fn replace_private(path: &Path, contents: &[u8]) -> Result<(), RegistryError> {
     write_private(path, contents).map_err(|e| RegistryError::Cert(e.to_string()))
 }
 
+/// What the registry takes from the control plane's environment: how this
+/// host reaches the network (a proxy to the S3 endpoint) and which CAs it
+/// trusts. Nothing else.
+const PASSED_THROUGH: [&str; 9] = ["PATH", "TZ", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR"];
+
 /// Starts the registry tied to this process: the kernel kills it when the
 /// control plane dies, even by `kill -9`, and its pid is recorded for the
-/// next start.
-fn spawn(command: &[std::ffi::OsString], pid_file: &cloudweb_child::PidFile) -> Result<Child, RegistryError> {
+/// next start. Its environment is `env` and [`PASSED_THROUGH`]: nothing
+/// else of the control plane's (its secrets, or AWS_* settings the
+/// registry's S3 client would take up) reaches it.
+fn spawn(command: &[std::ffi::OsString], env: &[(String, String)], pid_file: &cloudweb_child::PidFile) -> Result<Child, RegistryError> {
     let mut process = Command::new(&command[0]);
-    process.args(&command[1..]).stdin(std::process::Stdio::null()).kill_on_drop(true);
+    process.args(&command[1..]).env_clear();
+    for name in PASSED_THROUGH {
+        if let Some(value) = std::env::var_os(name) {
+            process.env(name, value);
+        }
+    }
+    process.envs(env.iter().cloned()).stdin(std::process::Stdio::null()).kill_on_drop(true);
     cloudweb_child::die_with_parent(&mut process);
     let child = process.spawn().map_err(|source| RegistryError::Spawn { binary: PathBuf::from(&command[0]), source })?;
     if let Some(pid) = child.id() {
@@ -290,7 +317,7 @@ pub async fn supervise(mut running: RunningRegistry, credentials: Arc<Credential
             }
         }
         let version = credentials.written_version();
-        match spawn(&running.command, &running.pid_file) {
+        match spawn(&running.command, &running.env, &running.pid_file) {
             Ok(child) => {
                 running.child = child;
                 started = tokio::time::Instant::now();

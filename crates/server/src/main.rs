@@ -18,7 +18,7 @@ use cloudweb_server::clock::SystemClock;
 use cloudweb_server::config::{public_url::HttpsUrl, Config};
 use cloudweb_server::agent_api::listener::ConnectionLimits;
 use cloudweb_server::api::listener::ApiConnectionLimits;
-use cloudweb_server::registry::RegistrySettings;
+use cloudweb_server::registry::{RegistryS3, RegistrySettings, RegistryStorage};
 use cloudweb_protocol::SupportedRange;
 
 #[derive(Parser)]
@@ -98,6 +98,27 @@ struct ServeArgs {
     /// host:port nodes use to reach the registry (default: --registry-listen).
     #[arg(long)]
     registry_advertise: Option<String>,
+    /// Keep the registry's images in this bucket of an S3-compatible
+    /// service rather than under --data-dir, so they outlive this host.
+    #[arg(long, value_name = "BUCKET", requires = "registry_bin")]
+    registry_s3_bucket: Option<String>,
+    /// The S3-compatible service, http(s)://host[:port] (MinIO, Garage, R2,
+    /// ...); AWS S3 itself when absent.
+    #[arg(long, value_name = "URL", requires = "registry_s3_bucket")]
+    registry_s3_endpoint: Option<String>,
+    /// The bucket's region.
+    #[arg(long, value_name = "REGION", default_value = "us-east-1")]
+    registry_s3_region: String,
+    /// A prefix of the registry's keys in the bucket (a/b).
+    #[arg(long, value_name = "PREFIX", requires = "registry_s3_bucket")]
+    registry_s3_prefix: Option<String>,
+    /// The access key id for the bucket.
+    #[arg(long, value_name = "ID", requires = "registry_s3_bucket")]
+    registry_s3_access_key_id: Option<String>,
+    /// A file holding the secret access key (else the environment variable
+    /// CLOUDWEB_REGISTRY_S3_SECRET_ACCESS_KEY); never on a command line.
+    #[arg(long, value_name = "FILE", requires = "registry_s3_bucket")]
+    registry_s3_secret_access_key_file: Option<PathBuf>,
     /// Every app answers on <app>.<base-domain> (besides its own domains).
     #[arg(long, default_value = "localhost")]
     base_domain: String,
@@ -405,6 +426,14 @@ fn real_main() -> anyhow::Result<()> {
                     listen: args.registry_listen,
                     advertise,
                     cert_lifetime: Duration::from_secs(args.registry_cert_seconds),
+                    storage: registry_storage(
+                        args.registry_s3_bucket,
+                        args.registry_s3_endpoint,
+                        args.registry_s3_region,
+                        args.registry_s3_prefix,
+                        args.registry_s3_access_key_id,
+                        args.registry_s3_secret_access_key_file,
+                    )?,
                 })
             }
             None => None,
@@ -465,4 +494,24 @@ fn parse_git_host(value: &str) -> Result<String, String> {
         return Err("the host must be a name or an IP address".into());
     }
     Ok(format!("{}:{port}", host.to_ascii_lowercase()))
+}
+
+/// The registry's storage from the `--registry-s3-*` flags: a directory
+/// under --data-dir without a bucket.
+fn registry_storage(
+    bucket: Option<String>,
+    endpoint: Option<String>,
+    region: String,
+    prefix: Option<String>,
+    access_key_id: Option<String>,
+    secret_file: Option<PathBuf>,
+) -> anyhow::Result<RegistryStorage> {
+    let Some(bucket) = bucket else { return Ok(RegistryStorage::Filesystem) };
+    let access_key_id = access_key_id.context("--registry-s3-bucket needs --registry-s3-access-key-id")?;
+    let secret = match secret_file {
+        Some(path) => std::fs::read_to_string(&path).with_context(|| format!("--registry-s3-secret-access-key-file {}", path.display()))?.trim().to_string(),
+        None => std::env::var("CLOUDWEB_REGISTRY_S3_SECRET_ACCESS_KEY")
+            .context("--registry-s3-bucket needs the secret access key: --registry-s3-secret-access-key-file or CLOUDWEB_REGISTRY_S3_SECRET_ACCESS_KEY")?,
+    };
+    Ok(RegistryStorage::S3(RegistryS3::new(endpoint, bucket, region, prefix, access_key_id, secret).map_err(anyhow::Error::msg)?))
 }

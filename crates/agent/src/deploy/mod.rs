@@ -24,52 +24,16 @@ use cloudweb_protocol::{DeployPayload, Report, Strategy};
 use tokio::sync::watch;
 
 mod log_shipper;
+mod registry_retry;
 mod rollout;
 
 use self::log_shipper::LogShipper;
+use self::registry_retry::{with_registry_retry, REGISTRY_RETRY_DELAYS};
 use self::rollout::{downtime, recreate};
 use crate::build::{self, Plan};
 use crate::client::ControlPlane;
 use crate::redact::Redactor;
-use crate::runtime::{is_transient_registry_error, AppContainer, DockerRuntime, RegistryAuth, RuntimeError, LABEL_COMMIT};
-
-/// The pauses between tries of a push or pull that failed for a moment
-/// (see [`is_transient_registry_error`]): eight tries over about 30 s,
-/// which covers a registry restart by the control plane and a restart of
-/// the control plane itself (the registry is its child).
-const REGISTRY_RETRY_DELAYS: [Duration; 7] = [
-    Duration::from_secs(1),
-    Duration::from_secs(2),
-    Duration::from_secs(3),
-    Duration::from_secs(4),
-    Duration::from_secs(5),
-    Duration::from_secs(5),
-    Duration::from_secs(5),
-];
-
-/// Runs a push or pull (`what`), again after each of `delays` while it
-/// fails with a transient registry error; each retry goes to `log` (the
-/// deployment's log) and the agent's log.
-async fn with_registry_retry<T, F, Fut>(delays: &[Duration], log: impl Fn(String), what: &str, mut attempt: F) -> Result<T, RuntimeError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, RuntimeError>>,
-{
-    let mut delays = delays.iter();
-    loop {
-        match attempt().await {
-            Err(err) if is_transient_registry_error(&err) => match delays.next() {
-                Some(delay) => {
-                    tracing::warn!(error = %err, "{what} failed for a moment; trying again in {} s", delay.as_secs());
-                    log(format!("{what} failed ({err}); the registry may be restarting, trying again in {} s", delay.as_secs()));
-                    tokio::time::sleep(*delay).await;
-                }
-                None => return Err(err),
-            },
-            result => return result,
-        }
-    }
-}
+use crate::runtime::{AppContainer, DockerRuntime, RegistryAuth, RuntimeError, LABEL_COMMIT};
 
 /// Node-level settings for deploys.
 #[derive(Debug, Clone)]
@@ -748,52 +712,4 @@ async fn build_in(
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Mutex;
-
-    use super::*;
-
-    /// Runs `with_registry_retry` without pauses against attempts that
-    /// answer `results` in turn; returns the result, the number of
-    /// attempts and the lines logged.
-    async fn retried(results: Vec<Result<u8, RuntimeError>>) -> (Result<u8, RuntimeError>, usize, Vec<String>) {
-        let results = Mutex::new(results.into_iter());
-        let attempts = Mutex::new(0);
-        let lines = Mutex::new(Vec::new());
-        let result = with_registry_retry(&[Duration::ZERO; 4], |line| lines.lock().unwrap().push(line), "push of r/web:d1", || {
-            *attempts.lock().unwrap() += 1;
-            let next = results.lock().unwrap().next().expect("no more attempts than results");
-            async move { next }
-        })
-        .await;
-        let attempts = *attempts.lock().unwrap();
-        (result, attempts, lines.into_inner().unwrap())
-    }
-
-    fn refused() -> RuntimeError {
-        RuntimeError::Failed("push of r/web:d1 failed: dial tcp 127.0.0.1:5000: connect: connection refused".into())
-    }
-
-    #[tokio::test]
-    async fn a_push_is_tried_again_while_the_registry_restarts_and_no_longer() {
-        let (result, attempts, lines) = retried(vec![Err(refused()), Err(refused()), Ok(7)]).await;
-        assert_eq!(result.unwrap(), 7);
-        assert_eq!(attempts, 3);
-        assert_eq!(lines.len(), 2, "{lines:?}");
-        assert!(lines[0].contains("push of r/web:d1 failed") && lines[0].contains("trying again"), "{lines:?}");
-
-        // Bounded: five tries, then the last error.
-        let (result, attempts, lines) = retried((0..5).map(|_| Err(refused())).collect()).await;
-        assert!(result.unwrap_err().to_string().contains("connection refused"));
-        assert_eq!((attempts, lines.len()), (5, 4));
-
-        // Anything else fails at once.
-        let denied = RuntimeError::Failed("push of r/web:d1 failed: unauthorized: authentication required".into());
-        let (result, attempts, lines) = retried(vec![Err(denied)]).await;
-        assert!(result.unwrap_err().to_string().contains("unauthorized"));
-        assert_eq!((attempts, lines.len()), (1, 0));
-    }
 }

@@ -13,44 +13,22 @@ use crate::AppState;
 
 /// How long `restic init` of a new destination may take.
 const INIT_LIMIT: Duration = Duration::from_secs(30);
-/// How long the first connection to an S3 endpoint may take (restic
-/// itself retries a refused connection for minutes).
-const CONNECT_LIMIT: Duration = Duration::from_secs(5);
-
 /// Whether the S3 endpoint takes a TCP connection at all: an answer in
 /// seconds, rather than after restic's retries.
 async fn reachable(endpoint: &str) -> Result<(), ApiError> {
-    let url = url::Url::parse(endpoint).map_err(|e| bad(format!("endpoint: {e}")))?;
-    let host = url.host_str().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_string();
-    let port = url.port_or_known_default().unwrap_or(443);
-    match tokio::time::timeout(CONNECT_LIMIT, tokio::net::TcpStream::connect((host.as_str(), port))).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(err)) => Err(ApiError::BadGateway(format!("the destination did not answer: cannot connect to {host}:{port}: {err}"))),
-        Err(_) => Err(ApiError::BadGateway(format!("the destination did not answer: no connection to {host}:{port} within {} s", CONNECT_LIMIT.as_secs()))),
-    }
+    crate::s3::reachable(endpoint).await.map_err(|e| ApiError::BadGateway(format!("the destination did not answer: {e}")))
 }
 
 fn bad(text: impl Into<String>) -> ApiError {
     ApiError::BadRequest(text.into())
 }
 
-/// A bucket name as S3 allows it: 3 to 63 of a-z, 0-9, '.', '-'.
 fn bucket(value: &str) -> Result<(), ApiError> {
-    let ok = (3..=63).contains(&value.len())
-        && value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
-        && value.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric());
-    if ok {
-        Ok(())
-    } else {
-        Err(bad("bucket must be 3 to 63 of a-z, 0-9, '.' and '-'"))
-    }
+    crate::s3::bucket(value).map_err(bad)
 }
 
 fn plain_path(field: &str, value: &str) -> Result<(), ApiError> {
-    if value.len() > 512 || value.split('/').any(|p| p.is_empty() || p == "." || p == ".." || !p.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))) {
-        return Err(bad(format!("{field} must be /-separated names of A-Z, a-z, 0-9, '.', '_' and '-'")));
-    }
-    Ok(())
+    crate::s3::plain_path(field, value).map_err(bad)
 }
 
 /// A new destination's restic URL base, region, key id and secret.
@@ -61,17 +39,10 @@ fn base_of(new: &NewDestination) -> Result<Base, ApiError> {
     match new.kind.as_str() {
         "s3" => {
             let endpoint = new.endpoint.as_deref().ok_or_else(|| bad("an s3 destination needs endpoint"))?;
-            let url = url::Url::parse(endpoint).map_err(|e| bad(format!("endpoint: {e}")))?;
-            if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() || url.path() != "/" || url.query().is_some() || !url.username().is_empty() {
-                return Err(bad("endpoint must be http(s)://host[:port], without a path or credentials"));
-            }
-            let host = match url.port() {
-                Some(port) => format!("{}:{port}", url.host_str().unwrap_or_default()),
-                None => url.host_str().unwrap_or_default().to_string(),
-            };
+            let (scheme, host) = crate::s3::endpoint(endpoint).map_err(bad)?;
             let bucket_name = new.bucket.as_deref().ok_or_else(|| bad("an s3 destination needs bucket"))?;
             bucket(bucket_name)?;
-            let mut base = format!("s3:{}://{host}/{bucket_name}", url.scheme());
+            let mut base = format!("s3:{scheme}://{host}/{bucket_name}");
             if let Some(prefix) = new.prefix.as_deref().map(|p| p.trim_matches('/')).filter(|p| !p.is_empty()) {
                 plain_path("prefix", prefix)?;
                 base = format!("{base}/{prefix}");
@@ -84,9 +55,7 @@ fn base_of(new: &NewDestination) -> Result<Base, ApiError> {
                 }
             }
             let region = new.region.clone().unwrap_or_else(|| "us-east-1".into());
-            if region.is_empty() || region.len() > 64 || !region.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-                return Err(bad("region must be letters, digits and '-'"));
-            }
+            crate::s3::region(&region).map_err(bad)?;
             if new.path.is_some() {
                 return Err(bad("path is for path destinations"));
             }
