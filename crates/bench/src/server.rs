@@ -37,10 +37,10 @@ pub fn sibling_binary(name: &str, given: Option<PathBuf>) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// A free TCP port on 127.0.0.1 (the kernel does not hand it out again
-/// right away, so the child that binds it next has a moment to do so).
+/// A TCP port on 127.0.0.1 that no test or bench running alongside gets
+/// (`cloudweb_e2e::ports`).
 pub fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(cloudweb_e2e::free_port())
 }
 
 impl Server {

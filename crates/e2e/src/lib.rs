@@ -20,13 +20,14 @@ pub mod engine;
 pub mod flood;
 pub mod fleet;
 pub mod netns;
+pub mod orphans;
 pub mod s3;
 pub mod services;
 pub mod pebble;
+pub mod ports;
 pub mod tmpfs;
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, OnceLock};
@@ -66,10 +67,10 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// A free TCP port on 127.0.0.1 (there is a small window before the child
-/// binds it; the kernel does not hand out the same port again that quickly).
+/// A TCP port on 127.0.0.1 for a child this test starts; no other test
+/// running alongside gets it (see [`ports`]).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    ports::reserve()
 }
 
 /// Polls `check` every 50 ms until it returns `Some` or `timeout` passes.
@@ -105,6 +106,7 @@ impl Process {
     /// CLOUDWEB_TOKEN, kept off the command line).
     pub fn spawn_with_env(program: &Path, args: &[String], env: &[(&str, &str)], log: PathBuf) -> Result<Process> {
         let file = File::create(&log)?;
+        orphans::adopt();
         // Its own process group, so killing it also kills what it started
         // (the registry under a control plane, Caddy under an agent).
         let child = std::os::unix::process::CommandExt::process_group(&mut Command::new(program), 0)

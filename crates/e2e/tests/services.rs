@@ -9,7 +9,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cloudweb_e2e::services::{ensure_service_images, services_node, AGENT_FLAGS};
+use cloudweb_e2e::services::{call, ensure_service_images, service_ports, services_node, AGENT_FLAGS};
 use cloudweb_e2e::{start_platform, unique_name, wait_for, AgentNode, Platform, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -19,17 +19,6 @@ const IMAGE: &str = "cloudweb-test/postgres:15";
 const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\n\
 CMD [\"sh\", \"-c\", \"mkdir -p /www && echo \\\"$DATABASE_URL\\\" > /www/url && exec httpd -f -p 8080 -h /www\"]\n";
 
-
-/// Two host ports of its own for each test process (tests run side by
-/// side on one Docker bridge).
-fn service_ports() -> String {
-    let base = 30_000 + (std::process::id() % 10_000) * 2;
-    format!("{base}-{}", base + 1)
-}
-
-async fn call(server: &ServerProcess, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
-    server.call(method, path, body).await.unwrap()
-}
 
 async fn until_state(server: &ServerProcess, agent: &AgentNode, name: &str, want: &str, limit: Duration) -> Value {
     wait_for(limit, &format!("service {name} to be {want}"), || async {

@@ -14,10 +14,10 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cloudweb_e2e::services::{ensure_service_images, services_node, AGENT_FLAGS};
-use cloudweb_e2e::{bin, start_platform, unique_name, wait_for, AgentNode, Platform, ServerProcess};
+use cloudweb_e2e::services::{call, cli, ensure_service_images, running_url, service_ports, services_node, until, AGENT_FLAGS};
+use cloudweb_e2e::{start_platform, unique_name, wait_for, AgentNode, Platform, ServerProcess};
 use reqwest::Method;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// Writes the URL it got into a file it serves.
 const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\n\
@@ -26,11 +26,6 @@ CMD [\"sh\", \"-c\", \"mkdir -p /www && echo \\\"$DATABASE_URL\\\" > /www/url &&
 /// tag, made by this test.
 const MINOR: &str = "15.99";
 
-
-fn service_ports() -> String {
-    let base = 40_000 + (std::process::id() % 10_000) * 2;
-    format!("{base}-{}", base + 1)
-}
 
 fn docker(args: &[&str]) -> String {
     let out = Command::new("docker").args(args).output().unwrap();
@@ -62,42 +57,6 @@ impl Drop for Tag {
     }
 }
 
-async fn call(server: &ServerProcess, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
-    server.call(method, path, body).await.unwrap()
-}
-
-async fn until<F>(server: &ServerProcess, agent: &AgentNode, name: &str, what: &str, limit: Duration, done: F) -> Value
-where
-    F: Fn(&Value) -> bool,
-{
-    wait_for(limit, &format!("service {name}: {what}"), || async {
-        let (_, view) = server.call(Method::GET, &format!("/api/services/{name}"), None).await.ok()?;
-        done(&view).then_some(view)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()))
-}
-
-
-/// The app's newest running deployment: its id and the URL it got.
-async fn running_url(server: &ServerProcess, app: &str, not: Option<&str>) -> (String, String) {
-    let found = wait_for(Duration::from_secs(120), &format!("a new running deployment of {app}"), || async {
-        let (_, list) = server.call(Method::GET, &format!("/api/apps/{app}/deployments"), None).await.ok()?;
-        // Newest first.
-        let newest = list["deployments"].as_array()?.iter().find(|d| d["state"] == "running")?.clone();
-        let id = newest["id"].as_str()?.to_string();
-        if Some(id.as_str()) == not {
-            return None;
-        }
-        let (_, deployment) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
-        let address = deployment["instances"][0]["address"].as_str()?.to_string();
-        let url = reqwest::get(format!("http://{address}/url")).await.ok()?.text().await.ok()?.trim().to_string();
-        Some((id, url))
-    })
-    .await;
-    found.unwrap()
-}
-
 fn password_of(url: &str) -> String {
     url.split("://").nth(1).unwrap().split('@').next().unwrap().split(':').nth(1).unwrap().to_string()
 }
@@ -110,21 +69,6 @@ async fn logs_with(server: &ServerProcess, agent: &AgentNode, name: &str, text: 
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()))
-}
-
-/// The `cloudweb` command line against this server.
-fn cli(server: &ServerProcess, args: &[&str]) -> (i32, String, String) {
-    let home = server.dir.join("cli-home");
-    std::fs::create_dir_all(&home).unwrap();
-    let out = Command::new(bin("cloudweb"))
-        .args(args)
-        .env("HOME", &home)
-        .env("XDG_CONFIG_HOME", &home)
-        .env("CLOUDWEB_SERVER", server.api(""))
-        .env("CLOUDWEB_TOKEN", &server.admin_token)
-        .output()
-        .unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 #[tokio::test]
@@ -206,10 +150,10 @@ async fn a_postgres_password_rotates_its_version_changes_on_the_same_data_and_a_
     assert_ne!(docker(&["inspect", "-f", "{{.Id}}", &format!("cw-svc.{name}")]), before, "a new container");
     assert_eq!(psql(&new_url, "SELECT x FROM kept").unwrap(), "42", "the data and the password stay");
     // A major version, a bad one, the same one: refused, nothing changed.
-    let (status, answer) = call(&server, Method::POST, &format!("/api/services/{name}/upgrade"), Some(json!({"version": "16"}))).await;
+    let (status, answer) = call(&server, Method::POST, &format!("/api/services/{name}/upgrade"), Some(json!({"version": "16", "writes_stopped": true}))).await;
     assert_eq!(status, 409, "{answer}");
     let message = answer["error"].as_str().unwrap();
-    assert!(message.contains("major") && message.contains("pg_dump"), "{message}");
+    assert!(message.contains("major") && message.contains("pg_dump") && message.contains("no backup destination"), "{message}");
     let (status, _) = call(&server, Method::POST, &format!("/api/services/{name}/upgrade"), Some(json!({"version": "latest"}))).await;
     assert_eq!(status, 400);
     let (status, _) = call(&server, Method::POST, &format!("/api/services/{name}/upgrade"), Some(json!({"version": MINOR}))).await;
