@@ -3,12 +3,14 @@
 # anything from a registry (test machines have none to pull from):
 #
 #   cloudweb-test/postgres:15   PostgreSQL 15    production: postgres:16
+#   cloudweb-test/postgres:17   PostgreSQL 17    (major version upgrades)
 #   cloudweb-test/redis:7       Redis 7.0        production: redis:7, valkey/valkey:8
 #   cloudweb-test/mariadb:10    MariaDB 10.11    production: mariadb:11
 #
-# All three are Debian bookworm's own packages in one mmdebstrap rootfs,
-# imported once as cloudweb-test/services-rootfs:bookworm (the three share
-# its layer), plus an entrypoint each (scripts/service-images/*-entrypoint.sh)
+# The first three are Debian bookworm's own packages in one mmdebstrap
+# rootfs, imported once as cloudweb-test/services-rootfs:bookworm (the
+# three share its layer); PostgreSQL 17 is trixie's, in a rootfs of its
+# own (cloudweb-test/services-rootfs:trixie); plus an entrypoint each (scripts/service-images/*-entrypoint.sh)
 # that honours the same environment contract as the official image: the
 # same variables, data paths, ports, commands and first-start initialization.
 # The product does not know it runs a test image; tests only give it these
@@ -40,9 +42,11 @@ for arg in "$@"; do
 done
 
 postgres_image=cloudweb-test/postgres:15
+postgres17_image=cloudweb-test/postgres:17
 redis_image=cloudweb-test/redis:7
 mariadb_image=cloudweb-test/mariadb:10
 rootfs_image=cloudweb-test/services-rootfs:bookworm
+rootfs17_image=cloudweb-test/services-rootfs:trixie
 rootfs_label=cloudweb.rootfs.key
 sha_label=cloudweb.service-images.sha256
 files=scripts/service-images
@@ -62,7 +66,7 @@ cleanup() {
     # a container, so this works for a caller who is not root too.
     if [ -d "$work/data" ]; then
         docker run --rm --entrypoint rm -v "$work/data:/data" "$rootfs_image" \
-            -rf /data/postgres /data/redis /data/mariadb >/dev/null 2>&1 || true
+            -rf /data/postgres15 /data/postgres17 /data/redis /data/mariadb >/dev/null 2>&1 || true
     fi
     rm -rf "$work"
 }
@@ -76,27 +80,42 @@ seconds_since() { # START_MS: the time since then, as 1.234s
 }
 
 # Debian's packages, without manuals and translations, and the hook.
+excludes=(
+    '--dpkgopt=path-exclude=/usr/share/man/*'
+    '--dpkgopt=path-exclude=/usr/share/doc/*'
+    '--dpkgopt=path-exclude=/usr/share/locale/*'
+)
 # shellcheck disable=SC2054 # --include takes a comma-separated list
 mmdebstrap_args=(
     --variant=apt
     --include=postgresql-15,redis-server,mariadb-server
-    '--dpkgopt=path-exclude=/usr/share/man/*'
-    '--dpkgopt=path-exclude=/usr/share/doc/*'
-    '--dpkgopt=path-exclude=/usr/share/locale/*'
+    "${excludes[@]}"
     --customize-hook="$(<"$files/customize-rootfs.sh")"
 )
-# mmdebstrap's default is deb.debian.org with bookworm-updates and -security.
+mmdebstrap17_args=(
+    --variant=apt
+    --include=postgresql-17
+    "${excludes[@]}"
+    --customize-hook="$(<"$files/customize-rootfs-postgres17.sh")"
+)
+# mmdebstrap's default is deb.debian.org with the suite's -updates and
+# -security.
 mirrors=(${CLOUDWEB_DEBIAN_MIRROR:+"$CLOUDWEB_DEBIAN_MIRROR"})
-rootfs_key=$(printf '%s\0' "${mmdebstrap_args[@]}" "${mirrors[@]}" | sha256sum | cut -c1-16)
-tarball="$cache/rootfs-bookworm-$rootfs_key.tar"
 
 label_of() { # IMAGE LABEL
     docker image inspect --format "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null || true
 }
 image_id() { docker image inspect --format '{{ .Id }}' "$1" 2>/dev/null || true; }
 
+# IMAGE SUITE MMDEBSTRAP_ARGS...: the rootfs of SUITE, imported as IMAGE
+# (from the cached tarball when its key matches).
 build_rootfs_image() {
-    if [ "$force" = 0 ] && [ "$(label_of "$rootfs_image" "$rootfs_label")" = "$rootfs_key" ]; then
+    local image=$1 suite=$2
+    shift 2
+    local key tarball
+    key=$(printf '%s\0' "$@" "${mirrors[@]}" | sha256sum | cut -c1-16)
+    tarball="$cache/rootfs-$suite-$key.tar"
+    if [ "$force" = 0 ] && [ "$(label_of "$image" "$rootfs_label")" = "$key" ]; then
         return
     fi
     if [ "$force" = 1 ] || [ ! -s "$tarball" ]; then
@@ -105,33 +124,34 @@ build_rootfs_image() {
         rm -f "$cache"/partial-*.tar # left by an interrupted build
         local start partial="$cache/partial-$$.tar"
         start=$(now_ms)
-        if ! mmdebstrap --quiet --format=tar "${mmdebstrap_args[@]}" bookworm "$partial" "${mirrors[@]}" </dev/null; then
+        if ! mmdebstrap --quiet --format=tar "$@" "$suite" "$partial" "${mirrors[@]}" </dev/null; then
             rm -f "$partial"
-            fail "mmdebstrap failed"
+            fail "mmdebstrap of $suite failed"
         fi
         mv "$partial" "$tarball"
-        find "$cache" -maxdepth 1 -name 'rootfs-bookworm-*.tar' ! -path "$tarball" -delete
-        echo "service-images: built the rootfs in $(seconds_since "$start") ($(du -h "$tarball" | cut -f1))"
+        find "$cache" -maxdepth 1 -name "rootfs-$suite-*.tar" ! -path "$tarball" -delete
+        echo "service-images: built the $suite rootfs in $(seconds_since "$start") ($(du -h "$tarball" | cut -f1))"
     fi
     local start previous
     start=$(now_ms)
-    previous=$(image_id "$rootfs_image")
-    docker import --change "LABEL $rootfs_label=$rootfs_key" --change "ENV PATH=$default_path" \
-        --change 'CMD ["bash"]' "$tarball" "$rootfs_image" >/dev/null
-    if [ -n "$previous" ] && [ "$previous" != "$(image_id "$rootfs_image")" ]; then
+    previous=$(image_id "$image")
+    docker import --change "LABEL $rootfs_label=$key" --change "ENV PATH=$default_path" \
+        --change 'CMD ["bash"]' "$tarball" "$image" >/dev/null
+    if [ -n "$previous" ] && [ "$previous" != "$(image_id "$image")" ]; then
         old_images+=("$previous")
     fi
-    echo "service-images: imported $rootfs_image in $(seconds_since "$start")"
+    echo "service-images: imported $image in $(seconds_since "$start")"
 }
 
-# IMAGE ENTRYPOINT STOP_SIGNAL CHANGE...: the rootfs image with ENTRYPOINT
-# as /usr/local/bin/docker-entrypoint.sh and the Dockerfile-style CHANGEs.
+# IMAGE ROOTFS ENTRYPOINT STOP_SIGNAL CHANGE...: the ROOTFS image with
+# ENTRYPOINT as /usr/local/bin/docker-entrypoint.sh and the Dockerfile-style
+# CHANGEs.
 # A container committed with them: one step, where `docker build` takes
 # seconds per instruction, and `docker import` cannot set a stop signal.
 build_service_image() {
-    local image=$1 entrypoint=$2 stop_signal=$3 sha
-    shift 3
-    sha=$( (cat "$self" "$files"/*.sh && image_id "$rootfs_image") | sha256sum | cut -d' ' -f1)
+    local image=$1 rootfs=$2 entrypoint=$3 stop_signal=$4 sha
+    shift 4
+    sha=$( (cat "$self" "$files"/*.sh && image_id "$rootfs") | sha256sum | cut -d' ' -f1)
     if [ "$force" = 0 ] && [ "$(label_of "$image" "$sha_label")" = "$sha" ]; then
         return
     fi
@@ -143,7 +163,7 @@ build_service_image() {
     done
     mkdir -p "$work/entrypoint"
     install -m 0755 "$entrypoint" "$work/entrypoint/docker-entrypoint.sh"
-    container=$(docker create ${stop_signal:+--stop-signal "$stop_signal"} "$rootfs_image")
+    container=$(docker create ${stop_signal:+--stop-signal "$stop_signal"} "$rootfs")
     containers+=("$container")
     docker cp "$work/entrypoint/docker-entrypoint.sh" "$container:/usr/local/bin/docker-entrypoint.sh"
     docker commit "${changes[@]}" "$container" "$image" >/dev/null
@@ -157,13 +177,17 @@ build_service_image() {
 
 old_images=()
 built=0
-build_rootfs_image
-build_service_image "$postgres_image" "$files/postgres-entrypoint.sh" SIGINT \
+build_rootfs_image "$rootfs_image" bookworm "${mmdebstrap_args[@]}"
+build_rootfs_image "$rootfs17_image" trixie "${mmdebstrap17_args[@]}"
+build_service_image "$postgres_image" "$rootfs_image" "$files/postgres-entrypoint.sh" SIGINT \
     "ENV PATH=/usr/lib/postgresql/15/bin:$default_path" 'ENV LANG=en_US.utf8' \
     'ENV PGDATA=/var/lib/postgresql/data' 'EXPOSE 5432' 'CMD ["postgres"]'
-build_service_image "$redis_image" "$files/redis-entrypoint.sh" '' \
+build_service_image "$postgres17_image" "$rootfs17_image" "$files/postgres-entrypoint.sh" SIGINT \
+    "ENV PATH=/usr/lib/postgresql/17/bin:$default_path" 'ENV LANG=en_US.utf8' \
+    'ENV PGDATA=/var/lib/postgresql/data' 'EXPOSE 5432' 'CMD ["postgres"]'
+build_service_image "$redis_image" "$rootfs_image" "$files/redis-entrypoint.sh" '' \
     'WORKDIR /data' 'EXPOSE 6379' 'CMD ["redis-server"]'
-build_service_image "$mariadb_image" "$files/mariadb-entrypoint.sh" '' \
+build_service_image "$mariadb_image" "$rootfs_image" "$files/mariadb-entrypoint.sh" '' \
     'ENV LANG=C.UTF-8' 'EXPOSE 3306' 'CMD ["mariadbd"]'
 # Drop what the rebuilt images replaced, the service images before the
 # rootfs they are built on. One a container still uses stays, which is fine.
@@ -178,7 +202,7 @@ fi
 # on a bind-mounted empty directory (run 1: initialization), then stopped
 # and started again in a new container on the same directory (run 2). Each
 # prints how long after `docker run` it accepted connections.
-mkdir -p "$work/data/postgres" "$work/data/redis" "$work/data/mariadb"
+mkdir -p "$work/data/postgres15" "$work/data/postgres17" "$work/data/redis" "$work/data/mariadb"
 prefix="cloudweb-service-check-$$"
 
 start_container() { # NAME DOCKER_RUN_ARGS...
@@ -220,17 +244,18 @@ stop_cleanly() {
     echo "service-images: ${1#"$prefix-"} stopped cleanly in $took"
 }
 
-check_postgres() {
-    local dir="$work/data/postgres" url="postgresql://u:p@127.0.0.1:5432/d" start name
+check_postgres() { # IMAGE MAJOR
+    local image=$1 major=$2 dir="$work/data/postgres$2" url="postgresql://u:p@127.0.0.1:5432/d" start name
     pg() { docker exec "$name" psql -X -tA "$@"; }
     for run in 1 2; do
-        name="$prefix-postgres-$run"
+        name="$prefix-postgres$major-$run"
         start=$(now_ms)
         # The second run's password must be ignored: the data is used as is.
         start_container "$name" -e POSTGRES_PASSWORD="$([ "$run" = 1 ] && echo p || echo ignored)" \
-            -e POSTGRES_USER=u -e POSTGRES_DB=d -v "$dir:/var/lib/postgresql/data" "$postgres_image"
+            -e POSTGRES_USER=u -e POSTGRES_DB=d -v "$dir:/var/lib/postgresql/data" "$image"
         wait_ready "$name" "$start" docker exec "$name" pg_isready -q -h 127.0.0.1 -p 5432
         expect "postgres select 1" 1 "$(pg "$url" -c 'select 1')"
+        expect "postgres major version" "$major" "$(pg "$url" -c 'show server_version' | cut -d. -f1)"
         refused "postgres with a wrong password" 'password authentication failed' \
             pg "postgresql://u:wrong@127.0.0.1:5432/d" -c 'select 1'
         expect "postgres PID 1" postgres "$(docker exec "$name" cat /proc/1/comm)"
@@ -300,7 +325,8 @@ check_mariadb() {
     done
 }
 
-check_postgres
+check_postgres "$postgres_image" 15
+check_postgres "$postgres17_image" 17
 check_redis
 check_mariadb
-echo "service-images: $postgres_image, $redis_image and $mariadb_image pass their checks"
+echo "service-images: $postgres_image, $postgres17_image, $redis_image and $mariadb_image pass their checks"

@@ -152,7 +152,8 @@ pub struct BackupJobView {
     pub node_id: String,
     /// `queued`, `running`, `succeeded`, `failed` or `cancelled`.
     pub state: String,
-    /// `schedule`, `manual` or `retry`.
+    /// `schedule`, `manual`, `retry`, or `upgrade` (before a major version
+    /// upgrade).
     pub trigger: String,
     pub attempt: i64,
     /// The restic snapshot id.
@@ -188,6 +189,9 @@ pub struct BackupJobView {
     /// A restore in place: the volume the replaced data is kept as.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept_volume: Option<String>,
+    /// What became of it: `settling` (the restore is done; the control
+    /// plane is recording the kept volume), `kept` (until `keep_until` or
+    /// a confirmation), `purged`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept_state: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -59,6 +59,32 @@ pub struct ServiceView {
     /// redeployed and the old one stops working.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rotation: Option<RotationView>,
+    /// The newest major version upgrade from or to this service, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<MajorUpgradeView>,
+}
+
+/// A major version upgrade (PostgreSQL): a fresh backup of `service`,
+/// restored into the new service `to_service` of `version`, then the links
+/// of `service` moved to it and its apps redeployed. `service` is kept,
+/// running, until it is deleted by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MajorUpgradeView {
+    pub id: String,
+    pub service: String,
+    pub to_service: String,
+    pub from_version: String,
+    pub version: String,
+    /// `backing_up`, `restoring`, `switching`, then `switched` or `failed`.
+    pub state: String,
+    /// Why it failed, or what is left to do.
+    pub message: Option<String>,
+    /// The backup it restores (a job id of `GET /api/backups/{id}`).
+    pub backup_job: Option<String>,
+    /// The restore into `to_service`.
+    pub restore_job: Option<String>,
+    pub created_at: String,
+    pub finished_at: Option<String>,
 }
 
 /// An unfinished password rotation.
@@ -77,6 +103,12 @@ pub struct RotationView {
 pub struct UpgradeService {
     /// The version to run (digits and dots): the image's tag.
     pub version: String,
+    /// For a newer major PostgreSQL version only, which goes through a
+    /// backup: the caller has stopped writes to the service (or accepts
+    /// that writes made after the backup starts stay in the old service).
+    /// Without it such an upgrade is refused (409), saying why.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub writes_stopped: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

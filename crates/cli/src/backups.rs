@@ -223,7 +223,7 @@ async fn wait(api: &Api, id: &str) -> Result<BackupJobView, Failure> {
     let start = Instant::now();
     loop {
         let job: BackupJobView = api.get(&format!("/api/backups/{}", segment(id))).await?;
-        if !matches!(job.state.as_str(), "queued" | "running") {
+        if !matches!(job.state.as_str(), "queued" | "running") && job.kept_state.as_deref() != Some("settling") {
             return Ok(job);
         }
         if start.elapsed() > WAIT_LIMIT {

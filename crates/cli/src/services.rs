@@ -4,7 +4,7 @@
 use clap::{Subcommand, ValueEnum};
 use std::time::{Duration, Instant};
 
-use cloudweb_api_types::services::{CreateLink, CreateService, LinkView, ServiceKind, ServiceList, ServiceView, ServiceLogsView, UpgradeService};
+use cloudweb_api_types::services::{CreateLink, CreateService, LinkView, MajorUpgradeView, ServiceKind, ServiceList, ServiceView, ServiceLogsView, UpgradeService};
 use reqwest::Method;
 use serde_json::json;
 
@@ -62,19 +62,30 @@ pub enum ServicesCommand {
         #[arg(long)]
         no_wait: bool,
     },
-    /// Run another version on the same data (a new container of the new
-    /// image): a minor version, e.g. 15.4 to 15.6; PostgreSQL's major
-    /// versions need a dump and a restore. Waits until it is healthy
-    /// unless --no-wait.
+    /// Run another version: on the same data (a new container of the new
+    /// image) for a minor version, e.g. 15.4 to 15.6; a newer major
+    /// PostgreSQL version, e.g. 15 to 17, goes through a fresh backup
+    /// restored into a new service NAME-17, to which the linked apps then
+    /// move (NAME is kept, running, until `services rm NAME`). Needs a
+    /// backup destination, and --writes-stopped: NAME-17 holds the data as
+    /// of the backup. Waits until it is done unless --no-wait.
     Upgrade {
         name: String,
         /// The version (the image's tag), e.g. 16.4.
         #[arg(long)]
         version: String,
+        /// For a major PostgreSQL version: writes to the service are
+        /// stopped (or may be lost once its backup has started).
+        #[arg(long)]
+        writes_stopped: bool,
         /// Return once it is queued.
         #[arg(long)]
         no_wait: bool,
     },
+    /// Cancel the unfinished major version upgrade from or into NAME before
+    /// its links move. The old service runs on as it was; a new service
+    /// it made is kept until `services rm`.
+    CancelUpgrade { name: String },
     /// What the service's container printed recently (its secrets
     /// redacted by its node).
     Logs {
@@ -134,6 +145,18 @@ pub async fn run(api: &Api, command: ServicesCommand, json: bool) -> Result<(), 
             } else {
                 table(&["SERVICE", "TYPE", "NODE", "STATE", "ADDRESS", "LINKS"], &rows(std::slice::from_ref(&view)));
                 println!("image {}, data in volume {}, {} restart(s){}", cell(&view.image), cell(&view.volume), view.restarts, view.detail.map(|d| format!(": {}", clean(&d))).unwrap_or_default());
+                if let Some(u) = &view.upgrade {
+                    println!(
+                        "upgrade {}: {} (PostgreSQL {}) to {} (PostgreSQL {}): {}{}",
+                        cell(&u.id),
+                        cell(&u.service),
+                        cell(&u.from_version),
+                        cell(&u.to_service),
+                        cell(&u.version),
+                        cell(&u.state),
+                        u.message.as_deref().map(|m| format!(": {}", clean(m))).unwrap_or_default()
+                    );
+                }
             }
         }
         ServicesCommand::Link { service, app, variable } => {
@@ -168,10 +191,22 @@ pub async fn run(api: &Api, command: ServicesCommand, json: bool) -> Result<(), 
                 println!("password of {} rotated; the old one no longer works; redeployed with the new URL: {}", clean(&name), clean(&apps.join(", ")));
             }
         }
-        ServicesCommand::Upgrade { name, version, no_wait } => {
+        ServicesCommand::CancelUpgrade { name } => {
+            let view: MajorUpgradeView = api.call(Method::POST, &format!("/api/services/{}/upgrade/cancel", segment(&name)), None::<&()>).await?;
+            if json {
+                render::json(&view);
+            } else {
+                println!("upgrade {} of {} cancelled: {}", clean(&view.id), clean(&view.service), clean(&view.message.unwrap_or_default()));
+            }
+        }
+        ServicesCommand::Upgrade { name, version, writes_stopped, no_wait } => {
             let path = format!("/api/services/{}", segment(&name));
-            let body = UpgradeService { version };
+            let body = UpgradeService { version, writes_stopped };
             let queued: ServiceView = api.call(Method::POST, &format!("{path}/upgrade"), Some(&body)).await?;
+            let major = queued.upgrade.as_ref().filter(|u| u.service == name && unfinished(&u.state)).map(|u| u.id.clone());
+            if let Some(id) = major {
+                return major_upgrade(api, &path, &name, &id, queued, no_wait, json).await;
+            }
             let view = if no_wait { queued } else { wait(api, &path, WAIT_LIMIT, |v| matches!(v.state.as_str(), "healthy" | "degraded" | "failed")).await? };
             if json {
                 render::json(&view);
@@ -210,6 +245,51 @@ pub async fn run(api: &Api, command: ServicesCommand, json: bool) -> Result<(), 
 
 /// How long rotate-password and upgrade wait for the node.
 const WAIT_LIMIT: Duration = Duration::from_secs(300);
+
+/// How long a major upgrade (a backup and a restore) is waited for.
+const MAJOR_WAIT_LIMIT: Duration = Duration::from_secs(3600);
+
+fn unfinished(state: &str) -> bool {
+    matches!(state, "backing_up" | "restoring" | "switching")
+}
+
+/// Follows major upgrade `id` of service `name` until it ends.
+async fn major_upgrade(api: &Api, path: &str, name: &str, id: &str, started: ServiceView, no_wait: bool, json: bool) -> Result<(), Failure> {
+    let view = if no_wait { started } else { wait(api, path, MAJOR_WAIT_LIMIT, |v| v.upgrade.as_ref().is_none_or(|u| u.id != id || !unfinished(&u.state))).await? };
+    let Some(upgrade) = view.upgrade.clone().filter(|u| u.id == id) else {
+        return Err(Failure::Action(format!("upgrade {} of {} is no longer shown", clean(id), clean(name))));
+    };
+    if json {
+        render::json(&view);
+        return if upgrade.state == "failed" { Err(Failure::Action(clean(&upgrade.message.unwrap_or_default()))) } else { Ok(()) };
+    }
+    match upgrade.state.as_str() {
+        "failed" => Err(Failure::Action(format!("the upgrade of {} failed: {}", clean(name), clean(&upgrade.message.unwrap_or_default())))),
+        "switched" => {
+            println!(
+                "PostgreSQL {} of {} now runs as service {} (PostgreSQL {}); {}",
+                clean(&upgrade.from_version),
+                clean(name),
+                clean(&upgrade.to_service),
+                clean(&upgrade.version),
+                clean(&upgrade.message.unwrap_or_default())
+            );
+            Ok(())
+        }
+        state => {
+            println!(
+                "major upgrade {} of {} started ({}): a fresh backup, restored into the new service {} of PostgreSQL {}; `cloudweb services show {}` follows it",
+                clean(id),
+                clean(name),
+                clean(state),
+                clean(&upgrade.to_service),
+                clean(&upgrade.version),
+                clean(name)
+            );
+            Ok(())
+        }
+    }
+}
 
 /// Polls the service until `done` holds; a timeout says what it waits for.
 async fn wait(api: &Api, path: &str, limit: Duration, done: impl Fn(&ServiceView) -> bool) -> Result<ServiceView, Failure> {

@@ -202,7 +202,7 @@ pub fn rotation_detail(state: &AppState, service: &ServiceRow) -> String {
 
 /// Redeploys an app linked to a rotated service: its newest running
 /// deployment's image again, with the new URL. None when it runs nothing.
-async fn redeploy(state: &AppState, app: &str) -> Result<Option<String>, ApiError> {
+pub(crate) async fn redeploy(state: &AppState, app: &str) -> Result<Option<String>, ApiError> {
     let Some(app) = state.store.app(app).await? else { return Ok(None) };
     let running = state.store.app_deployments(&app.name).await?.into_iter().filter(|d| d.state == "running").max_by_key(|d| d.seq);
     let Some((of, image)) = running.and_then(|d| d.image.clone().map(|image| (d.id, image))) else { return Ok(None) };

@@ -204,6 +204,22 @@ pub fn volume_name(service: &str) -> String {
 /// Creates a service and sends it to its node.
 pub async fn create(state: &AppState, new: NewService) -> Result<ServiceRow, ApiError> {
     services::name(&new.name)?;
+    // The name an unfinished major upgrade restores into is its own: a
+    // service made under it would be taken for the upgrade's, and its data
+    // replaced by the restore.
+    if let Some(upgrade) = state.store.unfinished_upgrade_of(&new.name).await?.filter(|u| u.to_service == new.name) {
+        return Err(ApiError::Conflict(format!(
+            "{} is the name of the new service the unfinished upgrade {} of {} restores into; choose another, or cancel that upgrade first (cloudweb services cancel-upgrade {})",
+            new.name, upgrade.id, upgrade.service, upgrade.service
+        )));
+    }
+    create_unreserved(state, new).await
+}
+
+/// [`create`] without the check that the name is not an unfinished
+/// upgrade's new service: for that upgrade's own restore.
+pub(crate) async fn create_unreserved(state: &AppState, new: NewService) -> Result<ServiceRow, ApiError> {
+    services::name(&new.name)?;
     if let Some(version) = &new.version {
         check_version(version)?;
     }
@@ -310,6 +326,21 @@ pub fn logs_key(service: &str) -> String {
 /// detached, with the data (returned so the caller can delete it when the
 /// user asked for that).
 pub async fn delete(state: &AppState, name: &str) -> Result<ServiceRow, ApiError> {
+    let upgrading = |upgrade: &str| {
+        ApiError::Conflict(format!(
+            "the major version upgrade {upgrade} goes from or into service {name} and is unfinished: cancel it first (cloudweb services cancel-upgrade), or let it end"
+        ))
+    };
+    // The more telling refusal first: an upgrade keeps its links until it
+    // moves them.
+    if let Some(upgrade) = state.store.unfinished_upgrade_of(name).await? {
+        return Err(upgrading(&upgrade.id));
+    }
+    let links = state.store.service_links(name).await?;
+    if !links.is_empty() {
+        let apps: Vec<&str> = links.iter().map(|l| l.app.as_str()).collect();
+        return Err(ApiError::Conflict(format!("apps are linked to service {name} ({}); unlink them first", apps.join(", "))));
+    }
     let now = state.clock.now_ms();
     let deleted = state
         .store
@@ -326,7 +357,8 @@ pub async fn delete(state: &AppState, name: &str) -> Result<ServiceRow, ApiError
             now,
         )
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("no service named {name}")))?;
+        .ok_or_else(|| ApiError::NotFound(format!("no service named {name}")))?
+        .map_err(|upgrade| upgrading(&upgrade))?;
     state.hub.notify(&deleted.node_id, cloudweb_protocol::events::COMMANDS);
     state.runtime_logs.forget(&logs_key(&deleted.name));
     tracing::info!(service = %deleted.name, volume = %deleted.volume, "service deleted; its volume stays unless deleted by name");

@@ -4,7 +4,8 @@
 //! restoring it (rows counted), is cloned into a new service, and a damaged
 //! repository fails its verification and alerts; a volume's files come
 //! back identical; a destination that went away fails the backup with its
-//! reason, prunes nothing and alerts until the next success.
+//! reason, prunes nothing, is retried on schedule with back-off (2 s, 8 s,
+//! 32 s here) and alerts until the retry that succeeds.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,27 +13,18 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cloudweb_e2e::s3::{S3Server, ACCESS_KEY_ID, SECRET_ACCESS_KEY};
-use cloudweb_e2e::services::{ensure_service_images, services_node, AGENT_FLAGS};
+use cloudweb_e2e::services::{call, ensure_service_images, psql_in as psql, service_ports, services_node, AGENT_FLAGS};
 use cloudweb_e2e::{start_platform, unique_name, wait_for, AgentNode, Platform, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
 
 const IMAGE: &str = "cloudweb-test/postgres:15";
 
-fn service_ports() -> String {
-    let base = 40_000 + (std::process::id() % 10_000) * 2;
-    format!("{base}-{}", base + 1)
-}
-
-async fn call(server: &ServerProcess, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
-    server.call(method, path, body).await.unwrap()
-}
-
 /// Waits until job `id` ends; its view.
 async fn until_done(server: &ServerProcess, agent: &AgentNode, id: &str, limit: Duration) -> Value {
     wait_for(limit, &format!("job {id} to end"), || async {
         let (_, job) = server.call(Method::GET, &format!("/api/backups/{id}"), None).await.ok()?;
-        (!matches!(job["state"].as_str(), Some("queued" | "running"))).then_some(job)
+        (!matches!(job["state"].as_str(), Some("queued" | "running")) && job["kept_state"] != "settling").then_some(job)
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()))
@@ -45,19 +37,6 @@ async fn until_healthy(server: &ServerProcess, agent: &AgentNode, name: &str) {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()));
-}
-
-/// SQL in the service's own container (its socket trusts local users).
-fn psql(service: &str, sql: &str) -> Result<String, String> {
-    let out = Command::new("docker")
-        .args(["exec", &format!("cw-svc.{service}"), "psql", "-U", "app", "-d", "app", "-v", "ON_ERROR_STOP=1", "-tAc", sql])
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).to_string())
-    }
 }
 
 const CHECKSUM: &str = "SELECT count(*) || ':' || md5(string_agg(id || ':' || body, ',' ORDER BY id)) FROM items";
@@ -238,8 +217,10 @@ const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\n\
 CMD [\"sh\", \"-c\", \"mkdir -p /data/www && hostname >> /data/www/boots && exec httpd -f -p 8080 -h /data/www\"]\n";
 
 #[tokio::test]
-async fn a_volume_comes_back_identical_and_a_destination_that_went_away_fails_prunes_nothing_and_alerts() {
-    let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
+async fn a_volume_comes_back_identical_and_a_destination_that_went_away_fails_prunes_nothing_is_retried_and_alerts() {
+    // Retries of a failed scheduled backup wait 2, 8 and 32 s (the watcher
+    // looks every 5 s: a wait without back-off would be seen as ~5 s).
+    let Platform { tmp, git, server } = start_platform(&["--backup-retry-seconds", "2"]).await.unwrap();
     let (token, ca) = server.join_token().await.unwrap();
     let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "disk", &token, &ca, &[]).unwrap().unwrap();
     agent.start(&AGENT_FLAGS).unwrap();
@@ -313,12 +294,39 @@ async fn a_volume_comes_back_identical_and_a_destination_that_went_away_fails_pr
     assert_ne!(failed["pruned"], true, "{failed}");
     let (_, overview) = call(&server, Method::GET, "/api/backups", None).await;
     assert!(overview["alerts"].as_array().unwrap().iter().any(|a| a.as_str().unwrap().contains(&format!("volume/{volume}"))), "{overview}");
+    // Scheduled every minute: the scheduled backup fails, and is retried
+    // with back-off (2 s, then 8 s), failing again, never pruning.
+    let plan_path = format!("/api/volumes/{volume}/backup-plan");
+    let (status, plan) = call(&server, Method::PUT, &plan_path, Some(json!({"schedule": "* * * * *"}))).await;
+    assert_eq!(status, 200, "{plan}");
+    let jobs_path = format!("/api/volumes/{volume}/backups");
+    let tries = wait_for(Duration::from_secs(150), "a scheduled backup and two retries to fail", || async {
+        let (_, list) = server.call(Method::GET, &jobs_path, None).await.ok()?;
+        let mut tries: Vec<Value> = list["jobs"].as_array()?.iter().filter(|j| j["kind"] == "backup" && j["trigger"] != "manual").cloned().collect();
+        tries.reverse(); // oldest first
+        (tries.len() >= 3 && tries[..3].iter().all(|j| j["state"] == "failed")).then_some(tries)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()));
+    let at = |job: &Value, field: &str| time::OffsetDateTime::parse(job[field].as_str().unwrap(), &time::format_description::well_known::Rfc3339).unwrap();
+    let triggers: Vec<(&str, i64)> = tries[..3].iter().map(|j| (j["trigger"].as_str().unwrap(), j["attempt"].as_i64().unwrap())).collect();
+    assert_eq!(triggers, vec![("schedule", 1), ("retry", 2), ("retry", 3)], "{tries:?}");
+    let waits: Vec<f64> = (1..3).map(|i| (at(&tries[i], "created_at") - at(&tries[i - 1], "finished_at")).as_seconds_f64()).collect();
+    eprintln!("retry waits after a failed scheduled backup: {waits:?} s (at least 2 and 8)");
+    assert!(waits[0] >= 2.0 && waits[1] >= 8.0, "each retry waits four times longer: {waits:?}");
+    assert!(tries[..3].iter().all(|j| j["pruned"] != true), "{tries:?}");
+    // The destination back: the next retry (32 s later) succeeds and
+    // clears the alert.
     std::fs::rename(&away, &target).unwrap();
     let snapshots = std::fs::read_dir(target.join("data/snapshots")).unwrap().count();
-    assert_eq!(snapshots, 1, "the failure pruned nothing");
-    let (_, job) = call(&server, Method::POST, &format!("/api/volumes/{volume}/backups"), None).await;
-    let again = until_done(&server, &agent, job["id"].as_str().unwrap(), Duration::from_secs(120)).await;
-    assert_eq!(again["state"], "succeeded", "{again}");
+    assert_eq!(snapshots, 1, "the failures pruned nothing");
+    let again = wait_for(Duration::from_secs(90), "the last retry to succeed", || async {
+        let (_, list) = server.call(Method::GET, &jobs_path, None).await.ok()?;
+        list["jobs"].as_array()?.iter().find(|j| j["trigger"] == "retry" && j["attempt"] == 4 && j["state"] == "succeeded").cloned()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()));
+    assert!((at(&again, "created_at") - at(&tries[2], "finished_at")).as_seconds_f64() >= 32.0, "{again}");
     let (_, overview) = call(&server, Method::GET, "/api/backups", None).await;
     assert!(!overview["alerts"].as_array().unwrap().iter().any(|a| a.as_str().unwrap().contains(&format!("volume/{volume}"))), "the success cleared it: {overview}");
 }

@@ -160,6 +160,9 @@ pub struct JobOutcome {
     pub detail: Option<String>,
     pub message: Option<String>,
     pub pruned: Option<bool>,
+    /// A successful restore's replaced data, set in the same write:
+    /// `settling` until the control plane has recorded what became of it.
+    pub kept_state: Option<String>,
 }
 
 /// Why a job was not queued.
@@ -328,7 +331,7 @@ impl Store {
     /// replaced data is kept.
     pub async fn backup_jobs_to_watch(&self) -> Result<Vec<BackupJobRow>, StoreError> {
         let rows = sqlx::query(&format!(
-            "SELECT {JOB_COLUMNS} FROM backup_jobs WHERE state IN ('queued', 'running') OR kept_state IN ('kept', 'purging') ORDER BY created_at"
+            "SELECT {JOB_COLUMNS} FROM backup_jobs WHERE state IN ('queued', 'running') OR kept_state IN ('settling', 'kept', 'purging') ORDER BY created_at"
         ))
         .fetch_all(&self.pool)
         .await?;
@@ -375,8 +378,8 @@ impl Store {
         let mut tx = self.write_transaction().await?;
         let result = sqlx::query(
             "UPDATE backup_jobs SET state = $1, snapshot = COALESCE($2, snapshot), files = $3, bytes = $4, added_bytes = $5, duration_ms = $6, \
-             counts = $7, detail = $8, message = $9, pruned = $10, finished_at = $11, started_at = COALESCE(started_at, $11) \
-             WHERE id = $12 AND state IN ('queued', 'running')",
+             counts = $7, detail = $8, message = $9, pruned = $10, finished_at = $11, started_at = COALESCE(started_at, $11), \
+             kept_state = COALESCE($13, kept_state) WHERE id = $12 AND state IN ('queued', 'running')",
         )
         .bind(&outcome.state)
         .bind(&outcome.snapshot)
@@ -390,6 +393,7 @@ impl Store {
         .bind(outcome.pruned.map(i64::from))
         .bind(now_ms)
         .bind(id)
+        .bind(&outcome.kept_state)
         .execute(&mut *tx)
         .await?;
         if result.rows_affected() == 0 {
@@ -418,10 +422,10 @@ impl Store {
         Ok(())
     }
 
-    /// What became of a restore's replaced data (`kept` → `purging` →
-    /// `purged`), queuing `command` in the same transaction. False when it
-    /// was not `from` any more.
-    pub async fn set_kept_state(&self, id: &str, from: Option<&str>, to: &str, keep_until: Option<i64>, command: Option<&NewCommand>, now_ms: i64) -> Result<bool, StoreError> {
+    /// What became of a restore's replaced data (`settling` → `kept` →
+    /// `purged`, or `settling` → `purged` or none at all), queuing `command`
+    /// in the same transaction. False when it was not `from` any more.
+    pub async fn set_kept_state(&self, id: &str, from: Option<&str>, to: Option<&str>, keep_until: Option<i64>, command: Option<&NewCommand>, now_ms: i64) -> Result<bool, StoreError> {
         let mut tx = self.write_transaction().await?;
         let result = sqlx::query(
             "UPDATE backup_jobs SET kept_state = $1, keep_until = COALESCE($2, keep_until) WHERE id = $3 AND kept_state IS $4",
@@ -444,17 +448,46 @@ impl Store {
         Ok(true)
     }
 
-    /// Records the volume a restore set aside on `node_id` (detached; it
-    /// goes only when deleted by name or when the restore is confirmed).
-    pub async fn insert_kept_volume(&self, name: &str, node_id: &str, now_ms: i64) -> Result<(), StoreError> {
+    /// A settling restore's last step, in one write: the volume it set
+    /// aside on `node_id` is recorded (detached; it goes only when deleted
+    /// by name, confirmed, or due) and the job moves from `settling` to
+    /// `kept` until `keep_until`. False, and nothing recorded, when the job
+    /// was not settling any more: a late second run cannot bring back the
+    /// row of a kept volume deleted since.
+    pub async fn settle_kept_volume(&self, job_id: &str, name: &str, node_id: &str, keep_until: i64, now_ms: i64) -> Result<bool, StoreError> {
+        self.settle_with_volume(job_id, Some(keep_until), name, node_id, now_ms).await
+    }
+
+    /// A restore into a new volume, settled in one write: the volume is
+    /// recorded and the job is no longer settling. False when it was not.
+    pub async fn settle_new_volume(&self, job_id: &str, name: &str, node_id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        self.settle_with_volume(job_id, None, name, node_id, now_ms).await
+    }
+
+    /// The job leaves `settling` (for `kept` until `keep_until`, or for
+    /// nothing kept) and volume `name` is recorded on `node_id`, in one
+    /// write, or neither.
+    async fn settle_with_volume(&self, job_id: &str, keep_until: Option<i64>, name: &str, node_id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        let mut tx = self.write_transaction().await?;
+        let result = sqlx::query("UPDATE backup_jobs SET kept_state = $1, keep_until = COALESCE($2, keep_until) WHERE id = $3 AND kept_state = 'settling'")
+            .bind(keep_until.map(|_| "kept"))
+            .bind(keep_until)
+            .bind(job_id)
+            .execute(&mut *tx)
+            .await?;
+        if result.rows_affected() == 0 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
         sqlx::query("INSERT INTO volumes (name, node_id, created_at) VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING")
             .bind(name)
             .bind(node_id)
             .bind(now_ms)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         self.count_commit().await;
-        Ok(())
+        Ok(true)
     }
 
     /// Forgets a volume row the control plane made itself (a restore's
@@ -543,5 +576,63 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(store.delete_destination("offsite").await.unwrap(), DestinationRemoval::InUse(vec!["service/db".into()]));
+    }
+
+    #[tokio::test]
+    async fn a_restores_last_step_stays_watched_until_it_is_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), "test").await.unwrap();
+        let mut restore = job("bj_r", "service/db", 10);
+        restore.kind = "restore".into();
+        restore.kept_volume = Some("svc-db-before-restore-1".into());
+        store.insert_backup_job(&restore, None, 10).await.unwrap().unwrap();
+        let outcome = JobOutcome { state: "succeeded".into(), kept_state: Some("settling".into()), ..JobOutcome::default() };
+        assert!(store.finish_backup_job("bj_r", &outcome, &[], 11).await.unwrap());
+        let row = store.backup_job("bj_r").await.unwrap().unwrap();
+        assert_eq!((row.state.as_str(), row.kept_state.as_deref()), ("succeeded", Some("settling")), "ended and settling in one write");
+        let watched: Vec<String> = store.backup_jobs_to_watch().await.unwrap().into_iter().map(|j| j.id).collect();
+        assert_eq!(watched, vec!["bj_r".to_string()], "an ended restore that has not settled is still watched");
+        assert!(!store.set_kept_state("bj_r", Some("kept"), Some("purged"), None, None, 12).await.unwrap(), "only from the state it is in");
+        assert!(store.set_kept_state("bj_r", Some("settling"), Some("kept"), Some(99), None, 12).await.unwrap());
+        assert!(!store.set_kept_state("bj_r", Some("settling"), Some("kept"), Some(99), None, 13).await.unwrap(), "a second run is a no-op");
+        let row = store.backup_job("bj_r").await.unwrap().unwrap();
+        assert_eq!((row.kept_state.as_deref(), row.keep_until), (Some("kept"), Some(99)));
+        let mut plain = job("bj_v", "volume/files", 20);
+        plain.kind = "restore".into();
+        store.insert_backup_job(&plain, None, 20).await.unwrap().unwrap();
+        assert!(store.finish_backup_job("bj_v", &outcome, &[], 21).await.unwrap());
+        assert!(store.set_kept_state("bj_v", Some("settling"), None, None, None, 22).await.unwrap());
+        assert_eq!(store.backup_job("bj_v").await.unwrap().unwrap().kept_state, None, "settled with nothing kept");
+    }
+
+    #[tokio::test]
+    async fn a_restore_settles_with_its_volume_row_in_one_write_and_only_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), "test").await.unwrap();
+        let outcome = JobOutcome { state: "succeeded".into(), kept_state: Some("settling".into()), ..JobOutcome::default() };
+        let mut kept = job("bj_k", "service/db", 10);
+        kept.kind = "restore".into();
+        store.insert_backup_job(&kept, None, 10).await.unwrap().unwrap();
+        assert!(!store.settle_kept_volume("bj_k", "svc-db-before-restore-1", "n_a", 99, 11).await.unwrap(), "not settling yet: nothing recorded");
+        assert!(store.volume("svc-db-before-restore-1").await.unwrap().is_none());
+        assert!(store.finish_backup_job("bj_k", &outcome, &[], 11).await.unwrap());
+        assert!(store.settle_kept_volume("bj_k", "svc-db-before-restore-1", "n_a", 99, 12).await.unwrap());
+        let row = store.backup_job("bj_k").await.unwrap().unwrap();
+        assert_eq!((row.kept_state.as_deref(), row.keep_until), (Some("kept"), Some(99)));
+        assert_eq!(store.volume("svc-db-before-restore-1").await.unwrap().and_then(|v| v.node_id).as_deref(), Some("n_a"));
+        // Deleted by name since: a late second run does not bring it back.
+        store.forget_volume_row("svc-db-before-restore-1").await.unwrap();
+        assert!(!store.settle_kept_volume("bj_k", "svc-db-before-restore-1", "n_a", 99, 13).await.unwrap());
+        assert!(store.volume("svc-db-before-restore-1").await.unwrap().is_none());
+
+        let mut new = job("bj_n", "volume/copy", 20);
+        new.kind = "restore".into();
+        store.insert_backup_job(&new, None, 20).await.unwrap().unwrap();
+        assert!(store.finish_backup_job("bj_n", &outcome, &[], 21).await.unwrap());
+        assert!(store.settle_new_volume("bj_n", "copy", "n_b", 22).await.unwrap());
+        let row = store.backup_job("bj_n").await.unwrap().unwrap();
+        assert_eq!((row.kept_state, row.keep_until), (None, None), "nothing kept");
+        assert_eq!(store.volume("copy").await.unwrap().and_then(|v| v.node_id).as_deref(), Some("n_b"));
+        assert!(!store.settle_new_volume("bj_n", "copy", "n_b", 23).await.unwrap(), "once");
     }
 }

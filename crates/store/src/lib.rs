@@ -25,6 +25,7 @@ mod overview;
 mod reports;
 pub mod retention;
 mod services;
+mod service_upgrades;
 mod routes;
 mod snapshot;
 pub mod steps;
@@ -52,6 +53,7 @@ pub use nodes::{
 pub use open::DATABASE_FILE;
 pub use overview::{AppRecentUsage, ClusterUsageBucket};
 pub use tokens::TokenRejection;
+pub use service_upgrades::{Switch, UpgradeRow};
 pub use services::{LinkRefusal, ServiceChange, ServiceLinkRow, ServiceRefusal, ServiceRow};
 pub use volume_moves::{MoveRefusal, VolumeMoveRow};
 pub use volumes::{AttachRefusal, Attached, VolumeDeletion, VolumeRow, MAX_VOLUMES_PER_APP};

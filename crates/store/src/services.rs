@@ -167,8 +167,14 @@ impl Store {
 
     /// Deletes the service and its links, queues the node's
     /// `service_remove`, and leaves its volume detached (with its data).
-    /// Returns the deleted row.
-    pub async fn delete_service(&self, name: &str, command: impl FnOnce(&ServiceRow) -> NewCommand, now_ms: i64) -> Result<Option<ServiceRow>, StoreError> {
+    /// Returns the deleted row; `Err(id)` (nothing deleted) when an
+    /// unfinished major version upgrade goes from or into it.
+    pub async fn delete_service(
+        &self,
+        name: &str,
+        command: impl FnOnce(&ServiceRow) -> NewCommand,
+        now_ms: i64,
+    ) -> Result<Option<Result<ServiceRow, String>>, StoreError> {
         let mut tx = self.write_transaction().await?;
         let Some(service) = sqlx::query(&format!("SELECT {SERVICE_COLUMNS} FROM services WHERE name = $1"))
             .bind(name)
@@ -180,13 +186,24 @@ impl Store {
             tx.rollback().await?;
             return Ok(None);
         };
+        let upgrading: Option<String> = sqlx::query(
+            "SELECT id FROM service_upgrades WHERE (service = $1 OR to_service = $1) AND state IN ('backing_up', 'restoring', 'switching') LIMIT 1",
+        )
+        .bind(name)
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|r| r.get("id"));
+        if let Some(upgrade) = upgrading {
+            tx.rollback().await?;
+            return Ok(Some(Err(upgrade)));
+        }
         sqlx::query("DELETE FROM service_links WHERE service = $1").bind(name).execute(&mut *tx).await?;
         sqlx::query("DELETE FROM services WHERE name = $1").bind(name).execute(&mut *tx).await?;
         sqlx::query("UPDATE volumes SET service = NULL WHERE name = $1").bind(&service.volume).execute(&mut *tx).await?;
         insert_command(&mut tx, &command(&service), now_ms).await?;
         tx.commit().await?;
         self.count_commit().await;
-        Ok(Some(service))
+        Ok(Some(Ok(service)))
     }
 
     /// Changes a service still at `generation` to the next one and queues

@@ -68,6 +68,12 @@ fn list_body(ctx: &Ctx, list: &ServiceList) -> Markup {
                                     input type="text" name="version" required maxlength="16" size="6" pattern="[0-9][0-9.]*"
                                         placeholder=(service.version.clone().unwrap_or_default()) aria-label=(ctx.t("services.version"));
                                     " "
+                                    @if service.kind == "postgres" {
+                                        label title=(ctx.t("services.writes_stopped_hint")) {
+                                            input type="checkbox" name="writes_stopped" value="yes"; " " (ctx.t("services.writes_stopped"))
+                                        }
+                                        " "
+                                    }
                                     button type="submit" { (ctx.t("services.upgrade")) }
                                 }
                                 " "
@@ -149,7 +155,10 @@ pub async fn upgrade(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMa
     if let Some(refused) = ctx.refusal(&form) {
         return refused;
     }
-    let body = UpgradeService { version: form.get("version").map(|v| v.trim().to_string()).unwrap_or_default() };
+    let body = UpgradeService {
+        version: form.get("version").map(|v| v.trim().to_string()).unwrap_or_default(),
+        writes_stopped: form.get("writes_stopped").is_some_and(|v| v == "yes"),
+    };
     let bytes = serde_json::to_vec(&body).expect("strings serialize");
     let result = api::services::upgrade(State(ctx.state.clone()), Path(name), Ok(Bytes::from(bytes))).await.map(|_| ());
     ctx.outcome(result, "/services")

@@ -126,7 +126,10 @@ async fn service_container(job: &Job, service: &str) -> Result<String, String> {
 async fn dump(job: &Job, restic: &Restic, service: &str, cmd: &[String], env: &[String], file: &str, tags: &[String]) -> Result<BackupSummary, String> {
     let container = service_container(job, service).await?;
     let program = cmd[0].clone();
-    let mut exec = job.runtime().exec_attached(&container, cmd, env, true).await.map_err(|e| format!("cannot start {program}: {e}"))?;
+    // Recorded before it starts, so an agent killed at any point leaves no
+    // dump its successor does not know to kill.
+    let record = |id: &str| job.update(|r| r.execs.push(id.to_string()));
+    let mut exec = job.runtime().exec_attached_recorded(&container, cmd, env, true, record).await.map_err(|e| format!("cannot start {program}: {e}"))?;
     let stdout = exec.stdout.take().expect("stdout streamed");
     let done = async move {
         match exec.finish().await {

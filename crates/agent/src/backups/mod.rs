@@ -97,6 +97,11 @@ pub(crate) struct JobRecord {
     /// Containers paused for a snapshot.
     #[serde(default)]
     pub paused: Vec<String>,
+    /// Dumps (`pg_dump`, `mariadb-dump`) started in a service's container:
+    /// the Engine's exec ids. Only these are killed after the job, never
+    /// an operator's own.
+    #[serde(default)]
+    pub execs: Vec<String>,
     /// A throwaway container (named after the job) may exist.
     #[serde(default)]
     pub throwaway: bool,
@@ -443,6 +448,7 @@ impl Backups {
             kind,
             started_ms: crate::timestamp::now_ms(),
             paused: Vec::new(),
+            execs: Vec::new(),
             throwaway: false,
             dirs: Vec::new(),
             commit: None,
@@ -578,6 +584,16 @@ impl Backups {
             if let Err(err) = runtime.unpause(id).await {
                 tracing::warn!(job_id = %record.job_id, container = %id, error = %err, "could not unpause a container");
                 problems.push(format!("container {id} could not be unpaused: {err}"));
+            }
+        }
+        for exec in &record.execs {
+            match runtime.kill_exec(exec).await {
+                Ok(false) => {}
+                Ok(true) => tracing::info!(job_id = %record.job_id, exec = %exec, "killed the job's dump, which was still running"),
+                Err(err) => {
+                    tracing::warn!(job_id = %record.job_id, exec = %exec, error = %err, "could not kill the job's dump");
+                    problems.push(format!("its dump (exec {exec}) could not be killed: {err}"));
+                }
             }
         }
         if record.throwaway {

@@ -64,6 +64,8 @@ impl Backups {
     }
 
     /// Throwaway containers and temporary directories of no running job.
+    /// (A dump an earlier agent left running in a service's container is
+    /// killed with its job's clean-up: its record names the exec.)
     async fn remove_leftovers(&self) {
         match self.inner.runtime.throwaways().await {
             Ok(found) => {

@@ -487,7 +487,7 @@ async fn an_agent_restart_settles_what_its_predecessor_left() {
     restic.restore(&snapshot, &swap_staging, Duration::from_secs(60)).await.unwrap();
     write(&crate::volumes::dir(&data, "wiki").join("old.txt"), b"previous", 0o644);
     std::fs::rename(crate::volumes::dir(&data, "wiki"), crate::volumes::dir(&data, "wiki-before-restore-1")).unwrap();
-    let record = |job_id: &str, kind| JobRecord { job_id: job_id.into(), kind, started_ms: 1, paused: Vec::new(), throwaway: false, dirs: Vec::new(), commit: None, swap: None };
+    let record = |job_id: &str, kind| JobRecord { job_id: job_id.into(), kind, started_ms: 1, paused: Vec::new(), execs: Vec::new(), throwaway: false, dirs: Vec::new(), commit: None, swap: None };
     let jobs = data.join(JOBS_DIR);
     std::fs::create_dir_all(&jobs).unwrap();
     let save = |r: &JobRecord| std::fs::write(jobs.join(format!("{}.run.json", r.job_id)), serde_json::to_vec(r).unwrap()).unwrap();

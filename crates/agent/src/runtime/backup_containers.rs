@@ -51,6 +51,12 @@ pub struct AttachedExec {
 }
 
 impl AttachedExec {
+    /// The Engine's id of the exec, recorded so that a later agent can
+    /// kill it if this one dies first.
+    pub fn id(&self) -> &str {
+        &self.exec_id
+    }
+
     /// Closes its input, waits for its end: its exit code and its
     /// captured output (standard error, and standard output when it was
     /// not streamed).
@@ -114,6 +120,21 @@ impl DockerRuntime {
     /// Starts `cmd` in `container` (a name or id) with `env` as the exec's
     /// own environment (secrets travel there, never on a command line).
     pub async fn exec_attached(&self, container: &str, cmd: &[String], env: &[String], stream_stdout: bool) -> Result<AttachedExec, RuntimeError> {
+        self.exec_attached_recorded(container, cmd, env, stream_stdout, |_| Ok(())).await
+    }
+
+    /// [`DockerRuntime::exec_attached`], calling `record` with the exec's
+    /// id after it is created and before it starts: a caller that records
+    /// it (to kill it after a restart) never has a running exec it has not
+    /// recorded. A `record` error stops it before it starts.
+    pub async fn exec_attached_recorded(
+        &self,
+        container: &str,
+        cmd: &[String],
+        env: &[String],
+        stream_stdout: bool,
+        record: impl FnOnce(&str) -> Result<(), String>,
+    ) -> Result<AttachedExec, RuntimeError> {
         let docker = self.docker()?;
         let config = ExecConfig {
             cmd: Some(cmd.to_vec()),
@@ -124,6 +145,7 @@ impl DockerRuntime {
             ..Default::default()
         };
         let created = docker.create_exec(container, config).await?;
+        record(&created.id).map_err(RuntimeError::Failed)?;
         let bollard::exec::StartExecResults::Attached { mut output, input } = docker.start_exec(&created.id, None).await? else {
             return Err(RuntimeError::Failed("the Docker Engine did not attach to the command".into()));
         };
@@ -160,6 +182,24 @@ impl DockerRuntime {
             Ok(text)
         });
         Ok(AttachedExec { input, stdout, reader: Some(reader), docker, exec_id: created.id })
+    }
+
+    /// Kills exec `exec_id` (a dump this agent, or an earlier one,
+    /// started in a service's container) if it still runs: true when it
+    /// did. An exec the Engine no longer knows is gone already.
+    pub async fn kill_exec(&self, exec_id: &str) -> Result<bool, RuntimeError> {
+        let docker = self.docker()?;
+        let exec = match docker.inspect_exec(exec_id).await {
+            Ok(exec) => exec,
+            Err(bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }) => return Ok(false),
+            Err(err) => return Err(err.into()),
+        };
+        let Some(pid) = exec.pid.filter(|p| *p > 1 && exec.running == Some(true)) else { return Ok(false) };
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        match nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(true),
+            Err(err) => Err(RuntimeError::Failed(format!("could not kill exec {exec_id} (pid {pid}): {err}"))),
+        }
     }
 
     /// Runs `cmd` in `container` to its end within `limit`, its input

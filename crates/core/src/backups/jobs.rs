@@ -3,12 +3,12 @@
 use std::collections::BTreeMap;
 
 use cloudweb_api_types::backups::{BackupJobView, VerificationView};
-use cloudweb_protocol::{BackupJobPayload, BackupSource, CommandKind, Expected, ServiceKind, VerifyPayload};
+use cloudweb_protocol::{BackupCancelPayload, BackupJobPayload, BackupSource, CommandKind, Expected, ServiceKind, VerifyPayload};
 
 use super::{locate, new_job_id, repository, retention, Target, JOB_TIMEOUT_SECONDS, VERIFY_READ_PERCENT, VERIFY_TIMEOUT_SECONDS};
 use crate::clock::rfc3339_ms;
 use crate::error::ApiError;
-use crate::store::{BackupJobRow, DestinationRow, JobRefusal, NewCommand};
+use crate::store::{BackupJobRow, DestinationRow, JobOutcome, JobRefusal, NewCommand};
 use crate::AppState;
 
 /// How often a target's retention runs at most.
@@ -63,8 +63,8 @@ fn busy(refusal: JobRefusal, what: &str, target: &Target) -> ApiError {
     }
 }
 
-/// Queues a backup of `target` (`trigger`: `manual`, `schedule` or
-/// `retry`).
+/// Queues a backup of `target` (`trigger`: `manual`, `schedule`,
+/// `retry`, or `upgrade` before a major version upgrade).
 pub async fn queue_backup(state: &AppState, target: &Target, trigger: &str, attempt: i64) -> Result<BackupJobRow, ApiError> {
     let plan = super::plan(state, target).await?;
     let destination = destination_of(state, plan.destination.as_deref()).await?;
@@ -243,4 +243,20 @@ pub fn job_view(job: &BackupJobRow) -> BackupJobView {
         started_at: job.started_at.map(rfc3339_ms),
         finished_at: job.finished_at.map(rfc3339_ms),
     }
+}
+
+/// Ends `job` `cancelled` if it is unfinished, and tells its node to stop
+/// it.
+pub(crate) async fn cancel_job(state: &AppState, job: &BackupJobRow, reason: &str) -> Result<(), ApiError> {
+    if !matches!(job.state.as_str(), "queued" | "running") {
+        return Ok(());
+    }
+    let now = state.clock.now_ms();
+    let cancel = command(state, &job.node_id, CommandKind::BackupCancel, &BackupCancelPayload { job_id: job.id.clone(), reason: Some(reason.to_string()) });
+    let outcome = JobOutcome { state: "cancelled".into(), message: Some(reason.to_string()), ..JobOutcome::default() };
+    if state.store.finish_backup_job(&job.id, &outcome, &[cancel], now).await? {
+        state.hub.notify(&job.node_id, cloudweb_protocol::events::COMMANDS);
+        tracing::info!(job = %job.id, target = %job.target, reason, "backup job cancelled");
+    }
+    Ok(())
 }

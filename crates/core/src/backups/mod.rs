@@ -34,6 +34,7 @@ mod destinations;
 mod jobs;
 mod restore;
 mod status;
+pub mod upgrade;
 mod watcher;
 
 use cloudweb_protocol::{BackupSource, Repository, Retention, ServiceKind};

@@ -26,6 +26,23 @@ fn kept_name(volume: &str, now_ms: i64) -> String {
 /// `None`, else into a new service (or volume) named `to`, on `node` when
 /// given.
 pub async fn restore(state: &AppState, backup_id: &str, to: Option<&str>, node: Option<&str>) -> Result<BackupJobRow, ApiError> {
+    restore_into(state, backup_id, to, node, None).await
+}
+
+/// A major version upgrade's restore: the new service runs `version`
+/// rather than its source's, and one of its name made since `since_ms`
+/// (by an earlier pass of the same upgrade, cut off before it recorded
+/// its restore) is restored into rather than refused.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NewVersion<'a> {
+    pub version: &'a str,
+    pub since_ms: i64,
+}
+
+/// [`restore`], into a new service `to` of another version: a major
+/// version upgrade.
+pub(crate) async fn restore_into(state: &AppState, backup_id: &str, to: Option<&str>, node: Option<&str>, upgrade: Option<NewVersion<'_>>) -> Result<BackupJobRow, ApiError> {
+    let version = upgrade.map(|u| u.version);
     let backup = state.store.backup_job(backup_id).await?.ok_or_else(|| ApiError::NotFound(format!("no backup {backup_id}")))?;
     if backup.kind != "backup" || backup.state != "succeeded" {
         return Err(ApiError::Conflict(format!("job {backup_id} is not a successful backup")));
@@ -48,25 +65,33 @@ pub async fn restore(state: &AppState, backup_id: &str, to: Option<&str>, node: 
         }
         (Target::Service(name), Some(new_name)) => {
             cloudweb_protocol::validate::node_name("to", new_name).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-            if state.store.service(new_name).await?.is_some() {
-                return Err(ApiError::Conflict(format!("a service named {new_name} exists already; restore into a new name, or into {new_name} itself from its own backups")));
-            }
+            let made_by_upgrade = match state.store.service(new_name).await? {
+                Some(row) if upgrade.is_some_and(|u| row.created_at >= u.since_ms && row.version.as_deref() == Some(u.version)) => Some(row),
+                Some(_) => {
+                    return Err(ApiError::Conflict(format!("a service named {new_name} exists already; restore into a new name, or into {new_name} itself from its own backups")))
+                }
+                None => None,
+            };
             let source_row = state.store.service(name).await?;
             let kind = match &source_row {
                 Some(row) => crate::service_links::kind_of(row)?,
                 None => return Err(ApiError::Conflict(format!("service {name} no longer exists, so its kind and version are unknown; create {new_name} yourself and restore into it"))),
             };
-            let created = crate::services::create(
-                state,
-                NewService {
-                    name: new_name.to_string(),
-                    kind,
-                    version: source_row.as_ref().and_then(|r| r.version.clone()),
-                    node: node.map(str::to_string),
-                    memory_bytes: source_row.as_ref().and_then(|r| r.memory_bytes).map(|m| m.max(0) as u64),
-                },
-            )
-            .await?;
+            let new = NewService {
+                name: new_name.to_string(),
+                kind,
+                version: version.map(str::to_string).or_else(|| source_row.as_ref().and_then(|r| r.version.clone())),
+                node: node.map(str::to_string),
+                memory_bytes: source_row.as_ref().and_then(|r| r.memory_bytes).map(|m| m.max(0) as u64),
+            };
+            // Nobody else can make a service of the name an unfinished
+            // upgrade restores into (`services::create` refuses it), so
+            // one found is this upgrade's own.
+            let created = match (made_by_upgrade, upgrade) {
+                (Some(row), _) => row,
+                (None, Some(_)) => crate::services::create_unreserved(state, new).await?,
+                (None, None) => crate::services::create(state, new).await?,
+            };
             let spec = crate::services::payload(state, &created)?;
             let source = BackupSource::Service {
                 service: name.clone(),
@@ -146,28 +171,45 @@ pub async fn restore(state: &AppState, backup_id: &str, to: Option<&str>, node: 
 /// After a successful restore: the replaced data becomes a volume of its
 /// own, kept for the keep period (or, for a service this restore created,
 /// whose replaced data is only its empty first start, deleted now).
+///
+/// The job was ended `succeeded` with its kept state `settling` in one
+/// write; this moves it on, and is run again (by a retried report or the
+/// watcher) until it has, so a failure here is never forgotten. Every step
+/// may run twice.
 pub(crate) async fn after_restore(state: &AppState, job: &BackupJobRow) -> Result<(), ApiError> {
+    if job.kept_state.as_deref() != Some(SETTLING) {
+        return Ok(());
+    }
     let now = state.clock.now_ms();
     match (&job.kept_volume, &job.restore_to) {
         (Some(kept), restore_to) => {
-            state.store.insert_kept_volume(kept, &job.node_id, now).await?;
+            // A new service's replaced data is only its empty first start,
+            // made by this request: due at once. Otherwise the keep period.
+            let until = if restore_to.is_some() { now } else { now + state.config.backups.keep_restored.as_millis() as i64 };
+            if !state.store.settle_kept_volume(&job.id, kept, &job.node_id, until, now).await? {
+                return Ok(());
+            }
             if restore_to.is_some() {
-                // A new service's own empty data, made by this request.
-                crate::volumes::delete(state, kept).await?;
-                state.store.set_kept_state(&job.id, None, "purged", None, None, now).await?;
+                let settled = BackupJobRow { kept_state: Some("kept".into()), keep_until: Some(until), ..job.clone() };
+                // The watcher tries again if this fails.
+                purge_kept(state, &settled).await?;
             } else {
-                let until = now + state.config.backups.keep_restored.as_millis() as i64;
-                state.store.set_kept_state(&job.id, None, "kept", Some(until), None, now).await?;
                 tracing::info!(job = %job.id, kept = %kept, "restore done; the data it replaced is kept as a volume of its own");
             }
         }
         (None, Some(new_volume)) => {
-            state.store.insert_kept_volume(new_volume, &job.node_id, now).await?;
+            state.store.settle_new_volume(&job.id, new_volume, &job.node_id, now).await?;
         }
-        (None, None) => {}
+        (None, None) => {
+            state.store.set_kept_state(&job.id, Some(SETTLING), None, None, None, now).await?;
+        }
     }
     Ok(())
 }
+
+/// A successful restore whose replaced data the control plane has not yet
+/// recorded.
+pub(crate) const SETTLING: &str = "settling";
 
 /// `cloudweb backups confirm-restore`: the restore is good; the data it
 /// replaced is deleted now.
@@ -190,7 +232,7 @@ pub(crate) async fn purge_kept(state: &AppState, job: &BackupJobRow) -> Result<(
         Ok(_) | Err(ApiError::NotFound(_)) => {}
         Err(err) => return Err(err),
     }
-    state.store.set_kept_state(&job.id, Some("kept"), "purged", None, None, now).await?;
+    state.store.set_kept_state(&job.id, Some("kept"), Some("purged"), None, None, now).await?;
     tracing::info!(job = %job.id, kept = %kept, "a restore's replaced data deleted");
     Ok(())
 }

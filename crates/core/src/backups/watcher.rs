@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use cloudweb_protocol::{BackupCancelPayload, BackupJobReport, CommandKind, JobState};
 
-use super::jobs::{command, queue_backup, queue_verify};
-use super::restore::{after_restore, purge_kept};
+use super::jobs::{cancel_job, command, queue_backup, queue_verify};
+use super::restore::{after_restore, purge_kept, SETTLING};
 use super::{all_targets, cron, effective_plan, Target, MAX_RETRIES};
 use crate::error::ApiError;
 use crate::store::{BackupJobRow, JobOutcome};
@@ -49,13 +49,18 @@ pub async fn on_report(state: &AppState, node_id: &str, job_id: &str, report: &B
         detail: report.detail.clone(),
         message: report.message.clone(),
         pruned: report.pruned,
+        kept_state: (reported == JobState::Succeeded && job.kind == "restore").then(|| SETTLING.to_string()),
     };
     if reported == JobState::Succeeded && job.kind == "backup" && report.snapshot.is_none() {
         return Err(ApiError::BadRequest("a successful backup names its snapshot".into()));
     }
     if !state.store.finish_backup_job(job_id, &outcome, &[], now).await? {
-        // Ended already (cancelled, or failed by the watcher): nothing
-        // more to do; the node's word comes too late.
+        // Ended already: cancelled or failed by the watcher (the node's
+        // word comes too late), or this is a retried report of a restore
+        // whose last step did not run to its end.
+        if job.kind == "restore" && job.kept_state.as_deref() == Some(SETTLING) {
+            after_restore(state, &job).await?;
+        }
         return Ok(());
     }
     let job = state.store.backup_job(job_id).await?.unwrap_or(job);
@@ -106,17 +111,8 @@ async fn give_up(state: &AppState, job: &BackupJobRow, reason: &str) -> Result<(
 /// Cancels the unfinished jobs of a target (its service or volume is being
 /// deleted): they end `cancelled` and their node stops them.
 pub async fn cancel_jobs_of(state: &AppState, target: &Target, reason: &str) -> Result<(), ApiError> {
-    let now = state.clock.now_ms();
     for job in state.store.backup_jobs_of(&target.key(), None, 20).await? {
-        if !matches!(job.state.as_str(), "queued" | "running") {
-            continue;
-        }
-        let cancel = command(state, &job.node_id, CommandKind::BackupCancel, &BackupCancelPayload { job_id: job.id.clone(), reason: Some(reason.to_string()) });
-        let outcome = JobOutcome { state: "cancelled".into(), message: Some(reason.to_string()), ..JobOutcome::default() };
-        if state.store.finish_backup_job(&job.id, &outcome, &[cancel], now).await? {
-            state.hub.notify(&job.node_id, cloudweb_protocol::events::COMMANDS);
-            tracing::info!(job = %job.id, target = %job.target, reason, "backup job cancelled");
-        }
+        cancel_job(state, &job, reason).await?;
     }
     Ok(())
 }
@@ -155,31 +151,45 @@ fn backoff_ms(base: i64, attempt: i64) -> i64 {
     base.saturating_mul(4i64.saturating_pow((attempt - 2).clamp(0, 8) as u32))
 }
 
+/// Deadlines, nodes gone away, a restore's last step and its kept data's
+/// end, for one watched job.
+async fn watch_job(state: &AppState, job: &BackupJobRow, now: i64, instant: tokio::time::Instant) -> Result<(), ApiError> {
+    if matches!(job.state.as_str(), "queued" | "running") {
+        if job.node_id.is_empty() || job.node_id == super::CONTROL_PLANE_TARGET {
+            return Ok(());
+        }
+        if now > job.deadline {
+            return give_up(state, job, "the job ran over its time limit").await;
+        }
+        let gone = match state.nodes.get(&job.node_id) {
+            None => true,
+            Some(node) => node.state(instant, state.config.unreachable_after) == crate::live::NodeState::Unreachable,
+        };
+        if gone {
+            give_up(state, job, &format!("node {} went away during the job", job.node_id)).await?;
+        }
+    } else if job.kept_state.as_deref() == Some(SETTLING) {
+        after_restore(state, job).await?;
+    } else if job.kept_state.as_deref() == Some("kept") && job.keep_until.is_some_and(|until| until <= now) {
+        purge_kept(state, job).await?;
+    }
+    Ok(())
+}
+
 /// One pass of the watcher.
 pub async fn tick(state: &AppState) -> Result<(), ApiError> {
     let now = state.clock.now_ms();
     let instant = tokio::time::Instant::now();
-    // Unfinished jobs: deadlines and nodes that went away; kept data.
+    // Unfinished jobs: deadlines and nodes that went away; kept data. One
+    // job's failure here is logged and holds up neither the others nor the
+    // schedules below.
     for job in state.store.backup_jobs_to_watch().await? {
-        if matches!(job.state.as_str(), "queued" | "running") {
-            if job.node_id.is_empty() || job.node_id == super::CONTROL_PLANE_TARGET {
-                continue;
-            }
-            if now > job.deadline {
-                give_up(state, &job, "the job ran over its time limit").await?;
-                continue;
-            }
-            let gone = match state.nodes.get(&job.node_id) {
-                None => true,
-                Some(node) => node.state(instant, state.config.unreachable_after) == crate::live::NodeState::Unreachable,
-            };
-            if gone {
-                give_up(state, &job, &format!("node {} went away during the job", job.node_id)).await?;
-            }
-        } else if job.kept_state.as_deref() == Some("kept") && job.keep_until.is_some_and(|until| until <= now) {
-            purge_kept(state, &job).await?;
+        if let Err(err) = watch_job(state, &job, now, instant).await {
+            tracing::warn!(job = %job.id, target = %job.target, error = %err, "backup job not moved on; trying again next pass");
         }
     }
+    // Major version upgrades move on with their jobs.
+    super::upgrade::drive(state).await?;
     let destinations = state.store.destinations().await?;
     if destinations.is_empty() {
         return Ok(());
@@ -196,7 +206,7 @@ pub async fn tick(state: &AppState) -> Result<(), ApiError> {
         let newest = latest.get(&(key.clone(), "backup".to_string()));
         let unfinished = newest.is_some_and(|j| matches!(j.state.as_str(), "queued" | "running"));
         // A retry of a failed scheduled backup, with back-off.
-        if let Some(failed) = newest.filter(|j| j.state == "failed" && j.trigger != "manual" && j.attempt <= MAX_RETRIES) {
+        if let Some(failed) = newest.filter(|j| j.state == "failed" && !matches!(j.trigger.as_str(), "manual" | "upgrade") && j.attempt <= MAX_RETRIES) {
             let next = failed.attempt + 1;
             if now >= failed.finished_at.unwrap_or(failed.created_at) + retry_wait_ms(state, next) {
                 if let Err(err) = queue_backup(state, &target, "retry", next).await {

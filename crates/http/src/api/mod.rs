@@ -72,6 +72,7 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(services::unlink))
         .routes(routes!(services::rotate_password))
         .routes(routes!(services::upgrade))
+        .routes(routes!(services::cancel_upgrade))
         .routes(routes!(services::logs))
         .routes(routes!(backups::list_destinations, backups::create_destination))
         .routes(routes!(backups::remove_destination))

@@ -9,7 +9,7 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
-use cloudweb_api_types::services::{CreateLink, CreateService, DataOnDelete, DeleteServiceQuery, LinkView, RotationView, ServiceList, ServiceLogLine, ServiceLogsView, ServiceView, UpgradeService};
+use cloudweb_api_types::services::{CreateLink, CreateService, DataOnDelete, DeleteServiceQuery, LinkView, MajorUpgradeView, RotationView, ServiceList, ServiceLogLine, ServiceLogsView, ServiceView, UpgradeService};
 use cloudweb_api_types::ErrorBody;
 
 use crate::clock::rfc3339_ms;
@@ -49,6 +49,7 @@ async fn view(state: &AppState, service: &ServiceRow) -> Result<ServiceView, Api
             since: rfc3339_ms(service.rotation_started_at.unwrap_or(service.created_at)),
             detail: crate::service_ops::rotation_detail(state, service),
         }),
+        upgrade: cloudweb_core::backups::upgrade::view_of(state, &service.name).await?,
     })
 }
 
@@ -71,7 +72,7 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<ServiceList
         (status = 201, description = "Created; its node starts it (state `pending`, then `starting`, then `healthy`)", body = ServiceView),
         (status = 400, description = "Invalid name, type, version or memory", body = ErrorBody),
         (status = 404, description = "No such node", body = ErrorBody),
-        (status = 409, description = "The name is taken, or no node can take it (the scheduler's reasons)", body = ErrorBody),
+        (status = 409, description = "The name is taken (by a service, or as the new service of an unfinished major upgrade), or no node can take it (the scheduler's reasons)", body = ErrorBody),
     ))]
 pub async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<ServiceView>), ApiError> {
     let request: CreateService = parse_json(&body_bytes(body)?)?;
@@ -100,7 +101,7 @@ pub async fn show(State(state): State<Arc<AppState>>, Path(name): Path<String>) 
         (status = 204, description = "Deleted"),
         (status = 400, description = "Invalid query", body = ErrorBody),
         (status = 404, description = "No such service", body = ErrorBody),
-        (status = 409, description = "Apps are still linked to it", body = ErrorBody),
+        (status = 409, description = "Apps are still linked to it, or an unfinished major version upgrade goes from or into it (cancel it first)", body = ErrorBody),
     ))]
 pub async fn remove(
     State(state): State<Arc<AppState>>,
@@ -109,11 +110,6 @@ pub async fn remove(
 ) -> Result<StatusCode, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::BadRequest(format!("invalid query: {}; data= takes keep or delete", e.body_text())))?;
     load(&state, &name).await?;
-    let links = state.store.service_links(&name).await?;
-    if !links.is_empty() {
-        let apps: Vec<&str> = links.iter().map(|l| l.app.as_str()).collect();
-        return Err(ApiError::Conflict(format!("apps are linked to service {name} ({}); unlink them first", apps.join(", "))));
-    }
     let deleted = crate::services::delete(&state, &name).await?;
     // A backup or restore of it under way ends `cancelled` and its node
     // stops it: no dump keeps running against a removed container.
@@ -162,21 +158,42 @@ pub async fn rotate_password(State(state): State<Arc<AppState>>, Path(name): Pat
     Ok((StatusCode::ACCEPTED, Json(view(&state, &row).await?)))
 }
 
-/// Runs another version of the service on the same data: a minor version
-/// (a major one for Redis and MariaDB going forward); a major PostgreSQL
-/// version is refused (dump and restore instead).
+/// Runs another version of the service: on the same data for a minor
+/// version (and a newer major one of Redis and MariaDB); a newer major
+/// PostgreSQL version goes through a fresh backup restored into a new
+/// service `<name>-<major>`, to which the links then move (`upgrade` in
+/// the view follows it; the old service is kept until deleted).
 #[utoipa::path(post, path = "/api/services/{name}/upgrade", operation_id = "services_upgrade", tag = "services",
     params(("name" = String, Path, description = "The service's name")), request_body = UpgradeService,
     responses(
-        (status = 202, description = "Queued: its node replaces the container on the same data (state `pending` until it reports the new one)", body = ServiceView),
+        (status = 202, description = "Queued: its node replaces the container on the same data (state `pending` until it reports the new one); or, for a newer major PostgreSQL version, the upgrade started (`upgrade.state` `backing_up`)", body = ServiceView),
         (status = 400, description = "Invalid version", body = ErrorBody),
         (status = 404, description = "No such service", body = ErrorBody),
-        (status = 409, description = "Not on the same data (a major PostgreSQL version, an older series), the operator's pinned image, the same image, or a rotation is unfinished", body = ErrorBody),
+        (status = 409, description = "Not possible: an older series or major version, the operator's pinned image, the same image, a rotation or an upgrade unfinished; for a major PostgreSQL version, writes not said to be stopped (`writes_stopped`), no backup destination, the service's node unreachable, a newest backup that failed its verification, or the new service's name taken", body = ErrorBody),
     ))]
 pub async fn upgrade(State(state): State<Arc<AppState>>, Path(name): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<ServiceView>), ApiError> {
     let request: UpgradeService = parse_json(&body_bytes(body)?)?;
-    let row = crate::service_ops::upgrade(&state, &name, &request.version).await?;
+    let row = cloudweb_core::backups::upgrade::upgrade(&state, &name, &request.version, request.writes_stopped).await?;
     Ok((StatusCode::ACCEPTED, Json(view(&state, &row).await?)))
+}
+
+/// Cancels the unfinished major version upgrade from or into the service
+/// before its links move: its backup or restore is cancelled, the old
+/// service runs on as it was, and a new service the restore made is kept
+/// (with what it holds) until deleted by name.
+#[utoipa::path(post, path = "/api/services/{name}/upgrade/cancel", operation_id = "services_upgrade_cancel", tag = "services",
+    params(("name" = String, Path, description = "Either service of the upgrade")),
+    responses(
+        (status = 200, description = "Cancelled: the upgrade is `failed`, saying so", body = MajorUpgradeView),
+        (status = 404, description = "No unfinished upgrade goes from or into this service", body = ErrorBody),
+        (status = 409, description = "Its links have moved already (it ends on its own), or it moved on meanwhile", body = ErrorBody),
+    ))]
+pub async fn cancel_upgrade(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<MajorUpgradeView>, ApiError> {
+    let cancelled = cloudweb_core::backups::upgrade::cancel(&state, &name).await?;
+    let view = cloudweb_core::backups::upgrade::view_of(&state, &cancelled.service)
+        .await?
+        .ok_or_else(|| ApiError::Internal(format!("upgrade {} is not shown after its cancel", cancelled.id)))?;
+    Ok(Json(view))
 }
 
 #[derive(Debug, serde::Deserialize)]
