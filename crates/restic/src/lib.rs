@@ -399,6 +399,34 @@ impl Restic {
         self.run(&["unlock", "-q"], limit).await.map(|_| ())
     }
 
+    /// [`Restic::retry_locked`] that also removes stale locks before each
+    /// new try: those of restic processes on this host that are gone (a
+    /// restic killed with an agent that was killed leaves its lock, and
+    /// restic refuses an exclusive lock, as `forget --prune` takes, while
+    /// any other lock is there) and any older than 30 minutes. A live
+    /// restic's lock is never removed: restic refreshes it every 5 minutes
+    /// and checks the process on its own host.
+    pub async fn retry_locked_clearing_stale<T, F, Fut>(&self, tries: u32, pause: Duration, mut op: F) -> Result<T, ResticError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, ResticError>>,
+    {
+        let mut attempt = 1;
+        loop {
+            match op().await {
+                Err(ResticError::Locked(text)) if attempt < tries => {
+                    tracing::info!(attempt, "the repository is locked; removing stale locks and waiting: {text}");
+                    if let Err(err) = self.unlock(pause.max(Duration::from_secs(30))).await {
+                        tracing::warn!(error = %err, "could not remove stale locks");
+                    }
+                    tokio::time::sleep(pause).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Runs `op` again while the repository is locked by another restic,
     /// at most `tries` times, `pause` apart.
     pub async fn retry_locked<T, F, Fut>(tries: u32, pause: Duration, mut op: F) -> Result<T, ResticError>

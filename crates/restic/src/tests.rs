@@ -103,6 +103,30 @@ async fn a_run_over_its_limit_is_killed() {
     assert!(matches!(err, ResticError::Io(ref text) if text.contains("limit")), "{err:?}");
 }
 
+/// A restic killed mid-backup leaves its lock; `forget --prune` needs an
+/// exclusive one, which restic refuses while that lock is there, until the
+/// stale lock is removed.
+#[tokio::test]
+async fn a_killed_restics_lock_does_not_block_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = restic(dir.path(), "correct horse battery staple");
+    repo.init(LIMIT).await.unwrap();
+    repo.backup_stdin("dump.pgdump", &["target=service/db".to_string()], LIMIT, &b"one"[..], async { Ok(()) }).await.unwrap();
+    // Killed at its limit while it waits for more of its stream.
+    let killed = repo
+        .backup_stdin("slow", &[], Duration::from_secs(2), &b"x"[..], async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok(())
+        })
+        .await;
+    assert!(killed.is_err());
+    assert_eq!(std::fs::read_dir(dir.path().join("repo").join("locks")).unwrap().count(), 1, "the killed backup's lock");
+    let retention = Retention { keep_daily: 1, keep_weekly: 0, keep_monthly: 0 };
+    let plain = repo.forget_prune("target=service/db", retention, LIMIT).await;
+    assert!(matches!(plain, Err(ResticError::Locked(_))), "the dead restic's lock is still there: {plain:?}");
+    repo.retry_locked_clearing_stale(3, Duration::from_millis(200), || repo.forget_prune("target=service/db", retention, LIMIT)).await.unwrap();
+}
+
 #[tokio::test]
 async fn retention_groups_a_targets_snapshots_whatever_their_job_tags() {
     let dir = tempfile::tempdir().unwrap();

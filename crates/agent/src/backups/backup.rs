@@ -58,7 +58,7 @@ pub(super) async fn run(job: &Job, payload: &BackupJobPayload) -> Result<BackupJ
     );
     // Only now, after a success: a failed backup never prunes.
     if let Some(retention) = payload.retention {
-        match Restic::retry_locked(LOCK_TRIES, LOCK_PAUSE, || restic.forget_prune(&target, retention, job.left())).await {
+        match restic.retry_locked_clearing_stale(LOCK_TRIES, LOCK_PAUSE, || restic.forget_prune(&target, retention, job.left())).await {
             Ok(()) => report.pruned = Some(true),
             Err(err) => {
                 tracing::warn!(job_id = %job.id, error = %err, "the retention could not be applied");
@@ -93,7 +93,7 @@ async fn volume_snapshot(job: &Job, restic: &Restic, volume: &str, pause: bool, 
             tracing::info!(job_id = %job.id, volume, containers = paused.len(), "containers paused for the snapshot");
         }
     }
-    let result = Restic::retry_locked(LOCK_TRIES, LOCK_PAUSE, || restic.backup_dir(&dir, tags, job.left())).await;
+    let result = restic.retry_locked_clearing_stale(LOCK_TRIES, LOCK_PAUSE, || restic.backup_dir(&dir, tags, job.left())).await;
     // Unpaused at once, whatever the outcome (and by the job's clean-up
     // when this future is dropped before).
     let mut still_paused = Vec::new();

@@ -266,7 +266,7 @@ async fn back_up(state: &AppState, destination: &DestinationRow, staging: &Path)
     let tags: Vec<String> = TAGS.iter().map(|t| t.to_string()).collect();
     let summary = restic.backup_dir(staging, &tags, RESTIC_LIMIT).await.map_err(|e| format!("{}: {e}", restic.repository().url))?;
     // Retention only after a success: a failed backup never prunes.
-    let pruned = Restic::retry_locked(3, Duration::from_secs(5), || restic.forget_prune_hourly(CONTROL_PLANE_TARGET, KEEP_HOURLY, KEEP_DAILY, RESTIC_LIMIT)).await;
+    let pruned = restic.retry_locked_clearing_stale(3, Duration::from_secs(5), || restic.forget_prune_hourly(CONTROL_PLANE_TARGET, KEEP_HOURLY, KEEP_DAILY, RESTIC_LIMIT)).await;
     Ok((summary, pruned))
 }
 
