@@ -29,11 +29,13 @@ pub struct CertificateOrders {
 
 impl Store {
     pub async fn acme_account(&self, directory: &str) -> Result<Option<String>, StoreError> {
-        let row = sqlx::query("SELECT credentials_sealed FROM acme_accounts WHERE directory = $1")
-            .bind(directory)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|r| r.get("credentials_sealed")))
+        on_db!(self, pool => {
+            let row = sqlx::query("SELECT credentials_sealed FROM acme_accounts WHERE directory = $1")
+                .bind(directory)
+                .fetch_optional(pool)
+                .await?;
+            Ok(row.map(|r| r.get("credentials_sealed")))
+        })
     }
 
     pub async fn save_acme_account(&self, directory: &str, credentials_sealed: &str, now_ms: i64) -> Result<(), StoreError> {
@@ -41,88 +43,102 @@ impl Store {
     }
 
     pub async fn certificates(&self) -> Result<Vec<CertificateRow>, StoreError> {
-        let rows = sqlx::query("SELECT host, chain_pem, key_sealed, not_before, not_after, issued_at FROM certificates ORDER BY host")
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|r| CertificateRow {
-                host: r.get("host"),
-                chain_pem: r.get("chain_pem"),
-                key_sealed: r.get("key_sealed"),
-                not_before_ms: r.get("not_before"),
-                not_after_ms: r.get("not_after"),
-                issued_at_ms: r.get("issued_at"),
-            })
-            .collect())
+        on_db!(self, pool => {
+            let rows = sqlx::query("SELECT host, chain_pem, key_sealed, not_before, not_after, issued_at FROM certificates ORDER BY host")
+                .fetch_all(pool)
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| CertificateRow {
+                    host: r.get("host"),
+                    chain_pem: r.get("chain_pem"),
+                    key_sealed: r.get("key_sealed"),
+                    not_before_ms: r.get("not_before"),
+                    not_after_ms: r.get("not_after"),
+                    issued_at_ms: r.get("issued_at"),
+                })
+                .collect())
+        })
     }
 
     /// Stores a host's certificate, replacing the one it renews.
     pub async fn save_certificate(&self, row: &CertificateRow) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO certificates (host, chain_pem, key_sealed, not_before, not_after, issued_at) VALUES ($1, $2, $3, $4, $5, $6) \
+        on_db!(self, pool => {
+            sqlx::query(
+                "INSERT INTO certificates (host, chain_pem, key_sealed, not_before, not_after, issued_at) VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT (host) DO UPDATE SET chain_pem = excluded.chain_pem, key_sealed = excluded.key_sealed, \
              not_before = excluded.not_before, not_after = excluded.not_after, issued_at = excluded.issued_at",
-        )
-        .bind(&row.host)
-        .bind(&row.chain_pem)
-        .bind(&row.key_sealed)
-        .bind(row.not_before_ms)
-        .bind(row.not_after_ms)
-        .bind(row.issued_at_ms)
-        .execute(&self.pool)
-        .await?;
-        self.count_commit().await;
-        Ok(())
+            )
+            .bind(&row.host)
+            .bind(&row.chain_pem)
+            .bind(&row.key_sealed)
+            .bind(row.not_before_ms)
+            .bind(row.not_after_ms)
+            .bind(row.issued_at_ms)
+            .execute(pool)
+            .await?;
+            self.count_commit().await;
+            Ok(())
+        })
     }
 
     pub async fn delete_certificate(&self, host: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM certificates WHERE host = $1").bind(host).execute(&self.pool).await?;
-        self.count_commit().await;
-        Ok(())
+        on_db!(self, pool => {
+            sqlx::query("DELETE FROM certificates WHERE host = $1").bind(host).execute(pool).await?;
+            self.count_commit().await;
+            Ok(())
+        })
     }
 
     pub async fn certificate_orders(&self) -> Result<HashMap<String, CertificateOrders>, StoreError> {
-        let rows = sqlx::query("SELECT host, orders, last_error, last_error_at FROM certificate_orders").fetch_all(&self.pool).await?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                let orders = CertificateOrders { orders: r.get("orders"), last_error: r.get("last_error"), last_error_at_ms: r.get("last_error_at") };
-                (r.get("host"), orders)
-            })
-            .collect())
+        on_db!(self, pool => {
+            let rows = sqlx::query("SELECT host, orders, last_error, last_error_at FROM certificate_orders").fetch_all(pool).await?;
+            Ok(rows
+                .iter()
+                .map(|r| {
+                    let orders = CertificateOrders { orders: r.get("orders"), last_error: r.get("last_error"), last_error_at_ms: r.get("last_error_at") };
+                    (r.get("host"), orders)
+                })
+                .collect())
+        })
     }
 
     /// Counts one more order placed for `host`.
     pub async fn count_certificate_order(&self, host: &str) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO certificate_orders (host, orders) VALUES ($1, 1) ON CONFLICT (host) DO UPDATE SET orders = certificate_orders.orders + 1")
-            .bind(host)
-            .execute(&self.pool)
-            .await?;
-        self.count_commit().await;
-        Ok(())
+        on_db!(self, pool => {
+            sqlx::query("INSERT INTO certificate_orders (host, orders) VALUES ($1, 1) ON CONFLICT (host) DO UPDATE SET orders = certificate_orders.orders + 1")
+                .bind(host)
+                .execute(pool)
+                .await?;
+            self.count_commit().await;
+            Ok(())
+        })
     }
 
     /// Records how the last order for `host` ended: `None` clears the
     /// failure.
     pub async fn set_certificate_error(&self, host: &str, error: Option<&str>, at_ms: i64) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO certificate_orders (host, orders, last_error, last_error_at) VALUES ($1, 0, $2, $3) \
+        on_db!(self, pool => {
+            sqlx::query(
+                "INSERT INTO certificate_orders (host, orders, last_error, last_error_at) VALUES ($1, 0, $2, $3) \
              ON CONFLICT (host) DO UPDATE SET last_error = excluded.last_error, last_error_at = excluded.last_error_at",
-        )
-        .bind(host)
-        .bind(error)
-        .bind(error.map(|_| at_ms))
-        .execute(&self.pool)
-        .await?;
-        self.count_commit().await;
-        Ok(())
+            )
+            .bind(host)
+            .bind(error)
+            .bind(error.map(|_| at_ms))
+            .execute(pool)
+            .await?;
+            self.count_commit().await;
+            Ok(())
+        })
     }
 
     /// Forgets the orders of a host no longer served.
     pub async fn delete_certificate_orders(&self, host: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM certificate_orders WHERE host = $1").bind(host).execute(&self.pool).await?;
-        self.count_commit().await;
-        Ok(())
+        on_db!(self, pool => {
+            sqlx::query("DELETE FROM certificate_orders WHERE host = $1").bind(host).execute(pool).await?;
+            self.count_commit().await;
+            Ok(())
+        })
     }
 }

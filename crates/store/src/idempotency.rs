@@ -29,56 +29,60 @@ pub enum IdempotencyClaim {
 impl Store {
     /// Claims `key` for a request whose digest is `request_sha256`.
     pub async fn claim_idempotency_key(&self, key: &str, request_sha256: &str, now_ms: i64) -> Result<IdempotencyClaim, StoreError> {
-        let mut tx = self.write_transaction().await?;
-        // An expired key is free again.
-        sqlx::query("DELETE FROM idempotency_keys WHERE key = $1 AND created_at < $2")
-            .bind(key)
-            .bind(now_ms - IDEMPOTENCY_RETENTION_MS)
-            .execute(&mut *tx)
-            .await?;
-        // So is a claim whose request never finished within the limit.
-        sqlx::query("DELETE FROM idempotency_keys WHERE key = $1 AND status IS NULL AND created_at < $2")
-            .bind(key)
-            .bind(now_ms - IDEMPOTENCY_IN_PROGRESS_MS)
-            .execute(&mut *tx)
-            .await?;
-        let inserted = sqlx::query(
-            "INSERT INTO idempotency_keys (key, request_sha256, created_at) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING",
-        )
-        .bind(key)
-        .bind(request_sha256)
-        .bind(now_ms)
-        .execute(&mut *tx)
-        .await?;
-        let claim = if inserted.rows_affected() == 1 {
-            IdempotencyClaim::New
-        } else {
-            let row = sqlx::query("SELECT request_sha256, status, response FROM idempotency_keys WHERE key = $1")
+        on_db!(self, pool => {
+            let mut tx = pool.begin_write().await?;
+            // An expired key is free again.
+            sqlx::query("DELETE FROM idempotency_keys WHERE key = $1 AND created_at < $2")
                 .bind(key)
-                .fetch_one(&mut *tx)
+                .bind(now_ms - IDEMPOTENCY_RETENTION_MS)
+                .execute(&mut *tx)
                 .await?;
-            let stored: String = row.get("request_sha256");
-            match (stored == request_sha256, row.get::<Option<i64>, _>("status"), row.get::<Option<String>, _>("response")) {
-                (false, _, _) => IdempotencyClaim::Mismatch,
-                (true, Some(status), Some(response)) => IdempotencyClaim::Replay { status: status.clamp(0, 999) as u16, response },
-                (true, _, _) => IdempotencyClaim::InProgress,
-            }
-        };
-        tx.commit().await?;
-        self.count_commit().await;
-        Ok(claim)
+            // So is a claim whose request never finished within the limit.
+            sqlx::query("DELETE FROM idempotency_keys WHERE key = $1 AND status IS NULL AND created_at < $2")
+                .bind(key)
+                .bind(now_ms - IDEMPOTENCY_IN_PROGRESS_MS)
+                .execute(&mut *tx)
+                .await?;
+            let inserted = sqlx::query(
+                "INSERT INTO idempotency_keys (key, request_sha256, created_at) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING",
+            )
+            .bind(key)
+            .bind(request_sha256)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+            let claim = if inserted.rows_affected() == 1 {
+                IdempotencyClaim::New
+            } else {
+                let row = sqlx::query("SELECT request_sha256, status, response FROM idempotency_keys WHERE key = $1")
+                    .bind(key)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let stored: String = row.get("request_sha256");
+                match (stored == request_sha256, row.get::<Option<i64>, _>("status"), row.get::<Option<String>, _>("response")) {
+                    (false, _, _) => IdempotencyClaim::Mismatch,
+                    (true, Some(status), Some(response)) => IdempotencyClaim::Replay { status: status.clamp(0, 999) as u16, response },
+                    (true, _, _) => IdempotencyClaim::InProgress,
+                }
+            };
+            tx.commit().await?;
+            self.count_commit().await;
+            Ok(claim)
+        })
     }
 
     /// Records the answer of the request that claimed `key`.
     pub async fn finish_idempotency_key(&self, key: &str, status: u16, response: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE idempotency_keys SET status = $1, response = $2 WHERE key = $3")
-            .bind(i64::from(status))
-            .bind(response)
-            .bind(key)
-            .execute(&self.pool)
-            .await?;
-        self.count_commit().await;
-        Ok(())
+        on_db!(self, pool => {
+            sqlx::query("UPDATE idempotency_keys SET status = $1, response = $2 WHERE key = $3")
+                .bind(i64::from(status))
+                .bind(response)
+                .bind(key)
+                .execute(pool)
+                .await?;
+            self.count_commit().await;
+            Ok(())
+        })
     }
 
     /// Frees every unfinished claim. Called once at start-up, before the
@@ -88,15 +92,19 @@ impl Store {
     /// (One control plane owns the database, so this stands in for a
     /// boot id on each claim.) Returns how many were freed.
     pub async fn release_unfinished_idempotency_keys(&self) -> Result<u64, StoreError> {
-        let freed = sqlx::query("DELETE FROM idempotency_keys WHERE status IS NULL").execute(&self.pool).await?.rows_affected();
-        self.count_commit().await;
-        Ok(freed)
+        on_db!(self, pool => {
+            let freed = sqlx::query("DELETE FROM idempotency_keys WHERE status IS NULL").execute(pool).await?.rows_affected();
+            self.count_commit().await;
+            Ok(freed)
+        })
     }
 
     /// Frees `key` after its request failed, so a retry runs it again.
     pub async fn release_idempotency_key(&self, key: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM idempotency_keys WHERE key = $1 AND status IS NULL").bind(key).execute(&self.pool).await?;
-        self.count_commit().await;
-        Ok(())
+        on_db!(self, pool => {
+            sqlx::query("DELETE FROM idempotency_keys WHERE key = $1 AND status IS NULL").bind(key).execute(pool).await?;
+            self.count_commit().await;
+            Ok(())
+        })
     }
 }

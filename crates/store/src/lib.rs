@@ -10,11 +10,15 @@
 //! must never depend on the layers above it, decide anything (what a row
 //! means is the core's), speak HTTP or start tasks of its own.
 
+#[macro_use]
+mod backend;
 mod accounts;
 mod backups;
 mod apps;
 mod certificates;
 mod commands;
+mod copy;
+mod database_url;
 mod deployments;
 mod git;
 mod idempotency;
@@ -29,6 +33,9 @@ mod service_upgrades;
 mod routes;
 mod snapshot;
 pub mod steps;
+#[cfg(test)]
+#[macro_use]
+mod test_engines;
 mod tokens;
 mod usage;
 mod volume_moves;
@@ -37,7 +44,8 @@ mod volumes;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use sqlx::SqlitePool;
+pub use backend::Engine;
+use backend::Db;
 
 pub use accounts::{ApiTokenRow, SessionRow, UserRow};
 pub use backups::{BackupJobRow, DestinationRemoval, DestinationRow, JobOutcome, JobRefusal, PlanRow};
@@ -50,6 +58,8 @@ pub use idempotency::IdempotencyClaim;
 pub use nodes::{
     HeartbeatRow, JoinAnswer, JoinRefusal, NewNode, NodeRow, TrafficRow, TrafficSample,
 };
+pub use copy::TableCopy;
+pub use database_url::DatabaseUrl;
 pub use open::DATABASE_FILE;
 pub use overview::{AppRecentUsage, ClusterUsageBucket};
 pub use tokens::TokenRejection;
@@ -76,6 +86,12 @@ pub enum StoreError {
     /// SQLite's `quick_check` found damage (its first finding).
     #[error("the integrity check failed: {0}")]
     Damaged(String),
+    /// `pg_dump` before a migration failed; nothing was migrated.
+    #[error("cannot back up the database to {path} before migrating it: {reason}")]
+    PgDump { path: String, reason: String },
+    /// What only the other engine can do.
+    #[error("not possible on this database engine: {0}")]
+    Unsupported(&'static str),
 }
 
 /// SQLite's primary result codes that say the disk is full, or that the
@@ -124,7 +140,7 @@ impl StoreError {
 /// Handle to the control plane's state. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    pool: SqlitePool,
+    db: Db,
     commits: Arc<AtomicU64>,
 }
 
@@ -134,33 +150,15 @@ impl Store {
         self.commits.load(Ordering::Relaxed)
     }
 
-    /// Starts a transaction that takes the write lock up front. A deferred
-    /// SQLite transaction that reads and then writes can fail with "database
-    /// is locked" when another writer got in between; taking the lock at
-    /// BEGIN makes concurrent writers queue (up to the busy timeout) instead.
-    ///
-    /// The BEGIN runs in its own task: sqlx acknowledges a custom BEGIN
-    /// before it builds the `Transaction` that would roll it back on drop,
-    /// so a caller cancelled in between (an HTTP handler whose client hung
-    /// up) left the pooled connection inside a transaction that nobody
-    /// would end. That connection then refused every later BEGIN ("non-zero
-    /// transaction depth"), held the write lock ("database is locked" for
-    /// every other writer) and silently dropped what it wrote afterwards.
-    /// A spawned task always finishes; if its caller is gone, the
-    /// `Transaction` it returns is dropped, which rolls it back.
-    async fn write_transaction(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
-        let pool = self.pool.clone();
-        let begin = tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await });
-        match begin.await {
-            Ok(result) => Ok(result?),
-            Err(join) => Err(StoreError::Database(sqlx::Error::Protocol(format!("BEGIN task failed: {join}")))),
-        }
+    /// The engine this store runs on.
+    pub fn engine(&self) -> Engine {
+        self.db.engine()
     }
 
     /// Closes every connection (waiting for those in use), which also
     /// folds the write-ahead log into the database file.
     pub async fn close(&self) {
-        self.pool.close().await;
+        on_db!(self, pool => { pool.close().await })
     }
 
     /// Counts a commit and passes a [`steps::step_point`], where a
@@ -186,7 +184,7 @@ impl Store {
             "INSERT INTO {table} ({key_column}, {column}, created_at) VALUES ($1, $2, $3) \
              ON CONFLICT ({key_column}) DO UPDATE SET {column} = excluded.{column}"
         );
-        sqlx::query(&sql).bind(key).bind(value).bind(now_ms).execute(&self.pool).await?;
+        on_db!(self, pool => { sqlx::query(&sql).bind(key).bind(value).bind(now_ms).execute(pool).await?; });
         self.count_commit().await;
         Ok(())
     }

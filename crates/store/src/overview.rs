@@ -34,92 +34,99 @@ impl Store {
     /// (each node's samples in a bucket averaged first, so a node sampled
     /// twice counts once), in time order.
     pub async fn cluster_usage(&self, since_ms: i64, bucket_ms: i64) -> Result<Vec<ClusterUsageBucket>, StoreError> {
-        let bucket_ms = bucket_ms.max(1);
-        let rows = sqlx::query(
-            "SELECT bucket, AVG(cpu) AS cpu, SUM(mem) AS mem, SUM(disk) AS disk, COUNT(*) AS nodes FROM \
+        on_db!(self, pool => {
+            let bucket_ms = bucket_ms.max(1);
+            let rows = sqlx::query(
+                "SELECT bucket, AVG(cpu) AS cpu, CAST(SUM(mem) AS BIGINT) AS mem, CAST(SUM(disk) AS BIGINT) AS disk, COUNT(*) AS nodes FROM \
              (SELECT node_id, (at / $2) * $2 AS bucket, AVG(cpu_pct) AS cpu, CAST(AVG(mem_used) AS BIGINT) AS mem, \
-              CAST(AVG(disk_used) AS BIGINT) AS disk FROM node_usage WHERE at >= $1 GROUP BY node_id, bucket) \
+              CAST(AVG(disk_used) AS BIGINT) AS disk FROM node_usage WHERE at >= $1 GROUP BY node_id, bucket) AS per_node \
              GROUP BY bucket ORDER BY bucket",
-        )
-        .bind(since_ms)
-        .bind(bucket_ms)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|r| ClusterUsageBucket {
-                at_ms: r.get("bucket"),
-                cpu_pct: r.get("cpu"),
-                mem_used: r.get("mem"),
-                disk_used: r.get("disk"),
-                nodes: r.get("nodes"),
-            })
-            .collect())
+            )
+            .bind(since_ms)
+            .bind(bucket_ms)
+            .fetch_all(pool)
+            .await?;
+            Ok(rows
+                .iter()
+                .map(|r| ClusterUsageBucket {
+                    at_ms: r.get("bucket"),
+                    cpu_pct: r.get("cpu"),
+                    mem_used: r.get("mem"),
+                    disk_used: r.get("disk"),
+                    nodes: r.get("nodes"),
+                })
+                .collect())
+        })
     }
 
     /// Every app's usage in its samples since `since_ms`: per node the
     /// mean, summed over nodes.
     pub async fn apps_recent_usage(&self, since_ms: i64) -> Result<Vec<AppRecentUsage>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT app, SUM(cpu) AS cpu, SUM(mem) AS mem FROM \
+        on_db!(self, pool => {
+            let rows = sqlx::query(
+                "SELECT app, SUM(cpu) AS cpu, CAST(SUM(mem) AS BIGINT) AS mem FROM \
              (SELECT app, node_id, AVG(cpu_cores) AS cpu, CAST(AVG(mem_bytes) AS BIGINT) AS mem FROM app_usage \
-              WHERE at >= $1 GROUP BY app, node_id) GROUP BY app ORDER BY app",
-        )
-        .bind(since_ms)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.iter().map(|r| AppRecentUsage { app: r.get("app"), cpu_cores: r.get("cpu"), mem_bytes: r.get("mem") }).collect())
+              WHERE at >= $1 GROUP BY app, node_id) AS per_node GROUP BY app ORDER BY app",
+            )
+            .bind(since_ms)
+            .fetch_all(pool)
+            .await?;
+            Ok(rows.iter().map(|r| AppRecentUsage { app: r.get("app"), cpu_cores: r.get("cpu"), mem_bytes: r.get("mem") }).collect())
+        })
     }
 
     /// The `limit` hosts with the most requests since `since_ms`:
     /// `(host, requests, 5xx)`, busiest first.
     pub async fn busiest_hosts(&self, since_ms: i64, limit: i64) -> Result<Vec<(String, i64, i64)>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT host, SUM(requests) AS requests, SUM(r5xx) AS r5xx FROM traffic_samples WHERE at >= $1 \
+        on_db!(self, pool => {
+            let rows = sqlx::query(
+                "SELECT host, CAST(SUM(requests) AS BIGINT) AS requests, CAST(SUM(r5xx) AS BIGINT) AS r5xx FROM traffic_samples WHERE at >= $1 \
              GROUP BY host ORDER BY requests DESC, host LIMIT $2",
-        )
-        .bind(since_ms)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.iter().map(|r| (r.get("host"), r.get("requests"), r.get("r5xx"))).collect())
+            )
+            .bind(since_ms)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
+            Ok(rows.iter().map(|r| (r.get("host"), r.get("requests"), r.get("r5xx"))).collect())
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::usage::UsageTx;
     use crate::{AppUsage, NodeUsageRow};
 
-    #[tokio::test]
-    async fn the_cluster_is_summed_per_bucket_with_each_node_counted_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), "test").await.unwrap();
-        let sample = |node: &str, at: i64, cpu: f64, mem: i64, app_cpu: f64| NodeUsageRow {
-            node_id: node.into(),
-            at_ms: at,
-            cpu_pct: Some(cpu),
-            mem_used: Some(mem),
-            disk_used: None,
-            apps: vec![AppUsage { app: "web".into(), cpu_cores: Some(app_cpu), mem_bytes: Some(100), restarts: Some(0) }],
-        };
-        let mut tx = store.pool.begin().await.unwrap();
-        // Node a twice in the first minute (averaged), node b once.
-        Store::insert_usage(&mut tx, &[sample("a", 0, 10.0, 1000, 0.5), sample("a", 30_000, 30.0, 3000, 1.5), sample("b", 10_000, 50.0, 500, 1.0)])
-            .await
-            .unwrap();
-        Store::insert_usage(&mut tx, &[sample("b", 60_000, 70.0, 700, 1.0)]).await.unwrap();
-        tx.commit().await.unwrap();
-        let buckets = store.cluster_usage(0, 60_000).await.unwrap();
-        assert_eq!(buckets.len(), 2, "{buckets:?}");
-        assert_eq!((buckets[0].at_ms, buckets[0].nodes, buckets[0].mem_used), (0, 2, Some(2000 + 500)));
-        assert!((buckets[0].cpu_pct.unwrap() - 35.0).abs() < 1e-9, "{buckets:?}");
-        assert_eq!((buckets[1].at_ms, buckets[1].nodes, buckets[1].mem_used, buckets[1].disk_used), (60_000, 1, Some(700), None));
-        // Since 30 s: node a's last sample and both of b's.
-        let apps = store.apps_recent_usage(30_000).await.unwrap();
-        assert_eq!(apps.len(), 1);
-        assert!((apps[0].cpu_cores.unwrap() - 2.5).abs() < 1e-9, "{apps:?}");
-        assert_eq!(apps[0].mem_bytes, Some(200));
-        assert!(store.busiest_hosts(0, 10).await.unwrap().is_empty());
+    crate::test_engines::both_engines! {
+        async fn the_cluster_is_summed_per_bucket_with_each_node_counted_once(store) {
+            let sample = |node: &str, at: i64, cpu: f64, mem: i64, app_cpu: f64| NodeUsageRow {
+                node_id: node.into(),
+                at_ms: at,
+                cpu_pct: Some(cpu),
+                mem_used: Some(mem),
+                disk_used: None,
+                apps: vec![AppUsage { app: "web".into(), cpu_cores: Some(app_cpu), mem_bytes: Some(100), restarts: Some(0) }],
+            };
+            on_db!(store, pool => {
+                let mut tx = pool.begin().await.unwrap();
+                // Node a twice in the first minute (averaged), node b once.
+                tx.insert_usage(&[sample("a", 0, 10.0, 1000, 0.5), sample("a", 30_000, 30.0, 3000, 1.5), sample("b", 10_000, 50.0, 500, 1.0)])
+                    .await
+                    .unwrap();
+                tx.insert_usage(&[sample("b", 60_000, 70.0, 700, 1.0)]).await.unwrap();
+                tx.commit().await.unwrap();
+            });
+            let buckets = store.cluster_usage(0, 60_000).await.unwrap();
+            assert_eq!(buckets.len(), 2, "{buckets:?}");
+            assert_eq!((buckets[0].at_ms, buckets[0].nodes, buckets[0].mem_used), (0, 2, Some(2000 + 500)));
+            assert!((buckets[0].cpu_pct.unwrap() - 35.0).abs() < 1e-9, "{buckets:?}");
+            assert_eq!((buckets[1].at_ms, buckets[1].nodes, buckets[1].mem_used, buckets[1].disk_used), (60_000, 1, Some(700), None));
+            // Since 30 s: node a's last sample and both of b's.
+            let apps = store.apps_recent_usage(30_000).await.unwrap();
+            assert_eq!(apps.len(), 1);
+            assert!((apps[0].cpu_cores.unwrap() - 2.5).abs() < 1e-9, "{apps:?}");
+            assert_eq!(apps[0].mem_bytes, Some(200));
+            assert!(store.busiest_hosts(0, 10).await.unwrap().is_empty());
+        }
     }
 }

@@ -43,71 +43,73 @@ const EXPIRED_DEPLOYMENTS: &str = "SELECT d.id FROM deployments d \
 
 impl Store {
     pub async fn prune(&self, now_ms: i64) -> Result<Pruned, StoreError> {
-        let mut pruned = Pruned::default();
-        let mut tx = self.write_transaction().await?;
-        let cutoff = now_ms - LOG_RETENTION_MS;
-        for (table, count) in [("deployment_logs", &mut pruned.logs), ("deployment_reports", &mut pruned.reports)] {
-            *count += sqlx::query(&format!("DELETE FROM {table} WHERE deployment_id IN ({EXPIRED_DEPLOYMENTS})"))
-                .bind(cutoff)
-                .bind(KEEP_DEPLOYMENTS)
+        on_db!(self, pool => {
+            let mut pruned = Pruned::default();
+            let mut tx = pool.begin_write().await?;
+            let cutoff = now_ms - LOG_RETENTION_MS;
+            for (table, count) in [("deployment_logs", &mut pruned.logs), ("deployment_reports", &mut pruned.reports)] {
+                *count += sqlx::query(&format!("DELETE FROM {table} WHERE deployment_id IN ({EXPIRED_DEPLOYMENTS})"))
+                    .bind(cutoff)
+                    .bind(KEEP_DEPLOYMENTS)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                *count += sqlx::query(&format!(
+                    "DELETE FROM {table} WHERE NOT EXISTS (SELECT 1 FROM deployments d WHERE d.id = {table}.deployment_id)"
+                ))
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
-            *count += sqlx::query(&format!(
-                "DELETE FROM {table} WHERE NOT EXISTS (SELECT 1 FROM deployments d WHERE d.id = {table}.deployment_id)"
-            ))
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        }
-        pruned.commands = sqlx::query("DELETE FROM commands WHERE acked_at IS NOT NULL AND acked_at < $1")
-            .bind(now_ms - ACKED_COMMAND_RETENTION_MS)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+            }
+            pruned.commands = sqlx::query("DELETE FROM commands WHERE acked_at IS NOT NULL AND acked_at < $1")
+                .bind(now_ms - ACKED_COMMAND_RETENTION_MS)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
 
-        // Traffic: fold day-old 30 s rows into 5-minute sums per node and
-        // host, then drop what is past the coarse retention.
-        let bucket = super::usage::COARSE * 1000;
-        let fine_cutoff = now_ms - TRAFFIC_FINE_MS;
-        sqlx::query(
-            "INSERT INTO traffic_samples (node_id, host, at, resolution, requests, r2xx, r3xx, r4xx, r5xx, dur_sum_ms, slow) \
+            // Traffic: fold day-old 30 s rows into 5-minute sums per node and
+            // host, then drop what is past the coarse retention.
+            let bucket = super::usage::COARSE * 1000;
+            let fine_cutoff = now_ms - TRAFFIC_FINE_MS;
+            sqlx::query(
+                "INSERT INTO traffic_samples (node_id, host, at, resolution, requests, r2xx, r3xx, r4xx, r5xx, dur_sum_ms, slow) \
              SELECT node_id, host, (at / $1) * $1, $2, SUM(requests), SUM(r2xx), SUM(r3xx), SUM(r4xx), SUM(r5xx), SUM(dur_sum_ms), SUM(slow) \
              FROM traffic_samples WHERE resolution = $3 AND at < $4 GROUP BY node_id, host, at / $1",
-        )
-        .bind(bucket)
-        .bind(super::usage::COARSE)
-        .bind(super::usage::FINE)
-        .bind(fine_cutoff)
-        .execute(&mut *tx)
-        .await?;
-        pruned.traffic = sqlx::query("DELETE FROM traffic_samples WHERE resolution = $1 AND at < $2")
+            )
+            .bind(bucket)
+            .bind(super::usage::COARSE)
             .bind(super::usage::FINE)
             .bind(fine_cutoff)
             .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        pruned.traffic += sqlx::query("DELETE FROM traffic_samples WHERE at < $1")
-            .bind(now_ms - TRAFFIC_COARSE_MS)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+            .await?;
+            pruned.traffic = sqlx::query("DELETE FROM traffic_samples WHERE resolution = $1 AND at < $2")
+                .bind(super::usage::FINE)
+                .bind(fine_cutoff)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            pruned.traffic += sqlx::query("DELETE FROM traffic_samples WHERE at < $1")
+                .bind(now_ms - TRAFFIC_COARSE_MS)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
 
-        pruned.idempotency_keys = sqlx::query("DELETE FROM idempotency_keys WHERE created_at < $1")
-            .bind(now_ms - IDEMPOTENCY_RETENTION_MS)
+            pruned.idempotency_keys = sqlx::query("DELETE FROM idempotency_keys WHERE created_at < $1")
+                .bind(now_ms - IDEMPOTENCY_RETENTION_MS)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            pruned.idempotency_keys += sqlx::query(
+                "DELETE FROM idempotency_keys WHERE created_at < \
+             (SELECT created_at FROM idempotency_keys ORDER BY created_at DESC LIMIT 1 OFFSET $1)",
+            )
+            .bind(IDEMPOTENCY_MAX_KEYS)
             .execute(&mut *tx)
             .await?
             .rows_affected();
-        pruned.idempotency_keys += sqlx::query(
-            "DELETE FROM idempotency_keys WHERE created_at < \
-             (SELECT created_at FROM idempotency_keys ORDER BY created_at DESC LIMIT 1 OFFSET $1)",
-        )
-        .bind(IDEMPOTENCY_MAX_KEYS)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        tx.commit().await?;
-        self.count_commit().await;
-        Ok(pruned)
+            tx.commit().await?;
+            self.count_commit().await;
+            Ok(pruned)
+        })
     }
 }

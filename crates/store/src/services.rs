@@ -3,10 +3,10 @@
 //! in the same transaction as the service and kept when it is deleted
 //! unless the caller deletes the volume by name afterwards.
 
-use sqlx::sqlite::SqliteRow;
+use crate::backend::Cols;
 use sqlx::Row;
 
-use super::commands::insert_command;
+use super::commands::CommandsTx;
 use super::{NewCommand, Store, StoreError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,21 +46,21 @@ pub struct ServiceChange {
     pub rotation_started_at: Option<i64>,
 }
 
-fn service_from_row(row: &SqliteRow) -> ServiceRow {
+fn service_from_row(row: &impl Cols) -> ServiceRow {
     ServiceRow {
-        name: row.get("name"),
-        kind: row.get("kind"),
-        version: row.get("version"),
-        image: row.get("image"),
-        node_id: row.get("node_id"),
-        host_port: row.get("host_port"),
-        memory_bytes: row.get("memory_bytes"),
-        volume: row.get("volume"),
-        secret_sealed: row.get("secret_sealed"),
-        generation: row.get("generation"),
-        created_at: row.get("created_at"),
-        previous_secret_sealed: row.get("previous_secret_sealed"),
-        rotation_started_at: row.get("rotation_started_at"),
+        name: row.col("name"),
+        kind: row.col("kind"),
+        version: row.col("version"),
+        image: row.col("image"),
+        node_id: row.col("node_id"),
+        host_port: row.col("host_port"),
+        memory_bytes: row.col("memory_bytes"),
+        volume: row.col("volume"),
+        secret_sealed: row.col("secret_sealed"),
+        generation: row.col("generation"),
+        created_at: row.col("created_at"),
+        previous_secret_sealed: row.col("previous_secret_sealed"),
+        rotation_started_at: row.col("rotation_started_at"),
     }
 }
 
@@ -72,8 +72,8 @@ pub struct ServiceLinkRow {
     pub created_at: i64,
 }
 
-fn link_from_row(row: &SqliteRow) -> ServiceLinkRow {
-    ServiceLinkRow { service: row.get("service"), app: row.get("app"), variable: row.get("variable"), created_at: row.get("created_at") }
+fn link_from_row(row: &impl Cols) -> ServiceLinkRow {
+    ServiceLinkRow { service: row.col("service"), app: row.col("app"), variable: row.col("variable"), created_at: row.col("created_at") }
 }
 
 /// Why a service could not be created.
@@ -97,13 +97,17 @@ pub enum LinkRefusal {
 
 impl Store {
     pub async fn services(&self) -> Result<Vec<ServiceRow>, StoreError> {
-        let rows = sqlx::query(&format!("SELECT {SERVICE_COLUMNS} FROM services ORDER BY name")).fetch_all(&self.pool).await?;
-        Ok(rows.iter().map(service_from_row).collect())
+        on_db!(self, pool => {
+            let rows = sqlx::query(&format!("SELECT {SERVICE_COLUMNS} FROM services ORDER BY name")).fetch_all(pool).await?;
+            Ok(rows.iter().map(service_from_row).collect())
+        })
     }
 
     pub async fn service(&self, name: &str) -> Result<Option<ServiceRow>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {SERVICE_COLUMNS} FROM services WHERE name = $1")).bind(name).fetch_optional(&self.pool).await?;
-        Ok(row.as_ref().map(service_from_row))
+        on_db!(self, pool => {
+            let row = sqlx::query(&format!("SELECT {SERVICE_COLUMNS} FROM services WHERE name = $1")).bind(name).fetch_optional(pool).await?;
+            Ok(row.as_ref().map(service_from_row))
+        })
     }
 
     /// Creates the service, its data volume (on the same node) and the
@@ -116,53 +120,55 @@ impl Store {
         command: impl FnOnce(i64) -> NewCommand,
         now_ms: i64,
     ) -> Result<Result<ServiceRow, ServiceRefusal>, StoreError> {
-        let mut tx = self.write_transaction().await?;
-        if sqlx::query("SELECT 1 FROM services WHERE name = $1").bind(&service.name).fetch_optional(&mut *tx).await?.is_some() {
-            tx.rollback().await?;
-            return Ok(Err(ServiceRefusal::NameTaken));
-        }
-        if sqlx::query("SELECT 1 FROM volumes WHERE name = $1").bind(&service.volume).fetch_optional(&mut *tx).await?.is_some() {
-            tx.rollback().await?;
-            return Ok(Err(ServiceRefusal::VolumeTaken));
-        }
-        let used: Vec<i64> = sqlx::query("SELECT host_port FROM services WHERE node_id = $1 ORDER BY host_port")
-            .bind(&service.node_id)
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| r.get("host_port"))
-            .collect();
-        let Some(port) = ports.map(i64::from).find(|p| !used.contains(p)) else {
-            tx.rollback().await?;
-            return Ok(Err(ServiceRefusal::NoPort));
-        };
-        let row = sqlx::query(&format!(
-            "INSERT INTO services ({INSERT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING {SERVICE_COLUMNS}"
-        ))
-        .bind(&service.name)
-        .bind(&service.kind)
-        .bind(&service.version)
-        .bind(&service.image)
-        .bind(&service.node_id)
-        .bind(port)
-        .bind(service.memory_bytes)
-        .bind(&service.volume)
-        .bind(&service.secret_sealed)
-        .bind(service.generation)
-        .bind(service.created_at)
-        .fetch_one(&mut *tx)
-        .await?;
-        sqlx::query("INSERT INTO volumes (name, node_id, service, created_at) VALUES ($1, $2, $3, $4)")
-            .bind(&service.volume)
-            .bind(&service.node_id)
+        on_db!(self, pool => {
+            let mut tx = pool.begin_write().await?;
+            if sqlx::query("SELECT 1 FROM services WHERE name = $1").bind(&service.name).fetch_optional(&mut *tx).await?.is_some() {
+                tx.rollback().await?;
+                return Ok(Err(ServiceRefusal::NameTaken));
+            }
+            if sqlx::query("SELECT 1 FROM volumes WHERE name = $1").bind(&service.volume).fetch_optional(&mut *tx).await?.is_some() {
+                tx.rollback().await?;
+                return Ok(Err(ServiceRefusal::VolumeTaken));
+            }
+            let used: Vec<i64> = sqlx::query("SELECT host_port FROM services WHERE node_id = $1 ORDER BY host_port")
+                .bind(&service.node_id)
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| r.get("host_port"))
+                .collect();
+            let Some(port) = ports.map(i64::from).find(|p| !used.contains(p)) else {
+                tx.rollback().await?;
+                return Ok(Err(ServiceRefusal::NoPort));
+            };
+            let row = sqlx::query(&format!(
+                "INSERT INTO services ({INSERT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING {SERVICE_COLUMNS}"
+            ))
             .bind(&service.name)
-            .bind(now_ms)
-            .execute(&mut *tx)
+            .bind(&service.kind)
+            .bind(&service.version)
+            .bind(&service.image)
+            .bind(&service.node_id)
+            .bind(port)
+            .bind(service.memory_bytes)
+            .bind(&service.volume)
+            .bind(&service.secret_sealed)
+            .bind(service.generation)
+            .bind(service.created_at)
+            .fetch_one(&mut *tx)
             .await?;
-        insert_command(&mut tx, &command(port), now_ms).await?;
-        tx.commit().await?;
-        self.count_commit().await;
-        Ok(Ok(service_from_row(&row)))
+            sqlx::query("INSERT INTO volumes (name, node_id, service, created_at) VALUES ($1, $2, $3, $4)")
+                .bind(&service.volume)
+                .bind(&service.node_id)
+                .bind(&service.name)
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
+            tx.insert_command(&command(port), now_ms).await?;
+            tx.commit().await?;
+            self.count_commit().await;
+            Ok(Ok(service_from_row(&row)))
+        })
     }
 
     /// Deletes the service and its links, queues the node's
@@ -175,35 +181,37 @@ impl Store {
         command: impl FnOnce(&ServiceRow) -> NewCommand,
         now_ms: i64,
     ) -> Result<Option<Result<ServiceRow, String>>, StoreError> {
-        let mut tx = self.write_transaction().await?;
-        let Some(service) = sqlx::query(&format!("SELECT {SERVICE_COLUMNS} FROM services WHERE name = $1"))
+        on_db!(self, pool => {
+            let mut tx = pool.begin_write().await?;
+            let Some(service) = sqlx::query(&format!("SELECT {SERVICE_COLUMNS} FROM services WHERE name = $1"))
+                .bind(name)
+                .fetch_optional(&mut *tx)
+                .await?
+                .as_ref()
+                .map(service_from_row)
+            else {
+                tx.rollback().await?;
+                return Ok(None);
+            };
+            let upgrading: Option<String> = sqlx::query(
+                "SELECT id FROM service_upgrades WHERE (service = $1 OR to_service = $1) AND state IN ('backing_up', 'restoring', 'switching') LIMIT 1",
+            )
             .bind(name)
             .fetch_optional(&mut *tx)
             .await?
-            .as_ref()
-            .map(service_from_row)
-        else {
-            tx.rollback().await?;
-            return Ok(None);
-        };
-        let upgrading: Option<String> = sqlx::query(
-            "SELECT id FROM service_upgrades WHERE (service = $1 OR to_service = $1) AND state IN ('backing_up', 'restoring', 'switching') LIMIT 1",
-        )
-        .bind(name)
-        .fetch_optional(&mut *tx)
-        .await?
-        .map(|r| r.get("id"));
-        if let Some(upgrade) = upgrading {
-            tx.rollback().await?;
-            return Ok(Some(Err(upgrade)));
-        }
-        sqlx::query("DELETE FROM service_links WHERE service = $1").bind(name).execute(&mut *tx).await?;
-        sqlx::query("DELETE FROM services WHERE name = $1").bind(name).execute(&mut *tx).await?;
-        sqlx::query("UPDATE volumes SET service = NULL WHERE name = $1").bind(&service.volume).execute(&mut *tx).await?;
-        insert_command(&mut tx, &command(&service), now_ms).await?;
-        tx.commit().await?;
-        self.count_commit().await;
-        Ok(Some(Ok(service)))
+            .map(|r| r.get("id"));
+            if let Some(upgrade) = upgrading {
+                tx.rollback().await?;
+                return Ok(Some(Err(upgrade)));
+            }
+            sqlx::query("DELETE FROM service_links WHERE service = $1").bind(name).execute(&mut *tx).await?;
+            sqlx::query("DELETE FROM services WHERE name = $1").bind(name).execute(&mut *tx).await?;
+            sqlx::query("UPDATE volumes SET service = NULL WHERE name = $1").bind(&service.volume).execute(&mut *tx).await?;
+            tx.insert_command(&command(&service), now_ms).await?;
+            tx.commit().await?;
+            self.count_commit().await;
+            Ok(Some(Ok(service)))
+        })
     }
 
     /// Changes a service still at `generation` to the next one and queues
@@ -217,110 +225,124 @@ impl Store {
         command: impl FnOnce(&ServiceRow) -> NewCommand,
         now_ms: i64,
     ) -> Result<Option<ServiceRow>, StoreError> {
-        let mut tx = self.write_transaction().await?;
-        let row = sqlx::query(&format!(
-            "UPDATE services SET version = $3, image = $4, secret_sealed = $5, previous_secret_sealed = $6, rotation_started_at = $7, \
+        on_db!(self, pool => {
+            let mut tx = pool.begin_write().await?;
+            let row = sqlx::query(&format!(
+                "UPDATE services SET version = $3, image = $4, secret_sealed = $5, previous_secret_sealed = $6, rotation_started_at = $7, \
              generation = generation + 1 WHERE name = $1 AND generation = $2 RETURNING {SERVICE_COLUMNS}"
-        ))
-        .bind(name)
-        .bind(generation)
-        .bind(&change.version)
-        .bind(&change.image)
-        .bind(&change.secret_sealed)
-        .bind(&change.previous_secret_sealed)
-        .bind(change.rotation_started_at)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(service) = row.as_ref().map(service_from_row) else {
-            tx.rollback().await?;
-            return Ok(None);
-        };
-        insert_command(&mut tx, &command(&service), now_ms).await?;
-        tx.commit().await?;
-        self.count_commit().await;
-        Ok(Some(service))
+            ))
+            .bind(name)
+            .bind(generation)
+            .bind(&change.version)
+            .bind(&change.image)
+            .bind(&change.secret_sealed)
+            .bind(&change.previous_secret_sealed)
+            .bind(change.rotation_started_at)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some(service) = row.as_ref().map(service_from_row) else {
+                tx.rollback().await?;
+                return Ok(None);
+            };
+            tx.insert_command(&command(&service), now_ms).await?;
+            tx.commit().await?;
+            self.count_commit().await;
+            Ok(Some(service))
+        })
     }
 
     /// The services whose password rotation is unfinished.
     pub async fn rotating_services(&self) -> Result<Vec<ServiceRow>, StoreError> {
-        let rows = sqlx::query(&format!("SELECT {SERVICE_COLUMNS} FROM services WHERE previous_secret_sealed IS NOT NULL ORDER BY name"))
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows.iter().map(service_from_row).collect())
+        on_db!(self, pool => {
+            let rows = sqlx::query(&format!("SELECT {SERVICE_COLUMNS} FROM services WHERE previous_secret_sealed IS NOT NULL ORDER BY name"))
+                .fetch_all(pool)
+                .await?;
+            Ok(rows.iter().map(service_from_row).collect())
+        })
     }
 
     /// Ends a rotation once the node runs `generation` with the new
     /// password: the old one is forgotten. False when the service is gone
     /// or at another generation.
     pub async fn finish_rotation(&self, name: &str, generation: i64) -> Result<bool, StoreError> {
-        let result = sqlx::query(
-            "UPDATE services SET previous_secret_sealed = NULL, rotation_started_at = NULL \
+        on_db!(self, pool => {
+            let result = sqlx::query(
+                "UPDATE services SET previous_secret_sealed = NULL, rotation_started_at = NULL \
              WHERE name = $1 AND generation = $2 AND previous_secret_sealed IS NOT NULL",
-        )
-        .bind(name)
-        .bind(generation)
-        .execute(&self.pool)
-        .await?;
-        self.count_commit().await;
-        Ok(result.rows_affected() == 1)
+            )
+            .bind(name)
+            .bind(generation)
+            .execute(pool)
+            .await?;
+            self.count_commit().await;
+            Ok(result.rows_affected() == 1)
+        })
     }
 
     pub async fn service_links(&self, service: &str) -> Result<Vec<ServiceLinkRow>, StoreError> {
-        let rows = sqlx::query("SELECT service, app, variable, created_at FROM service_links WHERE service = $1 ORDER BY app")
-            .bind(service)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows.iter().map(link_from_row).collect())
+        on_db!(self, pool => {
+            let rows = sqlx::query("SELECT service, app, variable, created_at FROM service_links WHERE service = $1 ORDER BY app")
+                .bind(service)
+                .fetch_all(pool)
+                .await?;
+            Ok(rows.iter().map(link_from_row).collect())
+        })
     }
 
     pub async fn app_links(&self, app: &str) -> Result<Vec<ServiceLinkRow>, StoreError> {
-        let rows = sqlx::query("SELECT service, app, variable, created_at FROM service_links WHERE app = $1 ORDER BY variable")
-            .bind(app)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows.iter().map(link_from_row).collect())
+        on_db!(self, pool => {
+            let rows = sqlx::query("SELECT service, app, variable, created_at FROM service_links WHERE app = $1 ORDER BY variable")
+                .bind(app)
+                .fetch_all(pool)
+                .await?;
+            Ok(rows.iter().map(link_from_row).collect())
+        })
     }
 
     /// Links (or relinks under another variable) an app to a service.
     pub async fn link_service(&self, service: &str, app: &str, variable: &str, now_ms: i64) -> Result<Result<ServiceLinkRow, LinkRefusal>, StoreError> {
-        let mut tx = self.write_transaction().await?;
-        if sqlx::query("SELECT 1 FROM services WHERE name = $1").bind(service).fetch_optional(&mut *tx).await?.is_none() {
-            tx.rollback().await?;
-            return Ok(Err(LinkRefusal::NoSuchService));
-        }
-        if sqlx::query("SELECT 1 FROM apps WHERE name = $1").bind(app).fetch_optional(&mut *tx).await?.is_none() {
-            tx.rollback().await?;
-            return Ok(Err(LinkRefusal::NoSuchApp));
-        }
-        let holder: Option<String> = sqlx::query("SELECT service FROM service_links WHERE app = $1 AND variable = $2 AND service <> $3")
+        on_db!(self, pool => {
+            let mut tx = pool.begin_write().await?;
+            if sqlx::query("SELECT 1 FROM services WHERE name = $1").bind(service).fetch_optional(&mut *tx).await?.is_none() {
+                tx.rollback().await?;
+                return Ok(Err(LinkRefusal::NoSuchService));
+            }
+            if sqlx::query("SELECT 1 FROM apps WHERE name = $1").bind(app).fetch_optional(&mut *tx).await?.is_none() {
+                tx.rollback().await?;
+                return Ok(Err(LinkRefusal::NoSuchApp));
+            }
+            let holder: Option<String> = sqlx::query("SELECT service FROM service_links WHERE app = $1 AND variable = $2 AND service <> $3")
+                .bind(app)
+                .bind(variable)
+                .bind(service)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| r.get("service"));
+            if let Some(holder) = holder {
+                tx.rollback().await?;
+                return Ok(Err(LinkRefusal::VariableTaken(holder)));
+            }
+            let row = sqlx::query(
+                "INSERT INTO service_links (service, app, variable, created_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (service, app) DO UPDATE SET variable = excluded.variable RETURNING service, app, variable, created_at",
+            )
+            .bind(service)
             .bind(app)
             .bind(variable)
-            .bind(service)
-            .fetch_optional(&mut *tx)
-            .await?
-            .map(|r| r.get("service"));
-        if let Some(holder) = holder {
-            tx.rollback().await?;
-            return Ok(Err(LinkRefusal::VariableTaken(holder)));
-        }
-        let row = sqlx::query(
-            "INSERT INTO service_links (service, app, variable, created_at) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (service, app) DO UPDATE SET variable = excluded.variable RETURNING service, app, variable, created_at",
-        )
-        .bind(service)
-        .bind(app)
-        .bind(variable)
-        .bind(now_ms)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        self.count_commit().await;
-        Ok(Ok(link_from_row(&row)))
+            .bind(now_ms)
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            self.count_commit().await;
+            Ok(Ok(link_from_row(&row)))
+        })
     }
 
     pub async fn unlink_service(&self, service: &str, app: &str) -> Result<bool, StoreError> {
-        let result = sqlx::query("DELETE FROM service_links WHERE service = $1 AND app = $2").bind(service).bind(app).execute(&self.pool).await?;
-        self.count_commit().await;
-        Ok(result.rows_affected() == 1)
+        on_db!(self, pool => {
+            let result = sqlx::query("DELETE FROM service_links WHERE service = $1 AND app = $2").bind(service).bind(app).execute(pool).await?;
+            self.count_commit().await;
+            Ok(result.rows_affected() == 1)
+        })
     }
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use sqlx::Row;
 
 use super::{Store, StoreError};
+use crate::backend::Db;
 
 impl Store {
     /// Writes a consistent copy of the whole database (what the WAL holds
@@ -14,28 +15,40 @@ impl Store {
     /// plane keeps running: `VACUUM INTO` reads one transaction's view, so
     /// writers go on and the copy is never torn.
     pub async fn snapshot_into(&self, target: &Path) -> Result<(), StoreError> {
-        let target_text = target.display().to_string();
-        sqlx::query("VACUUM INTO $1")
-            .bind(&target_text)
-            .execute(&self.pool)
-            .await
-            .map_err(|source| StoreError::Backup { path: target_text.clone(), source })?;
-        Ok(())
+        let Db::Sqlite(pool) = &self.db else {
+            return Err(StoreError::Unsupported("an online copy of a PostgreSQL state (back it up with pg_dump, or your provider's snapshots)"));
+        };
+        {
+            let target_text = target.display().to_string();
+            sqlx::query("VACUUM INTO $1")
+                .bind(&target_text)
+                .execute(pool)
+                .await
+                .map_err(|source| StoreError::Backup { path: target_text.clone(), source })?;
+            Ok(())
+        }
     }
 
     /// `PRAGMA integrity_check`: every page, index and constraint. Slower
     /// than the `quick_check` run at every start, so it is kept for a
     /// database that comes from elsewhere (a restored backup).
     pub async fn integrity_check(&self) -> Result<(), StoreError> {
-        let rows = sqlx::query("PRAGMA integrity_check").fetch_all(&self.pool).await.map_err(|err| match StoreError::Database(err) {
-            err if err.is_corrupt() => StoreError::Damaged(cloudweb_protocol::misc::one_line(&err.to_string(), 300)),
-            err => err,
-        })?;
-        let findings: Vec<String> = rows.iter().filter_map(|row| row.try_get::<String, _>(0).ok()).collect();
-        match findings.first() {
-            Some(first) if findings.len() == 1 && first == "ok" => Ok(()),
-            Some(first) => Err(StoreError::Damaged(cloudweb_protocol::misc::one_line(first, 300))),
-            None => Err(StoreError::Damaged("no result".into())),
+        let Db::Sqlite(pool) = &self.db else {
+            // PostgreSQL checks its own pages (data checksums) and
+            // constraints as it writes them.
+            return Ok(());
+        };
+        {
+            let rows = sqlx::query("PRAGMA integrity_check").fetch_all(pool).await.map_err(|err| match StoreError::Database(err) {
+                err if err.is_corrupt() => StoreError::Damaged(cloudweb_protocol::misc::one_line(&err.to_string(), 300)),
+                err => err,
+            })?;
+            let findings: Vec<String> = rows.iter().filter_map(|row| row.try_get::<String, _>(0).ok()).collect();
+            match findings.first() {
+                Some(first) if findings.len() == 1 && first == "ok" => Ok(()),
+                Some(first) => Err(StoreError::Damaged(cloudweb_protocol::misc::one_line(first, 300))),
+                None => Err(StoreError::Damaged("no result".into())),
+            }
         }
     }
 }

@@ -51,103 +51,121 @@ pub struct AppUsageRow {
 }
 
 impl Store {
-    pub async fn insert_usage(tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>, rows: &[NodeUsageRow]) -> Result<(), StoreError> {
-        for row in rows {
-            sqlx::query("INSERT INTO node_usage (node_id, at, resolution, cpu_pct, mem_used, disk_used) VALUES ($1, $2, $3, $4, $5, $6)")
-                .bind(&row.node_id)
-                .bind(row.at_ms)
-                .bind(FINE)
-                .bind(row.cpu_pct)
-                .bind(row.mem_used)
-                .bind(row.disk_used)
-                .execute(&mut **tx)
-                .await?;
-            for app in &row.apps {
-                sqlx::query("INSERT INTO app_usage (app, node_id, at, resolution, cpu_cores, mem_bytes, restarts) VALUES ($1, $2, $3, $4, $5, $6, $7)")
-                    .bind(&app.app)
-                    .bind(&row.node_id)
-                    .bind(row.at_ms)
-                    .bind(FINE)
-                    .bind(app.cpu_cores)
-                    .bind(app.mem_bytes)
-                    .bind(app.restarts)
-                    .execute(&mut **tx)
-                    .await?;
-            }
-        }
-        Ok(())
-    }
 
     /// Folds fine rows older than a day into 5-minute averages, and drops
     /// coarse rows older than 30 days.
     pub async fn downsample_usage(&self, now_ms: i64) -> Result<(), StoreError> {
-        let cutoff = now_ms - DAY_MS;
-        let bucket = COARSE * 1000;
-        let mut tx = self.write_transaction().await?;
-        sqlx::query(
-            "INSERT INTO node_usage (node_id, at, resolution, cpu_pct, mem_used, disk_used) \
+        on_db!(self, pool => {
+            let cutoff = now_ms - DAY_MS;
+            let bucket = COARSE * 1000;
+            let mut tx = pool.begin_write().await?;
+            sqlx::query(
+                "INSERT INTO node_usage (node_id, at, resolution, cpu_pct, mem_used, disk_used) \
              SELECT node_id, (at / $1) * $1, $2, AVG(cpu_pct), CAST(AVG(mem_used) AS BIGINT), CAST(AVG(disk_used) AS BIGINT) \
              FROM node_usage WHERE resolution = $3 AND at < $4 GROUP BY node_id, at / $1",
-        )
-        .bind(bucket)
-        .bind(COARSE)
-        .bind(FINE)
-        .bind(cutoff)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO app_usage (app, node_id, at, resolution, cpu_cores, mem_bytes, restarts) \
+            )
+            .bind(bucket)
+            .bind(COARSE)
+            .bind(FINE)
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO app_usage (app, node_id, at, resolution, cpu_cores, mem_bytes, restarts) \
              SELECT app, node_id, (at / $1) * $1, $2, AVG(cpu_cores), CAST(AVG(mem_bytes) AS BIGINT), MAX(restarts) \
              FROM app_usage WHERE resolution = $3 AND at < $4 GROUP BY app, node_id, at / $1",
-        )
-        .bind(bucket)
-        .bind(COARSE)
-        .bind(FINE)
-        .bind(cutoff)
-        .execute(&mut *tx)
-        .await?;
-        for table in ["node_usage", "app_usage"] {
-            sqlx::query(&format!("DELETE FROM {table} WHERE resolution = $1 AND at < $2")).bind(FINE).bind(cutoff).execute(&mut *tx).await?;
-            sqlx::query(&format!("DELETE FROM {table} WHERE resolution = $1 AND at < $2"))
-                .bind(COARSE)
-                .bind(now_ms - MONTH_MS)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        self.count_commit().await;
-        Ok(())
+            )
+            .bind(bucket)
+            .bind(COARSE)
+            .bind(FINE)
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await?;
+            for table in ["node_usage", "app_usage"] {
+                sqlx::query(&format!("DELETE FROM {table} WHERE resolution = $1 AND at < $2")).bind(FINE).bind(cutoff).execute(&mut *tx).await?;
+                sqlx::query(&format!("DELETE FROM {table} WHERE resolution = $1 AND at < $2"))
+                    .bind(COARSE)
+                    .bind(now_ms - MONTH_MS)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            self.count_commit().await;
+            Ok(())
+        })
     }
 
     /// A node's usage since `since_ms`: `(at, resolution, cpu_pct, mem_used, disk_used)`.
     pub async fn node_usage(&self, node_id: &str, since_ms: i64) -> Result<Vec<NodeUsageSample>, StoreError> {
-        let rows = sqlx::query("SELECT at, resolution, cpu_pct, mem_used, disk_used FROM node_usage WHERE node_id = $1 AND at >= $2 ORDER BY at")
-            .bind(node_id)
-            .bind(since_ms)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows.iter().map(|r| (r.get("at"), r.get("resolution"), r.get("cpu_pct"), r.get("mem_used"), r.get("disk_used"))).collect())
+        on_db!(self, pool => {
+            let rows = sqlx::query("SELECT at, resolution, cpu_pct, mem_used, disk_used FROM node_usage WHERE node_id = $1 AND at >= $2 ORDER BY at")
+                .bind(node_id)
+                .bind(since_ms)
+                .fetch_all(pool)
+                .await?;
+            Ok(rows.iter().map(|r| (r.get("at"), r.get("resolution"), r.get("cpu_pct"), r.get("mem_used"), r.get("disk_used"))).collect())
+        })
     }
 
     /// An app's usage since `since_ms`, per node, in time order.
     pub async fn app_usage(&self, app: &str, since_ms: i64) -> Result<Vec<AppUsageRow>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT node_id, at, resolution, cpu_cores, mem_bytes, restarts FROM app_usage WHERE app = $1 AND at >= $2 ORDER BY node_id, at",
-        )
-        .bind(app)
-        .bind(since_ms)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|r| AppUsageRow {
-                node_id: r.get("node_id"),
-                at_ms: r.get("at"),
-                resolution: r.get("resolution"),
-                cpu_cores: r.get("cpu_cores"),
-                mem_bytes: r.get("mem_bytes"),
-                restarts: r.get("restarts"),
-            })
-            .collect())
+        on_db!(self, pool => {
+            let rows = sqlx::query(
+                "SELECT node_id, at, resolution, cpu_cores, mem_bytes, restarts FROM app_usage WHERE app = $1 AND at >= $2 ORDER BY node_id, at",
+            )
+            .bind(app)
+            .bind(since_ms)
+            .fetch_all(pool)
+            .await?;
+            Ok(rows
+                .iter()
+                .map(|r| AppUsageRow {
+                    node_id: r.get("node_id"),
+                    at_ms: r.get("at"),
+                    resolution: r.get("resolution"),
+                    cpu_cores: r.get("cpu_cores"),
+                    mem_bytes: r.get("mem_bytes"),
+                    restarts: r.get("restarts"),
+                })
+                .collect())
+        })
+    }
+}
+
+/// What this module writes inside a caller's write transaction, once per
+/// engine (see [`crate::backend::for_both_engines`]).
+pub(crate) trait UsageTx {
+    async fn insert_usage(&mut self, rows: &[NodeUsageRow]) -> Result<(), StoreError>;
+}
+
+crate::backend::for_both_engines! {
+    impl UsageTx for sqlx::Transaction<'_, DB> {
+        async fn insert_usage(&mut self, rows: &[NodeUsageRow]) -> Result<(), StoreError> {
+            let tx = self;
+            for row in rows {
+                sqlx::query("INSERT INTO node_usage (node_id, at, resolution, cpu_pct, mem_used, disk_used) VALUES ($1, $2, $3, $4, $5, $6)")
+                    .bind(&row.node_id)
+                    .bind(row.at_ms)
+                    .bind(FINE)
+                    .bind(row.cpu_pct)
+                    .bind(row.mem_used)
+                    .bind(row.disk_used)
+                    .execute(&mut **tx)
+                    .await?;
+                for app in &row.apps {
+                    sqlx::query("INSERT INTO app_usage (app, node_id, at, resolution, cpu_cores, mem_bytes, restarts) VALUES ($1, $2, $3, $4, $5, $6, $7)")
+                        .bind(&app.app)
+                        .bind(&row.node_id)
+                        .bind(row.at_ms)
+                        .bind(FINE)
+                        .bind(app.cpu_cores)
+                        .bind(app.mem_bytes)
+                        .bind(app.restarts)
+                        .execute(&mut **tx)
+                        .await?;
+                }
+            }
+            Ok(())
+        }
     }
 }

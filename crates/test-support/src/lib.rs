@@ -2,6 +2,11 @@
 //! own so that none of them has to depend on another's test harness: the
 //! agent's unit tests take it as a dev-dependency, `cloudweb-e2e` as a
 //! dependency, and it depends on nothing of cloud-web.
+//!
+//! [`postgres`] starts a real PostgreSQL server for the store's tests and
+//! the control plane's tests on PostgreSQL.
+
+pub mod postgres;
 
 use std::sync::{Arc, Mutex};
 
