@@ -21,7 +21,11 @@ need=()
 # gives the host pg_isready, which the services-over-the-mesh test runs from
 # another node's namespace.
 # restic is the backup engine the tests run for real.
-for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables chromium chromium-driver pebble mmdebstrap postgresql-client restic; do
+# postgresql gives the server programs (initdb, postgres) the tests of the
+# control plane on PostgreSQL start themselves in temporary directories
+# (crates/test-support/src/postgres.rs); they never use the package's own
+# cluster or service.
+for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables chromium chromium-driver pebble mmdebstrap postgresql postgresql-client restic; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then

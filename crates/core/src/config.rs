@@ -9,6 +9,9 @@ use cloudweb_protocol::SupportedRange;
 #[derive(Debug, Clone)]
 pub struct Config {
     pub data_dir: PathBuf,
+    /// Where the state lives: `None` is SQLite's `state.db` under
+    /// `data_dir`; `--database-url postgres://…` a PostgreSQL database.
+    pub database_url: Option<cloudweb_store::DatabaseUrl>,
     pub agent_listen: SocketAddr,
     pub api_listen: SocketAddr,
     /// What agents dial, e.g. `https://cp.example.com:8443`.
@@ -106,6 +109,7 @@ impl Config {
     pub fn local(data_dir: PathBuf) -> Config {
         Config {
             data_dir,
+            database_url: None,
             agent_listen: "127.0.0.1:0".parse().expect("literal address"),
             api_listen: "127.0.0.1:0".parse().expect("literal address"),
             public_url: public_url::HttpsUrl::parse("https://127.0.0.1:8443").expect("literal url"),

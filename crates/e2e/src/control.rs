@@ -32,6 +32,7 @@ impl Control {
     pub async fn start(dir: &Path, tweak: impl FnOnce(&mut Config)) -> Control {
         let clock = ShiftedClock::default();
         let mut config = Config::local(dir.to_path_buf());
+        config.database_url = crate::state_db::url_for(dir).map(|url| cloudweb_server::store::DatabaseUrl::parse(&url).unwrap());
         tweak(&mut config);
         let server = cloudweb_server::start(config, Arc::new(clock.clone())).await.unwrap();
         let admin = std::fs::read_to_string(dir.join("admin-token")).unwrap().trim().to_string();

@@ -23,6 +23,7 @@ pub mod netns;
 pub mod orphans;
 pub mod s3;
 pub mod services;
+pub mod state_db;
 pub mod pebble;
 pub mod ports;
 pub mod tmpfs;
@@ -255,6 +256,9 @@ impl ServerProcess {
             "--public-url".into(),
             format!("https://127.0.0.1:{agent_port}"),
         ];
+        if let Some(url) = state_db::url_for(&data).filter(|_| !extra.contains(&"--database-url")) {
+            args.extend(["--database-url".into(), url]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let log = dir.join(format!("server-{}.log", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos()));
         let mut process = Process::spawn(program, &args, log)?;

@@ -561,6 +561,9 @@ fn admin_cli(args: &[&str], stdin: &str) -> (bool, String, String) {
 /// the server's log, the CLI's output or the database file.
 #[tokio::test]
 async fn the_binary_creates_the_first_user_who_logs_in_and_no_secret_leaks() {
+    if cloudweb_e2e::state_db::skip_unless_sqlite("the admin CLI before the first start and the secrets in the database file") {
+        return;
+    }
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("server");
     let data_arg = data.display().to_string();

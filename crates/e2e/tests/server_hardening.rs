@@ -452,6 +452,9 @@ async fn old_rows_are_pruned_and_recent_ones_kept() {
 // a corrupt one is explained.
 #[tokio::test]
 async fn a_lost_database_is_not_replaced_by_a_new_cluster() {
+    if cloudweb_e2e::state_db::skip_unless_sqlite("a lost or damaged database file") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let cp = Control::start(dir.path(), |_| {}).await;
     let token = cp.admin.clone();
@@ -522,6 +525,9 @@ async fn a_lost_database_is_not_replaced_by_a_new_cluster() {
 // Item: a disk full answers 503 and a restart says so.
 #[tokio::test]
 async fn a_full_disk_answers_503_and_a_restart_says_so() {
+    if cloudweb_e2e::state_db::skip_unless_sqlite("a full disk under the state") {
+        return;
+    }
     let mount = tempfile::tempdir().unwrap();
     let status = std::process::Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(mount.path()).status().unwrap();
     assert!(status.success(), "this test mounts a small tmpfs and needs root");
@@ -636,6 +642,9 @@ async fn a_join_sent_again_gets_the_same_answer() {
 // no transaction open: later writes work and what they write stays.
 #[tokio::test]
 async fn cancelled_writes_leave_no_transaction_open() {
+    if cloudweb_e2e::state_db::skip_unless_sqlite("cancelled writes against the database file") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let cp = Control::start(dir.path(), |_| {}).await;
     let store = cp.server.state.store.clone();

@@ -25,6 +25,10 @@ pub struct UserArgs {
     /// The control plane's data directory.
     #[arg(long, env = "CLOUDWEB_DATA_DIR", default_value = "/var/lib/cloudweb")]
     data_dir: PathBuf,
+    /// The control plane's --database-url when its state is not SQLite's
+    /// state.db under --data-dir.
+    #[arg(long, env = "CLOUDWEB_DATABASE_URL", value_name = "URL", value_parser = cloudweb_server::store::DatabaseUrl::parse, hide_env_values = true)]
+    database_url: Option<cloudweb_server::store::DatabaseUrl>,
     /// The login name: letters, digits, '.', '_' or '-'.
     #[arg(long)]
     name: String,
@@ -42,7 +46,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     users::validate_name(&args.name).map_err(|e| anyhow::anyhow!("{e}"))?;
     let password = read_password(args.password_file.as_deref())?;
     users::validate_password(&password).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let store = open(&args.data_dir).await?;
+    let store = open(&args.data_dir, args.database_url.as_ref()).await?;
     let result = if create {
         users::create(&store, SystemClock.now_ms(), &args.name, Some(&password)).await.map(|user| {
             println!("created user {} ({})", user.name, user.id);
@@ -59,7 +63,14 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     result.map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-async fn open(data_dir: &Path) -> anyhow::Result<Store> {
+async fn open(data_dir: &Path, url: Option<&cloudweb_server::store::DatabaseUrl>) -> anyhow::Result<Store> {
+    let stamp = SystemClock
+        .now()
+        .format(time::macros::format_description!("[year][month][day]T[hour][minute][second]Z"))
+        .unwrap_or_else(|_| "unknown".to_string());
+    if let Some(url @ cloudweb_server::store::DatabaseUrl::Postgres(_)) = url {
+        return Store::connect(url, data_dir, &stamp).await.with_context(|| format!("cannot open the database {url}"));
+    }
     if !data_dir.join(DATABASE_FILE).is_file() {
         bail!(
             "no database at {}: start the control plane once (cloudweb-server serve --data-dir {}) or give the right --data-dir",
@@ -67,10 +78,6 @@ async fn open(data_dir: &Path) -> anyhow::Result<Store> {
             data_dir.display()
         );
     }
-    let stamp = SystemClock
-        .now()
-        .format(time::macros::format_description!("[year][month][day]T[hour][minute][second]Z"))
-        .unwrap_or_else(|_| "unknown".to_string());
     Store::open(data_dir, &stamp).await.with_context(|| format!("cannot open the database in {}", data_dir.display()))
 }
 

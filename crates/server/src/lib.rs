@@ -66,8 +66,17 @@ pub enum StartError {
 /// `state.db` lost its database (a full disk, a bad copy), and starting
 /// fresh would forget every app and replace the admin token. Open errors
 /// are explained in words an operator can act on.
-async fn open_store(data_dir: &std::path::Path, stamp: &str) -> Result<Store, StartError> {
-    let db = data_dir.join(store::DATABASE_FILE);
+async fn open_store(config: &Config, stamp: &str) -> Result<Store, StartError> {
+    let data_dir = config.data_dir.as_path();
+    if let Some(url @ store::DatabaseUrl::Postgres(_)) = &config.database_url {
+        return Store::connect(url, data_dir, stamp)
+            .await
+            .map_err(|err| StartError::Database(format!("cannot open the PostgreSQL database {url}: {err}")));
+    }
+    let db = match &config.database_url {
+        Some(store::DatabaseUrl::Sqlite(path)) => path.clone(),
+        _ => data_dir.join(store::DATABASE_FILE),
+    };
     let backups = data_dir.join("backups");
     let has_backup = std::fs::read_dir(&backups).is_ok_and(|entries| {
         entries.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("state-") && n.ends_with(".db")))
@@ -102,7 +111,7 @@ async fn open_store(data_dir: &std::path::Path, stamp: &str) -> Result<Store, St
             data_dir.display()
         )));
     }
-    match Store::open(data_dir, stamp).await {
+    match Store::connect(&store::DatabaseUrl::Sqlite(db.clone()), data_dir, stamp).await {
         Ok(store) => Ok(store),
         Err(err) if err.is_disk_full() || disk_full(data_dir) => Err(StartError::Database(format!(
             "the disk holding {} is full, so the database cannot be opened ({err}); free some space and start again",
@@ -190,7 +199,7 @@ pub async fn open_state(config: Config, clock: Arc<dyn Clock>) -> Result<OpenedS
         .now()
         .format(time::macros::format_description!("[year][month][day]T[hour][minute][second]Z"))
         .unwrap_or_else(|_| "unknown".to_string());
-    let store = open_store(&config.data_dir, &stamp).await?;
+    let store = open_store(&config, &stamp).await?;
     let freed = store.release_unfinished_idempotency_keys().await.map_err(|e| full_disk(e.into(), &config.data_dir))?;
     if freed > 0 {
         tracing::info!(keys = freed, "freed Idempotency-Keys whose requests were cut off when the control plane last stopped");

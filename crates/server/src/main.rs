@@ -2,6 +2,7 @@
 //! [`cloudweb_server::start`], and the subcommands for scripts (see `cli`).
 
 mod admin_cli;
+mod migrate_state;
 mod cli;
 mod restore;
 
@@ -51,6 +52,10 @@ enum Commands {
     /// backup with the recovery key, on a new host; then `serve` it with
     /// the same public URL and every agent reconnects without joining.
     Restore(restore::RestoreArgs),
+    /// Copy a cluster's SQLite state into an empty PostgreSQL database,
+    /// checked table by table (rows and a checksum), to run the control
+    /// plane on PostgreSQL from then on.
+    MigrateState(migrate_state::MigrateStateArgs),
 }
 
 #[derive(Parser)]
@@ -58,6 +63,12 @@ struct ServeArgs {
     /// Directory for the database, the cluster CA and the admin token.
     #[arg(long, env = "CLOUDWEB_DATA_DIR", default_value = "/var/lib/cloudweb")]
     data_dir: PathBuf,
+    /// Where the state lives: sqlite:///path/state.db (default: state.db
+    /// under --data-dir) or postgres://user:password@host:5432/db
+    /// (postgres:///db?host=/run/postgresql for a Unix socket). Give a
+    /// password through the environment variable, not on a command line.
+    #[arg(long, env = "CLOUDWEB_DATABASE_URL", value_name = "URL", value_parser = parse_database_url, hide_env_values = true)]
+    database_url: Option<cloudweb_server::store::DatabaseUrl>,
     /// Address of the agent listener (TLS 1.3, mTLS).
     #[arg(long, default_value = "0.0.0.0:8443")]
     agent_listen: SocketAddr,
@@ -300,6 +311,7 @@ fn real_main() -> anyhow::Result<()> {
         Commands::NodeStatus(args) => return script(Box::pin(cli::status::node(args))),
         Commands::AppStatus(args) => return script(Box::pin(cli::status::app(args))),
         Commands::Deploy(args) => return script(Box::pin(cli::deploy::run(args))),
+        Commands::MigrateState(args) => return script(Box::pin(migrate_state::run(args))),
         Commands::Restore(args) => {
             // The restored files are keys and the state: for no other user.
             nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
@@ -317,6 +329,7 @@ fn real_main() -> anyhow::Result<()> {
     });
     let config = Config {
         data_dir: args.data_dir,
+        database_url: args.database_url,
         agent_listen: args.agent_listen,
         api_listen: args.api_listen,
         public_url,
@@ -514,4 +527,8 @@ fn registry_storage(
             .context("--registry-s3-bucket needs the secret access key: --registry-s3-secret-access-key-file or CLOUDWEB_REGISTRY_S3_SECRET_ACCESS_KEY")?,
     };
     Ok(RegistryStorage::S3(RegistryS3::new(endpoint, bucket, region, prefix, access_key_id, secret).map_err(anyhow::Error::msg)?))
+}
+
+fn parse_database_url(value: &str) -> Result<cloudweb_server::store::DatabaseUrl, String> {
+    cloudweb_server::store::DatabaseUrl::parse(value)
 }
