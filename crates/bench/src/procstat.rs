@@ -26,3 +26,19 @@ pub fn sample(pid: u32) -> Option<Sample> {
 pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
+
+/// CPU seconds of `root` and of its direct children (PostgreSQL's server
+/// and its backends), as far as they run now.
+pub fn tree_cpu_seconds(root: u32) -> f64 {
+    let mut total = sample(root).map(|s| s.cpu_seconds).unwrap_or(0.0);
+    let Ok(entries) = std::fs::read_dir("/proc") else { return total };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        let parent = stat.rfind(')').and_then(|i| stat[i + 2..].split_whitespace().nth(1)?.parse::<u32>().ok());
+        if parent == Some(root) {
+            total += sample(pid).map(|s| s.cpu_seconds).unwrap_or(0.0);
+        }
+    }
+    total
+}

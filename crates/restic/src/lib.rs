@@ -406,44 +406,49 @@ impl Restic {
     /// any other lock is there) and any older than 30 minutes. A live
     /// restic's lock is never removed: restic refreshes it every 5 minutes
     /// and checks the process on its own host.
-    pub async fn retry_locked_clearing_stale<T, F, Fut>(&self, tries: u32, pause: Duration, mut op: F) -> Result<T, ResticError>
+    pub async fn retry_locked_clearing_stale<T, F, Fut>(&self, tries: u32, pause: Duration, op: F) -> Result<T, ResticError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, ResticError>>,
     {
-        let mut attempt = 1;
-        loop {
-            match op().await {
-                Err(ResticError::Locked(text)) if attempt < tries => {
-                    tracing::info!(attempt, "the repository is locked; removing stale locks and waiting: {text}");
-                    if let Err(err) = self.unlock(pause.max(Duration::from_secs(30))).await {
-                        tracing::warn!(error = %err, "could not remove stale locks");
-                    }
-                    tokio::time::sleep(pause).await;
-                    attempt += 1;
-                }
-                other => return other,
+        retry_while_locked(tries, pause, op, || async {
+            if let Err(err) = self.unlock(pause.max(Duration::from_secs(30))).await {
+                tracing::warn!(error = %err, "could not remove stale locks");
             }
-        }
+        })
+        .await
     }
 
     /// Runs `op` again while the repository is locked by another restic,
     /// at most `tries` times, `pause` apart.
-    pub async fn retry_locked<T, F, Fut>(tries: u32, pause: Duration, mut op: F) -> Result<T, ResticError>
+    pub async fn retry_locked<T, F, Fut>(tries: u32, pause: Duration, op: F) -> Result<T, ResticError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, ResticError>>,
     {
-        let mut attempt = 1;
-        loop {
-            match op().await {
-                Err(ResticError::Locked(text)) if attempt < tries => {
-                    tracing::info!(attempt, "the repository is locked; waiting: {text}");
-                    tokio::time::sleep(pause).await;
-                    attempt += 1;
-                }
-                other => return other,
+        retry_while_locked(tries, pause, op, || async {}).await
+    }
+}
+
+/// `op` at most `tries` times while it finds the repository locked, with
+/// `between` and then `pause` before each new try.
+async fn retry_while_locked<T, F, Fut, B, BFut>(tries: u32, pause: Duration, mut op: F, mut between: B) -> Result<T, ResticError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ResticError>>,
+    B: FnMut() -> BFut,
+    BFut: std::future::Future<Output = ()>,
+{
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(ResticError::Locked(text)) if attempt < tries => {
+                tracing::info!(attempt, "the repository is locked; waiting: {text}");
+                between().await;
+                tokio::time::sleep(pause).await;
+                attempt += 1;
             }
+            other => return other,
         }
     }
 }

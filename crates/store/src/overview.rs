@@ -129,4 +129,35 @@ mod tests {
             assert!(store.busiest_hosts(0, 10).await.unwrap().is_empty());
         }
     }
+
+    crate::test_engines::both_engines! {
+        async fn old_samples_are_folded_into_coarse_buckets_and_pruned(store) {
+            let sample = |at: i64, cpu: f64, mem: i64| NodeUsageRow {
+                node_id: "a".into(),
+                at_ms: at,
+                cpu_pct: Some(cpu),
+                mem_used: Some(mem),
+                disk_used: None,
+                apps: vec![AppUsage { app: "web".into(), cpu_cores: Some(cpu / 10.0), mem_bytes: Some(mem), restarts: Some(1) }],
+            };
+            on_db!(store, pool => {
+                let mut tx = pool.begin().await.unwrap();
+                tx.insert_usage(&[sample(0, 10.0, 1000), sample(60_000, 30.0, 3000)]).await.unwrap();
+                tx.commit().await.unwrap();
+            });
+            let day = 24 * 3600 * 1000;
+            store.downsample_usage(2 * day).await.unwrap();
+            let rows = store.node_usage("a", 0).await.unwrap();
+            assert_eq!(rows.len(), 1, "two fine samples folded into one coarse one: {rows:?}");
+            let (at, _, cpu, mem, disk) = rows[0];
+            assert_eq!((at, mem, disk), (0, Some(2000), None));
+            assert!((cpu.unwrap() - 20.0).abs() < 1e-9);
+            assert_eq!(store.app_usage("web", 0).await.unwrap().len(), 1);
+            // The retention's statements (traffic roll-ups, old rows) run
+            // on either engine.
+            store.prune(2 * day).await.unwrap();
+            store.downsample_usage(90 * day).await.unwrap();
+            assert!(store.node_usage("a", 0).await.unwrap().is_empty(), "coarse rows older than 30 days are gone");
+        }
+    }
 }
