@@ -71,12 +71,12 @@ fi
 
 # The same control plane on PostgreSQL (issue 24): the store's own tests ran
 # on both engines above; here the protocol conformance suite and the
-# nodes, accounts and hardening tests run again with every control plane's
+# nodes, accounts, hardening and deploy-order tests run again with every control plane's
 # state in a database of a real PostgreSQL server that each test process
 # starts (crates/e2e/src/state_db.rs). Only in a full run.
 if [ $# -eq 0 ] && cargo nextest --version >/dev/null 2>&1; then
     CLOUDWEB_TEST_DATABASE=postgres cargo nextest run -p cloudweb-e2e --locked --test-threads 4 --no-fail-fast \
-        -E 'binary(conformance) | binary(nodes) | binary(accounts) | binary(server_hardening)' || status=$?
+        -E 'binary(conformance) | binary(nodes) | binary(accounts) | binary(server_hardening) | binary(deploy_order)' || status=$?
 fi
 
 # The installer's smoke test (scripts/smoke-install.sh): a whole install

@@ -414,14 +414,15 @@ async fn settle_within(cluster: &Cluster, id: &str, limit: Duration) -> Value {
 }
 
 /// Rows a table of the control plane's database holds for a deployment,
-/// read with the sqlite3 CLI.
+/// read with the sqlite3 CLI (psql when the run keeps the state in
+/// PostgreSQL).
 fn rows_for(server: &ServerProcess, table: &str, deployment: &str) -> usize {
-    let db = server.dir.join("server").join("state.db");
-    let output = std::process::Command::new("sqlite3")
-        .arg(&db)
-        .arg(format!("SELECT COUNT(*) FROM {table} WHERE deployment_id = '{deployment}'"))
-        .output()
-        .unwrap();
+    let data = server.dir.join("server");
+    let sql = format!("SELECT COUNT(*) FROM {table} WHERE deployment_id = '{deployment}'");
+    let output = match cloudweb_e2e::state_db::url_for(&data) {
+        Some(url) => std::process::Command::new("psql").arg(url).args(["-tAc", &sql]).output().unwrap(),
+        None => std::process::Command::new("sqlite3").arg(data.join("state.db")).arg(&sql).output().unwrap(),
+    };
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8_lossy(&output.stdout).trim().parse().unwrap()
 }
