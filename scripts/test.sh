@@ -75,8 +75,10 @@ fi
 # state in a database of a real PostgreSQL server that each test process
 # starts (crates/e2e/src/state_db.rs). Only in a full run.
 if [ $# -eq 0 ] && cargo nextest --version >/dev/null 2>&1; then
-    CLOUDWEB_TEST_DATABASE=postgres cargo nextest run -p cloudweb-e2e --locked --test-threads 4 --no-fail-fast \
-        -E 'binary(conformance) | binary(nodes) | binary(accounts) | binary(server_hardening) | binary(deploy_order)' || status=$?
+    # --workspace, as above, so the build is the one above (`-p` alone
+    # would resolve features for that package and build again).
+    CLOUDWEB_TEST_DATABASE=postgres cargo nextest run --workspace --locked --test-threads 4 --no-fail-fast \
+        -E 'package(cloudweb-e2e) & (binary(conformance) | binary(nodes) | binary(accounts) | binary(server_hardening) | binary(deploy_order))' || status=$?
 fi
 
 # The installer's smoke test (scripts/smoke-install.sh): a whole install

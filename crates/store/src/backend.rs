@@ -161,6 +161,9 @@ impl WritePool for PgPool {
         let pool = self.clone();
         let begin = tokio::spawn(async move {
             let mut tx = pool.begin().await?;
+            // A writer waits for the lock at most as long as SQLite's busy
+            // timeout, then fails as SQLite's would ("database is locked").
+            sqlx::query("SET LOCAL lock_timeout = '5s'").execute(&mut *tx).await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(WRITE_LOCK).execute(&mut *tx).await?;
             Ok::<_, sqlx::Error>(tx)
         });
