@@ -84,7 +84,7 @@ impl TestPostgres {
             .stderr(log);
         as_owner(&mut server, &owner);
         die_with_parent(&mut server);
-        let child = server.spawn().expect("cannot start postgres");
+        let child = spawn_from_lasting_thread(server).expect("cannot start postgres");
         let postgres = TestPostgres { dir, child };
         postgres.wait_ready();
         postgres
@@ -105,11 +105,16 @@ impl TestPostgres {
     /// with Debian's `psql`, and returns what it printed (unaligned, tuples
     /// only); panics with psql's error when it fails.
     pub fn psql(&self, sql: &str) -> String {
+        self.psql_in("postgres", sql)
+    }
+
+    /// [`TestPostgres::psql`] on database `database`.
+    pub fn psql_in(&self, database: &str, sql: &str) -> String {
         let psql = bin_dir().map(|bin| bin.join("psql")).filter(|p| p.exists()).unwrap_or_else(|| "psql".into());
         let out = Command::new(psql)
             .arg("-h")
             .arg(self.socket_dir())
-            .args(["-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1", "-tAc", sql])
+            .args(["-U", "postgres", "-d", database, "-v", "ON_ERROR_STOP=1", "-tAc", sql])
             .stdin(Stdio::null())
             .output()
             .expect("cannot run psql");
@@ -196,6 +201,35 @@ fn as_owner(command: &mut Command, owner: &Option<User>) {
     }
 }
 
+/// Spawns `command` from one thread that lives as long as the process.
+///
+/// The kernel sends the death signal of [`die_with_parent`] when the
+/// *thread* that forked the child ends, not the process. Callers start a
+/// server from whatever thread they are on, often a `spawn_blocking` thread
+/// of tokio, which exits after ten idle seconds: the server was then killed
+/// under a test or bench that was still using it (the heartbeat bench on
+/// PostgreSQL lost its database that way, 10 s after the start, and its
+/// pool then timed out on every request).
+fn spawn_from_lasting_thread(command: Command) -> io::Result<Child> {
+    type Request = (Command, std::sync::mpsc::Sender<io::Result<Child>>);
+    static SPAWNER: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Request>>> = std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (requests, incoming) = std::sync::mpsc::channel::<Request>();
+        std::thread::Builder::new()
+            .name("test-postgres-spawner".into())
+            .spawn(move || {
+                for (mut command, answer) in incoming {
+                    let _ = answer.send(command.spawn());
+                }
+            })
+            .expect("cannot start the spawner thread");
+        std::sync::Mutex::new(requests)
+    });
+    let (answer, spawned) = std::sync::mpsc::channel();
+    spawner.lock().expect("spawner lock").send((command, answer)).map_err(|_| io::Error::other("the spawner thread is gone"))?;
+    spawned.recv().map_err(|_| io::Error::other("the spawner thread is gone"))?
+}
+
 /// SIGKILL to the child when this process dies, so a killed test leaves no
 /// server behind.
 fn die_with_parent(command: &mut Command) {
@@ -210,5 +244,21 @@ fn die_with_parent(command: &mut Command) {
             }
             Ok(())
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TestPostgres;
+
+    /// A server started from a thread that then ends (as tokio's blocking
+    /// threads do when idle) keeps running for its handle's owner.
+    #[test]
+    fn the_server_outlives_the_thread_that_started_it() {
+        let postgres = std::thread::spawn(TestPostgres::start).join().unwrap();
+        // The death signal, had it been armed for that thread, is sent at
+        // once; give the kernel a moment to deliver it.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        assert_eq!(postgres.psql("SELECT 1 + 1"), "2", "the server still answers: {}", postgres.log());
     }
 }
