@@ -127,14 +127,7 @@ impl ClusterCa {
     /// The same, valid for `lifetime`. The key stays the one in `dir`, so
     /// a renewed certificate keeps the public-key pin.
     pub fn issue_server_cert_for(&self, dir: &Path, hosts: &[String], now: OffsetDateTime, lifetime: Duration) -> Result<IssuedKeyPair, CaError> {
-        let key_path = dir.join(LISTENER_KEY_FILE);
-        let key = if key_path.exists() {
-            KeyPair::from_pem(&read(&key_path)?)?
-        } else {
-            let key = KeyPair::generate()?;
-            write_private(&key_path, key.serialize_pem().as_bytes())?;
-            key
-        };
+        let key = ensure_listener_key(dir)?;
         let mut params = CertificateParams::default();
         let mut name = DistinguishedName::new();
         name.push(DnType::CommonName, "cloud-web control plane");
@@ -268,6 +261,19 @@ pub fn private_key_der(pem: &str) -> Option<PrivateKeyDer<'static>> {
 
 fn read(path: &Path) -> Result<String, CaError> {
     fs::read_to_string(path).map_err(|source| CaError::Io { path: path.to_path_buf(), source })
+}
+
+/// The agent listener's key in `dir`, made on first use. It outlives every
+/// certificate issued for it, so the agents' public-key pin holds across
+/// renewals (and across replicas, which share it).
+pub fn ensure_listener_key(dir: &Path) -> Result<KeyPair, CaError> {
+    let key_path = dir.join(LISTENER_KEY_FILE);
+    if key_path.exists() {
+        return Ok(KeyPair::from_pem(&read(&key_path)?)?);
+    }
+    let key = KeyPair::generate()?;
+    write_private(&key_path, key.serialize_pem().as_bytes())?;
+    Ok(key)
 }
 
 /// Writes a file readable by its owner only, creating it with mode 0600 so

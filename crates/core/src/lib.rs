@@ -42,6 +42,7 @@ pub mod secrets;
 pub mod service_links;
 pub mod service_ops;
 pub mod services;
+pub mod shared_secrets;
 pub mod volume_moves;
 pub mod volumes;
 

@@ -50,6 +50,8 @@ pub enum StartError {
     Secrets(#[from] secrets::SecretError),
     #[error(transparent)]
     Registry(#[from] registry::RegistryError),
+    #[error(transparent)]
+    SharedSecrets(#[from] cloudweb_core::shared_secrets::SharedSecretsError),
     #[error("cannot read the agent binary {path}: {source}")]
     AgentBinary { path: PathBuf, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
@@ -204,13 +206,21 @@ pub async fn open_state(config: Config, clock: Arc<dyn Clock>) -> Result<OpenedS
     if freed > 0 {
         tracing::info!(keys = freed, "freed Idempotency-Keys whose requests were cut off when the control plane last stopped");
     }
+    let sealer = secrets::Sealer::load_or_create(&config.data_dir)?;
+    if store.engine() == store::Engine::Postgres {
+        // Every replica of this database presents the same CA and
+        // listener key, so the agents' pins hold whichever one they reach.
+        let shared = cloudweb_core::shared_secrets::share(&store, &sealer, &config.data_dir, &stamp, clock.now()).await?;
+        if !shared.taken.is_empty() || !shared.offered.is_empty() {
+            tracing::info!(from_database = ?shared.taken, stored = ?shared.offered, "cluster secrets shared through the database");
+        }
+    }
     let ca = ClusterCa::load_or_create(&config.data_dir, clock.now())?;
     let admin_tokens = ensure_admin_token(&config, &store, clock.as_ref()).await.map_err(|e| full_disk(e, &config.data_dir))?;
     let lost_hosts = store.sync_default_hosts(&config.base_domain).await.map_err(|e| full_disk(e.into(), &config.data_dir))?;
     for app in lost_hosts {
         tracing::warn!(app = %app, base_domain = %config.base_domain, "the app's default host is another app's custom domain; it answers only on its own domains");
     }
-    let sealer = secrets::Sealer::load_or_create(&config.data_dir)?;
 
     let mut hosts = vec![config.public_url.host.clone()];
     for extra in ["localhost", "127.0.0.1"] {

@@ -16,6 +16,7 @@ mod accounts;
 mod backups;
 mod apps;
 mod certificates;
+mod cluster_secrets;
 mod commands;
 mod copy;
 mod database_url;
