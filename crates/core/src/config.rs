@@ -63,6 +63,10 @@ pub struct Config {
     /// How long the agent listener's certificate is valid (renewed while
     /// the server runs at two thirds of that).
     pub listener_cert_lifetime: Duration,
+    /// How long a leader's lease runs on PostgreSQL without a renewal
+    /// (renewed every quarter of it); another replica takes over once it
+    /// expired.
+    pub leader_lease: Duration,
     /// Session lifetimes and login limits.
     pub auth: crate::auth::AuthSettings,
     /// Which WireGuard endpoints nodes may announce.
@@ -133,6 +137,7 @@ impl Config {
             gitlab_ca_file: None,
             node_cert_lifetime: Duration::from_secs(365 * 24 * 3600),
             listener_cert_lifetime: Duration::from_secs(365 * 24 * 3600),
+            leader_lease: Duration::from_secs(10),
             auth: crate::auth::AuthSettings::default(),
             mesh_endpoints: Default::default(),
             service_images: Default::default(),

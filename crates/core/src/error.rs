@@ -99,6 +99,13 @@ impl From<StoreError> for ApiError {
             tracing::error!(error = %err, "a write failed: the control plane's disk is full");
             return ApiError::Unavailable("the control plane's disk is full; nothing was changed, try again once space is freed".to_string());
         }
+        if err.is_unreachable() {
+            tracing::error!(error = %err, "the database cannot be reached");
+            return ApiError::Unavailable("the control plane cannot reach its database; nothing was changed, try again shortly".to_string());
+        }
+        if let StoreError::Fenced(_) = err {
+            return ApiError::Unavailable(err.to_string());
+        }
         ApiError::Internal(err.to_string())
     }
 }

@@ -28,6 +28,7 @@ pub mod flash;
 pub mod git;
 pub mod heartbeats;
 pub mod hub;
+pub mod leader;
 pub mod listener_cert;
 pub mod live;
 pub mod mesh_endpoint;
@@ -90,6 +91,8 @@ pub struct AppState {
     /// Each node's registry credential, when the registry runs.
     pub registry_credentials: Option<Arc<registry_credentials::Credentials>>,
     pub heartbeats_total: AtomicU64,
+    /// Whether this replica leads (see [`leader`]).
+    pub leader: leader::Leadership,
     pub sealer: secrets::Sealer,
     pub agent_binary: Option<AgentBinary>,
     /// curl `--pinnedpubkey` value of the agent listener's key.

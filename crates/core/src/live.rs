@@ -182,6 +182,18 @@ impl NodeRegistry {
         }
     }
 
+    /// Forgets every node and loads `rows`: a replica that begins to lead
+    /// takes the nodes as the database has them (nodes joined or removed
+    /// through the replica that led before), each with the grace a
+    /// restart gives.
+    pub fn replace_all(&self, rows: &[NodeRow], now: Instant) {
+        let mut nodes = self.nodes.write().expect("node registry lock");
+        nodes.clear();
+        for row in rows {
+            nodes.insert(row.id.clone(), live_from_row(row, now));
+        }
+    }
+
     pub fn insert(&self, row: &NodeRow, now: Instant) {
         self.nodes.write().expect("node registry lock").insert(row.id.clone(), live_from_row(row, now));
     }

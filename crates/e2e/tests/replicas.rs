@@ -3,17 +3,46 @@
 //! binaries: every replica presents the same cluster CA and listener key,
 //! so a node joined through one is served by another; a replica given
 //! another master key refuses to start and says why; the database holds
-//! the secrets sealed, never in the clear.
+//! the secrets sealed, never in the clear. One replica leads (item 2): a
+//! kill -9 of the leader hands the lead to another within 15 s, and a
+//! leader frozen past its lease stops leading when it thaws.
 
-use cloudweb_e2e::{AgentNode, ServerProcess};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cloudweb_e2e::{wait_for, AgentNode, ServerProcess};
 use cloudweb_test_support::postgres::TestPostgres;
 use reqwest::Method;
 
-#[tokio::test]
-async fn replicas_share_the_cluster_identity_through_the_database() {
+async fn database() -> (TestPostgres, String) {
     let postgres = tokio::task::spawn_blocking(TestPostgres::start).await.unwrap();
     postgres.create_database("cloudweb");
     let url = postgres.url("cloudweb");
+    (postgres, url)
+}
+
+/// A data dir for another replica of `first`'s cluster: the master key it
+/// is given, and the admin token for this test's calls.
+fn prepare_replica(first: &Path, dir: &Path) {
+    std::fs::create_dir_all(dir.join("server")).unwrap();
+    for file in ["master.key", "admin-token"] {
+        std::fs::copy(first.join("server").join(file), dir.join("server").join(file)).unwrap();
+    }
+}
+
+async fn leading(server: &ServerProcess) -> Option<(bool, i64)> {
+    let leading = server.metric("cloudweb_leader").await.ok()?;
+    let term = server.metric("cloudweb_leader_term").await.ok()?;
+    Some((leading == 1.0, term as i64))
+}
+
+async fn wait_leading(server: &ServerProcess, timeout: Duration, what: &str) -> i64 {
+    wait_for(timeout, what, || async { leading(server).await.filter(|(on, _)| *on).map(|(_, term)| term) }).await.unwrap()
+}
+
+#[tokio::test]
+async fn replicas_share_the_cluster_identity_through_the_database() {
+    let (postgres, url) = database().await;
     let flags = ["--database-url", url.as_str()];
     let first_dir = tempfile::tempdir().unwrap();
     let first = ServerProcess::start_with(first_dir.path(), &flags).await.unwrap();
@@ -27,10 +56,7 @@ async fn replicas_share_the_cluster_identity_through_the_database() {
     // master key it was given (and, for this test's calls, the admin
     // token the cluster made once, at its first start).
     let second_dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(second_dir.path().join("server")).unwrap();
-    for file in ["master.key", "admin-token"] {
-        std::fs::copy(first_dir.path().join("server").join(file), second_dir.path().join("server").join(file)).unwrap();
-    }
+    prepare_replica(first_dir.path(), second_dir.path());
     let second = ServerProcess::start_with(second_dir.path(), &flags).await.unwrap();
     assert_eq!(second.ca_pem(), first.ca_pem(), "the same cluster CA");
     for file in ["ca.key", "listener.key"] {
@@ -51,13 +77,17 @@ async fn replicas_share_the_cluster_identity_through_the_database() {
     assert!(first_pin.is_some(), "the install command pins the listener key");
     assert_eq!(first_pin, second_pin);
 
-    // The node, which knows only the CA it pinned at join, is served by
-    // the second replica with the certificate it got from the first.
+    // The node, which knows only the CA it pinned at join, reaches the
+    // second replica with the certificate it got from the first (the TLS
+    // handshakes both ways succeed); the second, not leading, turns it to
+    // the leader.
     let body = r#"{"cpu_cores": 2, "mem_bytes": 1073741824, "disk_bytes": 10737418240}"#;
-    for server in [&first, &second] {
-        let (status, text) = node.raw_client().send(Method::POST, &format!("{}/agent/v1/heartbeat", server.url()), &[], Some(body)).await.unwrap();
-        assert_eq!(status, 200, "heartbeat to {}: {text}", server.url());
-    }
+    let (status, text) = node.raw_client().send(Method::POST, &format!("{}/agent/v1/heartbeat", first.url()), &[], Some(body)).await.unwrap();
+    assert_eq!(status, 200, "heartbeat to the leader: {text}");
+    let (status, text) = node.raw_client().send(Method::POST, &format!("{}/agent/v1/heartbeat", second.url()), &[], Some(body)).await.unwrap();
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("does not lead"), "{text}");
+
     // A replica started with a master key of its own stops before it
     // seals anything the others could not open.
     let stranger_dir = tempfile::tempdir().unwrap();
@@ -72,4 +102,99 @@ async fn replicas_share_the_cluster_identity_through_the_database() {
     let all = postgres.psql_in("cloudweb", "SELECT string_agg(sealed, ' ') FROM cluster_secrets");
     assert!(!all.contains("PRIVATE KEY") && !all.contains("CERTIFICATE"), "sealed values only");
     drop(node);
+}
+
+#[tokio::test]
+async fn a_new_leader_takes_over_within_15_s_of_a_kill_9() {
+    let (_postgres, url) = database().await;
+    let flags = ["--database-url", url.as_str()];
+    let first_dir = tempfile::tempdir().unwrap();
+    let mut first = ServerProcess::start_with(first_dir.path(), &flags).await.unwrap();
+    let term = wait_leading(&first, Duration::from_secs(10), "the first replica to lead").await;
+    assert_eq!(term, 1);
+    let (token, ca_sha256) = first.join_token().await.unwrap();
+    let node = AgentNode::join(&first, &first_dir.path().join("node"), "n1", &token, &ca_sha256, &[]).unwrap().unwrap();
+    let heartbeat = |server: &ServerProcess| {
+        let url = format!("{}/agent/v1/heartbeat", server.url());
+        let client = node.raw_client();
+        async move {
+            client.send(Method::POST, &url, &[], Some(r#"{"cpu_cores": 2, "mem_bytes": 1073741824, "disk_bytes": 10737418240}"#)).await.unwrap()
+        }
+    };
+    let second_dir = tempfile::tempdir().unwrap();
+    prepare_replica(first_dir.path(), second_dir.path());
+    let second = ServerProcess::start_with(second_dir.path(), &flags).await.unwrap();
+    // While the first one's lease runs, the second serves but does not
+    // lead (three renewals' worth).
+    for _ in 0..6 {
+        assert_eq!(leading(&second).await, Some((false, 0)), "one leader at a time");
+        assert_eq!(leading(&first).await, Some((true, 1)));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (status, text) = heartbeat(&second).await;
+    assert_eq!(status, 503, "a follower turns agents to the leader: {text}");
+    assert!(text.contains(&format!("the leader is {}", first.url())), "{text}");
+    assert_eq!(heartbeat(&first).await.0, 200);
+    // A node that joins through the leader after the second replica
+    // started: the second learns of it from the database when it leads.
+    let (token, _) = first.join_token().await.unwrap();
+    let late = AgentNode::join(&first, &first_dir.path().join("late"), "n2", &token, &ca_sha256, &[]).unwrap().unwrap();
+    // Every replica serves the API, leader or not.
+    let app = serde_json::json!({"name": "on-second", "repo_url": "https://git.example.com/a.git", "port": 8080});
+    assert_eq!(second.call(Method::POST, "/api/apps", Some(app)).await.unwrap().0, 201);
+
+    first.process.kill();
+    let killed = Instant::now();
+    let term = wait_leading(&second, Duration::from_secs(15), "the second replica to lead after the kill").await;
+    let took = killed.elapsed();
+    eprintln!("a new leader {:.1} s after the kill -9 of the old one", took.as_secs_f64());
+    assert_eq!(term, 2, "a new term, whose token fences the old one");
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    // The node joined through the first replica is served by the new
+    // leader.
+    let (status, text) = heartbeat(&second).await;
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = late
+        .raw_client()
+        .send(Method::POST, &format!("{}/agent/v1/heartbeat", second.url()), &[], Some(r#"{"cpu_cores": 1, "mem_bytes": 1073741824, "disk_bytes": 10737418240}"#))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "the node joined after the second replica started: {text}");
+}
+
+#[tokio::test]
+async fn a_leader_frozen_past_its_lease_stops_leading_when_it_thaws() {
+    let (_postgres, url) = database().await;
+    // A 4 s lease: renewed every second, taken over 4 s after the last.
+    let flags = ["--database-url", url.as_str(), "--leader-lease-seconds", "4"];
+    let first_dir = tempfile::tempdir().unwrap();
+    let first = ServerProcess::start_with(first_dir.path(), &flags).await.unwrap();
+    assert_eq!(wait_leading(&first, Duration::from_secs(10), "the first replica to lead").await, 1);
+    let second_dir = tempfile::tempdir().unwrap();
+    prepare_replica(first_dir.path(), second_dir.path());
+    let second = ServerProcess::start_with(second_dir.path(), &flags).await.unwrap();
+
+    first.process.signal("STOP");
+    let term = wait_leading(&second, Duration::from_secs(12), "the second replica to lead while the first is frozen").await;
+    assert_eq!(term, 2);
+    // Frozen well past its lease, then thawed: it must find it no longer
+    // leads (its own clock says its last renewal is too old, and the
+    // database says another term runs), not go on as leader.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    first.process.signal("CONT");
+    wait_for(Duration::from_secs(5), "the thawed replica to stop leading", || async {
+        leading(&first).await.filter(|(on, _)| !*on)
+    })
+    .await
+    .unwrap();
+    assert!(first.process.log_text().contains("this control plane stopped leading"), "{}", first.process.log_text());
+    // And it stays a follower while the second leads. (The second may
+    // start a new term of its own if a renewal stalls past the lease on a
+    // loaded machine; the lead does not go back to the thawed replica.)
+    for _ in 0..4 {
+        assert_eq!(leading(&first).await, Some((false, 0)));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (on, term) = leading(&second).await.unwrap();
+    assert!(on && term >= 2, "the second replica leads: {}", second.process.log_text());
 }

@@ -273,6 +273,7 @@ pub async fn open_state(config: Config, clock: Arc<dyn Clock>) -> Result<OpenedS
         registry: RwLock::new(RegistryConfig::default()),
         registry_credentials,
         heartbeats_total: AtomicU64::new(0),
+        leader: cloudweb_core::leader::Leadership::new(&config.public_url.to_string()),
         sealer,
         agent_binary,
         listener_pin,
@@ -297,6 +298,25 @@ async fn serve(
     tls: Arc<rustls::ServerConfig>,
     listener_cert: Arc<cloudweb_core::listener_cert::ListenerCert>,
 ) -> Result<RunningServer, StartError> {
+    // What must run once in the cluster runs on the leader only. The
+    // listeners open once the first claim of the lease was answered, so
+    // agents are not turned away by a replica about to lead.
+    let (first_claim, claimed) = tokio::sync::oneshot::channel();
+    let leader = tokio::spawn(cloudweb_core::leader::run(
+        state.clone(),
+        vec![
+            |state| Box::pin(deploy::reconciler(state)),
+            |state| Box::pin(cloudweb_core::volume_moves::watcher(state)),
+            |state| Box::pin(cloudweb_core::service_ops::watcher(state)),
+            |state| Box::pin(cloudweb_core::backups::watcher(state)),
+            |state| Box::pin(cloudweb_core::backups::control_plane::scheduler(state)),
+            |state| Box::pin(acme::run(state)),
+            |state| Box::pin(git::status_poster(state)),
+            |state| Box::pin(git::refresher(state)),
+        ],
+        first_claim,
+    ));
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), claimed).await;
     let agent_listener = bind(state.config.agent_listen).await?;
     let api_listener = bind(state.config.api_listen).await?;
     let agent_addr = agent_listener.local_addr().map_err(|source| StartError::Listen { addr: state.config.agent_listen, source })?;
@@ -307,7 +327,7 @@ async fn serve(
         git::api::apply_settings(&state, settings).await.map_err(|e| StartError::Git(format!("--gitlab-* flags: {e}")))?;
     }
 
-    let mut tasks = Vec::new();
+    let mut tasks = vec![leader];
     tokio::task::spawn_blocking(auth::users::warm_up);
     if let (Some(settings), Some(credentials)) = (state.config.registry.clone(), state.registry_credentials.clone()) {
         if registry::listen_address_present(settings.listen) {
@@ -343,14 +363,6 @@ async fn serve(
         tokio::spawn(cloudweb_core::listener_cert::renew(state.clone(), listener_cert)),
         tokio::spawn(api::listener::serve(api_listener, api_router, api_limits(&state.config.api_connections))),
         tokio::spawn(heartbeat_writer(state.clone())),
-        tokio::spawn(deploy::reconciler(state.clone())),
-        tokio::spawn(cloudweb_core::volume_moves::watcher(state.clone())),
-        tokio::spawn(cloudweb_core::service_ops::watcher(state.clone())),
-        tokio::spawn(cloudweb_core::backups::watcher(state.clone())),
-        tokio::spawn(cloudweb_core::backups::control_plane::scheduler(state.clone())),
-        tokio::spawn(acme::run(state.clone())),
-        tokio::spawn(git::status_poster(state.clone())),
-        tokio::spawn(git::refresher(state.clone())),
     ]);
     tracing::info!(%agent_addr, %api_addr, ca_sha256 = %state.ca.fingerprint(), "control plane listening");
     Ok(RunningServer { agent_addr, api_addr, state, tasks })

@@ -244,6 +244,11 @@ struct ServeArgs {
     /// server runs at two thirds of that (default 365 days). For tests.
     #[arg(long, hide = true, default_value_t = 365 * 24 * 3600, value_parser = clap::value_parser!(u64).range(6..=10 * 365 * 24 * 3600))]
     listener_cert_seconds: u64,
+    /// Seconds a leader's lease runs on PostgreSQL without a renewal
+    /// (renewed every quarter of it): how soon another replica takes over
+    /// from one that died (default 10).
+    #[arg(long, hide = true, default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=300))]
+    leader_lease_seconds: u64,
     /// Seconds the image registry's certificate is valid; renewed while the
     /// server runs at two thirds of that, restarting the registry (default
     /// 365 days). For tests.
@@ -368,6 +373,7 @@ fn real_main() -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)?,
         node_cert_lifetime: Duration::from_secs(args.node_cert_seconds),
         listener_cert_lifetime: Duration::from_secs(args.listener_cert_seconds),
+        leader_lease: Duration::from_secs(args.leader_lease_seconds),
         auth: AuthSettings {
             session_idle: Duration::from_secs(args.session_idle_minutes * 60),
             session_absolute: Duration::from_secs(args.session_max_hours * 3600),

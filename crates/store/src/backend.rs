@@ -115,6 +115,12 @@ impl Cols for PgRow {
 /// [`WritePool::begin_write`]): "cloudweb" in ASCII.
 const WRITE_LOCK: i64 = 0x636c_6f75_6477_6562;
 
+/// The fencing check of a leader's write transaction (implemented in
+/// `leader_lease.rs`).
+pub(crate) trait FenceCheck {
+    async fn check_fence(&mut self, engine: Engine, term: &crate::fence::Term) -> Result<(), StoreError>;
+}
+
 /// Starts the transactions that write.
 pub(crate) trait WritePool {
     type Engine: sqlx::Database;
@@ -138,6 +144,10 @@ pub(crate) trait WritePool {
     /// every other writer) and silently dropped what it wrote afterwards.
     /// A spawned task always finishes; if its caller is gone, the
     /// `Transaction` it returns is dropped, which rolls it back.
+    ///
+    /// In a leader's loop ([`crate::fence::scope`]), the
+    /// transaction first checks, holding the lock, that the leader's term
+    /// still holds the lease, and fails with [`StoreError::Fenced`] if not.
     async fn begin_write(&self) -> Result<Transaction<'static, Self::Engine>, StoreError>;
 }
 
@@ -146,9 +156,16 @@ impl WritePool for SqlitePool {
 
     async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
         let pool = self.clone();
-        let begin = tokio::spawn(async move { pool.begin_with("BEGIN IMMEDIATE").await });
+        let term = crate::fence::current();
+        let begin = tokio::spawn(async move {
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            if let Some(term) = term {
+                tx.check_fence(Engine::Sqlite, &term).await?;
+            }
+            Ok::<_, StoreError>(tx)
+        });
         match begin.await {
-            Ok(result) => Ok(result?),
+            Ok(result) => result,
             Err(join) => Err(StoreError::Database(sqlx::Error::Protocol(format!("BEGIN task failed: {join}")))),
         }
     }
@@ -159,16 +176,20 @@ impl WritePool for PgPool {
 
     async fn begin_write(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
         let pool = self.clone();
+        let term = crate::fence::current();
         let begin = tokio::spawn(async move {
             let mut tx = pool.begin().await?;
             // A writer waits for the lock at most as long as SQLite's busy
             // timeout, then fails as SQLite's would ("database is locked").
             sqlx::query("SET LOCAL lock_timeout = '5s'").execute(&mut *tx).await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(WRITE_LOCK).execute(&mut *tx).await?;
-            Ok::<_, sqlx::Error>(tx)
+            if let Some(term) = term {
+                tx.check_fence(Engine::Postgres, &term).await?;
+            }
+            Ok::<_, StoreError>(tx)
         });
         match begin.await {
-            Ok(result) => Ok(result?),
+            Ok(result) => result,
             Err(join) => Err(StoreError::Database(sqlx::Error::Protocol(format!("BEGIN task failed: {join}")))),
         }
     }

@@ -22,7 +22,9 @@ mod copy;
 mod database_url;
 mod deployments;
 mod git;
+pub mod fence;
 mod idempotency;
+pub mod leader_lease;
 pub mod login_attempts;
 mod nodes;
 mod open;
@@ -93,6 +95,10 @@ pub enum StoreError {
     /// What only the other engine can do.
     #[error("not possible on this database engine: {0}")]
     Unsupported(&'static str),
+    /// A write of a leader's term that no longer holds the lease (it was
+    /// frozen or cut off past it, and another replica leads now).
+    #[error("refused: this control plane's leadership (term {0}) has ended; another replica leads")]
+    Fenced(i64),
 }
 
 /// SQLite's primary result codes that say the disk is full, or that the
@@ -130,6 +136,14 @@ impl StoreError {
             StoreError::Io { source, .. } => source.raw_os_error() == Some(ENOSPC),
             _ => matches!(self.sqlx(), Some(sqlx::Error::Io(io)) if io.raw_os_error() == Some(ENOSPC)),
         }
+    }
+
+    /// The database could not be reached: no connection within the pool's
+    /// wait, a connection that broke, a closed pool (PostgreSQL down or cut
+    /// off). Nothing was written.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self.sqlx(), Some(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_)))
+            && !self.is_disk_full()
     }
 
     /// The database file is damaged or not a SQLite database at all.

@@ -94,7 +94,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn(crate::error::refuse_declared_oversize))
         .layer(middleware::from_fn_with_state(state.clone(), check_version))
+        .layer(middleware::from_fn_with_state(state.clone(), only_the_leader))
         .with_state(state)
+}
+
+/// A replica that does not lead answers agents 503, naming the leader:
+/// nodes' liveness lives in the memory of the replica they heartbeat, and
+/// the leader's loops act on it (see `cloudweb_core::leader`).
+async fn only_the_leader(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if state.leader.is_leading() {
+        return next.run(request).await;
+    }
+    let leader = state.leader.leader_url().map(|url| format!(" (the leader is {url})")).unwrap_or_default();
+    ApiError::Unavailable(format!("this control-plane replica does not lead; agents are served by the leader{leader}")).into_response()
 }
 
 /// Answers 400 or 426 before any handler runs when the version headers are

@@ -28,6 +28,10 @@ pub struct Figures {
     pub nodes_by_state: Vec<(&'static str, usize)>,
     pub heartbeats: u64,
     pub commits: u64,
+    /// Whether this replica leads, and its term's fencing token (0 when it
+    /// does not lead, and on SQLite).
+    pub leading: bool,
+    pub leader_term: i64,
     /// Per node: id, name, and its latest CPU percent, memory and disk used.
     pub nodes: Vec<NodeFigures>,
     /// Per app and node: CPU cores and memory of its containers there.
@@ -90,6 +94,12 @@ fn gauges(registry: &mut Registry, name: &str, help: &str) -> Gauges {
     family
 }
 
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: i64) {
+    let gauge: Gauge = Gauge::default();
+    gauge.set(value);
+    registry.register(name, help, gauge);
+}
+
 fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
     let counter: Counter = Counter::default();
     counter.inc_by(value);
@@ -103,6 +113,8 @@ fn figures(state: &AppState) -> Figures {
     let mut figures = Figures {
         heartbeats: state.heartbeats_total.load(Ordering::Relaxed),
         commits: state.store.commits(),
+        leading: state.leader.is_leading(),
+        leader_term: state.leader.token(),
         ..Default::default()
     };
     for node_state in [NodeState::Ready, NodeState::Unreachable, NodeState::Draining] {
@@ -154,6 +166,8 @@ pub fn encode_figures(figures: &Figures) -> Result<String, std::fmt::Error> {
     // Counters get their `_total` suffix from the encoder.
     counter(&mut registry, "cloudweb_heartbeats", "Heartbeats accepted", figures.heartbeats);
     counter(&mut registry, "cloudweb_store_commits", "Database write transactions committed", figures.commits);
+    gauge(&mut registry, "cloudweb_leader", "1 while this control plane runs the leader's loops (always on SQLite)", if figures.leading { 1 } else { 0 });
+    gauge(&mut registry, "cloudweb_leader_term", "The fencing token of the term this control plane leads; 0 when it does not, and on SQLite", figures.leader_term);
     let node_cpu = gauges(&mut registry, "cloudweb_node_cpu_percent", "CPU busy, percent of all cores, from the latest usage sample");
     let node_mem = gauges(&mut registry, "cloudweb_node_memory_used_bytes", "Memory in use (MemTotal - MemAvailable)");
     let node_disk = gauges(&mut registry, "cloudweb_node_disk_used_bytes", "Disk in use on the agent's data dir");
@@ -229,6 +243,8 @@ mod tests {
             nodes_by_state: vec![("ready", 2)],
             heartbeats: 7,
             commits: 3,
+            leading: true,
+            leader_term: 4,
             nodes: vec![NodeFigures { id: "n-1".into(), name: "we\"ird\\name\nx".into(), cpu_pct: Some(12.5), mem_used: None, disk_used: Some(10) }],
             apps: vec![AppFigures { app: "web".into(), node: "n-1".into(), cpu_cores: 0.25, mem_bytes: 104857600 }],
             volumes: vec![("uploads".into(), "n-1".into(), 4096)],
@@ -239,6 +255,8 @@ mod tests {
         assert!(text.contains("cloudweb_nodes{state=\"ready\"} 2"), "{text}");
         assert!(text.contains("cloudweb_heartbeats_total 7"), "{text}");
         assert!(text.contains("cloudweb_store_commits_total 3"), "{text}");
+        assert!(text.contains("cloudweb_leader 1"), "{text}");
+        assert!(text.contains("cloudweb_leader_term 4"), "{text}");
         assert!(text.contains(r#"cloudweb_node_cpu_percent{node="n-1",name="we\"ird\\name\nx"} 12.5"#), "{text}");
         assert!(!text.contains("cloudweb_node_memory_used_bytes{"), "no sample, no gauge: {text}");
         assert!(text.contains("cloudweb_app_memory_bytes{app=\"web\",node=\"n-1\"} 104857600"), "{text}");

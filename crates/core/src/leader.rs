@@ -1,0 +1,170 @@
+//! Which control-plane replica runs the loops that must run once: the
+//! reconciler, the volume-move, service and backup watchers, the control
+//! plane's own backups, ACME orders and renewals, and the git status and
+//! token loops.
+//!
+//! On SQLite there is one control plane and it always leads. On
+//! PostgreSQL every replica tries to hold the lease (`leader_lease`, in
+//! the database's clock) and renews it every quarter of its length; the
+//! one that holds it runs the loops inside [`fence::scope`] with its
+//! term's token, so their write transactions are refused once the term has
+//! ended. A leader stops its loops at once when a renewal fails, is
+//! refused, or comes later than the lease (a process frozen and thawed);
+//! another replica takes over once the lease expired, within the lease and
+//! a quarter of it.
+//!
+//! Until live node state is shared between replicas, only the leader
+//! serves the agent protocol: a follower answers agents 503 and names the
+//! leader, so the replica that judges nodes' liveness is the one they
+//! heartbeat.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cloudweb_store::leader_lease::fence;
+use cloudweb_store::Engine;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::AppState;
+
+/// One of the loops only the leader runs.
+pub type Loop = fn(Arc<AppState>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// This replica's standing, for `/metrics` and the status API.
+#[derive(Debug)]
+pub struct Leadership {
+    /// This replica's name in the lease: its public URL and a random part
+    /// of this process's own, so a restarted replica starts a new term.
+    pub holder: String,
+    leading: AtomicBool,
+    token: AtomicI64,
+    /// The public URL of the replica that leads, as last read by a
+    /// follower.
+    leader_url: std::sync::Mutex<Option<String>>,
+}
+
+impl Leadership {
+    pub fn new(public_url: &str) -> Leadership {
+        let nonce: u32 = rand::random();
+        Leadership { holder: format!("{public_url}#{nonce:08x}"), leading: AtomicBool::new(false), token: AtomicI64::new(0), leader_url: Default::default() }
+    }
+
+    /// Whether this replica runs the leader's loops now.
+    pub fn is_leading(&self) -> bool {
+        self.leading.load(Ordering::Relaxed)
+    }
+
+    /// The fencing token of the term this replica leads, 0 when it does
+    /// not (and on SQLite, where there are no terms).
+    pub fn token(&self) -> i64 {
+        self.token.load(Ordering::Relaxed)
+    }
+
+    /// The public URL of the replica that leads, when another one does.
+    pub fn leader_url(&self) -> Option<String> {
+        self.leader_url.lock().expect("leader url lock").clone()
+    }
+
+    fn set(&self, token: Option<i64>) {
+        self.token.store(token.unwrap_or(0), Ordering::Relaxed);
+        self.leading.store(token.is_some(), Ordering::Relaxed);
+    }
+}
+
+/// Aborts the loops when dropped (a lost term, a stopped server).
+struct Running(Vec<JoinHandle<()>>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+fn start(state: &Arc<AppState>, loops: &[Loop], term: Option<fence::Term>) -> Running {
+    Running(
+        loops
+            .iter()
+            .map(|run| {
+                let future = run(state.clone());
+                match term.clone() {
+                    Some(term) => tokio::spawn(fence::scope(term, future)),
+                    None => tokio::spawn(future),
+                }
+            })
+            .collect(),
+    )
+}
+
+/// Runs `loops` while this replica leads; never returns (abort it to stop,
+/// which stops the loops too). `first` is told once the first claim of the
+/// lease was answered (or failed), so the listeners open knowing whether
+/// this replica leads.
+pub async fn run(state: Arc<AppState>, loops: Vec<Loop>, first: tokio::sync::oneshot::Sender<()>) {
+    let mut first = Some(first);
+    if state.store.engine() == Engine::Sqlite {
+        state.leader.set(Some(0));
+        let _running = start(&state, &loops, None);
+        let _ = first.take().map(|tell| tell.send(()));
+        return std::future::pending().await;
+    }
+    let lease = state.config.leader_lease;
+    let ttl_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+    let every = lease / 4;
+    let holder = state.leader.holder.clone();
+    let mut running: Option<(i64, Running)> = None;
+    let mut last_renewal = Instant::now();
+    loop {
+        // A term whose last renewal is older than the lease may already
+        // belong to another replica (this process was frozen): stop first.
+        if running.is_some() && last_renewal.elapsed() >= lease {
+            step_down(&state, &mut running, "its last lease renewal is older than the lease (the process was stalled)");
+        }
+        let attempt = tokio::time::timeout(every.max(Duration::from_millis(500)), state.store.claim_lease(&holder, ttl_ms)).await;
+        match attempt {
+            Ok(Ok(Some(token))) => {
+                last_renewal = Instant::now();
+                if running.as_ref().map(|(held, _)| *held) != Some(token) {
+                    step_down(&state, &mut running, "a new term began");
+                    // Nodes joined or removed through the replica that led
+                    // before are in the database, not in this memory.
+                    match state.store.nodes().await {
+                        Ok(rows) => state.nodes.replace_all(&rows, Instant::now()),
+                        Err(err) => tracing::warn!(error = %err, "cannot reload the nodes at the start of a term; using those known so far"),
+                    }
+                    let term = fence::Term { holder: holder.clone(), token };
+                    running = Some((token, start(&state, &loops, Some(term))));
+                    state.leader.set(Some(token));
+                    tracing::info!(holder = %holder, term = token, "this control plane leads now");
+                }
+            }
+            Ok(Ok(None)) => {
+                step_down(&state, &mut running, "another replica holds the lease");
+                if let Ok(Some(lease)) = state.store.lease().await {
+                    let url = lease.holder.rsplit_once('#').map(|(url, _)| url.to_string()).unwrap_or(lease.holder);
+                    *state.leader.leader_url.lock().expect("leader url lock") = Some(url);
+                }
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(error = %err, "cannot renew the leader's lease");
+                step_down(&state, &mut running, "the database refused or failed the lease renewal");
+            }
+            Err(_) => step_down(&state, &mut running, "the lease renewal did not finish in time"),
+        }
+        let _ = first.take().map(|tell| tell.send(()));
+        tokio::time::sleep(every).await;
+    }
+}
+
+fn step_down(state: &AppState, running: &mut Option<(i64, Running)>, why: &str) {
+    if let Some((token, loops)) = running.take() {
+        drop(loops);
+        state.leader.set(None);
+        tracing::warn!(term = token, reason = why, "this control plane stopped leading");
+    }
+}
