@@ -24,6 +24,7 @@ pub mod config;
 pub mod deploy;
 pub mod deployment_state;
 pub mod error;
+pub mod event_relay;
 pub mod flash;
 pub mod git;
 pub mod heartbeats;

@@ -88,6 +88,19 @@ async fn replicas_share_the_cluster_identity_through_the_database() {
     assert_eq!(status, 503, "{text}");
     assert!(text.contains("does not lead"), "{text}");
 
+    // A command queued through the follower's API reaches the node's
+    // stream, held by the leader, within 1 s (LISTEN/NOTIFY), not at the
+    // node's next poll.
+    let mut stream = node.raw_client().http.get(format!("{}/agent/v1/stream", first.url())).send().await.unwrap();
+    assert_eq!(stream.status(), 200);
+    let queued = Instant::now();
+    let command = serde_json::json!({"type": "stop", "payload": {"deployment_id": "d"}});
+    let (status, body) = second.call(Method::POST, &format!("/api/nodes/{}/commands", node.node_id), Some(command)).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let chunk = tokio::time::timeout(Duration::from_secs(1), stream.chunk()).await.expect("the event within 1 s").unwrap().expect("the stream stays open");
+    eprintln!("a command queued through the follower reached the leader's stream in {} ms", queued.elapsed().as_millis());
+    assert_eq!(String::from_utf8_lossy(&chunk), "event: commands\ndata: {}\n\n");
+
     // A replica started with a master key of its own stops before it
     // seals anything the others could not open.
     let stranger_dir = tempfile::tempdir().unwrap();

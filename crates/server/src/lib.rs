@@ -327,7 +327,8 @@ async fn serve(
         git::api::apply_settings(&state, settings).await.map_err(|e| StartError::Git(format!("--gitlab-* flags: {e}")))?;
     }
 
-    let mut tasks = vec![leader];
+    // On PostgreSQL, what the hubs are told reaches the other replicas.
+    let mut tasks = vec![leader, tokio::spawn(cloudweb_core::event_relay::run(state.clone()))];
     tokio::task::spawn_blocking(auth::users::warm_up);
     if let (Some(settings), Some(credentials)) = (state.config.registry.clone(), state.registry_credentials.clone()) {
         if registry::listen_address_present(settings.listen) {

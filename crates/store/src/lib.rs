@@ -27,6 +27,7 @@ mod idempotency;
 pub mod leader_lease;
 pub mod login_attempts;
 mod nodes;
+pub mod notify;
 mod open;
 mod overview;
 mod reports;
