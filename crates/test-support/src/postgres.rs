@@ -67,27 +67,36 @@ impl TestPostgres {
         let out = initdb.output().expect("cannot run initdb");
         assert!(out.status.success(), "initdb failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 
-        let log = std::fs::File::create(dir.path().join("server.log")).expect("server log");
+        std::fs::File::create(dir.path().join("server.log")).expect("server log");
         if let Some(user) = &owner {
             nix::unistd::chown(&dir.path().join("server.log"), Some(user.uid), Some(user.gid)).expect("chown log");
         }
-        let mut server = Command::new(bin.join("postgres"));
-        server
-            .arg("-D")
-            .arg(&data)
-            .arg("-k")
-            .arg(dir.path())
-            .args(["-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
-            .args(["-c", "max_connections=200"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log);
-        as_owner(&mut server, &owner);
-        die_with_parent(&mut server);
-        let child = spawn_from_lasting_thread(server).expect("cannot start postgres");
+        let child = spawn_from_lasting_thread(server_command(dir.path(), &owner)).expect("cannot start postgres");
         let postgres = TestPostgres { dir, child };
         postgres.wait_ready();
         postgres
+    }
+
+    /// Stops the server (a fast shutdown: every session ends, every
+    /// committed transaction is on disk) and starts it again on the same
+    /// data and socket, as a restart of a database server does.
+    pub fn restart(&mut self) {
+        self.stop_server();
+        self.start_again();
+    }
+
+    /// Stops the server (a fast shutdown), keeping its data for
+    /// [`TestPostgres::start_again`].
+    pub fn stop_server(&mut self) {
+        stop(self.child.id());
+        let _ = self.child.wait();
+    }
+
+    /// Starts a stopped server again on the same data and socket.
+    pub fn start_again(&mut self) {
+        let _ = std::fs::remove_file(self.dir.path().join("data").join("postmaster.pid"));
+        self.child = spawn_from_lasting_thread(server_command(self.dir.path(), &run_as())).expect("cannot start postgres again");
+        self.wait_ready();
     }
 
     /// The directory of the server's Unix socket.
@@ -185,6 +194,28 @@ fn stop(pid: u32) {
         }
     }
     let _ = kill(pid, Signal::SIGKILL);
+}
+
+/// The `postgres` server of the cluster in `<dir>/data`, its socket in
+/// `dir`, appending to `<dir>/server.log`: trust on the socket only, no TCP
+/// port, no fsync.
+fn server_command(dir: &Path, owner: &Option<User>) -> Command {
+    let bin = bin_dir().expect("PostgreSQL's server is not installed");
+    let log = std::fs::OpenOptions::new().append(true).open(dir.join("server.log")).expect("server log");
+    let mut server = Command::new(bin.join("postgres"));
+    server
+        .arg("-D")
+        .arg(dir.join("data"))
+        .arg("-k")
+        .arg(dir)
+        .args(["-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
+        .args(["-c", "max_connections=200"])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log);
+    as_owner(&mut server, owner);
+    die_with_parent(&mut server);
+    server
 }
 
 /// The user to run PostgreSQL as: `postgres` when this process is root.
