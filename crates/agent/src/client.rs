@@ -217,7 +217,8 @@ impl ServerCertVerifier for PinnedCa {
 
 /// HTTP client for the agent listener.
 pub struct ControlPlane {
-    base: String,
+    /// The replicas it knows and the one requests go to.
+    replicas: crate::control_planes::Replicas,
     protocol: u32,
     clients: std::sync::RwLock<Clients>,
     pin_mismatch: Option<(String, Arc<Mutex<Option<String>>>)>,
@@ -303,6 +304,19 @@ impl ControlPlane {
         Ok(client)
     }
 
+    /// Keeps the list of control-plane replicas it learns in `file`, and
+    /// starts from the one kept there.
+    pub fn keeping_replicas_in(mut self, file: std::path::PathBuf) -> ControlPlane {
+        let joined = self.replicas.all().remove(0);
+        self.replicas = crate::control_planes::Replicas::new(&joined, Some(file));
+        self
+    }
+
+    /// The replicas this client knows (see [`crate::control_planes`]).
+    pub fn replicas(&self) -> &crate::control_planes::Replicas {
+        &self.replicas
+    }
+
     /// From now on, requests present `identity`'s certificate (after a
     /// renewal). Connections of the old identity are not reused.
     pub fn set_identity(&self, identity: &Identity) -> Result<(), ClientError> {
@@ -356,7 +370,7 @@ impl ControlPlane {
 
     fn build(server: &str, protocol: u32, config: ClientConfig) -> Result<ControlPlane, ClientError> {
         Ok(ControlPlane {
-            base: server.trim_end_matches('/').to_string(),
+            replicas: crate::control_planes::Replicas::new(server, None),
             protocol,
             clients: std::sync::RwLock::new(Self::clients(config)?),
             pin_mismatch: None,
@@ -439,7 +453,7 @@ impl ControlPlane {
     }
 
     fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
+        format!("{}{}", self.replicas.current(), path)
     }
 
     fn headers(&self, request: RequestBuilder) -> RequestBuilder {
@@ -456,9 +470,18 @@ impl ControlPlane {
     }
 
     async fn send_now(&self, request: RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        // The replica the request was built for (it moves only when a
+        // request fails, so this is the one in all but a race).
+        let replica = self.replicas.current();
         let response = match self.headers(request).send().await {
             Ok(response) => response,
-            Err(err) => return Err(self.transport_error(err)),
+            Err(err) => {
+                let err = self.transport_error(err);
+                if matches!(err, ClientError::Transport(_)) {
+                    self.replicas.fail_over(&replica, None);
+                }
+                return Err(err);
+            }
         };
         let status = response.status();
         if status.is_success() {
@@ -470,10 +493,13 @@ impl ControlPlane {
                 return Err(ClientError::UpgradeRequired(upgrade));
             }
         }
-        let (message, code) = match serde_json::from_slice::<ErrorBody>(&body) {
-            Ok(body) => (body.error, body.code),
-            Err(_) => (String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned(), None),
+        let (message, code, leader) = match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(body) => (body.error, body.code, body.leader),
+            Err(_) => (String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned(), None, None),
         };
+        if status == StatusCode::SERVICE_UNAVAILABLE && code.as_deref() == Some(cloudweb_protocol::error_codes::NOT_LEADER) {
+            self.replicas.fail_over(&replica, leader.as_deref());
+        }
         if status == StatusCode::FORBIDDEN && code.as_deref() == Some(cloudweb_protocol::error_codes::NODE_NOT_REGISTERED) {
             self.removed.send_replace(true);
             return Err(ClientError::Removed(message));
@@ -510,8 +536,16 @@ impl ControlPlane {
         Self::json(response).await
     }
 
+    /// Sends a heartbeat; the replicas its answer lists become the ones
+    /// this client knows.
     pub async fn heartbeat(&self, heartbeat: &Heartbeat) -> Result<(), ClientError> {
-        self.send(self.http().post(self.url(paths::HEARTBEAT)).json(heartbeat)).await.map(drop)
+        let response = self.send(self.http().post(self.url(paths::HEARTBEAT)).json(heartbeat)).await?;
+        // An answer that does not parse (an older server's) is still a
+        // heartbeat taken.
+        if let Ok(answer) = Self::json::<cloudweb_protocol::heartbeat::HeartbeatAnswer>(response).await {
+            self.replicas.learn(&answer.control_planes);
+        }
+        Ok(())
     }
 
     pub async fn commands(&self) -> Result<CommandList, ClientError> {

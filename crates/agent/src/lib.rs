@@ -7,6 +7,7 @@ pub mod build;
 pub mod capacity;
 pub mod client;
 pub mod commands;
+pub mod control_planes;
 pub mod deploy;
 pub mod files;
 pub mod health;

@@ -91,7 +91,11 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     if validity.expired_at(std::time::SystemTime::now()) {
         return Err(RunError::CertificateExpired(validity.not_after_text()));
     }
-    let client = Arc::new(ControlPlane::for_node(&identity, options.protocol)?.with_upgrade_retry(options.upgrade_retry));
+    let client = Arc::new(
+        ControlPlane::for_node(&identity, options.protocol)?
+            .with_upgrade_retry(options.upgrade_retry)
+            .keeping_replicas_in(options.data_dir.join(crate::control_planes::FILE)),
+    );
     let runtime = DockerRuntime::new(&options.docker_host, &identity.info.node_id)?;
     // A builder container left by an agent that was killed mid-build would
     // run on beside the one the redelivered deploy starts. It goes in the

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use cloudweb_e2e::pebble::{Pebble, PebblePorts};
 use reqwest::Method;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::process::Guarded;
 use crate::server::{free_port, sibling_binary, Server};
@@ -172,23 +172,7 @@ fn check_still_registered(node: &Ingress) -> Result<()> {
 #[allow(clippy::too_many_arguments)]
 async fn start_ingress(server: &Server, agent_bin: &Path, caddy: &Path, dir: &Path, index: u8, ip: &str, http_port: u16, https_port: u16) -> Result<Ingress> {
     let data_dir = dir.join(format!("ingress-{index}"));
-    let (token, ca_sha256) = server.join_token_and_ca().await?;
-    let name = format!("edge-{index}");
-    let output = Command::new(agent_bin)
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .args(["join", "--server", &server.agent_url, "--ca-sha256", &ca_sha256, "--name", &name, "--ingress"])
-        // The token travels in the environment, which keeps it out of `ps`.
-        .env("CLOUDWEB_JOIN_TOKEN", token)
-        .env("NO_COLOR", "1")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .with_context(|| format!("running {} join", agent_bin.display()))?;
-    if !output.status.success() {
-        bail!("cloudweb-agent join failed with {}: {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
-    }
-    let info: Value = serde_json::from_str(&std::fs::read_to_string(data_dir.join("node.json"))?)?;
-    let node_id = info["node_id"].as_str().context("node.json has no node_id")?.to_string();
+    let node_id = server.join_agent(agent_bin, &data_dir, &format!("edge-{index}"), &["--ingress"]).await?;
     let log = dir.join(format!("ingress-{index}.log"));
     let mut command = Command::new(agent_bin);
     command

@@ -19,6 +19,7 @@ mod all;
 mod apps;
 mod backups;
 mod dashboard;
+mod failover;
 mod deploy;
 mod docker;
 mod flood;
@@ -96,6 +97,7 @@ enum Commands {
     /// test CA) through the control plane, with N ingress nodes: median
     /// and p90 over the runs, and the ACME orders per host.
     Acme(acme::Args),
+    Failover(failover::Args),
     /// Time from creating a managed PostgreSQL or Redis to it accepting
     /// connections, against `docker run` of the same image with the same
     /// readiness probe (local images from scripts/service-images.sh).
@@ -138,6 +140,7 @@ fn main() -> std::process::ExitCode {
             Commands::Dashboard(args) => interruptible(dashboard::run(args)).await,
             Commands::Mesh(args) => interruptible(mesh::run(args)).await,
             Commands::Acme(args) => interruptible(acme::run(args)).await,
+            Commands::Failover(args) => interruptible(failover::run(args)).await,
             Commands::Services(args) => interruptible(services::run(args)).await,
             Commands::VolumeMove(args) => interruptible(volumes::run(args)).await,
             Commands::Backups(args) => interruptible(backups::run(args)).await,

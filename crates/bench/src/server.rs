@@ -59,6 +59,42 @@ impl Server {
         Ok(())
     }
 
+    /// Kills the control plane with SIGKILL (its children too), as the
+    /// loss of its host would; [`Server::start_again`] brings it back.
+    pub fn kill(&mut self) {
+        self.process.kill_now();
+    }
+
+    /// Starts a killed control plane again on the same data, ports and
+    /// flags; returns once it answers `/healthz`.
+    pub async fn start_again(&mut self) -> Result<()> {
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        *self = Server::start_on(&self.binary, &self.data_dir, self.agent_port, self.api_port, &extra).await?;
+        Ok(())
+    }
+
+    /// Runs `cloudweb-agent join` into `data_dir` under `name` with a new
+    /// token (in the environment, which keeps it out of `ps`); returns the
+    /// node's id.
+    pub async fn join_agent(&self, agent_bin: &Path, data_dir: &Path, name: &str, extra: &[&str]) -> Result<String> {
+        let (token, ca_sha256) = self.join_token_and_ca().await?;
+        let output = Command::new(agent_bin)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["join", "--server", &self.agent_url, "--ca-sha256", &ca_sha256, "--name", name])
+            .args(extra)
+            .env("CLOUDWEB_JOIN_TOKEN", token)
+            .env("NO_COLOR", "1")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .with_context(|| format!("running {} join", agent_bin.display()))?;
+        if !output.status.success() {
+            bail!("cloudweb-agent join failed with {}: {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
+        }
+        let info: Value = serde_json::from_str(&std::fs::read_to_string(data_dir.join("node.json")).context("reading the agent's node.json")?)?;
+        Ok(info["node_id"].as_str().context("node.json has no node_id")?.to_string())
+    }
+
     /// Where the simulated agents of [`cloudweb_e2e::fleet`] find it.
     pub fn control(&self) -> cloudweb_e2e::fleet::ControlPlane {
         cloudweb_e2e::fleet::ControlPlane {

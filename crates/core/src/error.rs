@@ -25,6 +25,10 @@ pub enum ApiError {
     /// carries `code: certificate_replaced`.
     #[error("{0}")]
     CertificateReplaced(String),
+    /// 503 from a control-plane replica that does not lead, to an agent:
+    /// `code: not_leader` and the leader's URL when known.
+    #[error("{message}")]
+    NotLeader { message: String, leader: Option<String> },
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
@@ -58,7 +62,7 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::NotLeader { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -73,13 +77,18 @@ impl IntoResponse for ApiError {
         let code = match &self {
             ApiError::NodeNotRegistered(_) => Some(cloudweb_protocol::error_codes::NODE_NOT_REGISTERED.to_string()),
             ApiError::CertificateReplaced(_) => Some(cloudweb_protocol::error_codes::CERTIFICATE_REPLACED.to_string()),
+            ApiError::NotLeader { .. } => Some(cloudweb_protocol::error_codes::NOT_LEADER.to_string()),
+            _ => None,
+        };
+        let leader = match &self {
+            ApiError::NotLeader { leader, .. } => leader.clone(),
             _ => None,
         };
         let retry_after = match &self {
             ApiError::TooManyRequests { retry_after_s, .. } => Some(*retry_after_s),
             _ => None,
         };
-        let mut response = (self.status(), Json(ErrorBody { error: self.to_string(), code })).into_response();
+        let mut response = (self.status(), Json(ErrorBody { error: self.to_string(), code, leader })).into_response();
         if let Some(seconds) = retry_after {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(seconds));
         }

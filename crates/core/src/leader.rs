@@ -45,12 +45,17 @@ pub struct Leadership {
     /// The public URL of the replica that leads, as last read by a
     /// follower.
     leader_url: std::sync::Mutex<Option<String>>,
+    /// The replicas' URLs as last read, the leader's first (empty on
+    /// SQLite and with a single replica).
+    control_planes: std::sync::Mutex<Vec<String>>,
+    /// This replica's public URL.
+    url: String,
 }
 
 impl Leadership {
     pub fn new(public_url: &str) -> Leadership {
         let nonce: u32 = rand::random();
-        Leadership { holder: format!("{public_url}#{nonce:08x}"), leading: AtomicBool::new(false), token: AtomicI64::new(0), leader_url: Default::default() }
+        Leadership { holder: format!("{public_url}#{nonce:08x}"), leading: AtomicBool::new(false), token: AtomicI64::new(0), leader_url: Default::default(), control_planes: Default::default(), url: public_url.to_string() }
     }
 
     /// Whether this replica runs the leader's loops now.
@@ -67,6 +72,12 @@ impl Leadership {
     /// The public URL of the replica that leads, when another one does.
     pub fn leader_url(&self) -> Option<String> {
         self.leader_url.lock().expect("leader url lock").clone()
+    }
+
+    /// The replicas' URLs for agents, the leader's first; empty unless
+    /// there are several.
+    pub fn control_planes(&self) -> Vec<String> {
+        self.control_planes.lock().expect("control planes lock").clone()
     }
 
     fn set(&self, token: Option<i64>) {
@@ -125,7 +136,7 @@ pub async fn run(state: Arc<AppState>, loops: Vec<Loop>, first: tokio::sync::one
         if running.is_some() && last_renewal.elapsed() >= lease {
             step_down(&state, &mut running, "its last lease renewal is older than the lease (the process was stalled)");
         }
-        let attempt = tokio::time::timeout(every.max(Duration::from_millis(500)), state.store.claim_lease(&holder, ttl_ms)).await;
+        let attempt = tokio::time::timeout(every.max(Duration::from_millis(500)), state.store.claim_lease(&holder, &state.leader.url, ttl_ms)).await;
         match attempt {
             Ok(Ok(Some(token))) => {
                 last_renewal = Instant::now();
@@ -155,6 +166,11 @@ pub async fn run(state: Arc<AppState>, loops: Vec<Loop>, first: tokio::sync::one
                 step_down(&state, &mut running, "the database refused or failed the lease renewal");
             }
             Err(_) => step_down(&state, &mut running, "the lease renewal did not finish in time"),
+        }
+        // Seen within three renewals: alive.
+        if let Ok(urls) = state.store.control_planes(ttl_ms.saturating_mul(3) / 4).await {
+            let urls = if urls.len() > 1 { urls } else { Vec::new() };
+            *state.leader.control_planes.lock().expect("control planes lock") = urls;
         }
         let _ = first.take().map(|tell| tell.send(()));
         tokio::time::sleep(every).await;

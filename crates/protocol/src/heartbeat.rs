@@ -6,6 +6,22 @@ use serde::{Deserialize, Serialize};
 
 use crate::validate::{self, ValidationError};
 
+/// The answer to a heartbeat.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HeartbeatAnswer {
+    pub node_id: String,
+    pub state: String,
+    /// The public URLs of the cluster's control-plane replicas, the
+    /// leader's first, when there are several (PostgreSQL): where the
+    /// agent goes when the one it talks to cannot be reached. Absent from
+    /// single control planes and older servers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub control_planes: Vec<String>,
+}
+
+/// Most control-plane URLs an agent keeps from a heartbeat answer.
+pub const MAX_CONTROL_PLANES: usize = 16;
+
 /// Most containers one usage sample may carry.
 pub const MAX_CONTAINERS: usize = 100;
 /// Most hosts one traffic sample may carry.

@@ -13,6 +13,10 @@ pub struct ErrorBody {
     /// [`error_codes`]); absent on the others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<String>,
+    /// With `code` `not_leader`: the public URL of the control-plane
+    /// replica that leads, when the answering one knows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
 }
 
 /// Values of [`ErrorBody::code`].
@@ -25,6 +29,9 @@ pub mod error_codes {
     /// has since used the new one. Not a removal: the agent goes on with
     /// its new certificate.
     pub const CERTIFICATE_REPLACED: &str = "certificate_replaced";
+    /// 503: this control-plane replica does not lead and does not serve
+    /// agents; `leader` names the one that does. The agent moves there.
+    pub const NOT_LEADER: &str = "not_leader";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -25,6 +25,9 @@ pub struct Lease {
     pub now_ms: i64,
 }
 
+/// A replica unseen for this long is forgotten.
+const FORGET_REPLICAS_MS: i64 = 3_600_000;
+
 /// The database's clock, in milliseconds since the epoch.
 pub(crate) fn now_sql(engine: Engine) -> &'static str {
     match engine {
@@ -56,11 +59,17 @@ impl Store {
     /// Takes or renews the lease for `holder` for `ttl_ms` of the
     /// database's clock: the term's token when `holder` holds it now,
     /// `None` while another replica's lease runs.
-    pub async fn claim_lease(&self, holder: &str, ttl_ms: i64) -> Result<Option<i64>, StoreError> {
+    ///
+    /// Also records that the replica `holder`, reachable at `url`, is
+    /// alive (see [`Store::control_planes`]).
+    pub async fn claim_lease(&self, holder: &str, url: &str, ttl_ms: i64) -> Result<Option<i64>, StoreError> {
         let engine = self.engine();
         on_db!(self, pool => {
             let mut tx = pool.begin_write().await?;
             let now: i64 = sqlx::query(now_sql(engine)).fetch_one(&mut *tx).await?.col("now");
+            sqlx::query("INSERT INTO control_planes (holder, url, seen_at) VALUES ($1, $2, $3) ON CONFLICT (holder) DO UPDATE SET url = excluded.url, seen_at = excluded.seen_at")
+                .bind(holder).bind(url).bind(now).execute(&mut *tx).await?;
+            sqlx::query("DELETE FROM control_planes WHERE seen_at < $1").bind(now - FORGET_REPLICAS_MS).execute(&mut *tx).await?;
             let current = sqlx::query("SELECT holder, token, expires_at FROM leader_lease WHERE id = 1").fetch_optional(&mut *tx).await?;
             let token = match current {
                 None => {
@@ -90,6 +99,25 @@ impl Store {
                 self.count_commit().await;
             }
             Ok(token)
+        })
+    }
+
+    /// The URLs of the replicas seen within `within_ms` of the database's
+    /// clock, the current lease holder's first, each once.
+    pub async fn control_planes(&self, within_ms: i64) -> Result<Vec<String>, StoreError> {
+        let engine = self.engine();
+        on_db!(self, pool => {
+            let now: i64 = sqlx::query(now_sql(engine)).fetch_one(pool).await?.col("now");
+            let rows = sqlx::query(
+                "SELECT c.url AS url, MAX(CASE WHEN l.holder = c.holder AND l.expires_at > $2 THEN 1 ELSE 0 END) AS leads \
+                 FROM control_planes c LEFT JOIN leader_lease l ON l.id = 1 \
+                 WHERE c.seen_at >= $1 GROUP BY c.url ORDER BY leads DESC, c.url",
+            )
+            .bind(now - within_ms)
+            .bind(now)
+            .fetch_all(pool)
+            .await?;
+            Ok(rows.iter().map(|row| row.col::<String>("url")).collect())
         })
     }
 
@@ -127,16 +155,16 @@ mod tests {
 
     crate::test_engines::both_engines! {
         async fn one_holder_at_a_time_and_a_stale_term_cannot_write(store) {
-            assert_eq!(store.claim_lease("a", 300).await.unwrap(), Some(1));
-            assert_eq!(store.claim_lease("b", 300).await.unwrap(), None, "a's lease runs");
-            assert_eq!(store.claim_lease("a", 300).await.unwrap(), Some(1), "a renews its term");
+            assert_eq!(store.claim_lease("a", "https://a", 300).await.unwrap(), Some(1));
+            assert_eq!(store.claim_lease("b", "https://b", 300).await.unwrap(), None, "a's lease runs");
+            assert_eq!(store.claim_lease("a", "https://a", 300).await.unwrap(), Some(1), "a renews its term");
             let term_a = fence::Term { holder: "a".into(), token: 1 };
             // a's term writes while it holds the lease.
             let secret = |name: &str| vec![(name.to_string(), "sealed".to_string())];
             fence::scope(term_a.clone(), async { store.claim_cluster_secrets(&secret("s1"), 1).await.unwrap() }).await;
             // a stalls past its lease; b takes over with a new token.
             tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-            assert_eq!(store.claim_lease("b", 300).await.unwrap(), Some(2));
+            assert_eq!(store.claim_lease("b", "https://b", 300).await.unwrap(), Some(2));
             let lease = store.lease().await.unwrap().unwrap();
             assert_eq!((lease.holder.as_str(), lease.token), ("b", 2));
             // a resumes: its term's writes are refused, nothing is written.
@@ -150,7 +178,12 @@ mod tests {
             assert_eq!(store.cluster_secrets().await.unwrap().len(), 3);
             // b gives the lease up; a takes a new term at once.
             assert!(store.release_lease("b", 2).await.unwrap());
-            assert_eq!(store.claim_lease("a", 300).await.unwrap(), Some(3));
+            assert_eq!(store.claim_lease("a", "https://a", 300).await.unwrap(), Some(3));
+            // Both were seen; the holder's URL comes first.
+            assert_eq!(store.control_planes(60_000).await.unwrap(), vec!["https://a".to_string(), "https://b".to_string()]);
+            assert_eq!(store.claim_lease("b", "https://b", 300).await.unwrap(), None);
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            assert_eq!(store.control_planes(10).await.unwrap().len(), 0, "none seen in the last 10 ms");
         }
     }
 }

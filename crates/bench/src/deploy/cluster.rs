@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use reqwest::Method;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::docker::{self, Events};
 use crate::git_daemon::GitDaemon;
@@ -131,24 +131,7 @@ impl Cluster {
     }
 
     async fn join_agent(&self, agent_bin: &Path, extra: &[&str]) -> Result<String> {
-        let (token, ca_sha256) = self.server.join_token_and_ca().await?;
-        let data_dir = self.agent_dir();
-        let output = Command::new(agent_bin)
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .args(["join", "--server", &self.server.agent_url, "--ca-sha256", &ca_sha256, "--name", "bench"])
-            .args(extra)
-            // The token travels in the environment, which keeps it out of `ps`.
-            .env("CLOUDWEB_JOIN_TOKEN", token)
-            .env("NO_COLOR", "1")
-            .stdin(std::process::Stdio::null())
-            .output()
-            .with_context(|| format!("running {} join", agent_bin.display()))?;
-        if !output.status.success() {
-            bail!("cloudweb-agent join failed with {}: {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
-        }
-        let info: Value = serde_json::from_str(&std::fs::read_to_string(data_dir.join("node.json")).context("reading the agent's node.json")?)?;
-        Ok(info["node_id"].as_str().context("node.json has no node_id")?.to_string())
+        self.server.join_agent(agent_bin, &self.agent_dir(), "bench", extra).await
     }
 
     async fn start_agent(&mut self, agent_bin: &Path, extra: &[&str]) -> Result<()> {

@@ -9,7 +9,6 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::{Extension, Json};
 use cloudweb_protocol::Heartbeat;
-use serde_json::json;
 
 use super::{AgentInfo, AuthedNode};
 use crate::error::{body_bytes, parse_json, ApiError};
@@ -20,7 +19,7 @@ pub async fn heartbeat(
     Extension(AuthedNode(node_id)): Extension<AuthedNode>,
     Extension(agent): Extension<AgentInfo>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<cloudweb_protocol::heartbeat::HeartbeatAnswer>, ApiError> {
     let bytes = body_bytes(body)?;
     let mut heartbeat: Heartbeat = parse_json(&bytes)?;
     let body_text = String::from_utf8_lossy(&bytes).into_owned();
@@ -68,7 +67,11 @@ pub async fn heartbeat(
         let sizes: Vec<(String, u64)> = sizes.into_iter().map(|v| (v.volume, v.bytes)).collect();
         state.store.set_volume_sizes(&node_id, &sizes, state.clock.now_ms()).await?;
     }
-    Ok(Json(json!({ "node_id": node_id, "state": node_state.as_str() })))
+    Ok(Json(cloudweb_protocol::heartbeat::HeartbeatAnswer {
+        node_id,
+        state: node_state.as_str().to_string(),
+        control_planes: state.leader.control_planes(),
+    }))
 }
 
 /// A node whose WireGuard endpoint moved (its public address changed):

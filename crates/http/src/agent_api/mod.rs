@@ -105,8 +105,9 @@ async fn only_the_leader(State(state): State<Arc<AppState>>, request: Request, n
     if state.leader.is_leading() {
         return next.run(request).await;
     }
-    let leader = state.leader.leader_url().map(|url| format!(" (the leader is {url})")).unwrap_or_default();
-    ApiError::Unavailable(format!("this control-plane replica does not lead; agents are served by the leader{leader}")).into_response()
+    let leader = state.leader.leader_url();
+    let named = leader.as_deref().map(|url| format!(" (the leader is {url})")).unwrap_or_default();
+    ApiError::NotLeader { message: format!("this control-plane replica does not lead; agents are served by the leader{named}"), leader }.into_response()
 }
 
 /// Answers 400 or 426 before any handler runs when the version headers are
