@@ -118,6 +118,9 @@ impl Identity {
         write_private(&dir.join(KEY_FILE), self.key_pem.as_bytes())?;
         write_private(&dir.join(CERT_FILE), self.cert_pem.as_bytes())?;
         write_private(&dir.join(CA_FILE), self.ca_pem.as_bytes())?;
+        // A new join may be into another cluster: the replicas kept from
+        // an earlier one must not be tried.
+        remove_if_present(&dir.join(crate::control_planes::FILE))?;
         let info = serde_json::to_vec_pretty(&self.info).expect("node info serializes");
         // node.json goes last: its presence means the identity is complete.
         write_private(&dir.join(NODE_FILE), &info)
@@ -125,15 +128,28 @@ impl Identity {
 
     /// Deletes the identity files (after leaving the cluster).
     pub fn erase(dir: &Path) -> Result<(), IdentityError> {
-        for file in [NODE_FILE, CERT_FILE, KEY_FILE, CA_FILE, NEXT_KEY_FILE, NEXT_CERT_FILE, files::WIREGUARD_KEY_FILE, files::MESH_CACHE_FILE] {
-            let path = dir.join(file);
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => return Err(IdentityError::Io { path, source }),
-            }
+        for file in [
+            NODE_FILE,
+            CERT_FILE,
+            KEY_FILE,
+            CA_FILE,
+            NEXT_KEY_FILE,
+            NEXT_CERT_FILE,
+            files::WIREGUARD_KEY_FILE,
+            files::MESH_CACHE_FILE,
+            crate::control_planes::FILE,
+        ] {
+            remove_if_present(&dir.join(file))?;
         }
         Ok(())
+    }
+}
+
+fn remove_if_present(path: &Path) -> Result<(), IdentityError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(IdentityError::Io { path: path.to_path_buf(), source }),
     }
 }
 
@@ -206,4 +222,21 @@ fn read(path: &Path) -> Result<String, IdentityError> {
 /// [`files::write_private`], with its error as this module's.
 fn write_private(path: &Path, contents: &[u8]) -> Result<(), IdentityError> {
     Ok(files::write_private(path, contents)?)
+}
+
+#[cfg(test)]
+mod erase_tests {
+    use super::Identity;
+    use crate::control_planes::{Replicas, FILE};
+
+    #[test]
+    fn leaving_forgets_the_replicas() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(FILE);
+        let replicas = Replicas::new("https://a:8443", Some(file.clone()));
+        replicas.learn(&["https://a:8443".into(), "https://b:8443".into()]);
+        assert!(file.exists());
+        Identity::erase(dir.path()).unwrap();
+        assert!(!file.exists(), "a node that left must not go back to its old cluster's replicas");
+    }
 }

@@ -55,7 +55,14 @@ pub struct Leadership {
 impl Leadership {
     pub fn new(public_url: &str) -> Leadership {
         let nonce: u32 = rand::random();
-        Leadership { holder: format!("{public_url}#{nonce:08x}"), leading: AtomicBool::new(false), token: AtomicI64::new(0), leader_url: Default::default(), control_planes: Default::default(), url: public_url.to_string() }
+        Leadership {
+            holder: format!("{public_url}#{nonce:08x}"),
+            leading: AtomicBool::new(false),
+            token: AtomicI64::new(0),
+            leader_url: Default::default(),
+            control_planes: Default::default(),
+            url: public_url.to_string(),
+        }
     }
 
     /// Whether this replica runs the leader's loops now.
