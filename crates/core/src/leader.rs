@@ -13,10 +13,10 @@
 //! another replica takes over once the lease expired, within the lease and
 //! a quarter of it.
 //!
-//! Until live node state is shared between replicas, only the leader
-//! serves the agent protocol: a follower answers agents 503 and names the
-//! leader, so the replica that judges nodes' liveness is the one they
-//! heartbeat.
+//! Only the leader serves the agent protocol: a follower answers agents
+//! 503 and names the leader, so the replica that judges nodes' liveness is
+//! the one they heartbeat. A follower mirrors the nodes from the database
+//! for its user API and dashboard (see [`crate::follower`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -81,6 +81,11 @@ impl Leadership {
         self.leader_url.lock().expect("leader url lock").clone()
     }
 
+    /// This replica's public URL, as the others and the agents know it.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     /// The replicas' URLs for agents, the leader's first; empty unless
     /// there are several.
     pub fn control_planes(&self) -> Vec<String> {
@@ -137,6 +142,7 @@ pub async fn run(state: Arc<AppState>, loops: Vec<Loop>, first: tokio::sync::one
     let holder = state.leader.holder.clone();
     let mut running: Option<(i64, Running)> = None;
     let mut last_renewal = Instant::now();
+    let mut last_mirror: Option<Instant> = None;
     loop {
         // A term whose last renewal is older than the lease may already
         // belong to another replica (this process was frozen): stop first.
@@ -166,6 +172,12 @@ pub async fn run(state: Arc<AppState>, loops: Vec<Loop>, first: tokio::sync::one
                 if let Ok(Some(lease)) = state.store.lease().await {
                     let url = lease.holder.rsplit_once('#').map(|(url, _)| url.to_string()).unwrap_or(lease.holder);
                     *state.leader.leader_url.lock().expect("leader url lock") = Some(url);
+                }
+                // Heartbeats reach the leader only: take the nodes as it
+                // wrote them (see `follower`), no more often than it writes.
+                if last_mirror.is_none_or(|at: Instant| at.elapsed() >= state.config.heartbeat_flush_interval) {
+                    crate::follower::mirror_nodes(&state).await;
+                    last_mirror = Some(Instant::now());
                 }
             }
             Ok(Err(err)) => {

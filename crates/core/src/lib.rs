@@ -26,6 +26,7 @@ pub mod deployment_state;
 pub mod error;
 pub mod event_relay;
 pub mod flash;
+pub mod follower;
 pub mod git;
 pub mod heartbeats;
 pub mod hub;

@@ -194,6 +194,32 @@ impl NodeRegistry {
         }
     }
 
+    /// A follower's view: every node as the database has it, judged by
+    /// when the leader last recorded its heartbeat (`last_heartbeat_at`,
+    /// written every flush), not by when this process loaded it. Health
+    /// and metrics are taken with their stored age. A node that never
+    /// heartbeat counts from when it joined.
+    pub fn mirror(&self, rows: &[NodeRow], now: Instant, now_ms: i64) {
+        let before = |at_ms: i64| now.checked_sub(Duration::from_millis(now_ms.saturating_sub(at_ms).max(0) as u64)).unwrap_or(now);
+        let mut mirrored = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let mut node = live_from_row(row, now);
+            node.last_seen = before(row.last_heartbeat_at.unwrap_or(row.joined_at).max(row.joined_at));
+            if let (Some(json), Some(at_ms)) = (&row.health_json, row.health_at) {
+                if let Ok(value) = serde_json::from_str(json) {
+                    node.health = Some(Stamped { value, received: before(at_ms), at_ms });
+                }
+            }
+            if let (Some(json), Some(at_ms)) = (&row.metrics_json, row.metrics_at) {
+                if let Ok(value) = serde_json::from_str(json) {
+                    node.metrics = Some(Stamped { value, received: before(at_ms), at_ms });
+                }
+            }
+            mirrored.insert(row.id.clone(), node);
+        }
+        *self.nodes.write().expect("node registry lock") = mirrored;
+    }
+
     pub fn insert(&self, row: &NodeRow, now: Instant) {
         self.nodes.write().expect("node registry lock").insert(row.id.clone(), live_from_row(row, now));
     }

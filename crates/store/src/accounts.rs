@@ -355,6 +355,26 @@ impl Store {
         })
     }
 
+    /// The stored windows of these keys (those the store has).
+    pub async fn login_windows(&self, keys: &[(crate::login_attempts::Kind, String)]) -> Result<Vec<crate::login_attempts::Change>, StoreError> {
+        on_db!(self, pool => {
+            use crate::login_attempts::{Change, Window};
+            let mut found = Vec::new();
+            for (kind, key) in keys {
+                let row = sqlx::query("SELECT window_start, attempts FROM login_attempts WHERE kind = $1 AND key = $2")
+                    .bind(kind.as_str())
+                    .bind(key)
+                    .fetch_optional(pool)
+                    .await?;
+                if let Some(r) = row {
+                    let Ok(attempts) = u32::try_from(r.get::<i64, _>("attempts")) else { continue };
+                    found.push(Change { kind: *kind, key: key.clone(), window: Some(Window { start_ms: r.get("window_start"), attempts }) });
+                }
+            }
+            Ok(found)
+        })
+    }
+
     /// The stored login windows that started after `since_ms`.
     pub async fn login_attempts(&self, since_ms: i64) -> Result<Vec<crate::login_attempts::Change>, StoreError> {
         on_db!(self, pool => {

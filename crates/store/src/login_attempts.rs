@@ -8,7 +8,7 @@ pub struct Window {
 }
 
 /// Which table a key counts in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     Account,
     Address,

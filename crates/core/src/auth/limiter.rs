@@ -243,6 +243,45 @@ impl LoginLimiter {
         }
     }
 
+    /// The stored keys an attempt for `account` from `address` counts
+    /// under (account and address, address), to read before
+    /// [`LoginLimiter::begin`] when other replicas count too.
+    pub fn stored_keys(&self, account: &str, address: Option<IpAddr>) -> Vec<(Kind, String)> {
+        let (_, pair, address) = self.keys(account, address);
+        let mut keys = vec![(Kind::Account, pair)];
+        keys.extend(address.map(|a| (Kind::Address, a)));
+        keys
+    }
+
+    /// Takes windows other replicas stored: a stored window replaces the
+    /// one held here when it started later, or counts more attempts in
+    /// the same window, so that attempts on every replica count against
+    /// one limit. A key the store no longer has (a success cleared it
+    /// elsewhere) is dropped when it is asked about.
+    pub fn merge(&self, asked: &[(Kind, String)], stored: &[Change], now_ms: i64) {
+        let window_ms = self.window_ms();
+        let mut guard = self.inner.lock().expect("login limiter lock");
+        let (pairs, addresses) = &mut *guard;
+        for (kind, key) in asked {
+            let table = match kind {
+                Kind::Account => &mut *pairs,
+                Kind::Address => &mut *addresses,
+            };
+            let theirs = stored.iter().find(|c| c.kind == *kind && c.key == *key).and_then(|c| c.window).filter(|w| now_ms < w.start_ms + window_ms);
+            match (theirs, table.entries.get(key).copied()) {
+                (None, _) => {
+                    table.entries.remove(key);
+                }
+                (Some(w), Some(ours)) if ours.start_ms > w.start_ms || (ours.start_ms == w.start_ms && ours.attempts >= w.attempts) => {}
+                (Some(w), held) => {
+                    if held.is_some() || table.entries.len() < self.limits.max_entries {
+                        table.entries.insert(key.clone(), w);
+                    }
+                }
+            }
+        }
+    }
+
     /// Counts an attempt for `account` from `address` (returning what
     /// changed, to store, and how long to wait before checking the
     /// password), or says when to come back if a limit is reached (then
@@ -414,6 +453,40 @@ mod tests {
         }
         // Sustained, the account takes one guess per 3 s from everywhere.
         assert_eq!(3_600_000 / DELAY_CAP_MS, 1_200);
+    }
+
+    #[test]
+    fn replicas_that_share_their_stored_windows_count_against_one_limit() {
+        let limits = Limits { per_account: 4, per_address: 100, window: Duration::from_secs(60), max_entries: 100 };
+        let replicas = [LoginLimiter::new(limits.clone()), LoginLimiter::new(limits)];
+        let ip: IpAddr = "192.0.2.9".parse().unwrap();
+        // The database: the newest change of each key wins.
+        let mut stored: HashMap<(Kind, String), Change> = HashMap::new();
+        let attempt = |replica: &LoginLimiter, now_ms: i64, stored: &mut HashMap<(Kind, String), Change>| {
+            let keys = replica.stored_keys("erin", Some(ip));
+            let rows: Vec<Change> = stored.values().cloned().collect();
+            replica.merge(&keys, &rows, now_ms);
+            let begun = replica.begin("erin", Some(ip), now_ms)?;
+            for change in begun.changes {
+                stored.insert((change.kind, change.key.clone()), change);
+            }
+            Ok::<(), RetryAfter>(())
+        };
+        // Alternating between the replicas, the fifth attempt is refused:
+        // without sharing, each would allow four.
+        for n in 0..4 {
+            attempt(&replicas[n % 2], 1_000, &mut stored).unwrap();
+        }
+        assert!(attempt(&replicas[0], 1_000, &mut stored).is_err());
+        assert!(attempt(&replicas[1], 1_000, &mut stored).is_err());
+        // A success on one replica clears the account for the other too.
+        for change in replicas[0].succeeded("erin", Some(ip), 2_000) {
+            match change.window {
+                Some(_) => stored.insert((change.kind, change.key.clone()), change),
+                None => stored.remove(&(change.kind, change.key.clone())),
+            };
+        }
+        attempt(&replicas[1], 2_000, &mut stored).unwrap();
     }
 
     #[test]

@@ -123,6 +123,15 @@ pub async fn check_login(state: &AppState, name: &str, password: &str, address: 
     if name.is_empty() || name.len() > users::MAX_NAME_CHARS || password.len() > users::MAX_PASSWORD_BYTES {
         return Err(ApiError::Unauthorized("wrong name or password".to_string()));
     }
+    if state.store.engine() == crate::store::Engine::Postgres {
+        // Other replicas count attempts too: start from what they stored.
+        // Unreadable, this replica's own counts decide.
+        let keys = state.auth.limiter.stored_keys(name, address);
+        match state.store.login_windows(&keys).await {
+            Ok(stored) => state.auth.limiter.merge(&keys, &stored, state.clock.now_ms()),
+            Err(err) => tracing::warn!(error = %err, "cannot read the login counts other replicas stored"),
+        }
+    }
     let begun = match state.auth.limiter.begin(name, address, state.clock.now_ms()) {
         Ok(begun) => begun,
         Err(retry) => {
