@@ -40,6 +40,7 @@ pub mod registry_credentials;
 pub mod registry_storage;
 pub mod s3;
 pub mod routes;
+pub mod runtime_log_relay;
 pub mod runtime_logs;
 pub mod secrets;
 pub mod service_links;

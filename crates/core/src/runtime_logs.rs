@@ -27,6 +27,7 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::hub::Hub;
+use crate::runtime_log_relay::{Relayed, Upload};
 
 /// Lines an app's ring keeps.
 pub const MAX_APP_LINES: usize = 2000;
@@ -115,6 +116,9 @@ pub struct RuntimeLogs {
     rings: Mutex<Inner>,
     /// "New lines" per app, for followers.
     hub: Hub,
+    /// Where what is stored here is passed to the other control-plane
+    /// replicas (PostgreSQL; see `runtime_log_relay`).
+    relay: std::sync::OnceLock<tokio::sync::mpsc::Sender<Relayed>>,
 }
 
 struct Inner {
@@ -151,11 +155,62 @@ impl Inner {
 impl RuntimeLogs {
     /// Empty rings whose first line gets `seq` one above `seq`.
     pub fn numbered_after(seq: u64) -> RuntimeLogs {
-        RuntimeLogs { rings: Mutex::new(Inner { apps: HashMap::new(), total: 0, seq }), hub: Hub::default() }
+        RuntimeLogs { rings: Mutex::new(Inner { apps: HashMap::new(), total: 0, seq }), hub: Hub::default(), relay: Default::default() }
     }
 
-    /// Stores a container's new lines; returns how many were new.
+    /// Passes what is stored here from now on to `relay` too (the other
+    /// replicas); a full relay drops, and the lines stay here.
+    pub fn relay_to(&self, relay: tokio::sync::mpsc::Sender<Relayed>) {
+        let _ = self.relay.set(relay);
+    }
+
+    fn pass_on(&self, relayed: impl FnOnce() -> Relayed) {
+        if let Some(relay) = self.relay.get() {
+            if relay.try_send(relayed()).is_err() {
+                tracing::debug!("the runtime-log relay is full; other replicas miss these lines");
+            }
+        }
+    }
+
+    /// Stores a container's new lines (passing them to the other
+    /// replicas); returns how many were new.
     pub fn append(&self, incoming: Incoming<'_>) -> u64 {
+        let accepted = self.store(&incoming);
+        self.pass_on(|| {
+            Relayed::Upload(Upload {
+                app: incoming.app.to_string(),
+                deployment_id: incoming.deployment_id.to_string(),
+                instance: incoming.instance,
+                node_id: incoming.node_id.to_string(),
+                container: incoming.container.to_string(),
+                dropped: incoming.dropped,
+                lines: incoming.lines.to_vec(),
+                now_ms: incoming.now_ms,
+            })
+        });
+        accepted
+    }
+
+    /// What another replica stored (see `runtime_log_relay`).
+    pub fn take_relayed(&self, relayed: Relayed) {
+        match relayed {
+            Relayed::Upload(u) => {
+                self.store(&Incoming {
+                    app: &u.app,
+                    deployment_id: &u.deployment_id,
+                    instance: u.instance,
+                    node_id: &u.node_id,
+                    container: &u.container,
+                    dropped: u.dropped,
+                    lines: &u.lines,
+                    now_ms: u.now_ms,
+                });
+            }
+            Relayed::Forget(app) => self.drop_app(&app),
+        }
+    }
+
+    fn store(&self, incoming: &Incoming<'_>) -> u64 {
         let mut accepted = 0;
         {
             let mut inner = self.rings.lock().expect("runtime log lock");
@@ -250,8 +305,14 @@ impl RuntimeLogs {
         self.hub.subscribe(app)
     }
 
-    /// Forgets a deleted app's lines and ends its followers' streams.
+    /// Forgets a deleted app's lines and ends its followers' streams, here
+    /// and on the other replicas.
     pub fn forget(&self, app: &str) {
+        self.drop_app(app);
+        self.pass_on(|| Relayed::Forget(app.to_string()));
+    }
+
+    fn drop_app(&self, app: &str) {
         let mut inner = self.rings.lock().expect("runtime log lock");
         if let Some(ring) = inner.apps.remove(app) {
             inner.total -= ring.bytes.min(inner.total);
