@@ -2,6 +2,7 @@
 //! join token.
 
 use clap::Subcommand;
+use cloudweb_api_types::control_planes::ControlPlaneList;
 use cloudweb_api_types::nodes::{JoinToken, NodeList, NodeView};
 use serde_json::json;
 
@@ -16,6 +17,10 @@ pub enum NodesCommand {
     /// Make a single-use join token and print the command to run on the
     /// new node.
     Token,
+    /// The control plane's replicas: which one leads and whether each is
+    /// live (`cloudweb nodes` lists them too when there are several).
+    #[command(name = "control-planes")]
+    ControlPlanes,
     /// Stop placing instances on a node and move its instances away.
     Drain {
         node: String,
@@ -81,6 +86,19 @@ fn node_rows(nodes: &[NodeView]) -> Vec<Vec<String>> {
         .collect()
 }
 
+fn control_plane_rows(list: &ControlPlaneList) -> Vec<Vec<String>> {
+    list.replicas
+        .iter()
+        .map(|r| {
+            let role = if r.leader { format!("leader (term {})", list.term.map_or("-".to_string(), |t| t.to_string())) } else { "follower".to_string() };
+            let url = if r.this_replica { format!("{} (answered)", cell(&r.url)) } else { cell(&r.url) };
+            vec![url, role, cell(&r.state), cell(&r.last_seen)]
+        })
+        .collect()
+}
+
+const CONTROL_PLANE_HEADER: [&str; 4] = ["CONTROL PLANE", "ROLE", "STATE", "LAST SEEN"];
+
 const NODE_HEADER: [&str; 9] = ["NAME", "ID", "STATE", "HEALTH", "ADDRESS", "CPU", "MEMORY", "VERSION", "LAST HEARTBEAT"];
 
 pub async fn run(api: &Api, command: NodesCommand, json: bool) -> Result<(), Failure> {
@@ -91,6 +109,23 @@ pub async fn run(api: &Api, command: NodesCommand, json: bool) -> Result<(), Fai
                 render::json(&list.nodes);
             } else {
                 table(&NODE_HEADER, &node_rows(&list.nodes));
+                // Replicas only when there are several; a server without
+                // the endpoint (an older one) has none to show.
+                if let Ok(planes) = api.get::<ControlPlaneList>("/api/control-planes").await {
+                    if planes.replicas.len() > 1 {
+                        println!();
+                        table(&CONTROL_PLANE_HEADER, &control_plane_rows(&planes));
+                    }
+                }
+            }
+        }
+        NodesCommand::ControlPlanes => {
+            let planes: ControlPlaneList = api.get("/api/control-planes").await?;
+            if json {
+                render::json(&planes);
+            } else {
+                println!("database: {}, lease {} s", cell(&planes.database), planes.lease_seconds);
+                table(&CONTROL_PLANE_HEADER, &control_plane_rows(&planes));
             }
         }
         NodesCommand::Token => {

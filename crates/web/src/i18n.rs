@@ -151,6 +151,15 @@ pub const EN: &[(&str, &str)] = &[
     ("nodes.heartbeat", "Last heartbeat"),
     ("nodes.actions", "Actions"),
     ("nodes.join_token", "Generate join token"),
+    ("planes.title", "Control planes"),
+    ("planes.url", "URL"),
+    ("planes.role", "Role"),
+    ("planes.last_seen", "Last seen"),
+    ("planes.this", "(this one)"),
+    ("planes.leader", "leader"),
+    ("planes.term", "term"),
+    ("planes.follower", "follower"),
+    ("planes.live", "live"),
     ("nodes.join_command", "Run this command on the new machine:"),
     ("nodes.join_expires", "The token works once and expires at"),
     ("nodes.drain", "Drain"),
@@ -429,6 +438,15 @@ pub const ES: &[(&str, &str)] = &[
     ("nodes.heartbeat", "Último latido"),
     ("nodes.actions", "Acciones"),
     ("nodes.join_token", "Generar token de unión"),
+    ("planes.title", "Planos de control"),
+    ("planes.url", "URL"),
+    ("planes.role", "Papel"),
+    ("planes.last_seen", "Visto por última vez"),
+    ("planes.this", "(este)"),
+    ("planes.leader", "líder"),
+    ("planes.term", "mandato"),
+    ("planes.follower", "seguidor"),
+    ("planes.live", "activo"),
     ("nodes.join_command", "Ejecuta este comando en la máquina nueva:"),
     ("nodes.join_expires", "El token sirve una vez y caduca el"),
     ("nodes.drain", "Drenar"),
@@ -662,7 +680,7 @@ mod tests {
     fn catalogues_hold_plain_words_and_spanish_translates_them() {
         const SAME_IN_BOTH: &[&str] = &[
             "product", "nav.apps", "apps.title", "mon.apps", "nodes.cpu", "mon.cpu", "apps.url", "apps.strategy.dockerfile",
-            "apps.strategy.buildpacks", "deploy.commit", "deploy.error", "common.error", "common.no", "volumes.app",
+            "apps.strategy.buildpacks", "deploy.commit", "deploy.error", "common.error", "common.no", "volumes.app", "planes.url",
         ];
         for (key, value) in EN.iter().chain(ES) {
             assert!(!value.contains('`') && !value.contains('<'), "{key}: markup in {value:?}");

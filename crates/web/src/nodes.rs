@@ -214,6 +214,9 @@ pub async fn page(ctx: Ctx, Query(query): Query<ListQuery>) -> Response {
     };
     let now_ms = ctx.state.clock.now_ms();
     let cluster_empty = nodes.is_empty();
+    // Replicas only when there are several (PostgreSQL); unreadable, the
+    // node list still shows.
+    let planes = api::control_planes::list(State(ctx.state.clone())).await.map(|Json(list)| list).ok().filter(|list| list.replicas.len() > 1);
     let selected = select(ctx.lang, nodes, &query);
     let paged = paging::page_of(&selected, query.page());
     let filters: Vec<(&str, &str)> = FILTERS.iter().map(|f| (*f, ctx.t(filter_key(f)))).collect();
@@ -229,8 +232,34 @@ pub async fn page(ctx: Ctx, Query(query): Query<ListQuery>) -> Response {
         @else { (paging::search_form(&ctx, "/nodes", &query, &filters)) }
         (table(&ctx, &live, rows(ctx.lang, paged.rows, &instances, now_ms)))
         @if !cluster_empty { (paging::pager(&ctx, "/nodes", &query, &paged.info)) }
+        @if let Some(planes) = &planes { (control_planes(&ctx, planes)) }
     };
     layout::page(&ctx, ctx.t("nodes.title"), Nav::Nodes, &here, body).into_response()
+}
+
+/// The control plane's replicas: which leads, and whether each is live.
+fn control_planes(ctx: &Ctx, list: &cloudweb_api_types::control_planes::ControlPlaneList) -> Markup {
+    html! {
+        section id="control-planes" {
+            h2 { (ctx.t("planes.title")) }
+            div.scroll { table.planes {
+                thead { tr {
+                    th scope="col" { (ctx.t("planes.url")) }
+                    th scope="col" { (ctx.t("planes.role")) }
+                    th scope="col" { (ctx.t("nodes.state")) }
+                    th scope="col" { (ctx.t("planes.last_seen")) }
+                } }
+                tbody { @for r in &list.replicas {
+                    tr data-url=(r.url) {
+                        td { (r.url) @if r.this_replica { " " small { (ctx.t("planes.this")) } } }
+                        td { @if r.leader { (ctx.t("planes.leader")) @if let Some(term) = list.term { " (" (ctx.t("planes.term")) " " (term) ")" } } @else { (ctx.t("planes.follower")) } }
+                        td { span class={ "badge " (r.state) } { (ctx.t(if r.state == "live" { "planes.live" } else { "state.unreachable" })) } }
+                        td { (r.last_seen) }
+                    }
+                } }
+            } }
+        }
+    }
 }
 
 fn filter_key(filter: &str) -> &'static str {

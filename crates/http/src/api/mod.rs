@@ -9,6 +9,7 @@
 //! `openapi` tests check that nothing is registered around it.
 
 pub mod apps;
+pub mod control_planes;
 pub mod deployments;
 pub mod join_tokens;
 pub mod listener;
@@ -49,6 +50,7 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(auth::routes::disable_user))
         .routes(routes!(join_tokens::create))
         .routes(routes!(nodes::list))
+        .routes(routes!(control_planes::list))
         .routes(routes!(nodes::show, nodes::remove))
         .routes(routes!(nodes::commands, nodes::enqueue))
         .routes(routes!(nodes::drain))
