@@ -299,3 +299,129 @@ async fn an_agent_moves_to_the_new_leader_when_its_replica_dies() {
     eprintln!("the agent heartbeats the new leader {:.1} s after the kill -9 of its replica", moved.as_secs_f64());
     assert!(node.log_text().contains("moving to another control-plane replica"), "{}", node.log_text());
 }
+
+/// A Unix-socket proxy to PostgreSQL for one replica: cutting it drops
+/// that replica's connections and refuses new ones, as a network cut
+/// would, while the other replicas keep theirs. It runs on a thread and
+/// runtime of its own, so the test's blocking steps never stall it.
+struct DatabaseLink {
+    dir: tempfile::TempDir,
+    cut: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DatabaseLink {
+    fn open(postgres: &TestPostgres) -> DatabaseLink {
+        let dir = tempfile::tempdir().unwrap();
+        let target = postgres.socket_dir().join(".s.PGSQL.5432");
+        let path = dir.path().join(".s.PGSQL.5432");
+        let (cut, cut_rx) = tokio::sync::oneshot::channel::<()>();
+        let (bound, bound_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::UnixListener::bind(&path).unwrap();
+                bound.send(()).unwrap();
+                let accept = async {
+                    let mut connections = tokio::task::JoinSet::new();
+                    loop {
+                        let Ok((mut client, _)) = listener.accept().await else { break };
+                        let target = target.clone();
+                        connections.spawn(async move {
+                            if let Ok(mut server) = tokio::net::UnixStream::connect(&target).await {
+                                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                            }
+                        });
+                    }
+                };
+                tokio::select! {
+                    _ = accept => {}
+                    _ = cut_rx => {}
+                }
+            });
+            // Dropping the runtime closes every connection it carried.
+        });
+        bound_rx.recv().unwrap();
+        DatabaseLink { dir, cut: Some(cut), thread: Some(thread) }
+    }
+
+    fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@localhost/{database}?host={}", self.dir.path().display())
+    }
+
+    /// Drops every connection through the link and the socket itself.
+    fn cut(&mut self) {
+        if let Some(cut) = self.cut.take() {
+            let _ = cut.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap();
+        }
+        let _ = std::fs::remove_file(self.dir.path().join(".s.PGSQL.5432"));
+    }
+}
+
+#[tokio::test]
+async fn a_replica_cut_off_from_postgresql_stops_leading_and_its_agents_move_to_another() {
+    let (postgres, url) = database().await;
+    let mut link = DatabaseLink::open(&postgres);
+    let cut_url = link.url("cloudweb");
+    // A 4 s lease: a leader that cannot renew stops within 4 s.
+    let first_dir = tempfile::tempdir().unwrap();
+    let first = ServerProcess::start_with(first_dir.path(), &["--database-url", cut_url.as_str(), "--leader-lease-seconds", "4"]).await.unwrap();
+    wait_leading(&first, Duration::from_secs(10), "the first replica to lead").await;
+    let second_dir = tempfile::tempdir().unwrap();
+    prepare_replica(first_dir.path(), second_dir.path());
+    let second = ServerProcess::start_with(second_dir.path(), &["--database-url", url.as_str(), "--leader-lease-seconds", "4"]).await.unwrap();
+    let (token, ca_sha256) = first.join_token().await.unwrap();
+    let mut node = AgentNode::join(&first, &first_dir.path().join("node"), "n1", &token, &ca_sha256, &[])
+        .unwrap()
+        .unwrap_or_else(|err| panic!("{err}\n{}", first.process.log_text()));
+    node.start(&["--heartbeat-interval-seconds", "1", "--docker-host", "unix:///nonexistent/docker.sock"]).unwrap();
+    let kept = node.dir.join("control-planes.json");
+    wait_for(Duration::from_secs(15), "the agent to learn both replicas", || async {
+        let text = std::fs::read_to_string(&kept).ok()?;
+        (text.contains(&first.url()) && text.contains(&second.url())).then_some(())
+    })
+    .await
+    .unwrap_or_else(|err| panic!("{err}: {}", node.log_text()));
+    let app = |name: &str| serde_json::json!({"name": name, "repo_url": "https://git.example.com/a.git", "port": 8080});
+    assert_eq!(first.call(Method::POST, "/api/apps", Some(app("before"))).await.unwrap().0, 201);
+    // A follower's node list judges the node by the heartbeats the leader
+    // stored, not by when the follower loaded it.
+    wait_for(Duration::from_secs(15), "the follower to show the node ready", || async {
+        let (_, nodes) = second.call(Method::GET, "/api/nodes", None).await.ok()?;
+        (nodes["nodes"][0]["state"] == "ready").then_some(())
+    })
+    .await
+    .unwrap();
+
+    link.cut();
+    let cut = Instant::now();
+    let stopped = wait_for(Duration::from_secs(10), "the cut-off replica to stop leading", || async {
+        leading(&first).await.filter(|(on, _)| !*on).map(|_| cut.elapsed())
+    })
+    .await
+    .unwrap_or_else(|err| panic!("{err}: {}", first.process.log_text()));
+    eprintln!("the replica cut off from PostgreSQL stopped leading {:.1} s after the cut", stopped.as_secs_f64());
+    assert!(stopped <= Duration::from_secs(4) + Duration::from_secs(3), "within the lease (and a loaded machine's slack): {stopped:?}");
+    let (status, body) = first.call(Method::POST, "/api/apps", Some(app("during"))).await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.to_string().contains("cannot reach its database"), "{body}");
+    wait_leading(&second, Duration::from_secs(15), "the other replica to lead").await;
+    let led = Instant::now();
+    let before = second.metric("cloudweb_heartbeats_total").await.unwrap();
+    let moved = wait_for(Duration::from_secs(10), "the agent to heartbeat the replica that leads now", || async {
+        (second.metric("cloudweb_heartbeats_total").await.ok()? > before).then(|| led.elapsed())
+    })
+    .await
+    .unwrap_or_else(|err| panic!("{err}: {}", node.log_text()));
+    eprintln!("the agent heartbeats the new leader {:.1} s after it leads ({:.1} s after the cut)", moved.as_secs_f64(), cut.elapsed().as_secs_f64());
+    // Nothing lost or changed by the cut-off replica: the app made before
+    // is there, the one refused is not.
+    let (_, apps) = second.call(Method::GET, "/api/apps", None).await.unwrap();
+    let text = apps.to_string();
+    assert!(text.contains("\"before\"") && !text.contains("\"during\""), "{text}");
+    drop(node);
+    drop(postgres);
+}
