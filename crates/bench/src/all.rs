@@ -60,6 +60,7 @@ const STEPS: &[Step] = &[
     step("scheduler", &["--nodes", "10000", "--placements", "2000"], 30),
     step("simulate", &["--seeds", "100"], 90),
     step("heartbeats", &["--agents", "2000", "--interval", "2", "--duration", "8"], 60),
+    step_as("heartbeats-replicas", &["heartbeats", "--database", "postgres", "--replicas", "3"], &["--agents", "2000", "--interval", "2", "--duration", "8"], 90),
     step("failover", &["--kills", "3", "--lease-seconds", "2"], 60),
     step("flood", &["--connections", "2000"], 45),
     step_as("flood-api", &["flood", "--target", "api"], &["--connections", "5000", "--slow", "300", "--nodes", "20"], 60),

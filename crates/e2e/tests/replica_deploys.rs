@@ -16,7 +16,7 @@ use cloudweb_test_support::postgres::TestPostgres;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-const PAGE: &str = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\nRUN sleep 1\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n";
+const PAGE: &str = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\nRUN sleep 1\nCMD [\"sh\", \"-c\", \"echo serving $(cat /www/index.html); exec httpd -f -p 8080 -h /www\"]\n";
 const AGENT_FLAGS: [&str; 6] = ["--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1"];
 const KILLS: usize = 20;
 const TERMINAL: [&str; 4] = ["running", "superseded", "failed", "stopped"];
@@ -50,6 +50,7 @@ async fn kills_of_the_leader_during_deploys_lose_nothing_and_repeat_nothing() {
     let git = GitServer::start(&tmp.path().join("git")).unwrap();
     let flags = ["--database-url", url.as_str(), "--leader-lease-seconds", "2", "--drain-seconds", "1", "--allow-private-git-hosts"];
     let dirs = [tmp.path().join("cp1"), tmp.path().join("cp2")];
+    std::fs::create_dir_all(&dirs[0]).unwrap();
     let first = ServerProcess::start_on(&dirs[0], free_port(), free_port(), &flags).await.unwrap();
     wait_for(Duration::from_secs(10), "the first replica to lead", || leads(&first)).await.unwrap();
     std::fs::create_dir_all(dirs[1].join("server")).unwrap();
@@ -152,6 +153,21 @@ async fn kills_of_the_leader_during_deploys_lose_nothing_and_repeat_nothing() {
     .await
     .unwrap_or_else(|err| panic!("{err}: {:?}", docker::ps(&["-a", "--filter", &format!("label=cloudweb.app={app}")])));
     assert_eq!(containers, [last.clone()]);
+    // With both replicas up, one more deploy: its instance's output
+    // reaches the user API of either replica (the follower's through the
+    // leader's NOTIFY relay).
+    let commit = git.commit(&app, &[("index.html", "final\n")], "final").unwrap();
+    let (status, answer) = replicas[1].call(Method::POST, &format!("/api/apps/{app}/deploy"), Some(json!({"commit": commit}))).await.unwrap();
+    assert_eq!(status, 201, "{answer}");
+    let last = answer["id"].as_str().unwrap().to_string();
+    for replica in &replicas {
+        wait_for(Duration::from_secs(60), "the final instance's output in the replica's runtime logs", || async {
+            let (_, logs) = replica.call(Method::GET, &format!("/api/apps/{app}/logs"), None).await.ok()?;
+            logs["lines"].as_array()?.iter().any(|l| l["line"] == "serving final" && l["deployment_id"] == last.as_str()).then_some(())
+        })
+        .await
+        .unwrap_or_else(|err| panic!("{err} (leading: {:?})", leads(replica).await));
+    }
     // Every command reached the node and was acknowledged once.
     let commands = wait_for(Duration::from_secs(30), "every command to be acknowledged", || async {
         let (_, list) = api.call(Method::GET, &format!("/api/nodes/{node}/commands"), None).await.ok()?;

@@ -25,6 +25,25 @@ pub struct Lease {
     pub now_ms: i64,
 }
 
+/// One replica in [`Store::replicas`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaRow {
+    pub url: String,
+    /// When it last renewed or tried for the lease, in the database's
+    /// clock.
+    pub seen_at_ms: i64,
+    /// Whether it holds an unexpired lease.
+    pub leads: bool,
+}
+
+/// The replicas, with the database's clock and the latest term.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replicas {
+    pub now_ms: i64,
+    pub term: Option<i64>,
+    pub replicas: Vec<ReplicaRow>,
+}
+
 /// A replica unseen for this long is forgotten.
 const FORGET_REPLICAS_MS: i64 = 3_600_000;
 
@@ -121,6 +140,34 @@ impl Store {
         })
     }
 
+    /// Every replica seen within the last hour, for the replicas view:
+    /// one entry per URL (a restarted replica's earlier process is the
+    /// same replica), the one that leads first, then by URL.
+    pub async fn replicas(&self) -> Result<Replicas, StoreError> {
+        let engine = self.engine();
+        on_db!(self, pool => {
+            let now: i64 = sqlx::query(now_sql(engine)).fetch_one(pool).await?.col("now");
+            let lease = sqlx::query("SELECT holder, token, expires_at FROM leader_lease WHERE id = 1").fetch_optional(pool).await?;
+            let lease = lease.map(|row| (row.col::<String>("holder"), row.col::<i64>("token"), row.col::<i64>("expires_at")));
+            let leader = lease.as_ref().filter(|(_, _, expires_at)| *expires_at > now).map(|(holder, _, _)| holder.clone());
+            let rows = sqlx::query("SELECT holder, url, seen_at FROM control_planes WHERE seen_at >= $1").bind(now - FORGET_REPLICAS_MS).fetch_all(pool).await?;
+            let mut replicas: Vec<ReplicaRow> = Vec::new();
+            for row in rows {
+                let (holder, url, seen_at_ms) = (row.col::<String>("holder"), row.col::<String>("url"), row.col::<i64>("seen_at"));
+                let leads = leader.as_deref() == Some(holder.as_str());
+                match replicas.iter_mut().find(|r| r.url == url) {
+                    Some(known) => {
+                        known.leads |= leads;
+                        known.seen_at_ms = known.seen_at_ms.max(seen_at_ms);
+                    }
+                    None => replicas.push(ReplicaRow { url, seen_at_ms, leads }),
+                }
+            }
+            replicas.sort_by(|a, b| b.leads.cmp(&a.leads).then_with(|| a.url.cmp(&b.url)));
+            Ok(Replicas { now_ms: now, term: lease.map(|(_, token, _)| token), replicas })
+        })
+    }
+
     /// Gives the lease up at once (a replica that stops), if `holder`
     /// holds it with `token`: the next replica need not wait it out.
     pub async fn release_lease(&self, holder: &str, token: i64) -> Result<bool, StoreError> {
@@ -152,6 +199,20 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::fence;
+
+    crate::test_engines::both_engines! {
+        async fn the_replicas_view_names_the_leader_once_per_url(store) {
+            assert_eq!(store.claim_lease("https://a#1", "https://a", 60_000).await.unwrap(), Some(1));
+            assert_eq!(store.claim_lease("https://b#1", "https://b", 60_000).await.unwrap(), None);
+            // b restarted: a new process, the same replica.
+            assert_eq!(store.claim_lease("https://b#2", "https://b", 60_000).await.unwrap(), None);
+            let view = store.replicas().await.unwrap();
+            assert_eq!(view.term, Some(1));
+            let urls: Vec<(&str, bool)> = view.replicas.iter().map(|r| (r.url.as_str(), r.leads)).collect();
+            assert_eq!(urls, [("https://a", true), ("https://b", false)]);
+            assert!(view.replicas.iter().all(|r| r.seen_at_ms <= view.now_ms && view.now_ms - r.seen_at_ms < 60_000));
+        }
+    }
 
     crate::test_engines::both_engines! {
         async fn one_holder_at_a_time_and_a_stale_term_cannot_write(store) {
