@@ -1,19 +1,25 @@
-//! One-shot messages for the next page (the flash), kept in memory per
-//! browser session. The session itself is the accounts module's
-//! ([`crate::auth::sessions`]); a flash is keyed by the session's id digest
-//! and dies with a restart of the control plane, which loses nothing but
-//! the message.
+//! One-shot messages for the next page (the flash), per browser session.
+//! The session itself is the accounts module's ([`crate::auth::sessions`]);
+//! a flash is keyed by the session's id digest and kept in the database
+//! (`one_shot_values`, sealed: a join command holds a token), so the page
+//! after a form shows it whichever control-plane replica answers it. A
+//! flash that cannot be stored or read is lost, and nothing else: the
+//! action it reports is done either way.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::store::one_shot::{Bounds, WhenFull};
+use crate::AppState;
 
 /// A flash not shown within this long is dropped.
 const TTL_MS: i64 = 10 * 60 * 1000;
 /// Flashes kept at most; the oldest go first.
-const MAX_FLASHES: usize = 10_000;
+const BOUNDS: Bounds = Bounds { lifetime_ms: TTL_MS, max: 10_000, when_full: WhenFull::DropOldest };
+const KIND: &str = "flash";
 
 /// A message for the next page.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Flash {
     Done,
     Error(String),
@@ -23,33 +29,32 @@ pub enum Flash {
     Waiting(Vec<(String, String)>),
 }
 
-#[derive(Default)]
-pub struct Flashes {
-    inner: Mutex<HashMap<String, (Flash, i64)>>,
+fn context(key: &str) -> String {
+    format!("flash:{key}")
 }
 
-impl Flashes {
-    /// Leaves `flash` for session `key`'s next page.
-    pub fn put(&self, key: &str, flash: Flash, now_ms: i64) {
-        let mut inner = self.inner.lock().expect("flash lock");
-        inner.retain(|_, (_, at)| *at + TTL_MS > now_ms);
-        if inner.len() >= MAX_FLASHES {
-            if let Some(oldest) = inner.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| k.clone()) {
-                inner.remove(&oldest);
-            }
-        }
-        inner.insert(key.to_string(), (flash, now_ms));
+/// Leaves `flash` for session `key`'s next page.
+pub async fn put(state: &AppState, key: &str, flash: Flash) {
+    let sealed = state.sealer.seal_json(&context(key), &flash);
+    if let Err(err) = state.store.put_one_shot(KIND, key, &sealed, state.clock.now_ms(), BOUNDS).await {
+        tracing::warn!(error = %err, "cannot keep the message for the next page");
     }
+}
 
-    /// Takes session `key`'s flash out, if one is waiting.
-    pub fn take(&self, key: &str, now_ms: i64) -> Option<Flash> {
-        let (flash, at) = self.inner.lock().expect("flash lock").remove(key)?;
-        (at + TTL_MS > now_ms).then_some(flash)
+/// Takes session `key`'s flash out, if one is waiting (a read only, when
+/// none is).
+pub async fn take(state: &AppState, key: &str) -> Option<Flash> {
+    if !state.store.has_one_shot(KIND, key).await.ok()? {
+        return None;
     }
+    let sealed = state.store.take_one_shot(KIND, key, state.clock.now_ms(), TTL_MS).await.ok()??;
+    state.sealer.open_json(&context(key), &sealed).ok()
+}
 
-    /// Drops a session's flash (at logout).
-    pub fn forget(&self, key: &str) {
-        self.inner.lock().expect("flash lock").remove(key);
+/// Drops a session's flash (at logout).
+pub async fn forget(state: &AppState, key: &str) {
+    if let Err(err) = state.store.forget_one_shot(KIND, key).await {
+        tracing::debug!(error = %err, "cannot drop the session's message");
     }
 }
 
@@ -61,18 +66,6 @@ pub fn cookie<'a>(header: &'a str, name: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_flash_shows_once_and_not_too_late() {
-        let flashes = Flashes::default();
-        assert!(flashes.take("s", 0).is_none());
-        flashes.put("s", Flash::Done, 0);
-        assert!(flashes.take("other", 1).is_none());
-        assert_eq!(flashes.take("s", 1), Some(Flash::Done));
-        assert_eq!(flashes.take("s", 2), None);
-        flashes.put("s", Flash::Done, 0);
-        assert_eq!(flashes.take("s", TTL_MS + 1), None, "a stale flash is dropped");
-    }
 
     #[test]
     fn cookies_are_found_by_exact_name() {

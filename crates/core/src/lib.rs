@@ -106,8 +106,6 @@ pub struct AppState {
     pub git: git::GitState,
     /// Login limits and password hashing slots.
     pub auth: auth::AuthState,
-    /// The dashboard's one-shot messages, per browser session.
-    pub web_flashes: flash::Flashes,
 }
 
 /// The agent binary the control plane offers: the file as it was at start,

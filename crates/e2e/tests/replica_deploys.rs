@@ -161,12 +161,13 @@ async fn kills_of_the_leader_during_deploys_lose_nothing_and_repeat_nothing() {
     assert_eq!(status, 201, "{answer}");
     let last = answer["id"].as_str().unwrap().to_string();
     for replica in &replicas {
+        let leading = leads(replica).await;
         wait_for(Duration::from_secs(60), "the final instance's output in the replica's runtime logs", || async {
             let (_, logs) = replica.call(Method::GET, &format!("/api/apps/{app}/logs"), None).await.ok()?;
             logs["lines"].as_array()?.iter().any(|l| l["line"] == "serving final" && l["deployment_id"] == last.as_str()).then_some(())
         })
         .await
-        .unwrap_or_else(|err| panic!("{err} (leading: {:?})", leads(replica).await));
+        .unwrap_or_else(|err| panic!("{err} (leading: {leading:?})\n{}", replica.process.log_text()));
     }
     // Every command reached the node and was acknowledged once.
     let commands = wait_for(Duration::from_secs(30), "every command to be acknowledged", || async {

@@ -280,7 +280,6 @@ pub async fn open_state(config: Config, clock: Arc<dyn Clock>) -> Result<OpenedS
         acme: acme::Acme::default(),
         git: git_state,
         auth: auth::AuthState::new(&config.auth, secrets::Sealer::load_or_create(&config.data_dir)?),
-        web_flashes: Default::default(),
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());

@@ -28,6 +28,7 @@ pub mod leader_lease;
 pub mod login_attempts;
 mod nodes;
 pub mod notify;
+pub mod one_shot;
 mod open;
 mod overview;
 mod reports;

@@ -334,7 +334,7 @@ pub async fn create(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Resp
     match result {
         Ok(_) => {
             let name = non_empty(&form, "name").unwrap_or("");
-            ctx.outcome(Ok::<(), ApiError>(()), &format!("/apps/{name}"))
+            ctx.outcome(Ok::<(), ApiError>(()), &format!("/apps/{name}")).await
         }
         Err(err) => {
             let apps = match load_page(&ctx.state, &ListQuery::default()).await {
@@ -594,7 +594,7 @@ pub async fn set_settings(ctx: Ctx, Path(name): Path<String>, Form(form): Form<H
 /// the API refused it, the page again with the reason next to the form.
 async fn answer<T>(ctx: &Ctx, name: &str, form_id: FormId, form: &HashMap<String, String>, result: Result<T, ApiError>) -> Response {
     let err = match result {
-        Ok(_) => return ctx.outcome(Ok::<(), ApiError>(()), &format!("/apps/{name}")),
+        Ok(_) => return ctx.outcome(Ok::<(), ApiError>(()), &format!("/apps/{name}")).await,
         Err(err) => err,
     };
     match load(&ctx.state, name).await {
@@ -744,7 +744,7 @@ pub async fn rollback(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashM
             Some(id) => Redirect::to(&format!("/deployments/{id}")).into_response(),
             None => Redirect::to(&format!("/apps/{name}")).into_response(),
         },
-        Err(err) => ctx.outcome(Err::<(), _>(err), &format!("/apps/{name}")),
+        Err(err) => ctx.outcome(Err::<(), _>(err), &format!("/apps/{name}")).await,
     }
 }
 
@@ -769,8 +769,8 @@ pub async fn delete(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap
         _ => VolumesOnDelete::Refuse,
     };
     match api::apps::delete_app(&ctx.state, &name, volumes).await {
-        Ok(_) => ctx.outcome(Ok::<(), ApiError>(()), "/apps"),
-        Err(err) => ctx.outcome(Err::<(), _>(err), &format!("/apps/{name}")),
+        Ok(_) => ctx.outcome(Ok::<(), ApiError>(()), "/apps").await,
+        Err(err) => ctx.outcome(Err::<(), _>(err), &format!("/apps/{name}")).await,
     }
 }
 

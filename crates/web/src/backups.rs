@@ -188,7 +188,7 @@ pub async fn add_destination(ctx: Ctx, Form(form): Form<HashMap<String, String>>
             Ok(markup) => layout::page(&ctx, ctx.t("backups.title"), Nav::Data, "/backups", markup).into_response(),
             Err(err) => err.into_response(),
         },
-        Err(err) => ctx.outcome::<()>(Err(err), "/backups"),
+        Err(err) => ctx.outcome::<()>(Err(err), "/backups").await,
     }
 }
 
@@ -201,7 +201,7 @@ pub async fn run(ctx: Ctx, Path((kind, name)): Path<(String, String)>, Form(form
         "volume" => api::backups::run_volume(State(ctx.state.clone()), Path(name)).await.map(|_| ()),
         _ => Err(ApiError::NotFound(format!("no backup target {kind}/{name}"))),
     };
-    ctx.outcome(result, "/backups")
+    ctx.outcome(result, "/backups").await
 }
 
 pub async fn confirm_restore(ctx: Ctx, Path(id): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
@@ -209,7 +209,7 @@ pub async fn confirm_restore(ctx: Ctx, Path(id): Path<String>, Form(form): Form<
         return refused;
     }
     let result = api::backups::confirm(State(ctx.state.clone()), Path(id)).await.map(|_| ());
-    ctx.outcome(result, "/backups")
+    ctx.outcome(result, "/backups").await
 }
 
 /// The banner's alerts: empty unless a destination exists.

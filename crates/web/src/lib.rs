@@ -185,15 +185,15 @@ impl Ctx {
         }
     }
 
-    pub fn flash(&self, flash: Flash) {
-        self.state.web_flashes.put(&self.session_key, flash, self.state.clock.now_ms());
+    pub async fn flash(&self, flash: Flash) {
+        crate::flash::put(&self.state, &self.session_key, flash).await;
     }
 
     /// Redirects to `to` after a form, with the outcome as the flash.
-    pub fn outcome<T>(&self, result: Result<T, ApiError>, to: &str) -> Response {
+    pub async fn outcome<T>(&self, result: Result<T, ApiError>, to: &str) -> Response {
         match result {
-            Ok(_) => self.flash(Flash::Done),
-            Err(err) => self.flash(Flash::Error(error_text(&err))),
+            Ok(_) => self.flash(Flash::Done).await,
+            Err(err) => self.flash(Flash::Error(error_text(&err))).await,
         }
         Redirect::to(to).into_response()
     }
@@ -224,7 +224,7 @@ impl FromRequestParts<Arc<AppState>> for Ctx {
                 return Err(err.into_response());
             }
         }
-        let flash = state.web_flashes.take(&session.id_sha256, state.clock.now_ms());
+        let flash = crate::flash::take(state, &session.id_sha256).await;
         let via = auth::Via::Session { id_sha256: session.id_sha256.clone(), csrf_token: session.csrf_token.clone(), expires_at: session.expires_at };
         Ok(Ctx {
             lang,
@@ -310,7 +310,7 @@ async fn logout(ctx: Ctx, headers: HeaderMap, Form(form): Form<HashMap<String, S
     if let Err(err) = sessions::end(&ctx.state, &ctx.session_key).await {
         return err.into_response();
     }
-    ctx.state.web_flashes.forget(&ctx.session_key);
+    crate::flash::forget(&ctx.state, &ctx.session_key).await;
     tracing::info!(user = %ctx.user_name, "session ended by dashboard logout");
     let mut response = Redirect::to("/login").into_response();
     for cookie in sessions::clear_cookie_headers(&ctx.state, &headers) {

@@ -305,8 +305,8 @@ pub async fn join_token(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> 
         return refused;
     }
     match api::join_tokens::create(State(ctx.state.clone())).await {
-        Ok((_, Json(JoinToken { command, expires_at, .. }))) => ctx.flash(Flash::JoinCommand { command, expires_at }),
-        Err(err) => ctx.flash(Flash::Error(error_text(&err))),
+        Ok((_, Json(JoinToken { command, expires_at, .. }))) => ctx.flash(Flash::JoinCommand { command, expires_at }).await,
+        Err(err) => ctx.flash(Flash::Error(error_text(&err))).await,
     }
     Redirect::to("/nodes#join").into_response()
 }
@@ -355,10 +355,10 @@ pub async fn act(ctx: Ctx, Path((id, action)): Path<(String, String)>, Form(form
     };
     let waiting: Vec<(String, String)> = result.as_ref().map(|waiting| waiting.iter().map(|w| (w.app.clone(), w.reason.clone())).collect()).unwrap_or_default();
     if !waiting.is_empty() {
-        ctx.flash(Flash::Waiting(waiting));
+        ctx.flash(Flash::Waiting(waiting)).await;
         return Redirect::to("/nodes").into_response();
     }
-    ctx.outcome(result, "/nodes")
+    ctx.outcome(result, "/nodes").await
 }
 
 #[cfg(test)]

@@ -122,7 +122,7 @@ pub async fn create(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Resp
             api::services::create(State(ctx.state.clone()), Ok(Bytes::from(bytes))).await.map(|_| ())
         }
     };
-    ctx.outcome(result, "/services")
+    ctx.outcome(result, "/services").await
 }
 
 pub async fn link(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
@@ -132,7 +132,7 @@ pub async fn link(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<S
     let body = CreateLink { app: form.get("app").map(|v| v.trim().to_string()).unwrap_or_default(), variable: None };
     let bytes = serde_json::to_vec(&body).expect("strings serialize");
     let result = api::services::link(State(ctx.state.clone()), Path(name), Ok(Bytes::from(bytes))).await.map(|_| ());
-    ctx.outcome(result, "/services")
+    ctx.outcome(result, "/services").await
 }
 
 pub async fn unlink(ctx: Ctx, Path((name, app)): Path<(String, String)>, Form(form): Form<HashMap<String, String>>) -> Response {
@@ -140,7 +140,7 @@ pub async fn unlink(ctx: Ctx, Path((name, app)): Path<(String, String)>, Form(fo
         return refused;
     }
     let result = api::services::unlink(State(ctx.state.clone()), Path((name, app))).await.map(|_| ());
-    ctx.outcome(result, "/services")
+    ctx.outcome(result, "/services").await
 }
 
 pub async fn rotate_password(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
@@ -148,7 +148,7 @@ pub async fn rotate_password(ctx: Ctx, Path(name): Path<String>, Form(form): For
         return refused;
     }
     let result = api::services::rotate_password(State(ctx.state.clone()), Path(name)).await.map(|_| ());
-    ctx.outcome(result, "/services")
+    ctx.outcome(result, "/services").await
 }
 
 pub async fn upgrade(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap<String, String>>) -> Response {
@@ -161,7 +161,7 @@ pub async fn upgrade(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMa
     };
     let bytes = serde_json::to_vec(&body).expect("strings serialize");
     let result = api::services::upgrade(State(ctx.state.clone()), Path(name), Ok(Bytes::from(bytes))).await.map(|_| ());
-    ctx.outcome(result, "/services")
+    ctx.outcome(result, "/services").await
 }
 
 pub async fn confirm_delete(ctx: Ctx, Path(name): Path<String>) -> Response {
@@ -182,5 +182,5 @@ pub async fn delete(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap
     }
     let data = if form.get("data").map(String::as_str) == Some("delete") { DataOnDelete::Delete } else { DataOnDelete::Keep };
     let result = api::services::remove(State(ctx.state.clone()), Path(name), Ok(Query(DeleteServiceQuery { data }))).await.map(|_| ());
-    ctx.outcome(result, "/services")
+    ctx.outcome(result, "/services").await
 }

@@ -104,7 +104,7 @@ pub async fn attach(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap
     };
     let body = serde_json::to_vec(&request).expect("strings serialize");
     let result = api::volumes::attach(State(ctx.state.clone()), Path(name.clone()), Ok(Bytes::from(body))).await;
-    ctx.outcome(result.map(|_| ()), &format!("/apps/{name}#volumes"))
+    ctx.outcome(result.map(|_| ()), &format!("/apps/{name}#volumes")).await
 }
 
 pub async fn detach(ctx: Ctx, Path((name, volume)): Path<(String, String)>, Form(form): Form<HashMap<String, String>>) -> Response {
@@ -112,7 +112,7 @@ pub async fn detach(ctx: Ctx, Path((name, volume)): Path<(String, String)>, Form
         return refused;
     }
     let result = api::volumes::detach(State(ctx.state.clone()), Path((name.clone(), volume))).await;
-    ctx.outcome(result.map(|_| ()), &format!("/apps/{name}#volumes"))
+    ctx.outcome(result.map(|_| ()), &format!("/apps/{name}#volumes")).await
 }
 
 /// `/volumes`: every volume; detached ones can be deleted (after a
@@ -197,7 +197,7 @@ pub async fn start_move(ctx: Ctx, Path(name): Path<String>, Form(form): Form<Has
     let to = form.get("to").map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
     let body = serde_json::to_vec(&cloudweb_api_types::volumes::MoveVolume { to }).expect("strings serialize");
     let result = api::volume_moves::start(State(ctx.state.clone()), Path(name), Ok(Bytes::from(body))).await;
-    ctx.outcome(result.map(|_| ()), "/volumes")
+    ctx.outcome(result.map(|_| ()), "/volumes").await
 }
 
 pub async fn confirm_delete(ctx: Ctx, Path(name): Path<String>) -> Response {
@@ -214,5 +214,5 @@ pub async fn delete(ctx: Ctx, Path(name): Path<String>, Form(form): Form<HashMap
         return refused;
     }
     let result = api::volumes::remove(State(ctx.state.clone()), Path(name)).await;
-    ctx.outcome(result.map(|_| ()), "/volumes")
+    ctx.outcome(result.map(|_| ()), "/volumes").await
 }

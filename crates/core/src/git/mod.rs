@@ -20,7 +20,6 @@ pub mod settings;
 
 pub use cloudweb_git::{generic, gitlab, provider};
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -35,12 +34,13 @@ use crate::error::ApiError;
 use crate::store::{AppGitLinkRow, AppRow, DeploymentRow, GitlabAccountRow, GitlabSettingsRow};
 use crate::AppState;
 
-/// A GitLab login under way: its PKCE verifier and the browser it belongs to.
+/// A GitLab login under way: its PKCE verifier and the browser it
+/// belongs to, kept sealed in `one_shot_values` until its callback.
+#[derive(serde::Serialize, serde::Deserialize)]
 pub struct PendingLogin {
     pub verifier: String,
     /// SHA-256 (hex) of the nonce in the browser's login cookie (`cloudweb_http::git::oauth`).
     pub browser_sha256: String,
-    pub started: std::time::Instant,
 }
 
 /// Refresh an access token this long before it expires.
@@ -63,7 +63,6 @@ pub struct GitState {
     /// Where GitLab, browsers and git hosts reach the user API
     /// (`--public-api-url`, else the address it listens on).
     pub public_api_url: OnceLock<String>,
-    pub logins: Mutex<HashMap<String, PendingLogin>>,
     refresh_lock: tokio::sync::Mutex<()>,
     moved: mpsc::Sender<Moved>,
     moved_rx: Mutex<Option<mpsc::Receiver<Moved>>>,
@@ -82,7 +81,6 @@ impl GitState {
         GitState {
             http,
             public_api_url: url,
-            logins: Mutex::new(HashMap::new()),
             refresh_lock: tokio::sync::Mutex::new(()),
             moved,
             moved_rx: Mutex::new(Some(moved_rx)),

@@ -21,7 +21,7 @@
 //! `text/html` gets the session as JSON instead (`200`), cookies included.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::{Query, State};
 use axum::http::header::{ACCEPT, CACHE_CONTROL, LOCATION, SET_COOKIE};
@@ -41,8 +41,16 @@ use crate::AppState;
 
 /// How long a login may take between the redirect and the callback.
 const LOGIN_TTL: Duration = Duration::from_secs(600);
-/// Most logins in flight at once.
-const MAX_PENDING: usize = 1000;
+const LOGIN_TTL_MS: i64 = 600_000;
+/// Logins in flight, at most 1,000 at once (more are refused, not pushed
+/// out), in `one_shot_values`.
+const LOGIN_KIND: &str = "gitlab-login";
+const LOGIN_BOUNDS: crate::store::one_shot::Bounds =
+    crate::store::one_shot::Bounds { lifetime_ms: LOGIN_TTL_MS, max: 1000, when_full: crate::store::one_shot::WhenFull::Refuse };
+
+fn login_context(key: &str) -> String {
+    format!("gitlab-login:{key}")
+}
 /// The cookie that binds a login's `state` to the browser that started it.
 pub const LOGIN_COOKIE: &str = "cloudweb_gitlab_login";
 const LOGIN_COOKIE_PATH: &str = "/api/auth/gitlab";
@@ -80,13 +88,12 @@ pub async fn login(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
     let verifier = random_url_safe(32);
     let challenge = pkce_challenge(&verifier);
     let nonce = random_url_safe(32);
-    {
-        let mut pending = state.git.logins.lock().expect("logins lock");
-        pending.retain(|_, login| login.started.elapsed() < LOGIN_TTL);
-        if pending.len() >= MAX_PENDING {
-            return Err(ApiError::Unavailable("too many GitLab logins in progress; try again in a few minutes".into()));
-        }
-        pending.insert(login_state.clone(), PendingLogin { verifier, browser_sha256: crate::ca::sha256_hex(nonce.as_bytes()), started: Instant::now() });
+    // In the database, so that the callback may reach any replica.
+    let pending = PendingLogin { verifier, browser_sha256: crate::ca::sha256_hex(nonce.as_bytes()) };
+    let key = crate::ca::sha256_hex(login_state.as_bytes());
+    let sealed = state.sealer.seal_json(&login_context(&key), &pending);
+    if !state.store.put_one_shot(LOGIN_KIND, &key, &sealed, state.clock.now_ms(), LOGIN_BOUNDS).await? {
+        return Err(ApiError::Unavailable("too many GitLab logins in progress; try again in a few minutes".into()));
     }
     let mut url = url::Url::parse(&format!("{}/oauth/authorize", settings.base_url)).map_err(|e| ApiError::Internal(e.to_string()))?;
     url.query_pairs_mut()
@@ -170,8 +177,10 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
         return Ok(refusal(headers, StatusCode::BAD_REQUEST, "the callback has no state parameter; start the login again"));
     };
     // One use: the state is gone whatever happens next.
-    let pending = state.git.logins.lock().expect("logins lock").remove(&login_state);
-    let Some(pending) = pending.filter(|p| p.started.elapsed() < LOGIN_TTL) else {
+    let key = crate::ca::sha256_hex(login_state.as_bytes());
+    let sealed = state.store.take_one_shot(LOGIN_KIND, &key, state.clock.now_ms(), LOGIN_TTL_MS).await?;
+    let pending: Option<PendingLogin> = sealed.and_then(|sealed| state.sealer.open_json(&login_context(&key), &sealed).ok());
+    let Some(pending) = pending else {
         return Ok(refusal(headers, StatusCode::BAD_REQUEST, "unknown, expired or already used login state; start the login again"));
     };
     let browser = crate::auth::sessions::cookie(headers, LOGIN_COOKIE).map(|nonce| crate::ca::sha256_hex(nonce.as_bytes()));
