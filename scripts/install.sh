@@ -7,8 +7,21 @@
 # says so). Safe to run again: a second run restarts the services with the
 # same data, keeps the node's identity and a running example.
 #
-#   sudo ./scripts/install.sh [--no-ingress]
+#   sudo ./scripts/install.sh [--no-ingress] [--database-url URL]
+#   sudo ./scripts/install.sh --database-url URL --join-control-plane URL [--no-ingress]
 #   sudo ./scripts/install.sh --uninstall     stop everything and remove what the installer created
+#
+# --database-url URL keeps the control plane's state in PostgreSQL
+# (postgres://user:password@host:port/db, or postgres:///db?host=/run/postgresql
+# for a local socket) instead of SQLite; it is written to
+# $CLOUDWEB_DATA_DIR/database.env (mode 0600), never onto a command line.
+# CLOUDWEB_DATABASE_URL in the environment does the same.
+# --join-control-plane URL adds this host as another control-plane replica
+# of the cluster whose replica answers at URL (its public URL, as its
+# agents dial it), on the same database: copy master.key and admin-token
+# from that replica's data dir into this host's CLOUDWEB_DATA_DIR first.
+# This host joins the cluster as a node too (through URL); the example
+# app is not deployed again.
 #
 # Environment (all optional; the same values must be given to --uninstall):
 #   CLOUDWEB_ROOT           prefix of every directory below (default: none, i.e. /)
@@ -35,6 +48,7 @@
 #   CLOUDWEB_PUBLIC_URL     what other nodes dial (default https://$CLOUDWEB_HOST_ADDRESS:$CLOUDWEB_AGENT_PORT)
 #   CLOUDWEB_BASE_DOMAIN    apps answer on <app>.<base domain> (default localhost)
 #   CLOUDWEB_EXAMPLE_APP    name of the example app (default hello)
+#   CLOUDWEB_NODE_NAME      this host's node name (default: its short host name)
 #   CLOUDWEB_PREBUILT       directory holding cloudweb-server and cloudweb-agent: install those, do not build
 #   CLOUDWEB_NO_SYSTEMD=1   run the services as background processes even where systemd runs
 #   CLOUDWEB_NO_INGRESS=1   same as --no-ingress
@@ -47,16 +61,31 @@ die() { echo "install: $*" >&2; exit 1; }
 
 mode=install
 no_ingress=${CLOUDWEB_NO_INGRESS:-0}
+database_url=${CLOUDWEB_DATABASE_URL:-}
+join_url=''
 while [ $# -gt 0 ]; do
     case "$1" in
         --no-ingress) no_ingress=1 ;;
         --uninstall) mode=uninstall ;;
+        --database-url) [ $# -ge 2 ] || die "--database-url needs a URL"; database_url=$2; shift ;;
+        --join-control-plane) [ $# -ge 2 ] || die "--join-control-plane needs the URL of a replica"; join_url=$2; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown option: $1 (see --help)" ;;
     esac
     shift
 done
 [ "$no_ingress" = 0 ] || [ "$no_ingress" = 1 ] || die "CLOUDWEB_NO_INGRESS must be 0 or 1"
+if [ -n "$database_url" ]; then
+    [[ "$database_url" =~ ^postgres(ql)?:// ]] || die "--database-url must be a postgres:// URL (SQLite, the default, needs none)"
+    # Written unquoted to an environment file both systemd and this script
+    # read: characters either would take apart are to be percent-encoded.
+    [[ "$database_url" =~ ^[^[:space:]\"\'\\\$\`]+$ ]] || die "--database-url: percent-encode spaces, quotes, backslashes, \$ and \` (e.g. %20, %22, %27, %5C, %24, %60)"
+fi
+if [ -n "$join_url" ]; then
+    [ -n "$database_url" ] || die "--join-control-plane needs --database-url: the replicas share one PostgreSQL database"
+    [[ "$join_url" =~ ^https://[^/[:space:]]+/?$ ]] || die "--join-control-plane must be a replica's public URL, https://host:port"
+    join_url=${join_url%/}
+fi
 [ "$(id -u)" = 0 ] || die "run as root (sudo $0)"
 
 port_var() { # name, default: a port number from the environment, checked
@@ -140,6 +169,7 @@ After=network-online.target docker.service
 Wants=network-online.target
 
 [Service]
+${service_env:+EnvironmentFile=$service_env}
 ExecStart=$(printf '%q ' "$@")
 Restart=always
 RestartSec=2
@@ -156,7 +186,13 @@ UNIT
         # No systemd (a container, CI): a session of its own, so stopping it
         # takes whatever it started (the registry, Caddy) along.
         mkdir -p "$run_dir" "$log_dir"
-        setsid "$@" >>"$log_dir/$name.log" 2>&1 < /dev/null &
+        if [ -n "${service_env:-}" ]; then
+            # The file's one line, into the environment (not onto a command line).
+            CLOUDWEB_DATABASE_URL=$(sed -n 's/^CLOUDWEB_DATABASE_URL=//p' "$service_env") \
+                setsid "$@" >>"$log_dir/$name.log" 2>&1 < /dev/null &
+        else
+            setsid "$@" >>"$log_dir/$name.log" 2>&1 < /dev/null &
+        fi
         echo $! > "$run_dir/$name.pid"
     fi
 }
@@ -422,6 +458,24 @@ cli_bin="$bin_dir/cloudweb"
 
 mkdir -p "$data_dir"
 chmod 0700 "$data_dir"
+db_env=''
+if [ -n "$database_url" ]; then
+    db_env="$data_dir/database.env"
+    (umask 077 && printf 'CLOUDWEB_DATABASE_URL=%s\n' "$database_url" > "$db_env")
+fi
+if [ -n "$join_url" ]; then
+    # The cluster's master key seals its CA in the database; it is never
+    # sent over the network by cloud-web, so it is copied by hand.
+    for file in master.key admin-token; do
+        [ -s "$data_dir/$file" ] || die "--join-control-plane: copy $file from the data dir of the replica at $join_url to $data_dir/$file first (mode 0600), e.g.
+  scp first-host:/var/lib/cloudweb/$file $data_dir/$file && chmod 600 $data_dir/$file"
+    done
+    chmod 0600 "$data_dir/master.key" "$data_dir/admin-token"
+    # The replica to join must answer: its agent listener serves the node
+    # installer while it leads; a follower answers 503, an answer too.
+    code=$(curl -sk --max-time 10 -o /dev/null -w '%{http_code}' "$join_url/node.sh" || true)
+    case "$code" in 200|503) ;; *) die "--join-control-plane: nothing answers at $join_url (HTTP status '${code:-none}'); give a replica's public URL" ;; esac
+fi
 valid_mesh_address() { [[ "$1" =~ ^10\.77\.[0-9]{1,3}\.[0-9]{1,3}$ ]]; }
 if [ "$mesh" != off ]; then
     recorded_address=$(recorded control_plane_mesh_address)
@@ -444,7 +498,7 @@ write_installer_env
 # --- control plane
 
 start_control_plane() {
-    start_service cloudweb-server "$server_bin" serve \
+    service_env=$db_env start_service cloudweb-server "$server_bin" serve \
         --data-dir "$data_dir" --public-url "$public_url" --api-listen "127.0.0.1:$api_port" \
         --agent-listen "$listen_address:$agent_port" --agent-binary "$agent_bin" --base-domain "$base_domain" \
         --registry-bin /usr/bin/docker-registry --registry-listen "$registry_listen" \
@@ -476,15 +530,20 @@ if [ ! -f "$agent_dir/node.json" ]; then
     { read -r token; read -r ca_sha256; } < <("$server_bin" join-token --api-address "127.0.0.1:$api_port" --admin-token-file "$admin_token_file" \
         --print token --print ca-sha256)
     [ -n "${token:-}" ] && [ -n "${ca_sha256:-}" ] || die "could not create a join token"
-    name=$(hostname -s | tr 'A-Z_' 'a-z-' | tr -cd 'a-z0-9-' | sed 's/^-*//; s/-*$//')
+    name=${CLOUDWEB_NODE_NAME:-$(hostname -s | tr 'A-Z_' 'a-z-' | tr -cd 'a-z0-9-' | sed 's/^-*//; s/-*$//')}
+    [[ -z "$name" || "$name" =~ ^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$ ]] || die "CLOUDWEB_NODE_NAME must be a node name (a-z, 0-9, -)"
     ingress=(--ingress)
     [ "$no_ingress" = 1 ] && ingress=()
     endpoint=()
     # A loopback address is no endpoint for other nodes (the control plane
     # refuses it); a host without another address joins without one.
     case "$host_address" in 127.*|::1) ;; *) [ "$mesh" = off ] || endpoint=(--endpoint "$host_address:$mesh_port") ;; esac
+    # A replica joins its node through the replica it joined (the one
+    # that leads serves agents; this one may not).
+    join_server="https://127.0.0.1:$agent_port"
+    [ -z "$join_url" ] || join_server=$join_url
     CLOUDWEB_JOIN_TOKEN=$token "$agent_bin" --data-dir "$agent_dir" join \
-        --server "https://127.0.0.1:$agent_port" --ca-sha256 "$ca_sha256" "${ingress[@]}" "${endpoint[@]}" --name "${name:-node-1}"
+        --server "$join_server" --ca-sha256 "$ca_sha256" "${ingress[@]}" "${endpoint[@]}" --name "${name:-node-1}"
 fi
 node_id=$("$agent_bin" --data-dir "$agent_dir" node-id)
 if [ "$mesh" != off ]; then
@@ -532,6 +591,25 @@ if [ "$no_ingress" = 1 ] && [ "$has_ingress" = true ]; then
     echo "install: note: node $node_id joined with ingress on an earlier run; --no-ingress applies only when a node joins"
 elif [ "$no_ingress" = 0 ] && [ "$has_ingress" != true ]; then
     echo "install: note: node $node_id joined with --no-ingress on an earlier run, so it serves no apps over HTTP(S)"
+fi
+
+if [ -n "$join_url" ]; then
+    # Another replica of a running cluster: its example app, if any, is
+    # the cluster's, deployed by the first install.
+    echo "install: the control-plane replicas:"
+    cli_env "$cli_bin" --server "$api" nodes control-planes || die "cannot list the control-plane replicas"
+    cat <<DONE
+
+cloud-web runs a control-plane replica here.
+  user API:     $api  (the cluster's admin token, in $admin_token_file)
+  agents dial:  $public_url  (or any other replica)
+  state:        the PostgreSQL database in $db_env
+  this host:    node $node_id
+Every replica serves the API and the dashboard; the one that leads runs
+the scheduler, the reconciler, ACME and backups and serves the agents.
+Uninstall (this replica and its node only): sudo $repo/scripts/install.sh --uninstall
+DONE
+    exit 0
 fi
 
 running=$("$server_bin" app-status "${api_args[@]}" --print running "$example_app") \

@@ -55,7 +55,7 @@ export CLOUDWEB_ROOT=$root CLOUDWEB_PREBUILT=$bin_dir CLOUDWEB_NO_SYSTEMD=1 \
     CLOUDWEB_API_PORT=$api_port CLOUDWEB_AGENT_PORT=$agent_port CLOUDWEB_REGISTRY_PORT=$registry_port \
     CLOUDWEB_HTTP_PORT=$http_port CLOUDWEB_HTTPS_PORT=$https_port CLOUDWEB_GIT_PORT=$git_port \
     CLOUDWEB_LISTEN_ADDRESS=127.0.0.1 CLOUDWEB_HOST_ADDRESS=127.0.0.1 CLOUDWEB_EXAMPLE_APP=$app \
-    CLOUDWEB_MESH_INTERFACE=$mesh_interface CLOUDWEB_MESH_PORT=$mesh_port
+    CLOUDWEB_MESH_INTERFACE=$mesh_interface CLOUDWEB_MESH_PORT=$mesh_port CLOUDWEB_MESH=auto
 ports=("$api_port" "$agent_port" "$registry_port" "$http_port" "$https_port" "$git_port")
 agent_dir=$root/var/lib/cloudweb-agent
 node_id=''
@@ -70,14 +70,32 @@ dump_logs() {
     done
 }
 
+# The replicas phase's second host and database (see the end).
+root2=''
+pg=''
+as_second() { # runs a command with the second install's environment
+    CLOUDWEB_ROOT=$root2 CLOUDWEB_API_PORT=$api_port2 CLOUDWEB_AGENT_PORT=$agent_port2 CLOUDWEB_REGISTRY_PORT=$registry_port2 \
+        CLOUDWEB_HTTP_PORT=$http_port2 CLOUDWEB_HTTPS_PORT=$https_port2 CLOUDWEB_GIT_PORT=$git_port2 CLOUDWEB_MESH=off \
+        CLOUDWEB_NODE_NAME=second-host "$@"
+}
+
 # Whatever happens, nothing of this run may stay behind.
 on_exit() {
     local status=$?
     if [ "$status" != 0 ]; then
         dump_logs
+        if [ -n "$root2" ]; then root=$root2 dump_logs; fi
+    fi
+    if [ -n "$root2" ]; then
+        as_second bash scripts/install.sh --uninstall >/dev/null 2>&1 || true
+        rm -rf "$root2"
     fi
     if ! $uninstalled; then
-        bash scripts/install.sh --uninstall >/dev/null 2>&1 || true
+        CLOUDWEB_MESH=${first_mesh:-$CLOUDWEB_MESH} bash scripts/install.sh --uninstall >/dev/null 2>&1 || true
+    fi
+    if [ -n "$pg" ]; then
+        runuser -u postgres -- "$pgbin/pg_ctl" -D "$pg/data" -m immediate stop >/dev/null 2>&1 || true
+        rm -rf "$pg"
     fi
     rm -rf "$root"
     exit "$status"
@@ -277,3 +295,65 @@ for port in "$http_port" "$https_port"; do
 done
 uninstall_and_check
 say "ok: --no-ingress install has no ingress and no example, uninstalled without leftovers"
+
+# Two control-plane replicas on one PostgreSQL database (issue 24): the
+# first install keeps its state there (--database-url), a second one under
+# another root, given the first's master key and admin token, adds a
+# replica and a node (--join-control-plane). Without the mesh: two mesh
+# nodes on one host would share 10.77.0.0/16.
+say "two control-plane replicas on PostgreSQL (--database-url, --join-control-plane)"
+pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+[ -x "$pgbin/initdb" ] || fail "PostgreSQL's server programs are not installed (scripts/deps.sh)"
+pg=$(mktemp -d /tmp/cloudweb-smoke-pg.XXXXXX)
+chown postgres "$pg"
+runuser -u postgres -- "$pgbin/initdb" -D "$pg/data" --auth=trust --username=postgres --encoding=UTF8 --locale=C --no-sync >/dev/null \
+    || fail "initdb"
+runuser -u postgres -- "$pgbin/pg_ctl" -D "$pg/data" -o "-k $pg -c listen_addresses=" -l "$pg/server.log" -w start >/dev/null \
+    || fail "PostgreSQL did not start: $(cat "$pg/server.log")"
+runuser -u postgres -- "$pgbin/createdb" -h "$pg" -U postgres cloudweb || fail "createdb"
+db_url="postgres://postgres@localhost/cloudweb?host=$pg"
+read -r api_port2 agent_port2 registry_port2 http_port2 https_port2 git_port2 < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(6)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))')
+first_mesh=off
+uninstalled=false
+output=$(CLOUDWEB_MESH=off bash scripts/install.sh --no-ingress --database-url "$db_url" 2>&1) || { echo "$output" >&2; fail "the install on PostgreSQL"; }
+! grep -q "$db_url" "$root"/run/cloudweb/*.pid /proc/"$(cat "$root/run/cloudweb/cloudweb-server.pid")"/cmdline 2>/dev/null \
+    || fail "the database URL is on the control plane's command line"
+[ "$(stat -c %a "$root/var/lib/cloudweb/database.env")" = 600 ] || fail "database.env is not mode 0600"
+root2=$(mktemp -d /tmp/cloudweb-smoke2.XXXXXX)
+say "refusals: --join-control-plane without --database-url, or without the master key"
+if as_second bash scripts/install.sh --join-control-plane "https://127.0.0.1:$agent_port" >/dev/null 2>&1; then fail "--join-control-plane without --database-url was accepted"; fi
+output=$(as_second bash scripts/install.sh --no-ingress --database-url "$db_url" --join-control-plane "https://127.0.0.1:$agent_port" 2>&1) \
+    && fail "--join-control-plane without the master key was accepted"
+grep -q "copy master.key" <<<"$output" || { echo "$output" >&2; fail "the refusal does not say to copy the master key"; }
+install -d -m 0700 "$root2/var/lib/cloudweb"
+for file in master.key admin-token; do
+    install -m 0600 "$root/var/lib/cloudweb/$file" "$root2/var/lib/cloudweb/$file"
+done
+say "adding a replica under $root2 (API $api_port2, agents $agent_port2)"
+output=$(as_second bash scripts/install.sh --no-ingress --database-url "$db_url" --join-control-plane "https://127.0.0.1:$agent_port" 2>&1) \
+    || { echo "$output" >&2; fail "the replica's install"; }
+grep -q "cloud-web runs a control-plane replica here" <<<"$output" || { echo "$output" >&2; fail "the replica's install did not say what it made"; }
+planes=$(XDG_CONFIG_HOME="$root2/root/.config" "$root2/usr/local/bin/cloudweb" --json nodes control-planes) || fail "the replica's CLI cannot list the replicas"
+python3 - "$planes" "https://127.0.0.1:$agent_port" "https://127.0.0.1:$agent_port2" <<'PY' || fail "the replicas listed: $planes"
+import json, sys
+planes = json.loads(sys.argv[1])
+urls = {r["url"]: r for r in planes["replicas"]}
+assert planes["database"] == "postgres", planes
+assert set(urls) == {sys.argv[2], sys.argv[3]}, urls
+assert urls[sys.argv[2]]["leader"] and not urls[sys.argv[3]]["leader"], urls
+assert urls[sys.argv[3]]["this_replica"] and all(r["state"] == "live" for r in urls.values()), urls
+PY
+nodes=$(api_get /api/nodes | python3 -c 'import json, sys; print(len(json.load(sys.stdin)["nodes"]))')
+[ "$nodes" = 2 ] || fail "the cluster has $nodes nodes, not 2 (one per host)"
+say "uninstalling both"
+as_second bash scripts/install.sh --uninstall >/dev/null 2>&1 || fail "the replica's uninstall"
+rm -rf "$root2"
+root2=''
+CLOUDWEB_MESH=off bash scripts/install.sh --uninstall >/dev/null 2>&1 || fail "the first install's uninstall"
+uninstalled=true
+say "ok: a replica added with --join-control-plane on the same PostgreSQL, both listed, one leads"
