@@ -44,6 +44,24 @@ async fn wait_leading(server: &ServerProcess, timeout: Duration, what: &str) -> 
     wait_for(timeout, what, || async { leading(server).await.filter(|(on, _)| *on).map(|(_, term)| term) }).await.unwrap()
 }
 
+/// A real agent (no Docker) joined through `first`, heartbeating every
+/// second, once its kept list names both replicas.
+async fn agent_knowing_both(first: &ServerProcess, second: &ServerProcess, dir: &Path) -> AgentNode {
+    let (token, ca_sha256) = first.join_token().await.unwrap();
+    let mut node = AgentNode::join(first, dir, "n1", &token, &ca_sha256, &[])
+        .unwrap()
+        .unwrap_or_else(|err| panic!("{err}\n{}", first.process.log_text()));
+    node.start(&["--heartbeat-interval-seconds", "1", "--docker-host", "unix:///nonexistent/docker.sock"]).unwrap();
+    let kept = node.dir.join("control-planes.json");
+    wait_for(Duration::from_secs(15), "the agent to learn both replicas", || async {
+        let text = std::fs::read_to_string(&kept).ok()?;
+        (text.contains(&first.url()) && text.contains(&second.url())).then_some(())
+    })
+    .await
+    .unwrap_or_else(|err| panic!("{err}: {}", node.log_text()));
+    node
+}
+
 #[tokio::test]
 async fn replicas_share_the_cluster_identity_through_the_database() {
     let (postgres, url) = database().await;
@@ -274,18 +292,9 @@ async fn an_agent_moves_to_the_new_leader_when_its_replica_dies() {
     let second_dir = tempfile::tempdir().unwrap();
     prepare_replica(first_dir.path(), second_dir.path());
     let second = ServerProcess::start_with(second_dir.path(), &flags).await.unwrap();
-    let (token, ca_sha256) = first.join_token().await.unwrap();
-    let mut node = AgentNode::join(&first, &first_dir.path().join("node"), "n1", &token, &ca_sha256, &[]).unwrap().unwrap();
-    node.start(&["--heartbeat-interval-seconds", "1", "--docker-host", "unix:///nonexistent/docker.sock"]).unwrap();
     // The heartbeat answers list both replicas, the leader's first; the
     // agent keeps the list.
-    let kept = node.dir.join("control-planes.json");
-    wait_for(Duration::from_secs(15), "the agent to learn both replicas", || async {
-        let text = std::fs::read_to_string(&kept).ok()?;
-        (text.contains(&first.url()) && text.contains(&second.url())).then_some(())
-    })
-    .await
-    .unwrap_or_else(|err| panic!("{err}: {}", node.log_text()));
+    let node = agent_knowing_both(&first, &second, &first_dir.path().join("node")).await;
     assert_eq!(second.metric("cloudweb_heartbeats_total").await.unwrap(), 0.0, "a follower takes no heartbeat");
 
     first.process.kill();
@@ -373,18 +382,7 @@ async fn a_replica_cut_off_from_postgresql_stops_leading_and_its_agents_move_to_
     let second_dir = tempfile::tempdir().unwrap();
     prepare_replica(first_dir.path(), second_dir.path());
     let second = ServerProcess::start_with(second_dir.path(), &["--database-url", url.as_str(), "--leader-lease-seconds", "4"]).await.unwrap();
-    let (token, ca_sha256) = first.join_token().await.unwrap();
-    let mut node = AgentNode::join(&first, &first_dir.path().join("node"), "n1", &token, &ca_sha256, &[])
-        .unwrap()
-        .unwrap_or_else(|err| panic!("{err}\n{}", first.process.log_text()));
-    node.start(&["--heartbeat-interval-seconds", "1", "--docker-host", "unix:///nonexistent/docker.sock"]).unwrap();
-    let kept = node.dir.join("control-planes.json");
-    wait_for(Duration::from_secs(15), "the agent to learn both replicas", || async {
-        let text = std::fs::read_to_string(&kept).ok()?;
-        (text.contains(&first.url()) && text.contains(&second.url())).then_some(())
-    })
-    .await
-    .unwrap_or_else(|err| panic!("{err}: {}", node.log_text()));
+    let node = agent_knowing_both(&first, &second, &first_dir.path().join("node")).await;
     let app = |name: &str| serde_json::json!({"name": name, "repo_url": "https://git.example.com/a.git", "port": 8080});
     assert_eq!(first.call(Method::POST, "/api/apps", Some(app("before"))).await.unwrap().0, 201);
     // A follower's node list judges the node by the heartbeats the leader

@@ -12,7 +12,9 @@ use crate::error::ApiError;
 use crate::store::Engine;
 use crate::AppState;
 
-/// The replicas. On SQLite there is one, this one, and it leads.
+/// The control-plane replicas: which one leads (with its term) and whether
+/// each renewed or tried for the lease within its length. On SQLite there
+/// is one, this one, and it leads.
 #[utoipa::path(get, path = "/api/control-planes", operation_id = "control_planes_list", tag = "nodes",
     responses((status = 200, description = "Every control-plane replica heard from within the last hour, the leader first", body = ControlPlaneList)))]
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<ControlPlaneList>, ApiError> {
