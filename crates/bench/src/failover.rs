@@ -5,11 +5,14 @@
 //! would, and measures the time until the other replica leads with a new
 //! term (`cloudweb_leader` and `cloudweb_leader_term` on `/metrics`); the
 //! killed one then starts again, as a follower. One real agent
-//! (`cloudweb-agent run`, heartbeats every second, no Docker) joined
+//! (`cloudweb-agent run`, heartbeats every second) joined
 //! through the first replica fails over with the leader: the bench also
 //! measures the time until the new leader takes its heartbeats
-//! (`cloudweb_heartbeats_total`). Prints the median and the p99 over the
-//! rounds against the issue's 15 s and 10 s.
+//! (`cloudweb_heartbeats_total`), and, for a deploy asked for through the
+//! surviving replica right after the kill (placed there at once), the
+//! time until the agent acknowledged its deploy command (delivered by the
+//! new leader). Prints the median and the p99 over the rounds against the
+//! issue's 15 s and 10 s.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -36,18 +39,60 @@ pub struct Args {
 }
 
 /// Joins one agent through `server` and starts it; it heartbeats every
-/// second and runs no container.
-async fn start_agent(server: &Server, agent_bin: &Path, dir: &Path) -> Result<crate::process::Guarded> {
+/// second, with the host's Docker (its builds fail before they start a
+/// container: their repository does not resolve).
+async fn start_agent(server: &Server, agent_bin: &Path, dir: &Path) -> Result<(crate::process::Guarded, String)> {
     let data_dir = dir.join("agent");
-    server.join_agent(agent_bin, &data_dir, "failover-agent", &[]).await?;
+    let node_id = server.join_agent(agent_bin, &data_dir, "failover-agent", &[]).await?;
     let mut command = std::process::Command::new(agent_bin);
     command
         .arg("--data-dir")
         .arg(&data_dir)
-        .args(["run", "--heartbeat-interval-seconds", "1", "--docker-host", "unix:///nonexistent/docker.sock"])
+        .args(["run", "--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1"])
         .env("CLOUDWEB_LOG", "info")
         .env("NO_COLOR", "1");
-    crate::process::Guarded::spawn(command, &dir.join("agent.log"), Duration::from_secs(5))
+    Ok((crate::process::Guarded::spawn(command, &dir.join("agent.log"), Duration::from_secs(5))?, node_id))
+}
+
+/// Asks `server` (a follower: the leader was just killed) for a deploy of
+/// `app`; the scheduler places it at once, on the replica asked. Returns
+/// the number of deploy commands queued for the node before.
+async fn deploy_through(server: &Server, app: &str, node: &str) -> Result<usize> {
+    let before = deploy_commands(server, node).await?.len();
+    let (status, body) = server.call(reqwest::Method::POST, &format!("/api/apps/{app}/deploy"), Some(&serde_json::json!({}))).await?;
+    if status != 201 {
+        bail!("the deploy through the follower answered {status}: {body}");
+    }
+    Ok(before)
+}
+
+/// The node's deploy commands, newest first, as (acknowledged).
+async fn deploy_commands(server: &Server, node: &str) -> Result<Vec<bool>> {
+    let (status, body) = server.call(reqwest::Method::GET, &format!("/api/nodes/{node}/commands"), None).await?;
+    if status != 200 {
+        bail!("the node's commands answered {status}: {body}");
+    }
+    let list = body["commands"].as_array().context("no commands list")?;
+    Ok(list.iter().filter(|c| c["type"] == "deploy").map(|c| !c["acked_at"].is_null()).collect())
+}
+
+/// Waits until the node acknowledged a deploy command newer than the
+/// `before` it had: the placement reached the agent through the new
+/// leader.
+async fn wait_placed(server: &Server, node: &str, before: usize, within: Duration) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let commands = deploy_commands(server, node).await.unwrap_or_default();
+        if commands.len() > before && commands[0] {
+            return Ok(());
+        }
+        if start.elapsed() > within {
+            let (_, list) = server.call(reqwest::Method::GET, &format!("/api/nodes/{node}/commands"), None).await?;
+            let (_, deployments) = server.call(reqwest::Method::GET, "/api/apps/failover/deployments", None).await?;
+            bail!("the deploy placed after the kill did not reach the agent within {} s: commands {list}, deployments {deployments}", within.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Waits until `server` has taken more than `before` heartbeats.
@@ -105,7 +150,15 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
     let second = Server::start(&binary, dirs[1].path(), &flags).await?;
     let mut servers = [first, second];
     let agent_dir = tempfile::tempdir()?;
-    let _agent = start_agent(&servers[0], &agent_bin, agent_dir.path()).await?;
+    let (_agent, node) = start_agent(&servers[0], &agent_bin, agent_dir.path()).await?;
+    // An app to place after each kill. Its repository's host does not
+    // resolve, so each build fails at once and the agent acknowledges the
+    // deploy command: what is measured is the placement reaching it.
+    let app = serde_json::json!({"name": "failover", "repo_url": "https://git.example.com/failover.git", "port": 8080});
+    let (status, body) = servers[0].call(reqwest::Method::POST, "/api/apps", Some(&app)).await?;
+    if status != 201 {
+        bail!("creating the app answered {status}: {body}");
+    }
     // Once the answers list both replicas (three renewals at most), the
     // agent knows where to go.
     let kept = agent_dir.path().join("agent").join("control-planes.json");
@@ -119,21 +172,27 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
     println!("failover: 2 replicas on PostgreSQL, lease {} s, {} kills of the leader", args.lease_seconds, args.kills);
     let mut took = Vec::new();
     let mut moved = Vec::new();
+    let mut placed = Vec::new();
     for round in 1..=args.kills {
         let leader = if leads(&servers[0]).await.is_some() { 0 } else { 1 };
         let other = 1 - leader;
         let beats_before = servers[other].metric("cloudweb_heartbeats_total").await.unwrap_or(0.0);
         servers[leader].kill();
         let killed = Instant::now();
+        let before = deploy_through(&servers[other], "failover", &node).await.with_context(|| format!("round {round}"))?;
         let (new_term, _) = wait_leading(&servers[other], term, bound).await.with_context(|| format!("round {round}"))?;
         let elapsed = killed.elapsed();
         wait_heartbeats(&servers[other], beats_before, bound).await.with_context(|| format!("round {round}"))?;
         let agent_moved = killed.elapsed();
+        wait_placed(&servers[other], &node, before, bound).await.with_context(|| format!("round {round}"))?;
+        let placement = killed.elapsed();
         println!(
-            "  kill {round}: term {term} -> {new_term}, a new leader after {:.2} s, the agent heartbeating it after {:.2} s",
+            "  kill {round}: term {term} -> {new_term}, a new leader after {:.2} s, the agent heartbeating it after {:.2} s, a deploy asked for after the kill reached it after {:.2} s",
             elapsed.as_secs_f64(),
-            agent_moved.as_secs_f64()
+            agent_moved.as_secs_f64(),
+            placement.as_secs_f64()
         );
+        placed.push(placement.as_secs_f64());
         took.push(elapsed.as_secs_f64());
         moved.push(agent_moved.as_secs_f64());
         term = new_term;
@@ -151,10 +210,14 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
     let mut agent_after_leader = agent_after_leader;
     let (extra_median, extra_p99, _) = median_p99_max(&mut agent_after_leader);
     println!("the agent's part (after the new leader leads): median {extra_median:.2} s, p99 {extra_p99:.2} s");
+    let (placed_median, placed_p99, _) = median_p99_max(&mut placed);
+    println!("time from kill -9 of the leader to the next placement reaching the agent: median {placed_median:.2} s, p99 {placed_p99:.2} s");
     Ok(vec![
         Target::new("new leader after a kill -9 of the leader, median", Cmp::AtMost, 15.0, "s", Some(median)),
         Target::new("new leader after a kill -9 of the leader, p99", Cmp::AtMost, 15.0, "s", Some(p99)),
         Target::new("agent heartbeating the new leader once it leads, p99", Cmp::AtMost, 10.0, "s", Some(extra_p99)),
+        // No issue set a bound of its own: the new leader's 15 s.
+        Target::new("next placement reaching the agent after a kill -9 of the leader, p99", Cmp::AtMost, 15.0, "s", Some(placed_p99)),
     ])
 }
 
