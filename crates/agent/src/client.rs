@@ -285,6 +285,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const STREAM_READ_TIMEOUT: Duration = Duration::from_secs(45);
 
 impl ControlPlane {
+    /// Returns once requests moved to another control-plane replica.
+    pub async fn moved_replica(&self) {
+        self.replicas.moved().await;
+    }
+
     /// A client for joining: no client certificate, CA pinned by hash.
     pub fn for_join(server: &str, pin: [u8; 32], protocol: u32) -> Result<ControlPlane, ClientError> {
         let mismatch = Arc::new(Mutex::new(None));

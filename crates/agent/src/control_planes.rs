@@ -26,6 +26,9 @@ struct Kept {
 pub struct Replicas {
     inner: Mutex<Inner>,
     file: Option<PathBuf>,
+    /// Told when requests move to another replica, so a loop waiting out
+    /// a back-off against the old one tries the new one soon.
+    moved: tokio::sync::Notify,
 }
 
 struct Inner {
@@ -57,7 +60,7 @@ impl Replicas {
             urls.insert(0, joined.clone());
         }
         let current = kept.current.and_then(|url| urls.iter().position(|u| *u == url)).unwrap_or_else(|| urls.iter().position(|u| *u == joined).unwrap_or(0));
-        Replicas { inner: Mutex::new(Inner { urls, current }), file }
+        Replicas { inner: Mutex::new(Inner { urls, current }), file, moved: tokio::sync::Notify::new() }
     }
 
     /// The URL requests go to now.
@@ -111,7 +114,14 @@ impl Replicas {
         let to = inner.urls[next].clone();
         tracing::warn!(from, to = %to, "moving to another control-plane replica");
         self.keep(&inner);
+        self.moved.notify_one();
         Some(to)
+    }
+
+    /// Returns once requests moved to another replica (at once if they
+    /// did since the last call).
+    pub async fn moved(&self) {
+        self.moved.notified().await;
     }
 
     fn keep(&self, inner: &Inner) {
@@ -154,5 +164,22 @@ mod tests {
         let again = Replicas::new("https://a:8443", Some(file));
         assert_eq!(again.current(), "https://c:8443");
         assert_eq!(again.all().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_move_wakes_whoever_waits_for_one() {
+        let replicas = std::sync::Arc::new(Replicas::new("https://a:8443", None));
+        replicas.learn(&["https://a:8443".into(), "https://b:8443".into()]);
+        let waiting = tokio::spawn({
+            let replicas = replicas.clone();
+            async move { replicas.moved().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "no move yet");
+        replicas.fail_over("https://a:8443", None).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiting).await.expect("woken by the move").unwrap();
+        // A move nobody waited for is remembered for the next wait.
+        replicas.fail_over("https://b:8443", None).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(1), replicas.moved()).await.expect("the earlier move counts");
     }
 }

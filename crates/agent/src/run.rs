@@ -430,8 +430,17 @@ async fn command_loop(
                 sync(&client, &mut executor, &options).await;
             }
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(30));
+        // Against a replica that is gone the back-off grows; once requests
+        // move to another one (the heartbeats found the new leader), the
+        // stream is tried there soon, not after the grown back-off, and
+        // at most twice a second while replicas answer "not the leader".
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(Duration::from_secs(30)),
+            () = client.moved_replica() => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                backoff = Duration::from_secs(1);
+            }
+        }
     }
 }
 
