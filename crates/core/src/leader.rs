@@ -43,6 +43,10 @@ pub struct Leadership {
     /// of this process's own, so a restarted replica starts a new term.
     pub holder: String,
     leading: AtomicBool,
+    /// When the lease granted last may have run out (the claim's send
+    /// time plus most of the lease): past it this replica does not count
+    /// as leading, whatever its loop is doing. `None` on SQLite.
+    deadline: std::sync::Mutex<Option<Instant>>,
     token: AtomicI64,
     /// The public URL of the replica that leads, as last read by a
     /// follower.
@@ -60,6 +64,7 @@ impl Leadership {
         Leadership {
             holder: format!("{public_url}#{nonce:08x}"),
             leading: AtomicBool::new(false),
+            deadline: Default::default(),
             token: AtomicI64::new(0),
             leader_url: Default::default(),
             control_planes: Default::default(),
@@ -69,7 +74,7 @@ impl Leadership {
 
     /// Whether this replica runs the leader's loops now.
     pub fn is_leading(&self) -> bool {
-        self.leading.load(Ordering::Relaxed)
+        self.leading.load(Ordering::Relaxed) && self.deadline.lock().expect("deadline lock").is_none_or(|until| Instant::now() < until)
     }
 
     /// The fencing token of the term this replica leads, 0 when it does
@@ -97,6 +102,11 @@ impl Leadership {
     fn set(&self, token: Option<i64>) {
         self.token.store(token.unwrap_or(0), Ordering::Relaxed);
         self.leading.store(token.is_some(), Ordering::Relaxed);
+    }
+
+    /// A renewal succeeded: the lease runs until `until` at least.
+    fn extend(&self, until: Instant) {
+        *self.deadline.lock().expect("deadline lock") = Some(until);
     }
 }
 
@@ -159,6 +169,10 @@ pub async fn run(state: Arc<AppState>, loops: Vec<Loop>, first: tokio::sync::one
         match attempt {
             Ok(Ok(Some(token))) => {
                 last_renewal = tried;
+                // The database's lease runs from when it ran the claim
+                // (after `tried`); a sixteenth of it is the margin for the
+                // two clocks' rates.
+                state.leader.extend(tried + lease - lease / 16);
                 if running.as_ref().map(|(held, _)| *held) != Some(token) {
                     step_down(&state, &mut running, "a new term began");
                     // Nodes joined or removed through the replica that led
@@ -175,14 +189,16 @@ pub async fn run(state: Arc<AppState>, loops: Vec<Loop>, first: tokio::sync::one
             }
             Ok(Ok(None)) => {
                 step_down(&state, &mut running, "another replica holds the lease");
-                if let Ok(Some(lease)) = state.store.lease().await {
+                if let Ok(Ok(Some(lease))) = tokio::time::timeout(every, state.store.lease()).await {
                     let url = lease.holder.rsplit_once('#').map(|(url, _)| url.to_string()).unwrap_or(lease.holder);
                     *state.leader.leader_url.lock().expect("leader url lock") = Some(url);
                 }
                 // Heartbeats reach the leader only: take the nodes as it
                 // wrote them (see `follower`), no more often than it writes.
                 if last_mirror.is_none_or(|at: Instant| at.elapsed() >= state.config.heartbeat_flush_interval) {
-                    crate::follower::mirror_nodes(&state).await;
+                    if tokio::time::timeout(every.max(Duration::from_secs(1)), crate::follower::mirror_nodes(&state)).await.is_err() {
+                        tracing::warn!("mirroring the nodes from the database did not finish in time");
+                    }
                     last_mirror = Some(Instant::now());
                 }
             }
@@ -191,22 +207,27 @@ pub async fn run(state: Arc<AppState>, loops: Vec<Loop>, first: tokio::sync::one
                 step_down(&state, &mut running, "the database refused or failed the lease renewal");
             }
             // Slow, not failed (a loaded host): the lease granted last
-            // still runs, so a leader goes on until one more renewal could
-            // no longer come in time. Stepping down at the first slow
+            // still runs, so a leader goes on while the next renewal (a
+            // sleep and a claim, each at most a quarter of the lease) can
+            // still come in time; `is_leading` ends at the lease's end
+            // whatever happens to this loop. Stepping down at the first slow
             // answer made a busy leader turn its agents away and take the
             // lead again a moment later.
-            Err(_) if running.is_some() && last_renewal.elapsed() + every < lease => {
+            Err(_) if running.is_some() && last_renewal.elapsed() + 2 * every < lease => {
                 tracing::warn!(elapsed_ms = last_renewal.elapsed().as_millis() as u64, "the lease renewal is slow; still within the lease");
             }
             Err(_) => step_down(&state, &mut running, "the lease renewal did not finish in time"),
         }
         // Seen within three renewals: alive.
-        if let Ok(urls) = state.store.control_planes(ttl_ms.saturating_mul(3) / 4).await {
+        if let Ok(Ok(urls)) = tokio::time::timeout(every, state.store.control_planes(ttl_ms.saturating_mul(3) / 4)).await {
             let urls = if urls.len() > 1 { urls } else { Vec::new() };
             *state.leader.control_planes.lock().expect("control planes lock") = urls;
         }
         let _ = first.take().map(|tell| tell.send(()));
-        tokio::time::sleep(every).await;
+        // A follower mirrors the nodes each flush interval, also under a
+        // long lease.
+        let pause = if running.is_some() { every } else { every.min(state.config.heartbeat_flush_interval) };
+        tokio::time::sleep(pause).await;
     }
 }
 
