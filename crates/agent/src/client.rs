@@ -285,9 +285,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const STREAM_READ_TIMEOUT: Duration = Duration::from_secs(45);
 
 impl ControlPlane {
-    /// Returns once requests moved to another control-plane replica.
-    pub async fn moved_replica(&self) {
-        self.replicas.moved().await;
+    /// Returns once another control-plane replica than the one before
+    /// answers a request with success (the agent found the new leader).
+    pub async fn found_another_replica(&self) {
+        self.replicas.found_another().await;
     }
 
     /// A client for joining: no client certificate, CA pinned by hash.
@@ -490,6 +491,7 @@ impl ControlPlane {
         };
         let status = response.status();
         if status.is_success() {
+            self.replicas.answered(&replica);
             return Ok(response);
         }
         let body = response.bytes().await.unwrap_or_default();

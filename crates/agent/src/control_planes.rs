@@ -26,9 +26,12 @@ struct Kept {
 pub struct Replicas {
     inner: Mutex<Inner>,
     file: Option<PathBuf>,
-    /// Told when requests move to another replica, so a loop waiting out
-    /// a back-off against the old one tries the new one soon.
-    moved: tokio::sync::Notify,
+    /// The replica that last answered a request with success; told (see
+    /// [`Replicas::answered`]) when that changes, so a loop waiting out a
+    /// back-off grown against a replica that is gone tries the one that
+    /// answers now soon.
+    answering: Mutex<Option<String>>,
+    found: tokio::sync::Notify,
 }
 
 struct Inner {
@@ -60,7 +63,7 @@ impl Replicas {
             urls.insert(0, joined.clone());
         }
         let current = kept.current.and_then(|url| urls.iter().position(|u| *u == url)).unwrap_or_else(|| urls.iter().position(|u| *u == joined).unwrap_or(0));
-        Replicas { inner: Mutex::new(Inner { urls, current }), file, moved: tokio::sync::Notify::new() }
+        Replicas { inner: Mutex::new(Inner { urls, current }), file, answering: Mutex::new(None), found: tokio::sync::Notify::new() }
     }
 
     /// The URL requests go to now.
@@ -114,14 +117,29 @@ impl Replicas {
         let to = inner.urls[next].clone();
         tracing::warn!(from, to = %to, "moving to another control-plane replica");
         self.keep(&inner);
-        self.moved.notify_one();
         Some(to)
     }
 
-    /// Returns once requests moved to another replica (at once if they
-    /// did since the last call).
-    pub async fn moved(&self) {
-        self.moved.notified().await;
+    /// `url` answered a request with success. When that is another
+    /// replica than the last one that did (the agent found the new
+    /// leader), whoever waits in [`Replicas::found_another`] is told.
+    /// While replicas only fail or answer "not the leader", nobody is: a
+    /// fleet's retries keep their back-off.
+    pub fn answered(&self, url: &str) {
+        let mut answering = self.answering.lock().expect("answering lock");
+        if answering.as_deref() != Some(url) {
+            let first = answering.is_none();
+            *answering = Some(url.to_string());
+            if !first {
+                self.found.notify_waiters();
+            }
+        }
+    }
+
+    /// Returns once a replica other than the one that answered before
+    /// answers with success.
+    pub async fn found_another(&self) {
+        self.found.notified().await;
     }
 
     fn keep(&self, inner: &Inner) {
@@ -167,19 +185,22 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_move_wakes_whoever_waits_for_one() {
+    async fn only_another_replica_answering_wakes_the_waiters_not_a_move() {
         let replicas = std::sync::Arc::new(Replicas::new("https://a:8443", None));
         replicas.learn(&["https://a:8443".into(), "https://b:8443".into()]);
+        replicas.answered("https://a:8443");
         let waiting = tokio::spawn({
             let replicas = replicas.clone();
-            async move { replicas.moved().await }
+            async move { replicas.found_another().await }
         });
-        tokio::task::yield_now().await;
-        assert!(!waiting.is_finished(), "no move yet");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // Moves alone (a gone replica, "not the leader") wake nobody.
         replicas.fail_over("https://a:8443", None).unwrap();
-        tokio::time::timeout(std::time::Duration::from_secs(1), waiting).await.expect("woken by the move").unwrap();
-        // A move nobody waited for is remembered for the next wait.
-        replicas.fail_over("https://b:8443", None).unwrap();
-        tokio::time::timeout(std::time::Duration::from_secs(1), replicas.moved()).await.expect("the earlier move counts");
+        replicas.fail_over("https://b:8443", Some("https://a:8443")).unwrap();
+        replicas.answered("https://a:8443");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "no other replica answered yet");
+        replicas.answered("https://b:8443");
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiting).await.expect("woken by the new replica's answer").unwrap();
     }
 }

@@ -356,9 +356,23 @@ fn real_main() -> anyhow::Result<()> {
             }
             Commands::Leave { force, docker_host } => {
                 let identity = Identity::load(&cli.data_dir)?;
-                let client = ControlPlane::for_node(&identity, cli.speak_protocol)?;
+                // From the replica the agent used last; one that is gone or
+                // does not lead moves the client on, and the leave is tried
+                // once more per replica known.
+                let client = ControlPlane::for_node(&identity, cli.speak_protocol)?
+                    .keeping_replicas_in(cli.data_dir.join(cloudweb_agent::control_planes::FILE));
                 let node_id = identity.info.node_id.clone();
-                match client.leave(force).await {
+                let mut tried = client.replicas().current();
+                let mut outcome = client.leave(force).await;
+                for _ in 1..client.replicas().all().len() {
+                    // Only a failure that moved the client is tried again.
+                    if outcome.is_ok() || client.replicas().current() == tried {
+                        break;
+                    }
+                    tried = client.replicas().current();
+                    outcome = client.leave(force).await;
+                }
+                match outcome {
                     Ok(left) => {
                         remove_node_containers(&docker_host, &node_id).await;
                         remove_relay_rule(&cli.data_dir).await;

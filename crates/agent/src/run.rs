@@ -430,16 +430,14 @@ async fn command_loop(
                 sync(&client, &mut executor, &options).await;
             }
         }
-        // Against a replica that is gone the back-off grows; once requests
-        // move to another one (the heartbeats found the new leader), the
-        // stream is tried there soon, not after the grown back-off, and
-        // at most twice a second while replicas answer "not the leader".
+        // Against a replica that is gone the back-off grows; once another
+        // replica answers (the heartbeats found the new leader), the
+        // stream is tried there without waiting the grown back-off out.
+        // Failures and "not the leader" answers wake nothing, so a fleet's
+        // retries keep their back-off during an election.
         tokio::select! {
             () = tokio::time::sleep(backoff) => backoff = (backoff * 2).min(Duration::from_secs(30)),
-            () = client.moved_replica() => {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                backoff = Duration::from_secs(1);
-            }
+            () = client.found_another_replica() => backoff = Duration::from_secs(1),
         }
     }
 }
