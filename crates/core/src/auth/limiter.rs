@@ -254,10 +254,11 @@ impl LoginLimiter {
     }
 
     /// Takes windows other replicas stored: a stored window replaces the
-    /// one held here when it started later, or counts more attempts in
-    /// the same window, so that attempts on every replica count against
-    /// one limit. A key the store no longer has (a success cleared it
-    /// elsewhere) is dropped when it is asked about.
+    /// one held here when it started later (a success elsewhere stores a
+    /// new, empty window), or counts more attempts in the same window, so
+    /// that attempts on every replica count against one limit. A key the
+    /// store does not have changes nothing here: an attempt on this replica
+    /// not stored yet (or not stored at all, a full disk) still counts.
     pub fn merge(&self, asked: &[(Kind, String)], stored: &[Change], now_ms: i64) {
         let window_ms = self.window_ms();
         let mut guard = self.inner.lock().expect("login limiter lock");
@@ -269,9 +270,7 @@ impl LoginLimiter {
             };
             let theirs = stored.iter().find(|c| c.kind == *kind && c.key == *key).and_then(|c| c.window).filter(|w| now_ms < w.start_ms + window_ms);
             match (theirs, table.entries.get(key).copied()) {
-                (None, _) => {
-                    table.entries.remove(key);
-                }
+                (None, _) => {}
                 (Some(w), Some(ours)) if ours.start_ms > w.start_ms || (ours.start_ms == w.start_ms && ours.attempts >= w.attempts) => {}
                 (Some(w), held) => {
                     if held.is_some() || table.entries.len() < self.limits.max_entries {
@@ -330,8 +329,13 @@ impl LoginLimiter {
         }
         let mut guard = self.inner.lock().expect("login limiter lock");
         let (pairs, addresses) = &mut *guard;
-        pairs.entries.remove(&pair);
-        let mut changes = vec![Change { kind: Kind::Account, key: pair, window: None }];
+        // An empty window from now rather than none: stored, it tells the
+        // other replicas the count was cleared (see `merge`).
+        let cleared = Window { start_ms: now_ms, attempts: 0 };
+        if pairs.entries.contains_key(&pair) || pairs.entries.len() < self.limits.max_entries {
+            pairs.entries.insert(pair.clone(), cleared);
+        }
+        let mut changes = vec![Change { kind: Kind::Account, key: pair, window: Some(cleared) }];
         changes.extend(address.and_then(|a| addresses.take_back(&a)));
         changes
     }
@@ -413,7 +417,7 @@ mod tests {
         // A success is stored as the account dropped and the address's
         // attempt taken back.
         let changes = second.succeeded("carol", Some(ip), 2_000);
-        assert_eq!(changes[0].window, None);
+        assert_eq!(changes[0].window, Some(Window { start_ms: 2_000, attempts: 0 }), "cleared, as an empty window");
         assert_eq!(changes[1].window.map(|w| w.attempts), Some(2));
     }
 
@@ -487,6 +491,16 @@ mod tests {
             };
         }
         attempt(&replicas[1], 2_000, &mut stored).unwrap();
+        // An attempt this replica could not store (or not yet) still
+        // counts here: a store without the key resets nothing.
+        let lone = LoginLimiter::new(Limits { per_account: 2, per_address: 100, window: Duration::from_secs(60), max_entries: 100 });
+        let keys = lone.stored_keys("finn", Some(ip));
+        for _ in 0..2 {
+            lone.merge(&keys, &[], 3_000);
+            lone.begin("finn", Some(ip), 3_000).unwrap();
+        }
+        lone.merge(&keys, &[], 3_000);
+        assert!(lone.begin("finn", Some(ip), 3_000).is_err(), "the unstored attempts count");
     }
 
     #[test]
