@@ -27,7 +27,7 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::hub::Hub;
-use crate::runtime_log_relay::{Relayed, Upload};
+use crate::runtime_log_relay::Relayed;
 
 /// Lines an app's ring keeps.
 pub const MAX_APP_LINES: usize = 2000;
@@ -42,7 +42,7 @@ const MAX_CONTAINERS_REMEMBERED: usize = 64;
 const LINE_OVERHEAD: usize = 160;
 
 /// One stored line, as the user API shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct RuntimeLine {
     /// Grows with every line stored (one sequence for all apps, starting
     /// at the control plane's start time in microseconds, so it keeps
@@ -76,9 +76,13 @@ struct Ring {
 }
 
 impl Ring {
-    fn push(&mut self, mut line: RuntimeLine, seq: &mut u64) {
+    /// Numbers and stores `line`; a copy goes to `stored` when given.
+    fn push(&mut self, mut line: RuntimeLine, seq: &mut u64, stored: Option<&mut Vec<RuntimeLine>>) {
         *seq += 1;
         line.seq = *seq;
+        if let Some(stored) = stored {
+            stored.push(line.clone());
+        }
         self.bytes += line.cost();
         self.lines.push_back(line);
         while self.lines.len() > MAX_APP_LINES || self.bytes > MAX_APP_BYTES {
@@ -172,45 +176,61 @@ impl RuntimeLogs {
         }
     }
 
-    /// Stores a container's new lines (passing them to the other
-    /// replicas); returns how many were new.
+    /// Stores a container's new lines (passing what was stored, with its
+    /// line numbers, to the other replicas); returns how many were new.
     pub fn append(&self, incoming: Incoming<'_>) -> u64 {
-        let accepted = self.store(&incoming);
-        self.pass_on(|| {
-            Relayed::Upload(Upload {
-                app: incoming.app.to_string(),
-                deployment_id: incoming.deployment_id.to_string(),
-                instance: incoming.instance,
-                node_id: incoming.node_id.to_string(),
-                container: incoming.container.to_string(),
-                dropped: incoming.dropped,
-                lines: incoming.lines.to_vec(),
-                now_ms: incoming.now_ms,
-            })
-        });
+        let mut stored = self.relay.get().map(|_| Vec::new());
+        let accepted = self.store(&incoming, stored.as_mut());
+        if let Some(lines) = stored.filter(|lines| !lines.is_empty()) {
+            self.pass_on(|| Relayed::Lines { app: incoming.app.to_string(), lines });
+        }
         accepted
     }
 
-    /// What another replica stored (see `runtime_log_relay`).
+    /// What another replica stored (see `runtime_log_relay`): its lines
+    /// keep their numbers, so a follower that reconnects to another
+    /// replica with the last one it saw (`Last-Event-ID`) misses and
+    /// repeats nothing; this replica's own numbering goes on above them
+    /// (it may lead next).
     pub fn take_relayed(&self, relayed: Relayed) {
-        match relayed {
-            Relayed::Upload(u) => {
-                self.store(&Incoming {
-                    app: &u.app,
-                    deployment_id: &u.deployment_id,
-                    instance: u.instance,
-                    node_id: &u.node_id,
-                    container: &u.container,
-                    dropped: u.dropped,
-                    lines: &u.lines,
-                    now_ms: u.now_ms,
-                });
+        let (app, lines) = match relayed {
+            Relayed::Lines { app, lines } => (app, lines),
+            Relayed::Forget(app) => return self.drop_app(&app),
+        };
+        {
+            let mut inner = self.rings.lock().expect("runtime log lock");
+            let inner = &mut *inner;
+            let ring = inner.apps.entry(app.clone()).or_default();
+            let before = ring.bytes;
+            for line in lines {
+                if ring.lines.back().is_some_and(|last| last.seq >= line.seq) {
+                    continue;
+                }
+                inner.seq = inner.seq.max(line.seq);
+                // What an agent that sends its last lines again is checked
+                // against, should this replica lead.
+                if let Ok(ts) = OffsetDateTime::parse(&line.ts, &Rfc3339) {
+                    let last = ring.last.entry(line.container.clone()).or_insert((ts, 0));
+                    if last.0 == ts {
+                        last.1 += 1;
+                    } else if ts > last.0 {
+                        *last = (ts, 1);
+                    }
+                }
+                ring.bytes += line.cost();
+                ring.lines.push_back(line);
+                while ring.lines.len() > MAX_APP_LINES || ring.bytes > MAX_APP_BYTES {
+                    ring.pop_oldest();
+                }
             }
-            Relayed::Forget(app) => self.drop_app(&app),
+            let after = ring.bytes;
+            inner.total = (inner.total + after).saturating_sub(before);
+            inner.trim_total();
         }
+        self.hub.notify(&app, "logs");
     }
 
-    fn store(&self, incoming: &Incoming<'_>) -> u64 {
+    fn store(&self, incoming: &Incoming<'_>, mut stored: Option<&mut Vec<RuntimeLine>>) -> u64 {
         let mut accepted = 0;
         {
             let mut inner = self.rings.lock().expect("runtime log lock");
@@ -237,7 +257,7 @@ impl RuntimeLogs {
                     "[{} lines of {} were lost on the node: its log buffer was full]",
                     incoming.dropped, incoming.container
                 );
-                ring.push(make(ts, "agent", note), seq);
+                ring.push(make(ts, "agent", note), seq, stored.as_deref_mut());
             }
             // Lines sent again by an agent that restarted: every line older
             // than the newest stored one of this container, and as many
@@ -263,7 +283,7 @@ impl RuntimeLogs {
                         }
                     }
                 }
-                ring.push(make(new.ts.clone(), &new.stream, new.line.clone()), seq);
+                ring.push(make(new.ts.clone(), &new.stream, new.line.clone()), seq, stored.as_deref_mut());
                 accepted += 1;
             }
             if let Some(last) = last {
@@ -340,6 +360,36 @@ mod tests {
 
     fn append(logs: &RuntimeLogs, app: &str, container: &str, dropped: u64, lines: &[LogLine]) -> u64 {
         logs.append(Incoming { app, deployment_id: "dep_1", instance: 1, node_id: "n-1", container, dropped, lines, now_ms: 0 })
+    }
+
+    #[test]
+    fn relayed_lines_keep_their_numbers_and_the_next_leader_numbers_above_them() {
+        let leader = RuntimeLogs::numbered_after(1_000);
+        let (relay, mut relayed) = tokio::sync::mpsc::channel(8);
+        leader.relay_to(relay);
+        // Started earlier: its own numbering is below the leader's.
+        let follower = RuntimeLogs::numbered_after(500);
+        append(&leader, "web", "cw-web-1", 2, &[line("2026-11-30T10:00:00.000000001Z", "a"), line("2026-11-30T10:00:00.000000002Z", "b")]);
+        follower.take_relayed(relayed.try_recv().unwrap());
+        let on_leader = leader.recent("web", 0, 10, None);
+        assert_eq!(follower.recent("web", 0, 10, None), on_leader, "the same lines, numbers and the lost-lines note");
+        let second = on_leader[1].seq;
+        assert_eq!(follower.recent("web", second, 10, None), leader.recent("web", second, 10, None), "a Last-Event-ID means the same on both");
+        // Taken twice (a relay that repeats): stored once.
+        leader.forget("nothing");
+        append(&leader, "web", "cw-web-1", 0, &[line("2026-11-30T10:00:00.000000003Z", "c")]);
+        let _ = relayed.try_recv().unwrap();
+        let batch = relayed.try_recv().unwrap();
+        follower.take_relayed(batch.clone());
+        follower.take_relayed(batch);
+        assert_eq!(follower.recent("web", 0, 10, None).len(), 4);
+        // The follower leads next: its lines come after the relayed ones,
+        // and the agent's repeat of an old line is recognised.
+        let last = follower.recent("web", 0, 10, None).last().unwrap().seq;
+        assert_eq!(append(&follower, "web", "cw-web-1", 0, &[line("2026-11-30T10:00:00.000000003Z", "c"), line("2026-11-30T10:00:00.000000004Z", "d")]), 1);
+        let newest = follower.recent("web", last, 10, None);
+        assert_eq!(newest.len(), 1);
+        assert!(newest[0].seq > last && newest[0].line == "d");
     }
 
     #[test]
