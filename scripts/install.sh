@@ -459,9 +459,20 @@ cli_bin="$bin_dir/cloudweb"
 mkdir -p "$data_dir"
 chmod 0700 "$data_dir"
 db_env=''
+# A run again without --database-url keeps the database an earlier run
+# was given (not an empty SQLite state in its place).
+if [ -z "$database_url" ] && [ -f "$data_dir/database.env" ]; then
+    database_url=$(sed -n 's/^CLOUDWEB_DATABASE_URL=//p' "$data_dir/database.env")
+    [ -n "$database_url" ] || die "$data_dir/database.env holds no CLOUDWEB_DATABASE_URL; give --database-url"
+    echo "install: keeping the database of the earlier install ($data_dir/database.env)"
+fi
 if [ -n "$database_url" ]; then
     db_env="$data_dir/database.env"
     (umask 077 && printf 'CLOUDWEB_DATABASE_URL=%s\n' "$database_url" > "$db_env")
+fi
+if [ -z "$join_url" ] && [ -n "$(recorded joined_control_plane)" ]; then
+    join_url=$(recorded joined_control_plane)
+    echo "install: this host is a replica of the control plane at $join_url (as installed before)"
 fi
 if [ -n "$join_url" ]; then
     # The cluster's master key seals its CA in the database; it is never
@@ -491,6 +502,7 @@ write_installer_env() {
         printf 'registry_address=%s\n' "$registry_address"
         [ "$mesh" = off ] || printf 'mesh_interface=%s\n' "$mesh_interface"
         [ "$mesh" = off ] || printf 'control_plane_mesh_address=%s\n' "$control_plane_mesh_address"
+        [ -z "$join_url" ] || printf 'joined_control_plane=%s\n' "$join_url"
     } > "$data_dir/installer.env"
 }
 write_installer_env

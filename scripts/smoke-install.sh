@@ -302,8 +302,12 @@ say "ok: --no-ingress install has no ingress and no example, uninstalled without
 # replica and a node (--join-control-plane). Without the mesh: two mesh
 # nodes on one host would share 10.77.0.0/16.
 say "two control-plane replicas on PostgreSQL (--database-url, --join-control-plane)"
-pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
-[ -x "$pgbin/initdb" ] || fail "PostgreSQL's server programs are not installed (scripts/deps.sh)"
+pgbin=''
+for candidate in /usr/lib/postgresql/*/bin; do
+    [ -x "$candidate/initdb" ] || continue
+    if [ -z "$pgbin" ] || [ "$(printf '%s\n%s\n' "$pgbin" "$candidate" | sort -V | tail -n 1)" = "$candidate" ]; then pgbin=$candidate; fi
+done
+[ -n "$pgbin" ] || fail "PostgreSQL's server programs are not installed (scripts/deps.sh)"
 pg=$(mktemp -d /tmp/cloudweb-smoke-pg.XXXXXX)
 chown postgres "$pg"
 runuser -u postgres -- "$pgbin/initdb" -D "$pg/data" --auth=trust --username=postgres --encoding=UTF8 --locale=C --no-sync >/dev/null \
@@ -321,12 +325,14 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))')
 first_mesh=off
 uninstalled=false
 output=$(CLOUDWEB_MESH=off bash scripts/install.sh --no-ingress --database-url "$db_url" 2>&1) || { echo "$output" >&2; fail "the install on PostgreSQL"; }
-! grep -q "$db_url" "$root"/run/cloudweb/*.pid /proc/"$(cat "$root/run/cloudweb/cloudweb-server.pid")"/cmdline 2>/dev/null \
-    || fail "the database URL is on the control plane's command line"
+server_cmdline=$(tr '\0' ' ' < "/proc/$(cat "$root/run/cloudweb/cloudweb-server.pid")/cmdline") || fail "cannot read the control plane's command line"
+grep -q -- "serve" <<<"$server_cmdline" || fail "not the control plane's command line: $server_cmdline"
+! grep -qF -- "$db_url" <<<"$server_cmdline" || fail "the database URL is on the control plane's command line"
 [ "$(stat -c %a "$root/var/lib/cloudweb/database.env")" = 600 ] || fail "database.env is not mode 0600"
 root2=$(mktemp -d /tmp/cloudweb-smoke2.XXXXXX)
 say "refusals: --join-control-plane without --database-url, or without the master key"
-if as_second bash scripts/install.sh --join-control-plane "https://127.0.0.1:$agent_port" >/dev/null 2>&1; then fail "--join-control-plane without --database-url was accepted"; fi
+output=$(as_second bash scripts/install.sh --join-control-plane "https://127.0.0.1:$agent_port" 2>&1) && fail "--join-control-plane without --database-url was accepted"
+grep -q "needs --database-url" <<<"$output" || { echo "$output" >&2; fail "the refusal does not say --database-url is needed"; }
 output=$(as_second bash scripts/install.sh --no-ingress --database-url "$db_url" --join-control-plane "https://127.0.0.1:$agent_port" 2>&1) \
     && fail "--join-control-plane without the master key was accepted"
 grep -q "copy master.key" <<<"$output" || { echo "$output" >&2; fail "the refusal does not say to copy the master key"; }

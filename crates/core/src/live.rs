@@ -200,7 +200,12 @@ impl NodeRegistry {
     /// and metrics are taken with their stored age. A node that never
     /// heartbeat counts from when it joined.
     pub fn mirror(&self, rows: &[NodeRow], now: Instant, now_ms: i64) {
-        let before = |at_ms: i64| now.checked_sub(Duration::from_millis(now_ms.saturating_sub(at_ms).max(0) as u64)).unwrap_or(now);
+        // An age the monotonic clock cannot go back to (older than this
+        // boot) counts as an hour: long past any unreachable period.
+        let before = |at_ms: i64| {
+            let age = Duration::from_millis(now_ms.saturating_sub(at_ms).max(0) as u64);
+            now.checked_sub(age).or_else(|| now.checked_sub(Duration::from_secs(3600))).unwrap_or(now)
+        };
         let mut mirrored = HashMap::with_capacity(rows.len());
         for row in rows {
             let mut node = live_from_row(row, now);

@@ -113,10 +113,9 @@ impl Store {
                     }
                 }
             };
+            // Every replica's try commits (its `control_planes` row).
             tx.commit().await?;
-            if token.is_some() {
-                self.count_commit().await;
-            }
+            self.count_commit().await;
             Ok(token)
         })
     }
