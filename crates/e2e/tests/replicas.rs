@@ -307,6 +307,20 @@ async fn an_agent_moves_to_the_new_leader_when_its_replica_dies() {
     .unwrap_or_else(|err| panic!("{err}: {}", node.log_text()));
     eprintln!("the agent heartbeats the new leader {:.1} s after the kill -9 of its replica", moved.as_secs_f64());
     assert!(node.log_text().contains("moving to another control-plane replica"), "{}", node.log_text());
+
+    // `cloudweb-agent leave` starts from the replica the agent used last
+    // and, that one gone too, goes on to the next it knows.
+    let mut node = node;
+    node.kill();
+    let mut second = second;
+    first.restart().await.unwrap();
+    second.process.kill();
+    wait_leading(&first, Duration::from_secs(15), "the first replica to lead again").await;
+    let args: Vec<String> = vec!["--data-dir".into(), node.dir.display().to_string(), "leave".into()];
+    let finished = cloudweb_e2e::run_agent_command(&args).unwrap();
+    assert!(finished.success, "{}", finished.output);
+    let (status, _) = first.call(Method::GET, &format!("/api/nodes/{}", node.node_id), None).await.unwrap();
+    assert_eq!(status, 404, "the node left through the replica that leads");
 }
 
 /// A Unix-socket proxy to PostgreSQL for one replica: cutting it drops
