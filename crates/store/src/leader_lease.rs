@@ -47,6 +47,16 @@ pub struct Replicas {
 /// A replica unseen for this long is forgotten.
 const FORGET_REPLICAS_MS: i64 = 3_600_000;
 
+/// The lease row, locked with `lock` on PostgreSQL (SQLite's write lock
+/// covers it there).
+fn lease_row_sql(engine: Engine, lock: &str) -> &'static str {
+    match (engine, lock) {
+        (Engine::Postgres, " FOR SHARE") => "SELECT holder, token, expires_at FROM leader_lease WHERE id = 1 FOR SHARE",
+        (Engine::Postgres, _) => "SELECT holder, token, expires_at FROM leader_lease WHERE id = 1 FOR UPDATE",
+        (Engine::Sqlite, _) => "SELECT holder, token, expires_at FROM leader_lease WHERE id = 1",
+    }
+}
+
 /// The database's clock, in milliseconds since the epoch.
 pub(crate) fn now_sql(engine: Engine) -> &'static str {
     match engine {
@@ -61,7 +71,10 @@ crate::backend::for_both_engines! {
     impl crate::backend::FenceCheck for sqlx::Transaction<'static, DB> {
         async fn check_fence(&mut self, engine: Engine, term: &fence::Term) -> Result<(), StoreError> {
             let now: i64 = sqlx::query(now_sql(engine)).fetch_one(&mut **self).await?.col("now");
-            let row = sqlx::query("SELECT holder, token, expires_at FROM leader_lease WHERE id = 1").fetch_optional(&mut **self).await?;
+            // On PostgreSQL the row stays share-locked until this write
+            // commits: a takeover (which updates it) waits for the old
+            // term's writes that passed this check.
+            let row = sqlx::query(lease_row_sql(engine, " FOR SHARE")).fetch_optional(&mut **self).await?;
             let holds = row.is_some_and(|row| {
                 row.col::<String>("holder") == term.holder && row.col::<i64>("token") == term.token && row.col::<i64>("expires_at") > now
             });
@@ -81,15 +94,31 @@ impl Store {
     ///
     /// Also records that the replica `holder`, reachable at `url`, is
     /// alive (see [`Store::control_planes`]).
+    ///
+    /// On PostgreSQL the claim does not take the store's write lock (a
+    /// leader's renewal must not queue behind a long write, such as the
+    /// heartbeat flush of 10,000 nodes): it locks the lease row itself,
+    /// which the fenced writes share-lock (see `check_fence`).
     pub async fn claim_lease(&self, holder: &str, url: &str, ttl_ms: i64) -> Result<Option<i64>, StoreError> {
         let engine = self.engine();
         on_db!(self, pool => {
-            let mut tx = pool.begin_write().await?;
+            let mut tx = match engine {
+                Engine::Postgres => pool.begin().await?,
+                Engine::Sqlite => pool.begin_write().await?,
+            };
+            if engine == Engine::Postgres {
+                sqlx::query("SET LOCAL lock_timeout = '5s'").execute(&mut *tx).await?;
+                // The row to lock, made expired if no replica ever led;
+                // seen by others only with this claim's own update.
+                sqlx::query("INSERT INTO leader_lease (id, holder, token, expires_at, renewed_at) VALUES (1, '', 0, 0, 0) ON CONFLICT (id) DO NOTHING")
+                    .execute(&mut *tx)
+                    .await?;
+            }
             let now: i64 = sqlx::query(now_sql(engine)).fetch_one(&mut *tx).await?.col("now");
             sqlx::query("INSERT INTO control_planes (holder, url, seen_at) VALUES ($1, $2, $3) ON CONFLICT (holder) DO UPDATE SET url = excluded.url, seen_at = excluded.seen_at")
                 .bind(holder).bind(url).bind(now).execute(&mut *tx).await?;
             sqlx::query("DELETE FROM control_planes WHERE seen_at < $1").bind(now - FORGET_REPLICAS_MS).execute(&mut *tx).await?;
-            let current = sqlx::query("SELECT holder, token, expires_at FROM leader_lease WHERE id = 1").fetch_optional(&mut *tx).await?;
+            let current = sqlx::query(lease_row_sql(engine, " FOR UPDATE")).fetch_optional(&mut *tx).await?;
             let token = match current {
                 None => {
                     sqlx::query("INSERT INTO leader_lease (id, holder, token, expires_at, renewed_at) VALUES (1, $1, 1, $2, $3)")
