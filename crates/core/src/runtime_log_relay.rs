@@ -10,19 +10,8 @@
 //! ran: history from before its start is on the leader only, like
 //! everything the rings hold, which a restart empties.
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::runtime_logs::Relayed;
 use crate::runtime_logs::RuntimeLine;
-
-/// What is passed on.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Relayed {
-    /// Lines of an app as they were stored (numbered).
-    Lines { app: String, lines: Vec<RuntimeLine> },
-    /// An app (or service) deleted: its lines go.
-    Forget(String),
-}
 
 /// Room for the JSON of one piece: PostgreSQL's 8,000 bytes, less the
 /// payload's first lines (origin and hub) and a margin.

@@ -27,7 +27,6 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::hub::Hub;
-use crate::runtime_log_relay::Relayed;
 
 /// Lines an app's ring keeps.
 pub const MAX_APP_LINES: usize = 2000;
@@ -40,6 +39,17 @@ pub const MAX_TOTAL_BYTES: usize = 128 * 1024 * 1024;
 const MAX_CONTAINERS_REMEMBERED: usize = 64;
 /// What one stored line costs besides its text (its fields and the ring).
 const LINE_OVERHEAD: usize = 160;
+
+/// What is passed to the other replicas (see `runtime_log_relay`, which
+/// cuts it into `NOTIFY` payloads).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Relayed {
+    /// Lines of an app as they were stored (numbered).
+    Lines { app: String, lines: Vec<RuntimeLine> },
+    /// An app (or service) deleted: its lines go.
+    Forget(String),
+}
 
 /// One stored line, as the user API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
