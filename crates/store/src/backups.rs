@@ -163,6 +163,18 @@ pub struct JobOutcome {
     /// A successful restore's replaced data, set in the same write:
     /// `settling` until the control plane has recorded what became of it.
     pub kept_state: Option<String>,
+    /// A verification's outcome, recorded on the backup it checked in the
+    /// same write, so nobody sees the job ended and the backup unchanged.
+    pub verified: Option<Verified>,
+}
+
+/// What a verification found of one backup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    pub backup_id: String,
+    /// `passed` or `failed`.
+    pub state: String,
+    pub detail: Option<String>,
 }
 
 /// Why a job was not queued.
@@ -431,28 +443,22 @@ impl Store {
                 tx.rollback().await?;
                 return Ok(false);
             }
+            if let Some(verified) = &outcome.verified {
+                sqlx::query("UPDATE backup_jobs SET verify_state = $1, verify_job = $2, verified_at = $3, verify_detail = $4 WHERE id = $5 AND kind = 'backup'")
+                    .bind(&verified.state)
+                    .bind(id)
+                    .bind(now_ms)
+                    .bind(&verified.detail)
+                    .bind(&verified.backup_id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             for command in then {
                 tx.insert_command(command, now_ms).await?;
             }
             tx.commit().await?;
             self.count_commit().await;
             Ok(true)
-        })
-    }
-
-    /// Records a verification's outcome on the backup it checked.
-    pub async fn set_backup_verification(&self, backup_id: &str, verify_job: &str, state: &str, detail: Option<&str>, now_ms: i64) -> Result<(), StoreError> {
-        on_db!(self, pool => {
-            sqlx::query("UPDATE backup_jobs SET verify_state = $1, verify_job = $2, verified_at = $3, verify_detail = $4 WHERE id = $5 AND kind = 'backup'")
-                .bind(state)
-                .bind(verify_job)
-                .bind(now_ms)
-                .bind(detail)
-                .bind(backup_id)
-                .execute(pool)
-                .await?;
-            self.count_commit().await;
-            Ok(())
         })
     }
 

@@ -53,7 +53,7 @@ pub use backend::Engine;
 use backend::Db;
 
 pub use accounts::{ApiTokenRow, SessionRow, UserRow};
-pub use backups::{BackupJobRow, DestinationRemoval, DestinationRow, JobOutcome, JobRefusal, PlanRow};
+pub use backups::{BackupJobRow, DestinationRemoval, DestinationRow, JobOutcome, JobRefusal, PlanRow, Verified};
 pub use apps::{AppRefusal, AppRow};
 pub use certificates::{CertificateOrders, CertificateRow};
 pub use commands::{CommandRow, NewCommand};

@@ -50,6 +50,15 @@ pub async fn on_report(state: &AppState, node_id: &str, job_id: &str, report: &B
         message: report.message.clone(),
         pruned: report.pruned,
         kept_state: (reported == JobState::Succeeded && job.kind == "restore").then(|| SETTLING.to_string()),
+        // A verification's finding lands on its backup in the same write.
+        verified: (job.kind == "verify").then_some(job.of_job.clone()).flatten().map(|backup_id| {
+            let passed = reported == JobState::Succeeded;
+            crate::store::Verified {
+                backup_id,
+                state: if passed { "passed" } else { "failed" }.to_string(),
+                detail: if passed { report.detail.clone() } else { report.message.clone().or(report.detail.clone()) },
+            }
+        }),
     };
     if reported == JobState::Succeeded && job.kind == "backup" && report.snapshot.is_none() {
         return Err(ApiError::BadRequest("a successful backup names its snapshot".into()));
@@ -74,9 +83,6 @@ pub async fn on_report(state: &AppState, node_id: &str, job_id: &str, report: &B
         ("verify", _) => {
             let passed = reported == JobState::Succeeded;
             let detail = if passed { job.detail.clone() } else { job.message.clone().or(job.detail.clone()) };
-            if let Some(backup) = &job.of_job {
-                state.store.set_backup_verification(backup, &job.id, if passed { "passed" } else { "failed" }, detail.as_deref(), now).await?;
-            }
             if passed {
                 tracing::info!(job = %job.id, backup = ?job.of_job, detail = ?detail, "backup verified");
             } else {
