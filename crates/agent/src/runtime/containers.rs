@@ -311,16 +311,22 @@ impl DockerRuntime {
         match docker.create_network(request).await {
             // Another agent on the same engine made it first.
             Ok(_) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 409, .. }) => Ok(()),
-            Err(err) => Err(err.into()),
+            // Two agents creating it at the same moment: the Engine may
+            // answer the loser 403 ("networks have same bridge name")
+            // rather than 409. The network is there all the same.
+            Err(err) => match docker.inspect_network(BUILD_NETWORK, None::<bollard::query_parameters::InspectNetworkOptions>).await {
+                Ok(_) => Ok(()),
+                Err(_) => Err(err.into()),
+            },
         }
     }
 
     /// Stops and removes every container labelled with this node's id, all
     /// at once so the stop grace periods overlap: app instances, build
-    /// steps and the ingress. For a node that is no longer in the cluster,
-    /// whose instances already run elsewhere. Returns the names removed
-    /// and, for each container that could not be removed, its name and
-    /// the reason.
+    /// steps, task runs, services and the ingress. For a node that is no
+    /// longer in the cluster, whose instances already run elsewhere.
+    /// Returns the names removed and, for each container that could not
+    /// be removed, its name and the reason.
     pub async fn remove_everything_of_this_node(&self) -> Result<(Vec<String>, Vec<(String, RuntimeError)>), RuntimeError> {
         let filters = HashMap::from([("label", vec![format!("{LABEL_NODE}={}", self.node_id)])]);
         let containers = self
