@@ -22,6 +22,7 @@ pub mod error;
 pub mod git;
 pub mod nodes;
 pub mod services;
+pub mod tasks;
 pub mod traffic;
 pub mod volumes;
 

@@ -55,6 +55,10 @@ pub enum CommandKind {
     BackupRestore,
     /// Stop a backup job ([`crate::backups::BackupCancelPayload`]).
     BackupCancel,
+    /// Run a task container ([`crate::tasks::TaskRunPayload`]).
+    TaskRun,
+    /// Kill a task container ([`crate::tasks::TaskCancelPayload`]).
+    TaskCancel,
 }
 
 impl CommandKind {
@@ -74,6 +78,8 @@ impl CommandKind {
             CommandKind::BackupVerify => "backup_verify",
             CommandKind::BackupRestore => "backup_restore",
             CommandKind::BackupCancel => "backup_cancel",
+            CommandKind::TaskRun => "task_run",
+            CommandKind::TaskCancel => "task_cancel",
         }
     }
 
@@ -93,6 +99,8 @@ impl CommandKind {
             "backup_verify" => Some(CommandKind::BackupVerify),
             "backup_restore" => Some(CommandKind::BackupRestore),
             "backup_cancel" => Some(CommandKind::BackupCancel),
+            "task_run" => Some(CommandKind::TaskRun),
+            "task_cancel" => Some(CommandKind::TaskCancel),
             _ => None,
         }
     }

@@ -17,6 +17,7 @@ pub mod renew;
 pub mod repo_ca;
 pub mod services;
 pub mod ssh;
+pub mod tasks;
 pub mod validate;
 pub mod version;
 pub mod volume_moves;
@@ -36,6 +37,7 @@ pub use logs::{ContainerLogs, LogUpload, LogUploadResponse, RefusedContainer};
 pub use renew::{RenewRequest, RenewResponse};
 pub use misc::{error_codes, ErrorBody, LeaveConflict, LeaveResponse, LogLine, RegistryConfig, Report, Route, RouteTable};
 pub use validate::ValidationError;
+pub use tasks::{TaskCancelPayload, TaskLine, TaskRunPayload, TaskRunReport, TaskState};
 pub use services::{ServiceExec, ServiceKind, ServiceLogUpload, ServiceLogs, ServicePayload, ServiceRemovePayload, ServiceStatus};
 pub use volume_moves::{Frame, MoveReport, MoveReportState, VolumeMoveStep, VolumeReceivePayload, VolumeSendPayload};
 pub use volumes::{VolumeDeletePayload, VolumeMount};
@@ -73,6 +75,13 @@ pub mod paths {
     /// `POST {BACKUP_JOBS}/{job_id}`: what became of a backup, verify or
     /// restore job.
     pub const BACKUP_JOBS: &str = "/agent/v1/backup-jobs";
+    /// `POST {TASK_RUNS}/{run_id}`: what became of a task run.
+    pub const TASK_RUNS: &str = "/agent/v1/task-runs";
+
+    /// `POST /agent/v1/task-runs/{run_id}`.
+    pub fn task_run(run_id: &str) -> String {
+        format!("{TASK_RUNS}/{run_id}")
+    }
 
     /// `POST /agent/v1/volume-moves/{move_id}`.
     pub fn volume_move(move_id: &str) -> String {
@@ -130,4 +139,7 @@ pub mod features {
     /// `backup_restore` and `backup_cancel` and reports to
     /// `POST /agent/v1/backup-jobs/{id}`.
     pub const BACKUPS: &str = "backups";
+    /// The agent runs one-off task containers (`task_run`, `task_cancel`)
+    /// and reports to `POST /agent/v1/task-runs/{id}`.
+    pub const TASKS: &str = "tasks";
 }

@@ -37,6 +37,7 @@ mod services;
 mod service_upgrades;
 mod routes;
 mod snapshot;
+pub mod tasks;
 pub mod steps;
 #[cfg(test)]
 #[macro_use]
@@ -70,6 +71,7 @@ pub use overview::{AppRecentUsage, ClusterUsageBucket};
 pub use tokens::TokenRejection;
 pub use service_upgrades::{Switch, UpgradeRow};
 pub use services::{LinkRefusal, ServiceChange, ServiceLinkRow, ServiceRefusal, ServiceRow};
+pub use tasks::{CronJobRow, CronRefusal, TaskLineRow, TaskRunRow, Tick};
 pub use volume_moves::{MoveRefusal, VolumeMoveRow};
 pub use volumes::{AttachRefusal, Attached, VolumeDeletion, VolumeRow, MAX_VOLUMES_PER_APP};
 pub use usage::{AppUsage, AppUsageRow, NodeUsageRow, NodeUsageSample, FINE as USAGE_FINE_SECONDS};
