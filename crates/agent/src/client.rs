@@ -587,6 +587,16 @@ impl ControlPlane {
         self.send(self.http().post(self.url(&paths::backup_job(job_id))).json(&report)).await.map(drop)
     }
 
+    /// Reports on a task run (see [`crate::tasks`]), its message made one
+    /// valid line first.
+    pub async fn task_run(&self, run_id: &str, report: &cloudweb_protocol::TaskRunReport) -> Result<(), ClientError> {
+        let mut report = report.clone();
+        if let Some(message) = &mut report.message {
+            *message = cloudweb_protocol::misc::one_line(message, cloudweb_protocol::tasks::MAX_MESSAGE_BYTES);
+        }
+        self.send(self.http().post(self.url(&paths::task_run(run_id))).json(&report)).await.map(drop)
+    }
+
     /// Uploads runtime log lines (see [`crate::logs`]).
     pub async fn upload_logs(&self, upload: &cloudweb_protocol::LogUpload) -> Result<cloudweb_protocol::LogUploadResponse, ClientError> {
         let mut upload = upload.clone();

@@ -71,6 +71,7 @@ struct Inner {
     services: crate::services::Services,
     moves: crate::volume_moves::Moves,
     backups: crate::backups::Backups,
+    tasks: crate::tasks::Tasks,
     deploy_options: DeployOptions,
     handled_path: PathBuf,
     handled: Mutex<VecDeque<String>>,
@@ -101,7 +102,14 @@ fn instance_of(command: &Command) -> Option<u32> {
 }
 
 impl Executor {
-    pub fn new(runtime: DockerRuntime, services: crate::services::Services, backups: crate::backups::Backups, data_dir: &Path, deploy_options: DeployOptions) -> Executor {
+    pub fn new(
+        runtime: DockerRuntime,
+        services: crate::services::Services,
+        backups: crate::backups::Backups,
+        tasks: crate::tasks::Tasks,
+        data_dir: &Path,
+        deploy_options: DeployOptions,
+    ) -> Executor {
         let handled_path = data_dir.join(HANDLED_FILE);
         let handled = std::fs::read(&handled_path)
             .ok()
@@ -113,6 +121,7 @@ impl Executor {
                 runtime,
                 services,
                 backups,
+                tasks,
                 deploy_options,
                 handled_path,
                 handled: Mutex::new(handled),
@@ -292,8 +301,9 @@ where
 impl Inner {
     /// A command whose execution panicked is settled as failed: retrying
     /// would most likely panic again, forever. A deploy's deployment is
-    /// reported failed; a stop's deployment gets the reason as a log line
-    /// (its state is the control plane's to judge). Either way the command
+    /// reported failed, and so is a `task_run`'s run (unless something
+    /// works on it or it ended); a stop's deployment gets the reason as a
+    /// log line (its state is the control plane's to judge). Either way the command
     /// is acked. The panic's text stays in the agent's log: it may quote
     /// anything, and reports are shown to users.
     async fn fail_after_panic(&self, client: &ControlPlane, command: &Command, panic: &str) -> Outcome {
@@ -309,13 +319,16 @@ impl Inner {
                 report.state = Some("failed".into());
                 report.message = Some(cloudweb_protocol::misc::one_line(&reason, cloudweb_protocol::misc::MAX_REPORT_MESSAGE));
             } else {
-                report.logs = vec![LogLine { ts: now_rfc3339(), stream: "agent".into(), line: reason }];
+                report.logs = vec![LogLine { ts: now_rfc3339(), stream: "agent".into(), line: reason.clone() }];
             }
             if report.validate().is_ok() {
                 if let Err(err) = client.report(&report).await {
                     tracing::warn!(error = %err, "could not report the command that panicked");
                 }
             }
+        }
+        if CommandKind::parse(&command.kind) == Some(CommandKind::TaskRun) {
+            self.tasks.fail_unstarted(&command.payload, reason).await;
         }
         Outcome::Handled
     }
@@ -402,6 +415,8 @@ impl Inner {
                     Outcome::Handled
                 }
             },
+            Some(CommandKind::TaskRun) => self.task_step(command, self.tasks.run_command(command.payload.clone()).await),
+            Some(CommandKind::TaskCancel) => self.task_step(command, self.tasks.cancel_command(command.payload.clone()).await),
             None => {
                 // Nothing to report to: an unknown type names no deployment.
                 tracing::error!(command = %command.id, kind = %command.kind, "this agent cannot handle this command type; dropping it");
@@ -449,6 +464,22 @@ impl Inner {
             accepted => tracing::info!(command = %command.id, kind = %command.kind, ?accepted, "backup job taken"),
         }
         Outcome::Handled
+    }
+
+    /// A task command's outcome: acked once its run started, was taken up,
+    /// was reported again or was found impossible (see [`crate::tasks`]).
+    fn task_step(&self, command: &Command, taken: crate::tasks::Taken) -> Outcome {
+        match taken {
+            crate::tasks::Taken::Retry(reason) => Outcome::Retry(reason),
+            crate::tasks::Taken::Invalid(reason) => {
+                tracing::warn!(command = %command.id, kind = %command.kind, %reason, "invalid payload; dropping the command");
+                Outcome::Handled
+            }
+            taken => {
+                tracing::info!(command = %command.id, kind = %command.kind, ?taken, "task command taken");
+                Outcome::Handled
+            }
+        }
     }
 
     async fn deploy(&self, client: &Arc<ControlPlane>, command: &Command, cancel: watch::Receiver<bool>) -> Outcome {

@@ -24,6 +24,7 @@ pub mod runtime;
 pub mod service_logs;
 pub mod services;
 pub mod shutdown;
+pub mod tasks;
 pub mod timestamp;
 pub mod usage;
 pub mod volume_moves;

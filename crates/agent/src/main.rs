@@ -430,7 +430,7 @@ async fn remove_relay_rule(data_dir: &std::path::Path) {
 }
 
 /// Stops and removes every container labelled with this node's id (app
-/// instances, build steps, the ingress) and prints each. Only those: other
+/// instances, build steps, task runs, services, the ingress) and prints each. Only those: other
 /// containers on the host are not ours. Docker being unreachable does not
 /// stop the leave; it is said.
 async fn remove_node_containers(docker_host: &str, node_id: &str) {

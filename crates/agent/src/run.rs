@@ -106,14 +106,26 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     // Before the services' supervisor starts: a service whose data an
     // earlier agent was swapping stays held until the swap is settled.
     let backups = crate::backups::Backups::new(runtime.clone(), services.clone(), &options.data_dir, client.clone());
+    let task_runs = crate::tasks::Tasks::new(
+        runtime.clone(),
+        &options.data_dir,
+        Arc::new(crate::tasks::Link::new(client.clone(), options.deploy.docker_certs_dir.clone())),
+    );
     {
-        let (runtime, backups) = (runtime.clone(), backups.clone());
+        let (runtime, backups, task_runs) = (runtime.clone(), backups.clone(), task_runs.clone());
         tokio::spawn(async move {
             remove_builders(&runtime, "left by an earlier agent").await;
             // Backup jobs an earlier agent left halfway are settled before
             // a command delivered again could find their leftovers.
             if tokio::time::timeout(BACKUP_RECOVERY_LIMIT, backups.recover()).await.is_err() {
                 tracing::warn!("settling the backup jobs of an earlier agent took over {} s; going on", BACKUP_RECOVERY_LIMIT.as_secs());
+            }
+            // Task containers an earlier agent waited for are waited for
+            // again (their slots taken) before a command delivered again
+            // could start a second one; the periodic sweep catches what
+            // this one misses.
+            if tokio::time::timeout(TASK_RECOVERY_LIMIT, task_runs.sweep()).await.is_err() {
+                tracing::warn!("taking up the task runs of an earlier agent took over {} s; going on", TASK_RECOVERY_LIMIT.as_secs());
             }
             let _ = builders_gone.send(true);
         });
@@ -123,7 +135,7 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
         Ok(added) => tracing::info!(added, bridge = crate::runtime::BUILD_BRIDGE, "firewall rules keep builds off the host and private networks"),
         Err(err) => tracing::warn!(error = %err, "builds can reach the host's services and private networks"),
     }
-    let executor = Executor::new(runtime.clone(), services.clone(), backups.clone(), &options.data_dir, options.deploy.clone());
+    let executor = Executor::new(runtime.clone(), services.clone(), backups.clone(), task_runs.clone(), &options.data_dir, options.deploy.clone());
     let samples = Arc::new(crate::usage::Latest::default());
     let mut tasks = vec![tokio::spawn(crate::renew::renewer(client.clone(), identity.clone(), options.data_dir.clone()))];
     tasks.push(tokio::spawn(crate::usage::sampler(runtime.clone(), options.data_dir.clone(), options.metrics_interval, samples.clone())));
@@ -151,6 +163,7 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     tasks.push(tokio::spawn(crate::logs::run(client.clone(), runtime.clone())));
     tasks.push(tokio::spawn(crate::prune::pruner(client.clone(), runtime.clone(), options.image_prune_interval, options.keep_images)));
     tasks.push(tokio::spawn(services.clone().supervise()));
+    tasks.push(tokio::spawn(task_runs.housekeeping()));
     tasks.push(tokio::spawn(crate::service_logs::run(client.clone(), runtime.clone(), services.clone())));
     tasks.push(tokio::spawn(heartbeat_loop(client.clone(), options.clone(), shared, samples, health, mesh, services)));
     let commands_client = client.clone();
@@ -210,6 +223,9 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
 /// How long settling an earlier agent's backup jobs may hold the command
 /// loop.
 const BACKUP_RECOVERY_LIMIT: Duration = Duration::from_secs(120);
+/// How long taking up an earlier agent's task runs may hold the command
+/// loop.
+const TASK_RECOVERY_LIMIT: Duration = Duration::from_secs(60);
 /// How long the running backup jobs get to stop at a shutdown.
 const BACKUP_SHUTDOWN_LIMIT: Duration = Duration::from_secs(8);
 
@@ -326,6 +342,7 @@ async fn heartbeat_loop(
             cloudweb_protocol::features::VOLUME_MOVES.to_string(),
             cloudweb_protocol::features::SERVICE_OPS.to_string(),
             cloudweb_protocol::features::BACKUPS.to_string(),
+            cloudweb_protocol::features::TASKS.to_string(),
         ];
         if ingress_active {
             features.push(cloudweb_protocol::features::TRAFFIC_METRICS.to_string());

@@ -24,7 +24,7 @@ use cloudweb_protocol::{DeployPayload, Report, Strategy};
 use tokio::sync::watch;
 
 mod log_shipper;
-mod registry_retry;
+pub(crate) mod registry_retry;
 mod rollout;
 
 use self::log_shipper::LogShipper;
@@ -520,15 +520,35 @@ fn bracket(host: &str) -> String {
 
 /// The cluster registry, with Docker told to trust its CA.
 async fn registry(client: &ControlPlane, options: &DeployOptions) -> Result<Option<RegistryAuth>, Failure> {
-    let config = client.registry().await.map_err(|e| Failure::Retry(format!("cannot read the registry settings: {e}")))?;
+    cluster_registry(client, &options.docker_certs_dir).await.map_err(|err| match err {
+        RegistryError::Retry(reason) => Failure::Retry(reason),
+        RegistryError::Failed(reason) => Failure::Failed(reason),
+    })
+}
+
+/// Why the cluster registry's settings are not at hand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegistryError {
+    /// The control plane did not answer: try again later.
+    Retry(String),
+    Failed(String),
+}
+
+/// The cluster registry's credentials (`None` without a registry), its CA
+/// written to Docker's certificate directory `docker_certs_dir` first.
+/// Also for task runs, which pull their image the way a deploy does.
+pub(crate) async fn cluster_registry(client: &ControlPlane, docker_certs_dir: &Path) -> Result<Option<RegistryAuth>, RegistryError> {
+    let config = client.registry().await.map_err(|e| RegistryError::Retry(format!("cannot read the registry settings: {e}")))?;
     let (true, Some(address), Some(ca), Some(username), Some(password)) = (config.configured, config.address, config.ca, config.username, config.password) else {
         return Ok(None);
     };
-    cloudweb_protocol::validate::endpoint("registry address", &address).map_err(|e| Failure::Failed(e.to_string()))?;
-    let dir = options.docker_certs_dir.join(&address);
+    cloudweb_protocol::validate::endpoint("registry address", &address).map_err(|e| RegistryError::Failed(e.to_string()))?;
+    let dir = docker_certs_dir.join(&address);
     let path = dir.join("ca.crt");
     if std::fs::read_to_string(&path).ok().as_deref() != Some(ca.as_str()) {
-        std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, &ca)).map_err(|e| Failure::Failed(format!("cannot write {}: {e}", path.display())))?;
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(&path, &ca))
+            .map_err(|e| RegistryError::Failed(format!("cannot write {}: {e}", path.display())))?;
     }
     Ok(Some(RegistryAuth { address, username, password }))
 }

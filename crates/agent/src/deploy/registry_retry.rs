@@ -9,7 +9,7 @@ use crate::runtime::{is_transient_registry_error, RuntimeError};
 /// (see [`is_transient_registry_error`]): eight tries over about 30 s,
 /// which covers a registry restart by the control plane and a restart of
 /// the control plane itself (the registry is its child).
-pub(super) const REGISTRY_RETRY_DELAYS: [Duration; 7] = [
+pub(crate) const REGISTRY_RETRY_DELAYS: [Duration; 7] = [
     Duration::from_secs(1),
     Duration::from_secs(2),
     Duration::from_secs(3),
@@ -22,7 +22,7 @@ pub(super) const REGISTRY_RETRY_DELAYS: [Duration; 7] = [
 /// Runs a push or pull (`what`), again after each of `delays` while it
 /// fails with a transient registry error; each retry goes to `log` (the
 /// deployment's log) and the agent's log.
-pub(super) async fn with_registry_retry<T, F, Fut>(delays: &[Duration], log: impl Fn(String), what: &str, mut attempt: F) -> Result<T, RuntimeError>
+pub(crate) async fn with_registry_retry<T, F, Fut>(delays: &[Duration], log: impl Fn(String), what: &str, mut attempt: F) -> Result<T, RuntimeError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, RuntimeError>>,

@@ -92,7 +92,18 @@ impl DockerRuntime {
     /// A container's output, followed until it stops, from its last
     /// `tail` lines on.
     pub fn follow_output(&self, id: &str, tail: usize) -> Result<impl Stream<Item = Result<OutputLine, RuntimeError>> + Send + 'static, RuntimeError> {
-        let options = LogsOptionsBuilder::new().follow(true).stdout(true).stderr(true).timestamps(true).tail(&tail.to_string());
+        self.follow(id, &tail.to_string())
+    }
+
+    /// A container's whole output from its first line, followed until it
+    /// stops: a task's lines are numbered from the first, so none may be
+    /// missed between its start and the follow.
+    pub fn follow_whole_output(&self, id: &str) -> Result<impl Stream<Item = Result<OutputLine, RuntimeError>> + Send + 'static, RuntimeError> {
+        self.follow(id, "all")
+    }
+
+    fn follow(&self, id: &str, tail: &str) -> Result<impl Stream<Item = Result<OutputLine, RuntimeError>> + Send + 'static, RuntimeError> {
+        let options = LogsOptionsBuilder::new().follow(true).stdout(true).stderr(true).timestamps(true).tail(tail);
         let docker = self.docker()?;
         let stream = docker.logs(id, Some(options.build()));
         Ok(stream.flat_map(|item| {

@@ -9,6 +9,7 @@ mod containers;
 mod images;
 mod logs;
 mod service_containers;
+mod task_containers;
 mod usage;
 
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ pub use containers::{AppContainer, CaddyContainer, ContainerState, OneShot, BUIL
 pub use images::{is_transient_registry_error, AppImage, RegistryAuth};
 pub use logs::{AppInstance, OutputLine};
 pub use service_containers::{ServiceContainer, LABEL_GENERATION, LABEL_SERVICE};
+pub use task_containers::{engine_message, TaskContainer, TaskSpec, LABEL_TASK, LABEL_TASK_TIMEOUT, ROLE_TASK};
 pub use usage::{Sample, UsageTracker};
 
 pub const LABEL_NODE: &str = "cloudweb.node";
@@ -102,7 +104,7 @@ impl DockerRuntime {
     }
 
     /// Every container labelled with this node's id, whatever its role (app
-    /// instances, build steps, the ingress), as (id, name). For `leave`,
+    /// instances, build steps, task runs, the ingress), as (id, name). For `leave`,
     /// which must not leave any of them behind with their ports.
     pub async fn all_node_containers(&self) -> Result<Vec<(String, String)>, RuntimeError> {
         let containers = self.labelled(vec![format!("{LABEL_NODE}={}", self.node_id)]).await?;
@@ -165,7 +167,9 @@ impl DockerRuntime {
             .await?)
     }
 
-    /// This node's containers, optionally only those of one deployment.
+    /// This node's containers of deployments (app instances), optionally
+    /// only those of one deployment. Containers without a deployment label
+    /// (build steps, task runs, the ingress, services) are not among them.
     pub async fn own_containers(&self, deployment_id: Option<&str>) -> Result<Vec<OwnContainer>, RuntimeError> {
         let mut labels = vec![format!("{LABEL_NODE}={}", self.node_id)];
         if let Some(deployment) = deployment_id {
