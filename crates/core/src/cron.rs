@@ -1,10 +1,11 @@
-//! Backup schedules: the five fields of cron (`minute hour day-of-month
-//! month day-of-week`), in UTC, with `*`, numbers, ranges `a-b`, steps
+//! Schedules of backups and scheduled jobs: the five fields of cron
+//! (`minute hour day-of-month month day-of-week`), in UTC or (scheduled
+//! jobs) in an IANA time zone, with `*`, numbers, ranges `a-b`, steps
 //! `*/n` and `a-b/n`, and lists `a,b`; day of week 0 to 7 (0 and 7 are
 //! Sunday); `@hourly`, `@daily`, `@weekly` and `@monthly`. As in cron, when
 //! both day fields are restricted a day matching either runs.
 
-use time::{Duration, OffsetDateTime};
+use time::{Duration, OffsetDateTime, PrimitiveDateTime};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Schedule {
@@ -88,7 +89,7 @@ impl Schedule {
         })
     }
 
-    fn day_matches(&self, at: OffsetDateTime) -> bool {
+    fn day_matches(&self, at: PrimitiveDateTime) -> bool {
         let day = self.days & (1 << at.day()) != 0;
         let weekday = self.weekdays & (1 << at.weekday().number_days_from_sunday()) != 0;
         match (self.days_restricted, self.weekdays_restricted) {
@@ -100,20 +101,26 @@ impl Schedule {
     }
 
     /// The first minute strictly after `after_ms` (ms since the epoch) the
-    /// schedule fires, in ms; `None` when none comes within 5 years (a
-    /// 31st of February).
+    /// schedule fires, read in UTC, in ms; `None` when none comes within 5
+    /// years (a 31st of February).
     pub fn next_after(&self, after_ms: i64) -> Option<i64> {
         let start = OffsetDateTime::from_unix_timestamp(after_ms.div_euclid(1000)).ok()?;
-        let mut at = start.replace_second(0).ok()?.replace_nanosecond(0).ok()? + Duration::minutes(1);
-        let end = start + Duration::days(5 * 366);
+        let next = self.next_civil(PrimitiveDateTime::new(start.date(), start.time()))?;
+        Some(next.assume_utc().unix_timestamp() * 1000)
+    }
+
+    /// The first wall-clock minute strictly after `after` that matches.
+    pub fn next_civil(&self, after: PrimitiveDateTime) -> Option<PrimitiveDateTime> {
+        let mut at = after.replace_second(0).ok()?.replace_nanosecond(0).ok()? + Duration::minutes(1);
+        let end = after + Duration::days(5 * 366);
         while at < end {
             if self.months & (1 << u8::from(at.month())) == 0 {
                 let (year, month) = if at.month() == time::Month::December { (at.year() + 1, time::Month::January) } else { (at.year(), at.month().next()) };
-                at = time::Date::from_calendar_date(year, month, 1).ok()?.midnight().assume_utc();
+                at = time::Date::from_calendar_date(year, month, 1).ok()?.midnight();
                 continue;
             }
             if !self.day_matches(at) {
-                at = (at.date() + Duration::days(1)).midnight().assume_utc();
+                at = (at.date() + Duration::days(1)).midnight();
                 continue;
             }
             if self.hours & (1 << at.hour()) == 0 {
@@ -124,7 +131,31 @@ impl Schedule {
                 at += Duration::minutes(1);
                 continue;
             }
-            return Some(at.unix_timestamp() * 1000);
+            return Some(at);
+        }
+        None
+    }
+
+    /// The first tick strictly after `after_ms` with the schedule read as
+    /// wall-clock time in `zone`. A tick that does not exist there (the
+    /// hour skipped when clocks go forward) fires at the first minute
+    /// after the gap; a tick that exists twice (the hour repeated when
+    /// they go back) fires once, at its first occurrence.
+    pub fn next_in_zone(&self, zone: &jiff::tz::TimeZone, after_ms: i64) -> Option<i64> {
+        let after = jiff::Timestamp::from_millisecond(after_ms).ok()?;
+        let local = zone.to_datetime(after);
+        let mut civil = PrimitiveDateTime::new(
+            time::Date::from_calendar_date(i32::from(local.year()), time::Month::try_from(local.month() as u8).ok()?, local.day() as u8).ok()?,
+            time::Time::from_hms(local.hour() as u8, local.minute() as u8, local.second() as u8).ok()?,
+        );
+        // Bounded: the times of a repeated hour already passed are skipped
+        // here, at most one hour of minutes.
+        for _ in 0..2_000 {
+            civil = self.next_civil(civil)?;
+            let at = resolve(zone, civil)?;
+            if at > after_ms {
+                return Some(at);
+            }
         }
         None
     }
@@ -136,6 +167,39 @@ impl Schedule {
         let second = self.next_after(first)?;
         Some(second - first)
     }
+}
+
+/// The instant (ms) of wall-clock time `civil` in `zone`: the earlier of
+/// two, and for a time inside a gap, the end of the gap.
+fn resolve(zone: &jiff::tz::TimeZone, civil: PrimitiveDateTime) -> Option<i64> {
+    let mut civil = civil;
+    // A gap is at most a few hours (most are one): walk out of it.
+    for _ in 0..(26 * 60) {
+        let local = jiff::civil::DateTime::new(
+            i16::try_from(civil.year()).ok()?,
+            u8::from(civil.month()) as i8,
+            civil.day() as i8,
+            civil.hour() as i8,
+            civil.minute() as i8,
+            0,
+            0,
+        )
+        .ok()?;
+        let ambiguous = zone.to_ambiguous_timestamp(local);
+        if !matches!(ambiguous.offset(), jiff::tz::AmbiguousOffset::Gap { .. }) {
+            return ambiguous.earlier().ok().map(|t| t.as_millisecond());
+        }
+        civil += Duration::minutes(1);
+    }
+    None
+}
+
+/// A time zone by its IANA name (`UTC`, `Europe/Madrid`).
+pub fn zone(name: &str) -> Result<jiff::tz::TimeZone, String> {
+    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'_' | b'-' | b'+')) {
+        return Err(format!("{name:?} is not a time zone name (such as UTC or Europe/Madrid)"));
+    }
+    jiff::tz::TimeZone::get(name).map_err(|_| format!("unknown time zone {name:?} (an IANA name such as UTC or Europe/Madrid)"))
 }
 
 /// The default schedule of a target: daily, at a minute of a night hour
@@ -189,6 +253,49 @@ mod tests {
         assert_eq!(either.next_after(ms("2026-12-02T00:00:00Z")), Some(ms("2026-12-04T00:00:00Z")));
         assert_eq!(Schedule::parse("0 0 31 2 *").unwrap().next_after(ms("2026-12-02T00:00:00Z")), None);
         assert_eq!(Schedule::parse("@hourly").unwrap().interval_ms(0), Some(3_600_000));
+    }
+
+    #[test]
+    fn reads_the_schedule_in_a_time_zone_across_daylight_saving_changes() {
+        let madrid = zone("Europe/Madrid").unwrap();
+        let daily = Schedule::parse("30 3 * * *").unwrap();
+        // Winter: UTC+1.
+        assert_eq!(daily.next_in_zone(&madrid, ms("2026-12-02T00:00:00Z")), Some(ms("2026-12-02T02:30:00Z")));
+        // Summer: UTC+2.
+        assert_eq!(daily.next_in_zone(&madrid, ms("2026-07-01T00:00:00Z")), Some(ms("2026-07-01T01:30:00Z")));
+        // 2026-03-29: 02:00 jumps to 03:00; 02:30 does not exist and runs
+        // at the end of the gap, 03:00 local (01:00 UTC), once.
+        let skipped = Schedule::parse("30 2 * * *").unwrap();
+        let first = skipped.next_in_zone(&madrid, ms("2026-03-28T12:00:00Z")).unwrap();
+        assert_eq!(first, ms("2026-03-29T01:00:00Z"));
+        assert_eq!(skipped.next_in_zone(&madrid, first), Some(ms("2026-03-30T00:30:00Z")));
+        // 2026-10-25: 03:00 goes back to 02:00; 02:30 exists twice and
+        // runs at the first one only.
+        let twice = skipped.next_in_zone(&madrid, ms("2026-10-24T12:00:00Z")).unwrap();
+        assert_eq!(twice, ms("2026-10-25T00:30:00Z"));
+        assert_eq!(skipped.next_in_zone(&madrid, twice), Some(ms("2026-10-26T01:30:00Z")));
+        // Every five minutes through the repeated hour: each wall-clock
+        // minute once, strictly increasing.
+        let every = Schedule::parse("*/5 * * * *").unwrap();
+        let mut at = ms("2026-10-24T23:50:00Z");
+        let mut ticks = Vec::new();
+        while at < ms("2026-10-25T02:10:00Z") {
+            let next = every.next_in_zone(&madrid, at).unwrap();
+            assert!(next > at);
+            ticks.push(next);
+            at = next;
+        }
+        // 01:55 local, 02:00 to 02:55 once (12), then 03:00, 03:05 and
+        // 03:10 (02:10 UTC): the second pass of 02:xx (01:00 to 01:59 UTC)
+        // has no tick.
+        assert_eq!(ticks.len(), 16, "{ticks:?}");
+        assert_eq!(ticks[12], ms("2026-10-25T00:55:00Z"));
+        assert_eq!(ticks[13], ms("2026-10-25T02:00:00Z"));
+        let utc = zone("UTC").unwrap();
+        assert_eq!(daily.next_in_zone(&utc, ms("2026-12-02T00:00:00Z")), daily.next_after(ms("2026-12-02T00:00:00Z")));
+        assert!(zone("Mars/Olympus").is_err());
+        assert!(zone("../etc/passwd").is_err());
+        assert!(zone("").is_err());
     }
 
     #[test]

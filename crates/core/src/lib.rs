@@ -21,6 +21,7 @@ pub mod backups;
 pub mod ca;
 pub mod clock;
 pub mod config;
+pub mod cron;
 pub mod deploy;
 pub mod deployment_state;
 pub mod error;
@@ -47,6 +48,7 @@ pub mod service_links;
 pub mod service_ops;
 pub mod services;
 pub mod shared_secrets;
+pub mod tasks;
 pub mod volume_moves;
 pub mod volumes;
 

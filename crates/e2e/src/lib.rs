@@ -298,6 +298,16 @@ impl ServerProcess {
         Ok(())
     }
 
+    /// Kills the control plane, keeps it down for `down`, then starts it as
+    /// [`ServerProcess::restart`] does.
+    pub async fn restart_after(&mut self, down: Duration) -> Result<()> {
+        self.process.kill();
+        tokio::time::sleep(down).await;
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        *self = ServerProcess::start_program(&self.program, &self.dir, self.agent_port, self.api_port, &extra).await?;
+        Ok(())
+    }
+
     pub fn url(&self) -> String {
         format!("https://127.0.0.1:{}", self.agent_port)
     }

@@ -29,7 +29,7 @@
 //! `--backup-keep-days`.
 
 pub mod control_plane;
-pub mod cron;
+pub use crate::cron;
 mod destinations;
 mod jobs;
 mod restore;

@@ -20,6 +20,7 @@ mod service_logs;
 mod stream;
 mod volume_moves;
 mod backup_jobs;
+mod task_runs;
 
 use std::sync::Arc;
 
@@ -82,6 +83,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(paths::RENEW, post(renew::renew))
         .route("/agent/v1/volume-moves/{id}", post(volume_moves::report))
         .route("/agent/v1/backup-jobs/{id}", post(backup_jobs::report))
+        .route("/agent/v1/task-runs/{id}", post(task_runs::report))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_node));
     Router::new()
         .route(paths::JOIN, post(join::join))

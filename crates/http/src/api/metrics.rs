@@ -44,6 +44,9 @@ pub struct Figures {
     /// backup (seconds since the epoch), that backup's bytes, and whether
     /// it needs attention.
     pub backups: Vec<(String, Option<f64>, Option<f64>, bool)>,
+    /// Per scheduled job: its app, its name, and whether its newest run
+    /// failed, timed out or was lost.
+    pub cron_jobs: Vec<(String, String, bool)>,
 }
 
 pub struct NodeFigures {
@@ -214,6 +217,10 @@ pub fn encode_figures(figures: &Figures) -> Result<String, std::fmt::Error> {
         }
         backup_alert.get_or_create(&labels).set(if *alert { 1.0 } else { 0.0 });
     }
+    let job_alert = gauges(&mut registry, "cloudweb_cron_job_alert", "1 while a scheduled job's newest run failed, timed out or was lost, else 0");
+    for (app, job, alert) in &figures.cron_jobs {
+        job_alert.get_or_create(&vec![("app", label(app)), ("job", label(job))]).set(if *alert { 1.0 } else { 0.0 });
+    }
     let mut out = String::new();
     encode(&mut out, &registry)?;
     Ok(out)
@@ -227,6 +234,7 @@ pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.
 pub async fn prometheus(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let mut figures = figures(&state);
     figures.backups = cloudweb_core::backups::metrics_lines(&state).await;
+    figures.cron_jobs = cloudweb_core::tasks::metrics_lines(&state).await;
     match encode_figures(&figures) {
         Ok(out) => (StatusCode::OK, [(CONTENT_TYPE, METRICS_CONTENT_TYPE)], out),
         Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, [(CONTENT_TYPE, "text/plain; charset=utf-8")], "cannot encode the metrics\n".to_string()),
@@ -250,6 +258,7 @@ mod tests {
             volumes: vec![("uploads".into(), "n-1".into(), 4096)],
             services: vec![("db".into(), "n-1".into(), true, 2)],
             backups: vec![("service/db".into(), Some(1_764_640_000.0), Some(2048.0), false)],
+            cron_jobs: vec![("web".into(), "nightly".into(), true)],
         };
         let text = encode_figures(&figures).unwrap();
         assert!(text.contains("cloudweb_nodes{state=\"ready\"} 2"), "{text}");
@@ -265,6 +274,7 @@ mod tests {
         assert!(text.contains("cloudweb_service_restarts{service=\"db\",node=\"n-1\"} 2"), "{text}");
         assert!(text.contains("cloudweb_backup_last_success_bytes{target=\"service/db\"} 2048"), "{text}");
         assert!(text.contains("cloudweb_backup_alert{target=\"service/db\"} 0"), "{text}");
+        assert!(text.contains("cloudweb_cron_job_alert{app=\"web\",job=\"nightly\"} 1"), "{text}");
         // Every sample line is `name{labels} value` on one line.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("cloudweb_"), "{line:?} in {text}");

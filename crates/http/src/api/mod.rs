@@ -18,6 +18,7 @@ pub mod nodes;
 pub mod openapi;
 mod runtime_logs;
 pub mod services;
+pub mod tasks;
 pub mod traffic;
 pub mod backups;
 pub mod control_plane_backups;
@@ -88,6 +89,13 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(backups::restore))
         .routes(routes!(backups::confirm))
         .routes(routes!(control_plane_backups::run))
+        .routes(routes!(tasks::list_jobs, tasks::create_job))
+        .routes(routes!(tasks::get_job, tasks::change_job, tasks::remove_job))
+        .routes(routes!(tasks::run_job))
+        .routes(routes!(tasks::list_runs, tasks::create_run))
+        .routes(routes!(tasks::get_run))
+        .routes(routes!(tasks::run_logs))
+        .routes(routes!(tasks::cancel_run))
         .routes(routes!(apps::deploy))
         .routes(routes!(apps::rollback))
         .routes(routes!(deployments::of_app))

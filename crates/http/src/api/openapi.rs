@@ -50,6 +50,7 @@ pub const PUBLIC_OPERATIONS: &[&str] = &[
         (name = "services", description = "Managed databases (PostgreSQL, Redis/Valkey, MariaDB) and the apps linked to them"),
         (name = "volumes", description = "Persistent volumes: mounted in apps, kept on one node, deleted only by name"),
         (name = "backups", description = "Backup destinations, schedules, backups, their verification and restores (restic)"),
+        (name = "tasks", description = "Scheduled jobs and one-off runs of a command in an app's running image"),
         (name = "deployments", description = "Deployments and their logs"),
         (name = "nodes", description = "Nodes of the cluster"),
         (name = "traffic", description = "The route table and request counts"),
