@@ -53,26 +53,36 @@ impl Api {
         format!("{}{path}", self.server)
     }
 
-    /// Sends a request (with `body` as JSON); the answer's bytes, or the
-    /// server's refusal.
-    async fn send<B: Serialize + ?Sized>(&self, method: Method, path: &str, body: Option<&B>) -> Result<bytes::Bytes, Failure> {
+    /// Sends a request (with `body` as JSON); the answer's status and bytes,
+    /// or the server's refusal.
+    async fn send<B: Serialize + ?Sized>(&self, method: Method, path: &str, body: Option<&B>) -> Result<(u16, bytes::Bytes), Refused> {
+        let unreached = |failure| Refused { status: None, failure };
         let mut request = self.http.request(method, self.url(path)).bearer_auth(&self.token);
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request.send().await.map_err(|e| self.transport(e))?;
+        let response = request.send().await.map_err(|e| unreached(self.transport(e)))?;
         let status = response.status();
-        let bytes = response.bytes().await.map_err(|e| self.transport(e))?;
+        let bytes = response.bytes().await.map_err(|e| unreached(self.transport(e)))?;
         if !status.is_success() {
-            return Err(api_error(status.as_u16(), &bytes));
+            return Err(Refused { status: Some(status.as_u16()), failure: api_error(status.as_u16(), &bytes) });
         }
-        Ok(bytes)
+        Ok((status.as_u16(), bytes))
     }
 
     /// Sends a request; its JSON answer as `T`.
     pub async fn call<T: DeserializeOwned, B: Serialize + ?Sized>(&self, method: Method, path: &str, body: Option<&B>) -> Result<T, Failure> {
-        let bytes = self.send(method, path, body).await?;
-        serde_json::from_slice(&bytes).map_err(|e| Failure::Action(format!("the server's answer is not what this cloudweb expects: {e}")))
+        self.try_call(method, path, body).await.map_err(|refused| refused.failure)
+    }
+
+    /// [`Api::call`], telling a refusal's HTTP status apart (none when the
+    /// server was not reached), for callers that try again on some.
+    pub async fn try_call<T: DeserializeOwned, B: Serialize + ?Sized>(&self, method: Method, path: &str, body: Option<&B>) -> Result<T, Refused> {
+        let (status, bytes) = self.send(method, path, body).await?;
+        // With its (successful) status: an answer of another shape is not
+        // one that waiting fixes.
+        serde_json::from_slice(&bytes)
+            .map_err(|e| Refused { status: Some(status), failure: Failure::Action(format!("the server's answer is not what this cloudweb expects: {e}")) })
     }
 
     /// A request without a body.
@@ -86,7 +96,7 @@ impl Api {
 
     /// `DELETE`, answered with no body (204).
     pub async fn delete(&self, path: &str) -> Result<(), Failure> {
-        self.send(Method::DELETE, path, NO_BODY).await.map(drop)
+        self.send(Method::DELETE, path, NO_BODY).await.map(drop).map_err(|refused| refused.failure)
     }
 
     /// Opens a server-sent event stream.
@@ -96,16 +106,16 @@ impl Api {
 
     /// Opens a server-sent event stream again, after the event with id
     /// `last_event_id` (sent as `Last-Event-ID`) where one was seen.
-    pub async fn stream_after(&self, path: &str, last_event_id: Option<&str>) -> Result<reqwest::Response, StreamRefused> {
+    pub async fn stream_after(&self, path: &str, last_event_id: Option<&str>) -> Result<reqwest::Response, Refused> {
         let mut request = self.streaming.get(self.url(path)).bearer_auth(&self.token).header("accept", "text/event-stream");
         if let Some(id) = last_event_id {
             request = request.header("last-event-id", id);
         }
-        let response = request.send().await.map_err(|e| StreamRefused { status: None, failure: self.transport(e) })?;
+        let response = request.send().await.map_err(|e| Refused { status: None, failure: self.transport(e) })?;
         let status = response.status();
         if !status.is_success() {
             let bytes = response.bytes().await.unwrap_or_default();
-            return Err(StreamRefused { status: Some(status.as_u16()), failure: api_error(status.as_u16(), &bytes) });
+            return Err(Refused { status: Some(status.as_u16()), failure: api_error(status.as_u16(), &bytes) });
         }
         Ok(response)
     }
@@ -125,9 +135,9 @@ impl Api {
 /// No request body.
 const NO_BODY: Option<&()> = None;
 
-/// A stream that did not open: the HTTP status (none when the server was
-/// not reached) and what to tell.
-pub struct StreamRefused {
+/// A request or stream the server did not answer with success: the HTTP
+/// status (none when the server was not reached) and what to tell.
+pub struct Refused {
     pub status: Option<u16>,
     pub failure: Failure,
 }

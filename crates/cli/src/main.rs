@@ -3,20 +3,25 @@
 //! Exit statuses a script can trust: 0 when the action was done, 1 when it
 //! failed (the server refused it, could not be reached, or a followed
 //! deployment failed), 2 for a usage error (unknown command or flag, a bad
-//! value). Listings take `--json` and then print the API's JSON.
+//! value). `run`, `cron run` and `runs logs --follow` exit with the
+//! command's own status instead (see [`follow::run_outcome`]). Listings
+//! take `--json` and then print the API's JSON.
 
 mod apps;
 mod backups;
 mod client;
 mod config;
+mod cron;
 mod deploy;
 mod domains;
+mod duration;
 mod env;
 mod follow;
 mod login;
 mod logs;
 mod nodes;
 mod render;
+mod run;
 mod services;
 mod volumes;
 
@@ -25,12 +30,14 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use apps::{AppsCommand, CreateArgs, RunArgs, SetArgs};
+use cron::{AddArgs, CronCommand};
 use domains::DomainsCommand;
 use env::{env_name, EnvCommand};
 use login::LoginArgs;
 use nodes::NodesCommand;
 use services::ServicesCommand;
 use backups::BackupsCommand;
+use run::{OneOffArgs, RunsArgs, RunsCommand};
 use volumes::VolumesCommand;
 
 /// Why a command did not succeed, and so its exit status.
@@ -40,12 +47,15 @@ pub enum Failure {
     Usage(String),
     /// Exit 1: the action failed.
     Action(String),
+    /// This exit status (a followed run's), with a line on stderr if any.
+    Exit(u8, Option<String>),
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Failure::Usage(message) | Failure::Action(message) => f.write_str(message),
+            Failure::Usage(message) | Failure::Action(message) | Failure::Exit(_, Some(message)) => f.write_str(message),
+            Failure::Exit(status, None) => write!(f, "exit status {status}"),
         }
     }
 }
@@ -111,6 +121,28 @@ enum Command {
         #[command(subcommand)]
         command: Option<BackupsCommand>,
     },
+    /// Scheduled jobs: an app's commands run on a cron schedule, each run in
+    /// a new container of the app's running image with its environment.
+    Cron {
+        #[command(subcommand)]
+        command: CronCommand,
+    },
+    /// Run a command once in a new container of an app's running image,
+    /// with the app's environment, and follow it to its end.
+    ///
+    /// The output is printed as it comes (the command's stderr on stderr),
+    /// and the exit status is the command's: 0 when it succeeded, its own
+    /// exit code when it failed, 124 when it ran past --timeout, 125 when
+    /// it could not start, 1 when it was cancelled, lost with its node or
+    /// could not be started or followed (with the reason on stderr), 130
+    /// after Ctrl-C, which cancels the run. The run is kept in the app's
+    /// history (`cloudweb runs APP`).
+    ///
+    /// Example: cloudweb run web --timeout 10m -- ./manage.py migrate
+    Run(OneOffArgs),
+    /// An app's runs (scheduled and one-off), newest first; one run's
+    /// output; cancel one.
+    Runs(RunsArgs),
     /// Deploy an app from its branch head or a given commit.
     Deploy {
         app: String,
@@ -178,6 +210,12 @@ fn main() -> ExitCode {
             eprintln!("error: {message}");
             ExitCode::from(1)
         }
+        Err(Failure::Exit(status, message)) => {
+            if let Some(message) = message {
+                eprintln!("error: {message}");
+            }
+            ExitCode::from(status)
+        }
     }
 }
 
@@ -210,6 +248,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Rollback { app, to, follow } => deploy::rollback(&api, &app, to, follow, json).await,
         Command::Deployments { app } => deploy::deployments(&api, &app, json).await,
         Command::Logs { app, follow, lines, deployment } => logs::run(&api, &app, follow, lines, deployment, json).await,
+        Command::Cron { command } => cron::run(&api, command, json).await,
+        Command::Run(args) => run::one_off(&api, args, json).await,
+        Command::Runs(args) => run::runs(&api, args, json).await,
     }
 }
 
@@ -251,6 +292,18 @@ fn check(command: &Command) -> Result<(), Failure> {
             if node.trim().is_empty() =>
         {
             return Err(Failure::Usage("a node id or name is needed".into()));
+        }
+        Command::Run(OneOffArgs { command, .. }) | Command::Cron { command: CronCommand::Add(AddArgs { command, .. }) } => run::check_command(command)?,
+        Command::Cron { command: CronCommand::Update(args) } => {
+            if !args.command.is_empty() {
+                run::check_command(&args.command)?;
+            }
+            cron::change_body(args)?;
+        }
+        Command::Runs(RunsArgs { command: Some(RunsCommand::Logs { id, .. } | RunsCommand::Show { id, .. } | RunsCommand::Cancel { id, .. }), .. })
+            if id.trim().is_empty() =>
+        {
+            return Err(Failure::Usage("a run id (tr_…) is needed".into()));
         }
         _ => {}
     }
