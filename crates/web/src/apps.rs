@@ -1,6 +1,7 @@
 //! The Apps pages: the list with status and URL, the create form (one of
 //! the user's GitLab projects, or a git URL, and build settings), and one app's page: settings, domains, write-only
-//! environment, deploy, deployments with rollback, delete.
+//! environment, deploy, deployments with rollback, delete (its volumes'
+//! and tasks' sections are theirs).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -657,9 +658,11 @@ pub async fn show(ctx: Ctx, Path(name): Path<String>, Query(range): Query<RangeQ
         Err(err) => return ApiError::from(err).into_response(),
     };
     let waiting = api::apps::view(&ctx.state, &app).waiting;
+    let tasks = crate::tasks::app_section(&ctx, &app.name).await;
     let body = html! {
         (app_body(&ctx, &app, &env_names, &deployments, None))
         (crate::volumes::app_section(&ctx, &app.name, &volumes, waiting.as_deref()))
+        (tasks)
         h2 id="charts" { (ctx.t("apps.charts")) }
         (usage_charts::range_nav(&ctx, &format!("/apps/{}", app.name), "#charts", range_name))
         p.help { (ctx.t("mon.gap_note")) }

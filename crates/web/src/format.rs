@@ -29,6 +29,16 @@ pub fn datetime(ms: i64) -> String {
     format!("{}-{:02}-{:02} {:02}:{:02}:{:02} UTC", at.year(), u8::from(at.month()), at.day(), at.hour(), at.minute(), at.second())
 }
 
+/// How long something took: "850 ms", "12.3 s", "4 min 05 s", "2 h 10 min".
+pub fn duration_ms(ms: u64) -> String {
+    match ms {
+        0..=999 => format!("{ms} ms"),
+        1_000..=59_999 => format!("{:.1} s", ms as f64 / 1000.0),
+        60_000..=3_599_999 => format!("{} min {:02} s", ms / 60_000, ms / 1000 % 60),
+        _ => format!("{} h {:02} min", ms / 3_600_000, ms / 60_000 % 60),
+    }
+}
+
 /// "12 s", "3 min", "2 h", "4 d": how long ago.
 pub fn age(ms: i64) -> String {
     let s = (ms / 1000).max(0);
@@ -53,5 +63,9 @@ mod tests {
         assert_eq!(age(600_000), "10 min");
         assert_eq!(age(3 * 86_400_000), "3 d");
         assert_eq!(datetime(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(duration_ms(850), "850 ms");
+        assert_eq!(duration_ms(12_340), "12.3 s");
+        assert_eq!(duration_ms(245_000), "4 min 05 s");
+        assert_eq!(duration_ms(7_800_000), "2 h 10 min");
     }
 }

@@ -3,7 +3,8 @@
 //! binary. Every page works without JavaScript (forms post and redirect, or
 //! show the page again with a refused form's reason next to it); the
 //! script only makes pages live (the node table, a deployment's state and
-//! build log, and an app's runtime log follow server-sent events).
+//! build log, and an app's runtime log follow server-sent events; a task
+//! run's output is polled).
 //!
 //! Who may see the pages is the accounts module's business: the login
 //! form checks a user's name and password under the same rate limits as
@@ -31,6 +32,7 @@ mod node_page;
 mod nodes;
 mod paging;
 mod services;
+mod tasks;
 mod usage_charts;
 mod volumes;
 mod backups;
@@ -90,6 +92,9 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/apps/{name}/deploy", post(apps::deploy))
         .route("/apps/{name}/rollback", post(apps::rollback))
         .route("/apps/{name}/delete", get(apps::confirm_delete).post(apps::delete))
+        .route("/apps/{name}/cron/{job}/run", post(tasks::run_now))
+        .route("/apps/{name}/runs/{id}", get(tasks::run_page))
+        .route("/apps/{name}/runs/{id}/cancel", post(tasks::cancel))
         .route("/apps/{name}/volumes", post(volumes::attach))
         .route("/apps/{name}/volumes/{volume}/detach", post(volumes::detach))
         .route("/services", get(services::page).post(services::create))

@@ -110,6 +110,45 @@
     follow.addEventListener("end", function () { follow.close(); });
   }
 
+  // A task run's output while it runs: ask the user API's logs route (the
+  // session cookie opens it) for the lines after the last one shown, every
+  // second; reload once the run has ended so the whole page is current.
+  var runLog = document.getElementById("run-log");
+  if (runLog && runLog.getAttribute("data-poll") && window.fetch) {
+    var runAfter = parseInt(runLog.getAttribute("data-after"), 10) || 0;
+    var poll = function () {
+      fetch(runLog.getAttribute("data-poll") + "?after=" + runAfter, { credentials: "same-origin" })
+        .then(function (response) {
+          if (response.ok) { return response.json(); }
+          return response.status === 404 ? { gone: true } : null;
+        })
+        .then(function (answer) {
+          if (!answer) { return; }
+          if (answer.gone) { return true; }
+          answer.lines.forEach(function (entry) {
+            if (entry.seq <= runAfter) { return; }
+            runAfter = entry.seq;
+            var empty = document.getElementById("run-log-empty");
+            if (empty) { empty.remove(); }
+            var line = document.createElement("span");
+            line.className = "line " + (entry.stderr ? "stderr" : "stdout");
+            line.title = entry.at;
+            line.textContent = entry.line + "\n";
+            var atBottom = runLog.scrollTop + runLog.clientHeight >= runLog.scrollHeight - 8;
+            runLog.appendChild(line);
+            if (atBottom) { runLog.scrollTop = runLog.scrollHeight; }
+          });
+          if (answer.lines.length === 0 && answer.run.state !== "queued" && answer.run.state !== "running") {
+            window.location.reload();
+            return true;
+          }
+        })
+        .catch(function () {})
+        .then(function (done) { if (!done) { window.setTimeout(poll, 1000); } });
+    };
+    window.setTimeout(poll, 1000);
+  }
+
   // The header on a narrow screen: language and log-out fold behind the
   // menu button (the stylesheet hides them only once this runs).
   var header = document.querySelector("header.top");
