@@ -55,13 +55,13 @@ pub fn timeout(text: &str) -> Result<u32, String> {
     Ok(seconds)
 }
 
-/// How late a missed tick may still run: 1 second to 7 days (the control
+/// How late a missed tick may still run: 1 minute to 7 days (the control
 /// plane's bounds, checked here too so a typo exits 2 before a request).
 pub fn starting_deadline(text: &str) -> Result<u32, String> {
-    const MAX: u32 = cloudweb_protocol::tasks::MAX_STARTING_DEADLINE_SECONDS;
+    use cloudweb_protocol::tasks::{MAX_STARTING_DEADLINE_SECONDS as MAX, MIN_STARTING_DEADLINE_SECONDS as MIN};
     let seconds = parse(text)?;
-    if seconds == 0 || seconds > MAX {
-        return Err(format!("{text:?} is out of range: a starting deadline is 1s to {}", format(MAX)));
+    if !(MIN..=MAX).contains(&seconds) {
+        return Err(format!("{text:?} is out of range: a starting deadline is {} to {}", format(MIN), format(MAX)));
     }
     Ok(seconds)
 }
@@ -120,7 +120,8 @@ mod tests {
         assert!(timeout("0s").unwrap_err().contains("1s to 1d"));
         assert!(timeout("1d1s").is_err());
         assert_eq!(starting_deadline("7d"), Ok(604_800));
-        assert!(starting_deadline("0s").is_err() && starting_deadline("7d1s").is_err());
+        assert!(starting_deadline("0s").is_err() && starting_deadline("59s").is_err() && starting_deadline("7d1s").is_err());
+        assert_eq!(starting_deadline("1m"), Ok(60));
     }
 
     #[test]

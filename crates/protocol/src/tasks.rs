@@ -41,13 +41,18 @@ pub const MAX_ARGS: usize = 64;
 pub const MAX_ARG_BYTES: usize = 4096;
 /// The longest a task may run: one day.
 pub const MAX_TIMEOUT_SECONDS: u32 = 24 * 3600;
-/// How late a scheduled job's missed tick may still run, at most: a week.
+/// How late a scheduled job's missed tick may still run: a minute (a tick
+/// may wait that long for a node) to a week.
+pub const MIN_STARTING_DEADLINE_SECONDS: u32 = 60;
 pub const MAX_STARTING_DEADLINE_SECONDS: u32 = 7 * 24 * 3600;
 /// Output lines a run keeps (the last ones), and bytes of one line.
 pub const MAX_RUN_LINES: usize = 2000;
 pub const MAX_LINE_BYTES: usize = 4096;
-/// Lines in one report.
+/// Lines in one report, and bytes of their text together: a report stays
+/// well under the agent listener's 1 MiB body limit even with every byte
+/// escaped in JSON.
 pub const MAX_REPORT_LINES: usize = 500;
+pub const MAX_REPORT_TEXT_BYTES: usize = 128 * 1024;
 /// Bytes of a report's `message`.
 pub const MAX_MESSAGE_BYTES: usize = 2048;
 
@@ -200,6 +205,9 @@ impl TaskRunReport {
         }
         if self.lines.len() > MAX_REPORT_LINES {
             return Err(ValidationError::new("lines", format!("at most {MAX_REPORT_LINES} in one report")));
+        }
+        if self.lines.iter().map(|l| l.line.len()).sum::<usize>() > MAX_REPORT_TEXT_BYTES {
+            return Err(ValidationError::new("lines", format!("at most {MAX_REPORT_TEXT_BYTES} bytes of text in one report")));
         }
         for line in &self.lines {
             if line.seq == 0 {

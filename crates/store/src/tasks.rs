@@ -182,13 +182,16 @@ impl Store {
         })
     }
 
-    /// Writes a job's settings and next tick; false when it is gone.
-    pub async fn update_cron_job(&self, job: &CronJobRow) -> Result<bool, StoreError> {
+    /// Writes a job's settings and next tick, only if its next tick is still
+    /// `read_next` (what the caller read: the leader may have recorded a
+    /// tick meanwhile); false when it is gone or its tick moved.
+    pub async fn update_cron_job(&self, job: &CronJobRow, read_next: Option<i64>) -> Result<bool, StoreError> {
         on_db!(self, pool => {
             let mut tx = pool.begin_write().await?;
             let result = sqlx::query(
                 "UPDATE cron_jobs SET schedule = $3, timezone = $4, command = $5, timeout_s = $6, concurrency = $7, retry_lost = $8, \
-                 starting_deadline_s = $9, suspended = $10, next_run_at = $11, updated_at = $12 WHERE app = $1 AND name = $2",
+                 starting_deadline_s = $9, suspended = $10, next_run_at = $11, updated_at = $12 \
+                 WHERE app = $1 AND name = $2 AND next_run_at IS NOT DISTINCT FROM $13",
             )
             .bind(&job.app)
             .bind(&job.name)
@@ -202,6 +205,7 @@ impl Store {
             .bind(i64::from(job.suspended))
             .bind(job.next_run_at)
             .bind(job.updated_at)
+            .bind(read_next)
             .execute(&mut *tx)
             .await?;
             tx.commit().await?;
@@ -351,13 +355,14 @@ impl Store {
         })
     }
 
-    /// A queued run started on its node; false when it was not queued
-    /// (a report sent again, or one that raced its end).
-    pub async fn start_task_run(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
+    /// A queued run started on its node, with its new deadline (counted
+    /// from its start); false when it was not queued (a report sent again,
+    /// or one that raced its end).
+    pub async fn start_task_run(&self, id: &str, now_ms: i64, deadline: i64) -> Result<bool, StoreError> {
         on_db!(self, pool => {
             let mut tx = pool.begin_write().await?;
-            let result = sqlx::query("UPDATE task_runs SET state = 'running', started_at = COALESCE(started_at, $1) WHERE id = $2 AND state = 'queued'")
-                .bind(now_ms).bind(id).execute(&mut *tx).await?;
+            let result = sqlx::query("UPDATE task_runs SET state = 'running', started_at = COALESCE(started_at, $1), deadline = $3 WHERE id = $2 AND state = 'queued'")
+                .bind(now_ms).bind(id).bind(deadline).execute(&mut *tx).await?;
             tx.commit().await?;
             self.count_commit().await;
             Ok(result.rows_affected() == 1)
@@ -408,7 +413,8 @@ impl Store {
     }
 
     /// Stores a run's output lines (a line it has already is kept as it
-    /// is) and drops all but its last [`MAX_RUN_LINES`].
+    /// is; none for a run that is gone) and drops all but its last
+    /// [`MAX_RUN_LINES`].
     pub async fn append_task_lines(&self, run_id: &str, lines: &[TaskLineRow]) -> Result<(), StoreError> {
         if lines.is_empty() {
             return Ok(());
@@ -416,7 +422,10 @@ impl Store {
         on_db!(self, pool => {
             let mut tx = pool.begin_write().await?;
             for line in lines {
-                sqlx::query("INSERT INTO task_run_lines (run_id, seq, at, stderr, line) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (run_id, seq) DO NOTHING")
+                sqlx::query(
+                    "INSERT INTO task_run_lines (run_id, seq, at, stderr, line) SELECT $1, $2, $3, $4, $5 \
+                     WHERE EXISTS (SELECT 1 FROM task_runs WHERE id = $1) ON CONFLICT (run_id, seq) DO NOTHING",
+                )
                     .bind(run_id)
                     .bind(line.seq)
                     .bind(&line.at)
@@ -600,8 +609,9 @@ mod tests {
             assert_eq!(store.cron_job("web", "nightly").await.unwrap().unwrap().next_run_at, Some(120_000));
             assert_eq!(store.cron_jobs_last_state().await.unwrap(), vec![("web".to_string(), "nightly".to_string(), Some("queued".to_string()))]);
             // The run goes through its states once.
-            assert!(store.start_task_run("tr_1", 60_010).await.unwrap());
-            assert!(!store.start_task_run("tr_1", 60_011).await.unwrap());
+            assert!(store.start_task_run("tr_1", 60_010, 70_000).await.unwrap());
+            assert!(!store.start_task_run("tr_1", 60_011, 80_000).await.unwrap());
+            assert_eq!(store.task_run("tr_1").await.unwrap().unwrap().deadline, 70_000, "counted from the start");
             assert!(store.finish_task_run("tr_1", "succeeded", Some(0), None, None, &[], 60_020).await.unwrap());
             assert!(!store.finish_task_run("tr_1", "failed", Some(1), None, None, &[], 60_021).await.unwrap(), "a run ends once");
             let done = store.task_run("tr_1").await.unwrap().unwrap();
@@ -614,7 +624,9 @@ mod tests {
             let mut suspended = store.cron_job("web", "nightly").await.unwrap().unwrap();
             suspended.suspended = true;
             suspended.next_run_at = None;
-            assert!(store.update_cron_job(&suspended).await.unwrap());
+            assert!(!store.update_cron_job(&suspended, Some(60_000)).await.unwrap(), "the tick moved since it was read");
+            assert!(store.update_cron_job(&suspended, Some(120_000)).await.unwrap());
+            assert!(store.update_cron_job(&suspended, None).await.unwrap(), "None matches None");
             assert!(store.due_cron_jobs(i64::MAX, 10).await.unwrap().is_empty());
             // Deleting the app takes its jobs and runs.
             assert!(store.delete_app("web").await.unwrap());
@@ -635,6 +647,8 @@ mod tests {
             assert_eq!(lines.iter().map(|l| l.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
             assert_eq!(first, Some(1));
             assert!(lines[1].stderr && !lines[0].stderr);
+            store.append_task_lines("tr_gone", &[line(1)]).await.unwrap();
+            assert!(store.task_lines("tr_gone", 0, 10).await.unwrap().0.is_empty(), "no lines for a run that is gone");
             let (after, _) = store.task_lines("tr_a", 2, 100).await.unwrap();
             assert_eq!(after.len(), 1);
             let many: Vec<TaskLineRow> = (4..=MAX_RUN_LINES + 10).map(line).collect();

@@ -106,7 +106,7 @@ pub(super) async fn drive(tasks: Tasks, claim: Claim, mut cancel: watch::Receive
     }
     // Lines beyond one report go first, in `running` reports; when those
     // do not go out, the last ones go with the final report.
-    while !sender.refused && lines.len() > MAX_REPORT_LINES {
+    while !sender.refused && !lines.fits_one_report() {
         let report = TaskRunReport { state: TaskState::Running, exit_code: None, message: None, lines: lines.take(MAX_REPORT_LINES) };
         if let Err(err) = send_with_tries(tasks.inner.reporter.as_ref(), &run_id, &report, REPORT_TRIES).await {
             tracing::warn!(run_id, error = %err, "could not send the task run's last output lines");
@@ -114,7 +114,7 @@ pub(super) async fn drive(tasks: Tasks, claim: Claim, mut cancel: watch::Receive
             break;
         }
     }
-    lines.keep_last(MAX_REPORT_LINES);
+    lines.keep_fitting();
     let (state, exit_code, message) = outcome(&ended, oom_killed, watch.timeout_seconds, watch.memory_bytes);
     let mut report = final_report(state, exit_code, message);
     report.lines = lines.take(MAX_REPORT_LINES);

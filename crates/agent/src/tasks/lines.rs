@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 
-use cloudweb_protocol::tasks::{MAX_LINE_BYTES, MAX_RUN_LINES};
+use cloudweb_protocol::tasks::{MAX_LINE_BYTES, MAX_REPORT_LINES, MAX_REPORT_TEXT_BYTES, MAX_RUN_LINES};
 use cloudweb_protocol::TaskLine;
 
 /// Lines waiting for a report, at most.
@@ -48,10 +48,39 @@ impl Lines {
         self.trim();
     }
 
-    /// Up to `max` of the oldest waiting lines, for a report.
+    /// Up to `max` of the oldest waiting lines for a report, no more than
+    /// [`MAX_REPORT_TEXT_BYTES`] of text together.
     pub fn take(&mut self, max: usize) -> Vec<TaskLine> {
-        let count = max.min(self.pending.len());
+        let count = self.fitting(max);
         self.pending.drain(..count).collect()
+    }
+
+    /// How many of the oldest waiting lines one report carries.
+    fn fitting(&self, max: usize) -> usize {
+        let mut bytes = 0;
+        let mut count = 0;
+        for line in self.pending.iter().take(max) {
+            bytes += line.line.len();
+            if bytes > MAX_REPORT_TEXT_BYTES {
+                break;
+            }
+            count += 1;
+        }
+        count
+    }
+
+    /// Whether every waiting line fits in one report.
+    pub fn fits_one_report(&self) -> bool {
+        self.fitting(MAX_REPORT_LINES) == self.pending.len()
+    }
+
+    /// Keeps only the newest waiting lines that fit in one report (the
+    /// final one, when no more can go before it).
+    pub fn keep_fitting(&mut self) {
+        while !self.fits_one_report() {
+            self.pending.pop_front();
+            self.dropped += 1;
+        }
     }
 
     /// Lines of a report that did not go out, back in front of the queue
@@ -71,6 +100,7 @@ impl Lines {
         }
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.pending.len()
     }
@@ -95,8 +125,12 @@ impl Lines {
     }
 }
 
-/// A line cut to [`MAX_LINE_BYTES`] on a character boundary.
+/// A line cut to [`MAX_LINE_BYTES`] on a character boundary, its NUL bytes
+/// replaced (PostgreSQL's text cannot hold them).
 pub fn cut(mut text: String) -> String {
+    if text.contains('\0') {
+        text = text.replace('\0', "\u{fffd}");
+    }
     cloudweb_protocol::misc::truncate_on_char(&mut text, MAX_LINE_BYTES);
     text
 }

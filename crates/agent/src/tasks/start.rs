@@ -29,11 +29,21 @@ fn cancelled(cancel: &watch::Receiver<Option<String>>) -> Option<String> {
 /// called holding its slot.
 pub(super) async fn start(tasks: &Tasks, claim: Claim, cancel: watch::Receiver<Option<String>>, payload: &TaskRunPayload) -> Taken {
     let run_id = payload.run_id.clone();
+    let cancel_seen = cancel.clone();
     match begin(tasks, claim, cancel, payload).await {
         Ok(taken) => taken,
         // Still holding the slot, so a give-up's record is made before
         // anything else may look.
         Err((claim, reason)) => {
+            // A cancel came while the start was under way (its command is
+            // acked): the run ends here, or the command delivered again
+            // would start it after its cancel.
+            if let Some(why) = cancelled(&cancel_seen) {
+                tasks.inner.retrying.lock().expect("retry lock").remove(&run_id);
+                tasks.conclude(&run_id, final_report(TaskState::Cancelled, None, Some(why)), &Redactor::default()).await;
+                drop(claim);
+                return Taken::Cancelled;
+            }
             let taken = tasks.retry(&run_id, reason).await;
             drop(claim);
             taken

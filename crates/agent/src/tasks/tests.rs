@@ -173,6 +173,28 @@ fn lines_are_numbered_from_one_and_cut_on_a_character_boundary() {
 }
 
 #[test]
+fn a_report_carries_at_most_its_bytes_of_text_and_the_final_one_keeps_the_newest() {
+    let mut lines = Lines::default();
+    let long = "x".repeat(MAX_LINE_BYTES);
+    for _ in 0..100 {
+        lines.push(false, "2026-01-01T00:00:00Z", long.clone());
+    }
+    assert!(!lines.fits_one_report(), "100 lines of 4 KiB are more than one report carries");
+    let batch = lines.take(MAX_REPORT_LINES);
+    let bytes: usize = batch.iter().map(|l| l.line.len()).sum();
+    assert_eq!(batch.len(), cloudweb_protocol::tasks::MAX_REPORT_TEXT_BYTES / MAX_LINE_BYTES);
+    let report = TaskRunReport { state: TaskState::Running, exit_code: None, message: None, lines: batch };
+    report.validate().unwrap();
+    assert!(serde_json::to_vec(&report).unwrap().len() < 1024 * 1024 / 2, "{bytes} bytes of text");
+    lines.keep_fitting();
+    assert!(lines.fits_one_report());
+    assert_eq!(lines.take(MAX_REPORT_LINES).last().map(|l| l.seq), Some(100), "the newest lines stay for the final report");
+    // A NUL byte (which PostgreSQL's text refuses) does not go out.
+    lines.push(false, "2026-01-01T00:00:00Z", "a\0b".into());
+    assert_eq!(lines.take(1)[0].line, "a\u{fffd}b");
+}
+
+#[test]
 fn waiting_lines_are_bounded_and_failed_batches_come_back_in_order() {
     let mut lines = Lines::with_cap(5);
     for n in 1..=3 {

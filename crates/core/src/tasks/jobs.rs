@@ -37,11 +37,13 @@ fn check_concurrency(value: &str) -> Result<(), ApiError> {
     }
 }
 
+/// At least a minute: a tick may wait that long for a node to take it.
 fn check_deadline(value: u32) -> Result<(), ApiError> {
-    if (1..=MAX_STARTING_DEADLINE_SECONDS).contains(&value) {
+    let min = cloudweb_protocol::tasks::MIN_STARTING_DEADLINE_SECONDS;
+    if (min..=MAX_STARTING_DEADLINE_SECONDS).contains(&value) {
         Ok(())
     } else {
-        Err(ApiError::BadRequest(format!("starting_deadline_seconds must be 1 to {MAX_STARTING_DEADLINE_SECONDS}")))
+        Err(ApiError::BadRequest(format!("starting_deadline_seconds must be {min} to {MAX_STARTING_DEADLINE_SECONDS}")))
     }
 }
 
@@ -94,7 +96,23 @@ pub(crate) async fn job_of(state: &AppState, app: &str, name: &str) -> Result<Cr
 /// `PATCH /api/apps/{app}/cron/{name}`: the fields given change; a new
 /// schedule, time zone or resumption counts the next tick from now.
 pub async fn change_job(state: &AppState, app: &str, name: &str, change: &CronJobChange) -> Result<CronJobView, ApiError> {
-    let mut row = job_of(state, app, name).await?;
+    // The leader may record a tick between the read and the write: the
+    // write is made only over the tick read, and tried again over a new
+    // read (a few times) when it moved.
+    for _ in 0..5 {
+        let read = job_of(state, app, name).await?;
+        let row = changed(state, read.clone(), change)?;
+        if state.store.update_cron_job(&row, read.next_run_at).await? {
+            tracing::info!(app, job = name, schedule = %row.schedule, suspended = row.suspended, "scheduled job changed");
+            let last = state.store.task_runs_of(app, Some(name), 1).await?.into_iter().next();
+            return Ok(job_view(&row, last.as_ref()));
+        }
+    }
+    Err(ApiError::Conflict(format!("scheduled job {name} kept changing while it was written (its ticks are being recorded); try again")))
+}
+
+/// `row` with `change` applied and checked.
+fn changed(state: &AppState, mut row: CronJobRow, change: &CronJobChange) -> Result<CronJobRow, ApiError> {
     let now = state.clock.now_ms();
     let mut reschedule = false;
     if let Some(schedule) = &change.schedule {
@@ -134,12 +152,7 @@ pub async fn change_job(state: &AppState, app: &str, name: &str, change: &CronJo
         row.next_run_at = next;
     }
     row.updated_at = now;
-    if !state.store.update_cron_job(&row).await? {
-        return Err(ApiError::NotFound(format!("app {app} has no scheduled job named {name}")));
-    }
-    tracing::info!(app, job = name, schedule = %row.schedule, suspended = row.suspended, "scheduled job changed");
-    let last = state.store.task_runs_of(app, Some(name), 1).await?.into_iter().next();
-    Ok(job_view(&row, last.as_ref()))
+    Ok(row)
 }
 
 /// `DELETE /api/apps/{app}/cron/{name}`: the job goes; its runs stay in

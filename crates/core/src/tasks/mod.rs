@@ -37,9 +37,16 @@ pub const MAX_JOBS_PER_APP: usize = 50;
 /// Runs kept in the history.
 pub const KEEP_RUNS_PER_JOB: i64 = 100;
 pub const KEEP_ONE_OFF_RUNS: i64 = 200;
-/// What a run may take beyond its own time limit before the control plane
-/// stops waiting for its node: pulling the image, starting, reporting.
-pub const DEADLINE_SLACK_MS: i64 = 10 * 60 * 1000;
+/// What a queued run may take beyond its own time limit before the control
+/// plane stops waiting for its node: pulling the image and starting (an
+/// agent keeps trying a start for up to 30 minutes), reporting.
+pub const DEADLINE_SLACK_MS: i64 = 40 * 60 * 1000;
+/// Once it runs, its deadline counts from its start: its limit, the grace
+/// of its stop, and reporting.
+pub const RUNNING_SLACK_MS: i64 = 5 * 60 * 1000;
+/// How long a run's node may be silent before the run counts as lost (a
+/// short network cut must not lose, and run again, a long run).
+pub const LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
 
 pub(crate) fn new_run_id() -> String {
     if let Some(n) = crate::store::steps::next_id() {

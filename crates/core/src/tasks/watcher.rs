@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cloudweb_protocol::{CommandKind, TaskCancelPayload, TaskRunReport, TaskState};
 
 use super::runs::{command, ended_row, prepare, RunSpec};
-use super::{is_failure, KEEP_RUNS_PER_JOB, KEEP_ONE_OFF_RUNS};
+use super::{is_failure, KEEP_ONE_OFF_RUNS, KEEP_RUNS_PER_JOB, LOST_AFTER, RUNNING_SLACK_MS};
 use crate::clock::rfc3339_ms;
 use crate::cron::{self, Schedule};
 use crate::error::ApiError;
@@ -34,19 +34,20 @@ pub async fn on_report(state: &AppState, node_id: &str, run_id: &str, report: &T
     let lines: Vec<TaskLineRow> = report
         .lines
         .iter()
-        .map(|l| TaskLineRow { seq: l.seq.min(i64::MAX as u64) as i64, at: l.at.clone(), stderr: l.stderr, line: l.line.clone() })
+        .map(|l| TaskLineRow { seq: l.seq.min(i64::MAX as u64) as i64, at: l.at.replace('\0', ""), stderr: l.stderr, line: l.line.replace('\0', "\u{fffd}") })
         .collect();
     // Lines of a run that ended here already (cancelled, lost) are still
     // its output: kept.
     state.store.append_task_lines(run_id, &lines).await?;
     let now = state.clock.now_ms();
     if report.state == TaskState::Running {
-        if state.store.start_task_run(run_id, now).await? {
+        if state.store.start_task_run(run_id, now, now + run.timeout_s * 1000 + RUNNING_SLACK_MS).await? {
             tracing::info!(run = %run_id, app = %run.app, job = ?run.job, node_id, "task run started");
         }
         return Ok(());
     }
-    let ended = state.store.finish_task_run(run_id, report.state.as_str(), report.exit_code, report.message.as_deref(), None, &[], now).await?;
+    let message = report.message.as_deref().map(|m| m.replace('\0', "\u{fffd}"));
+    let ended = state.store.finish_task_run(run_id, report.state.as_str(), report.exit_code, message.as_deref(), None, &[], now).await?;
     if ended {
         let failed = is_failure(report.state.as_str());
         if failed {
@@ -75,8 +76,10 @@ fn latest_due(schedule: &Schedule, zone: &jiff::tz::TimeZone, first: i64, now: i
 }
 
 /// Records the due tick of `job`: its run queued, or recorded as skipped
-/// or failed with why.
-async fn record_due(state: &AppState, job: &CronJobRow, now: i64) -> Result<(), ApiError> {
+/// or failed with why. `leading_since` (ms) is when this replica began
+/// leading: a tick waits for a node from then at the earliest, since a
+/// control plane that has just started has not heard its nodes yet.
+async fn record_due(state: &AppState, job: &CronJobRow, now: i64, leading_since: i64) -> Result<(), ApiError> {
     let Some(first) = job.next_run_at else { return Ok(()) };
     let (schedule, zone) = match (Schedule::parse(&job.schedule), cron::zone(&job.timezone)) {
         (Ok(schedule), Ok(zone)) => (schedule, zone),
@@ -86,7 +89,7 @@ async fn record_due(state: &AppState, job: &CronJobRow, now: i64) -> Result<(), 
             let mut suspended = job.clone();
             suspended.suspended = true;
             suspended.next_run_at = None;
-            state.store.update_cron_job(&suspended).await?;
+            state.store.update_cron_job(&suspended, job.next_run_at).await?;
             return Ok(());
         }
     };
@@ -94,14 +97,17 @@ async fn record_due(state: &AppState, job: &CronJobRow, now: i64) -> Result<(), 
     let next = schedule.next_in_zone(&zone, now.max(tick));
     let args: Vec<String> = serde_json::from_str(&job.command).unwrap_or_default();
     let spec = RunSpec { job: Some(&job.name), trigger: "schedule", tick: Some(tick), command: &args, timeout_s: job.timeout_s, attempt: 1, avoid: Vec::new() };
-    let late_ms = now - tick;
+    // How late the tick already was when this replica began leading: the
+    // time no control plane acted on it. (A tick that came due while
+    // leading waits only for a node, bounded apart.)
+    let missed_by = (leading_since - tick).max(0);
     let mut commands: Vec<NewCommand> = Vec::new();
     let mut ends: Vec<(String, String)> = Vec::new();
-    let run: TaskRunRow = if late_ms > job.starting_deadline_s * 1000 {
+    let run: TaskRunRow = if missed_by > job.starting_deadline_s * 1000 {
         let message = format!(
-            "missed: the tick of {} ran {} s late, past its starting deadline of {} s (was the control plane down?)",
+            "missed: the tick of {} was {} s past when a control plane led again, beyond its starting deadline of {} s",
             rfc3339_ms(tick),
-            late_ms / 1000,
+            missed_by / 1000,
             job.starting_deadline_s
         );
         ended_row(&job.app, &spec, "skipped", &message, now)
@@ -113,7 +119,15 @@ async fn record_due(state: &AppState, job: &CronJobRow, now: i64) -> Result<(), 
             }
             _ => {
                 let Some(app) = state.store.app(&job.app).await? else { return Ok(()) };
-                match prepare(state, &app, &spec).await? {
+                let waited = now - tick.max(leading_since);
+                let prepared = match prepare(state, &app, &spec).await {
+                    Ok(prepared) => prepared,
+                    // The store or the environment failing: tried again
+                    // next pass, then recorded as a failure.
+                    Err(err) if waited < PLACEMENT_WAIT_MS => return Err(err),
+                    Err(err) => Err(err.to_string()),
+                };
+                match prepared {
                     Ok(prepared) => {
                         if job.concurrency == "replace" {
                             for previous in &unfinished {
@@ -127,7 +141,7 @@ async fn record_due(state: &AppState, job: &CronJobRow, now: i64) -> Result<(), 
                         commands.push(prepared.command);
                         prepared.row
                     }
-                    Err(reason) if late_ms < PLACEMENT_WAIT_MS => {
+                    Err(reason) if waited < PLACEMENT_WAIT_MS => {
                         // Tried again next pass: the tick stays due.
                         tracing::debug!(app = %job.app, job = %job.name, reason = %reason, "the tick's run cannot start yet; it waits");
                         return Ok(());
@@ -196,12 +210,13 @@ async fn lose(state: &AppState, run: &TaskRunRow, reason: &str, now: i64) -> Res
 }
 
 /// One pass: due ticks, then unfinished runs' deadlines and nodes.
-pub async fn tick(state: &AppState) -> Result<(), ApiError> {
+/// `leading_since` (ms): when this replica began leading.
+pub async fn tick(state: &AppState, leading_since: i64) -> Result<(), ApiError> {
     let now = state.clock.now_ms();
     // One job's failure is logged and holds up neither the others nor the
     // runs below.
     for job in state.store.due_cron_jobs(now, JOBS_PER_PASS).await? {
-        if let Err(err) = record_due(state, &job, now).await {
+        if let Err(err) = record_due(state, &job, now, leading_since).await {
             tracing::warn!(app = %job.app, job = %job.name, error = %err, "scheduled job tick not recorded; trying again next pass");
         }
     }
@@ -211,10 +226,12 @@ pub async fn tick(state: &AppState) -> Result<(), ApiError> {
             lose(state, &run, "no word from its node within the run's time limit", now).await
         } else {
             let node_id = run.node_id.clone().unwrap_or_default();
+            let silent_limit = LOST_AFTER.max(state.config.unreachable_after);
             match state.nodes.get(&node_id) {
                 None => lose(state, &run, &format!("node {node_id} is no longer in the cluster"), now).await,
-                Some(node) if node.state(instant, state.config.unreachable_after) == crate::live::NodeState::Unreachable => {
-                    lose(state, &run, &format!("node {} ({node_id}) became unreachable during the run", node.name), now).await
+                Some(node) if instant.saturating_duration_since(node.last_seen) > silent_limit => {
+                    let reason = format!("node {} ({node_id}) was not heard from for {} s during the run", node.name, silent_limit.as_secs());
+                    lose(state, &run, &reason, now).await
                 }
                 Some(_) => Ok(()),
             }
@@ -228,11 +245,13 @@ pub async fn tick(state: &AppState) -> Result<(), ApiError> {
 
 /// Runs [`tick`] every second until the task is aborted (the leader's).
 pub async fn watcher(state: Arc<AppState>) {
+    // The leader's loops start when it begins leading (and stop with it).
+    let leading_since = state.clock.now_ms();
     let mut every = tokio::time::interval(PASS);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        if let Err(err) = tick(&state).await {
+        if let Err(err) = tick(&state, leading_since).await {
             tracing::warn!(error = %err, "task watcher pass failed");
         }
     }
