@@ -21,7 +21,7 @@ mod runs;
 mod watcher;
 
 pub use jobs::{change_job, create_job, job_view, jobs_of, remove_job, run_job_now};
-pub use runs::{cancel, cancel_runs_of, lines, run_of, run_once, run_view, runs_of};
+pub use runs::{app_deleting, cancel, cancel_runs_of, lines, run_of, run_once, run_view, runs_of};
 pub use watcher::{on_report, tick, watcher};
 
 use rand::Rng;

@@ -187,7 +187,17 @@ pub async fn cancel(state: &AppState, app: &str, id: &str, reason: &str) -> Resu
     run_of(state, app, id).await
 }
 
-/// Cancels an app's unfinished runs (the app is being deleted).
+/// Before an app is deleted: its scheduled jobs go first (a tick the
+/// leader is recording meanwhile then records nothing: its job is gone),
+/// then its unfinished runs are cancelled.
+pub async fn app_deleting(state: &AppState, app: &str) -> Result<(), ApiError> {
+    for job in state.store.cron_jobs_of(app).await? {
+        state.store.delete_cron_job(app, &job.name).await?;
+    }
+    cancel_runs_of(state, app, "the app was deleted").await
+}
+
+/// Cancels an app's unfinished runs.
 pub async fn cancel_runs_of(state: &AppState, app: &str, reason: &str) -> Result<(), ApiError> {
     for run in state.store.task_runs_of(app, None, 1000).await? {
         if run.is_unfinished() {
