@@ -361,9 +361,8 @@ async fn a_running_deployment_that_lost_its_instance_is_failed_and_started_again
     let failed = cp.deployment_until(&id, 5, "the deployment to fail", |d| d["state"] == "failed").await;
     assert!(failed["error"].as_str().unwrap().contains("no instance"), "{failed}");
     // Written just after the failure (another write of the same pass).
-    let all = cloudweb_e2e::wait_for(Duration::from_secs(5), "the image started again", || async {
-        Some(cp.call(Method::GET, "/api/apps/crash/deployments", None).await.1).filter(|all| all["deployments"].as_array().is_some_and(|d| d.len() == 2))
-    }).await.unwrap();
+    let two = || async { Some(cp.call(Method::GET, "/api/apps/crash/deployments", None).await.1).filter(|a| a["deployments"].as_array().is_some_and(|d| d.len() == 2)) };
+    let all = cloudweb_e2e::wait_for(Duration::from_secs(5), "the image started again", two).await.unwrap();
     let again = &all["deployments"][0];
     assert_eq!(again["kind"], "reschedule", "{all}");
     assert_eq!(again["rollback_of"], id.as_str(), "{all}");

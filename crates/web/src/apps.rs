@@ -1,7 +1,6 @@
 //! The Apps pages: the list with status and URL, the create form (one of
 //! the user's GitLab projects, or a git URL, and build settings), and one app's page: settings, domains, write-only
-//! environment, deploy, deployments with rollback, delete (its volumes'
-//! and tasks' sections are theirs).
+//! environment, deploy, deployments with rollback, delete.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
