@@ -52,9 +52,10 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
         return match outcome {
             Ok(outcome) => {
                 println!(
-                    "seed {seed}: no invariant broken ({} steps, {} kills, {} deployments, {} commits) in {:.2} s",
+                    "seed {seed}: no invariant broken ({} steps, {} kills, {} crashes, {} deployments, {} commits) in {:.2} s",
                     outcome.steps,
                     outcome.kills,
+                    outcome.crashes,
                     outcome.deployments,
                     outcome.commits,
                     started.elapsed().as_secs_f64()
@@ -86,6 +87,7 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
         let part = handle.await?;
         total.runs += part.runs;
         total.kills += part.kills;
+        total.crashes += part.crashes;
         total.deployments += part.deployments;
         for (invariant, seeds) in part.failures {
             total.failures.entry(invariant).or_default().extend(seeds);
@@ -96,12 +98,13 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
     }
     let elapsed = started.elapsed().as_secs_f64();
     println!(
-        "simulate: {} seeds from {} on {jobs} thread(s) in {elapsed:.1} s ({:.0} seeds/s): {} deployments, {} control-plane kills",
+        "simulate: {} seeds from {} on {jobs} thread(s) in {elapsed:.1} s ({:.0} seeds/s): {} deployments, {} control-plane kills, {} crashes of every instance",
         total.runs,
         args.first,
         total.runs as f64 / elapsed.max(0.001),
         total.deployments,
-        total.kills
+        total.kills,
+        total.crashes
     );
     let failing: usize = total.failures.values().map(Vec::len).sum();
     for (invariant, seeds) in &total.failures {

@@ -55,6 +55,13 @@ pub struct World {
     pub pin_commits: bool,
     /// Problems seen by agents that break an invariant of the queue.
     pub violations: Vec<String>,
+    /// Per node: instances whose container died, (deployment, instance),
+    /// until their `failed` report is delivered (the agent's outbox).
+    pub outbox: BTreeMap<String, Vec<(String, u32)>>,
+    /// Apps whose containers died at least once.
+    pub crashed: BTreeSet<String>,
+    /// Crashes that took a deployment's containers.
+    pub crashes: usize,
 }
 
 impl World {
@@ -105,10 +112,67 @@ fn report(deployment: &str, instance: u32, state: Option<&str>) -> Report {
     report
 }
 
-/// One read of the queue by `node`'s agent: the first command of one lane
-/// that no one works on, carried out to its end or to a retry.
+/// Every container of the app's running deployment dies at once (a
+/// release that exits, an out-of-memory kill of each): they are gone from
+/// the world now, and each node reports them from its outbox when it next
+/// reads its queue. False when the app runs nothing.
+pub async fn crash(state: &AppState, world: &Shared, app: &str, nodes: &[String]) -> bool {
+    let Ok(deployments) = state.store.app_deployments(app).await else { return false };
+    let Some(running) = deployments.iter().find(|d| d.state == "running") else { return false };
+    // A deploy command still to be acked would start the container again
+    // when it is delivered again (as a real agent does): no crash then.
+    for node in nodes {
+        let Ok(pending) = state.store.pending_commands(node).await else { return false };
+        let for_it = |row: &cloudweb_server::store::CommandRow| {
+            cloudweb_server::agent_api::commands::to_wire(state, row)
+                .ok()
+                .is_some_and(|c| c.payload.get("deployment_id").and_then(|v| v.as_str()) == Some(running.id.as_str()))
+        };
+        if pending.iter().any(for_it) {
+            return false;
+        }
+    }
+    let mut world = world.lock().expect("world lock");
+    let World { containers, outbox, crashed, crashes, .. } = &mut *world;
+    let mut died = false;
+    for (node, on_node) in containers.iter_mut() {
+        let gone: Vec<(String, u32)> = on_node.iter().filter(|(_, c)| c.deployment == running.id).map(|(n, c)| (n.clone(), c.instance)).collect();
+        for (name, instance) in gone {
+            on_node.remove(&name);
+            outbox.entry(node.clone()).or_default().push((running.id.clone(), instance));
+            died = true;
+        }
+    }
+    if died {
+        crashed.insert(app.to_string());
+        *crashes += 1;
+    }
+    died
+}
+
+/// Delivers the node's outbox: a `failed` report per dead container, kept
+/// until it is applied (or refused for good).
+async fn flush_outbox(state: &AppState, world: &Shared, node: &str, rng: &mut Rng) {
+    let pending = world.lock().expect("world lock").outbox.get(node).cloned().unwrap_or_default();
+    for (deployment, instance) in pending {
+        let mut failed = report(&deployment, instance, Some("failed"));
+        failed.message = Some("the container exited with code 137".into());
+        let sent = send(state, node, failed, rng).await;
+        if matches!(sent, Sent::Retry) {
+            continue;
+        }
+        if let Some(outbox) = world.lock().expect("world lock").outbox.get_mut(node) {
+            outbox.retain(|entry| *entry != (deployment.clone(), instance));
+        }
+    }
+}
+
+/// One read of the queue by `node`'s agent: its outbox first, then the
+/// first command of one lane that no one works on, carried out to its end
+/// or to a retry.
 pub async fn work(state: Arc<AppState>, world: Shared, node: String, seed: u64) {
     let mut rng = Rng::new(seed);
+    flush_outbox(&state, &world, &node, &mut rng).await;
     let Ok(pending) = state.store.pending_commands(&node).await else { return };
     let mut lanes: BTreeMap<String, Vec<cloudweb_server::store::CommandRow>> = BTreeMap::new();
     for row in pending {

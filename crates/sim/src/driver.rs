@@ -36,11 +36,14 @@ pub struct Options {
     pub pin_commits: bool,
     /// Check the invariants at every commit point, not only at the end.
     pub check_every_step: bool,
+    /// Times at most that every container of an app's running deployment
+    /// dies (the reconciler then starts its image again).
+    pub crashes: usize,
 }
 
 impl Options {
     pub fn new(seed: u64) -> Options {
-        Options { seed, apps: 2, nodes: 2, requests: 8, kills: 3, steps: 300, pin_commits: true, check_every_step: true }
+        Options { seed, apps: 2, nodes: 2, requests: 8, kills: 3, steps: 300, pin_commits: true, check_every_step: true, crashes: 2 }
     }
 }
 
@@ -49,6 +52,8 @@ impl Options {
 pub struct Outcome {
     pub steps: usize,
     pub kills: usize,
+    /// Crashes that took every container of a running deployment.
+    pub crashes: usize,
     pub deployments: usize,
     pub commits: u64,
 }
@@ -94,6 +99,7 @@ enum Activity {
     Deploy { app: String, commit: Option<String> },
     Agent { node: String, seed: u64 },
     Reconcile,
+    Crash { app: String },
 }
 
 struct Slot {
@@ -164,7 +170,7 @@ impl Sim {
 
     fn note(&mut self, line: String) {
         self.trace.push(format!("[{}] {line}", self.step));
-        if self.trace.len() > 80 {
+        if self.trace.len() > 400 {
             self.trace.remove(0);
         }
     }
@@ -256,7 +262,9 @@ impl Sim {
             Activity::Deploy { app, commit } => format!("deploy {app} {}", commit.as_deref().map(|c| &c[..8]).unwrap_or("head")),
             Activity::Agent { node, .. } => format!("agent {node}"),
             Activity::Reconcile => "reconcile".to_string(),
+            Activity::Crash { app } => format!("crash {app}"),
         };
+        let nodes = self.nodes.clone();
         let handle = tokio::spawn(stepped(stepper, async move {
             step_point().await;
             match activity {
@@ -268,6 +276,9 @@ impl Sim {
                 Activity::Agent { node, seed } => agent::work(state, world, node, seed).await,
                 Activity::Reconcile => {
                     let _ = cloudweb_server::deploy::reconcile(&state).await;
+                }
+                Activity::Crash { app } => {
+                    agent::crash(&state, &world, &app, &nodes).await;
                 }
             }
             let _ = done.send(task);
@@ -388,7 +399,7 @@ impl Sim {
 
     async fn run(mut self) -> Result<Outcome, SimFailure> {
         self.setup().await;
-        let mut requests = 0;
+        let (mut requests, mut crashes) = (0, 0);
         while self.step < self.options.steps || requests < self.options.requests {
             self.step += 1;
             if self.step > self.options.steps * 4 {
@@ -420,6 +431,11 @@ impl Sim {
                             None
                         };
                         self.spawn(Activity::Deploy { app, commit });
+                    }
+                    20..=23 if crashes < self.options.crashes => {
+                        crashes += 1;
+                        let app = self.rng.pick(&self.apps).cloned().expect("apps");
+                        self.spawn(Activity::Crash { app });
                     }
                     0..=69 => {
                         let node = self.rng.pick(&self.nodes).cloned().expect("nodes");
@@ -454,7 +470,8 @@ impl Sim {
             slot.handle.abort();
         }
         state.store.close().await;
-        Ok(Outcome { steps: self.step, kills: self.kills, deployments, commits })
+        let crashes = self.world.lock().expect("world lock").crashes;
+        Ok(Outcome { steps: self.step, kills: self.kills, crashes, deployments, commits })
     }
 
     /// No more requests or kills: let the agents and the reconciler work
@@ -473,7 +490,8 @@ impl Sim {
             let state = self.state();
             let mut pending = false;
             for node in self.nodes.clone() {
-                if !state.store.pending_commands(&node).await.unwrap_or_default().is_empty() {
+                let outbox = self.world.lock().expect("world lock").outbox.get(&node).is_some_and(|o| !o.is_empty());
+                if outbox || !state.store.pending_commands(&node).await.unwrap_or_default().is_empty() {
                     pending = true;
                     let seed = self.rng.next_u64();
                     self.spawn(Activity::Agent { node, seed });
@@ -483,9 +501,13 @@ impl Sim {
             for app in &self.apps {
                 for d in state.store.app_deployments(app).await.unwrap_or_default() {
                     unfinished |= !matches!(d.state.as_str(), "running" | "failed" | "superseded");
-                    for i in state.store.instances(&d.id).await.unwrap_or_default() {
+                    let instances = state.store.instances(&d.id).await.unwrap_or_default();
+                    for i in &instances {
                         unfinished |= i.state == "stopping" || (i.state == "pending" && d.state != "running");
                     }
+                    // Running with nothing left: the reconciler is yet to
+                    // start its image again.
+                    unfinished |= d.state == "running" && !instances.iter().any(|i| matches!(i.state.as_str(), "pending" | "running"));
                 }
             }
             if !pending && !unfinished && round > 0 {
@@ -517,6 +539,7 @@ impl Sim {
 pub struct Survey {
     pub runs: u64,
     pub kills: usize,
+    pub crashes: usize,
     pub deployments: usize,
     pub failures: BTreeMap<&'static str, Vec<u64>>,
     /// The first failure's full report.
@@ -532,6 +555,7 @@ pub fn survey(first: u64, count: u64, options: impl Fn(u64) -> Options) -> Surve
         match run(&options(seed)) {
             Ok(outcome) => {
                 survey.kills += outcome.kills;
+                survey.crashes += outcome.crashes;
                 survey.deployments += outcome.deployments;
             }
             Err(failure) => {

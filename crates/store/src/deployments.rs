@@ -150,37 +150,7 @@ impl Store {
                     superseded.push(id);
                 }
             }
-            let seq: i64 = sqlx::query("SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM deployments").fetch_one(&mut *tx).await?.get("seq");
-            sqlx::query(&format!(
-                "INSERT INTO deployments ({DEPLOYMENT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
-            ))
-            .bind(&deployment.id)
-            .bind(seq)
-            .bind(&deployment.app)
-            .bind(&deployment.kind)
-            .bind(&deployment.commit_sha)
-            .bind(&deployment.rollback_of)
-            .bind(&deployment.state)
-            .bind(&deployment.image)
-            .bind(&deployment.error)
-            .bind(deployment.created_at)
-            .bind(deployment.updated_at)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query("INSERT INTO deployment_events (deployment_id, state, at) VALUES ($1, $2, $3)")
-                .bind(&deployment.id)
-                .bind(&deployment.state)
-                .bind(deployment.created_at)
-                .execute(&mut *tx)
-                .await?;
-            for instance in 1..=instances {
-                sqlx::query("INSERT INTO instances (deployment_id, instance, state, updated_at) VALUES ($1, $2, 'pending', $3)")
-                    .bind(&deployment.id)
-                    .bind(instance)
-                    .bind(deployment.created_at)
-                    .execute(&mut *tx)
-                    .await?;
-            }
+            let seq = tx.insert_new_deployment(deployment, instances).await?;
             tx.commit().await?;
             self.count_commit().await;
             Ok((DeploymentRow { seq, ..deployment.clone() }, superseded))
@@ -230,6 +200,39 @@ impl Store {
             tx.commit().await?;
             self.count_commit().await;
             Ok(true)
+        })
+    }
+
+    /// A running deployment lost every instance. When a newer deployment
+    /// of the app is on its way (or runs), nothing changes: that one takes
+    /// over, and should it fail this one is still here to start again.
+    /// Otherwise, in one transaction, it becomes failed and `again` (a
+    /// `reschedule` of its image, with `instances` unplaced instances) is
+    /// queued, so a kill cannot leave the failure without its reschedule.
+    pub async fn fail_and_reschedule(&self, id: &str, error: &str, again: &DeploymentRow, instances: i64) -> Result<Rescheduled, StoreError> {
+        on_db!(self, pool => {
+            let mut tx = pool.begin_write().await?;
+            let newer: i64 = sqlx::query(
+                "SELECT COUNT(*) AS n FROM deployments WHERE app = $1 AND state NOT IN ('failed', 'superseded') \
+                 AND seq > (SELECT seq FROM deployments WHERE id = $2)",
+            )
+            .bind(&again.app)
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?
+            .get("n");
+            if newer > 0 {
+                tx.rollback().await?;
+                return Ok(Rescheduled::NewerOnItsWay);
+            }
+            if !tx.move_deployment(id, "running", "failed", Some(error), None, again.created_at).await? {
+                tx.rollback().await?;
+                return Ok(Rescheduled::Ended);
+            }
+            let seq = tx.insert_new_deployment(again, instances).await?;
+            tx.commit().await?;
+            self.count_commit().await;
+            Ok(Rescheduled::Queued(DeploymentRow { seq, ..again.clone() }))
         })
     }
 
@@ -643,6 +646,18 @@ fn instance_columns(alias: &str) -> String {
     INSTANCE_COLUMNS.split(", ").map(|c| format!("{alias}.{c} AS {c}")).collect::<Vec<_>>().join(", ")
 }
 
+/// What [`Store::fail_and_reschedule`] did.
+#[derive(Debug, Clone)]
+pub enum Rescheduled {
+    /// The deployment had already ended (another path moved it first).
+    Ended,
+    /// A newer deployment of the app is on its way or runs: the deployment
+    /// was left as it is.
+    NewerOnItsWay,
+    /// The deployment failed and its reschedule is queued.
+    Queued(DeploymentRow),
+}
+
 /// What this module writes inside a caller's write transaction, once per
 /// engine (see [`crate::backend::for_both_engines`]).
 pub(crate) trait DeploymentsTx {
@@ -652,6 +667,9 @@ pub(crate) trait DeploymentsTx {
     /// The instances of a deployment that ended: placed ones stop at
     /// `stop_after_ms` (the reconciler sends the stop), unplaced ones fail.
     async fn retire_instances(&mut self, id: &str, stop_after_ms: i64, now_ms: i64) -> Result<(), StoreError>;
+    /// Inserts a new deployment (the next `seq`), its first event and its
+    /// `instances` pending instances; returns its `seq`.
+    async fn insert_new_deployment(&mut self, deployment: &DeploymentRow, instances: i64) -> Result<i64, StoreError>;
 }
 
 crate::backend::for_both_engines! {
@@ -682,6 +700,42 @@ crate::backend::for_both_engines! {
                 .execute(&mut **tx)
                 .await?;
             Ok(true)
+        }
+
+        async fn insert_new_deployment(&mut self, deployment: &DeploymentRow, instances: i64) -> Result<i64, StoreError> {
+            let tx = self;
+            let seq: i64 = sqlx::query("SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM deployments").fetch_one(&mut **tx).await?.get("seq");
+            sqlx::query(&format!(
+                "INSERT INTO deployments ({DEPLOYMENT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+            ))
+            .bind(&deployment.id)
+            .bind(seq)
+            .bind(&deployment.app)
+            .bind(&deployment.kind)
+            .bind(&deployment.commit_sha)
+            .bind(&deployment.rollback_of)
+            .bind(&deployment.state)
+            .bind(&deployment.image)
+            .bind(&deployment.error)
+            .bind(deployment.created_at)
+            .bind(deployment.updated_at)
+            .execute(&mut **tx)
+            .await?;
+            sqlx::query("INSERT INTO deployment_events (deployment_id, state, at) VALUES ($1, $2, $3)")
+                .bind(&deployment.id)
+                .bind(&deployment.state)
+                .bind(deployment.created_at)
+                .execute(&mut **tx)
+                .await?;
+            for instance in 1..=instances {
+                sqlx::query("INSERT INTO instances (deployment_id, instance, state, updated_at) VALUES ($1, $2, 'pending', $3)")
+                    .bind(&deployment.id)
+                    .bind(instance)
+                    .bind(deployment.created_at)
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            Ok(seq)
         }
 
         async fn retire_instances(&mut self, id: &str, stop_after_ms: i64, now_ms: i64) -> Result<(), StoreError> {

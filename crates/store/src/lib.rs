@@ -40,6 +40,8 @@ mod snapshot;
 pub mod tasks;
 pub mod steps;
 #[cfg(test)]
+mod deployment_tests;
+#[cfg(test)]
 #[macro_use]
 mod test_engines;
 mod tokens;
@@ -58,7 +60,7 @@ pub use backups::{BackupJobRow, DestinationRemoval, DestinationRow, JobOutcome, 
 pub use apps::{AppRefusal, AppRow};
 pub use certificates::{CertificateOrders, CertificateRow};
 pub use commands::{CommandRow, NewCommand};
-pub use deployments::{DeploymentRow, InstanceRow, InstanceUpdate, Settled};
+pub use deployments::{DeploymentRow, InstanceRow, InstanceUpdate, Rescheduled, Settled};
 pub use git::{AppGitLinkRow, DeploymentGitRow, GitlabAccountRow, GitlabSettingsRow};
 pub use idempotency::IdempotencyClaim;
 pub use nodes::{

@@ -32,7 +32,7 @@ use self::scheduler::{NodeSnapshot, Placement, Request};
 use self::state::DeploymentState;
 use crate::error::ApiError;
 use crate::live::HealthState;
-use crate::store::{AppRow, DeploymentRow, InstanceRow, InstanceUpdate};
+use crate::store::{AppRow, DeploymentRow, InstanceRow, InstanceUpdate, Rescheduled};
 use crate::AppState;
 
 /// What an instance reserves when its app sets no limits.
@@ -134,27 +134,9 @@ pub enum InFlight {
 }
 
 pub async fn create_with(state: &AppState, app: &AppRow, origin: Origin, in_flight: InFlight) -> Result<DeploymentRow, ApiError> {
-    let now = state.clock.now_ms();
-    let (kind, commit, rollback_of, image) = match &origin {
-        Origin::Source { commit } => ("source", commit.clone(), None, None),
-        Origin::Rollback { of, image } => ("rollback", None, Some(of.clone()), Some(image.clone())),
-        Origin::Reschedule { of, image } => ("reschedule", None, Some(of.clone()), Some(image.clone())),
-    };
-    let row = DeploymentRow {
-        id: new_deployment_id(),
-        seq: 0,
-        app: app.name.clone(),
-        kind: kind.to_string(),
-        commit_sha: commit,
-        rollback_of,
-        state: DeploymentState::Queued.as_str().to_string(),
-        image,
-        error: None,
-        created_at: now,
-        updated_at: now,
-    };
+    let row = new_row(app, &origin, state.clock.now_ms());
     let (deployment, superseded) = state.store.insert_deployment(&row, app.instances, in_flight == InFlight::Supersede).await?;
-    tracing::info!(deployment = %deployment.id, app = %app.name, kind, "deployment queued");
+    tracing::info!(deployment = %deployment.id, app = %app.name, kind = %deployment.kind, "deployment queued");
     crate::git::deployment_moved(state, &deployment, DeploymentState::Queued);
     // Their stops go out now, so agents abandon those builds; a kill
     // before this line leaves them to the reconciler's next pass.
@@ -177,6 +159,28 @@ pub async fn create_with(state: &AppState, app: &AppRow, origin: Origin, in_flig
     };
     place_instances(state, app, &deployment, &first_wave).await?;
     Ok(state.store.deployment(&deployment.id).await?.unwrap_or(deployment))
+}
+
+/// A new queued deployment of `app` (its `seq` is given on insert).
+fn new_row(app: &AppRow, origin: &Origin, now: i64) -> DeploymentRow {
+    let (kind, commit, rollback_of, image) = match origin {
+        Origin::Source { commit } => ("source", commit.clone(), None, None),
+        Origin::Rollback { of, image } => ("rollback", None, Some(of.clone()), Some(image.clone())),
+        Origin::Reschedule { of, image } => ("reschedule", None, Some(of.clone()), Some(image.clone())),
+    };
+    DeploymentRow {
+        id: new_deployment_id(),
+        seq: 0,
+        app: app.name.clone(),
+        kind: kind.to_string(),
+        commit_sha: commit,
+        rollback_of,
+        state: DeploymentState::Queued.as_str().to_string(),
+        image,
+        error: None,
+        created_at: now,
+        updated_at: now,
+    }
 }
 
 /// A snapshot of every node for the scheduler: state, health, features,
@@ -631,25 +635,32 @@ async fn recover_running_without_instances(state: &AppState) -> Result<(), ApiEr
     Ok(())
 }
 
-/// Fails a running deployment that has nothing left running and, when it
-/// is still the app's newest deployment, starts its image again as a new
-/// `reschedule` deployment (placed where there is room, after the same
-/// bounded wait as any deployment). Returns the new deployment's id.
-async fn fail_and_reschedule(state: &AppState, deployment: &DeploymentRow, reason: &str) -> Result<Option<String>, ApiError> {
-    if !transition(state, deployment, DeploymentState::Failed, Some(reason), None).await? {
-        return Ok(None);
-    }
+/// A running deployment that has nothing left running: when it is still
+/// the app's newest deployment it fails and its image starts again as a
+/// new `reschedule` deployment (placed where there is room, after the same
+/// bounded wait as any deployment); the failure and the queued reschedule
+/// are one write, so a kill between them cannot leave the app with nothing
+/// running and nothing on its way. When a newer deployment is on its way
+/// it is left as it is: that one takes over, or, should it fail, the next
+/// pass starts this one again. Returns what happened.
+async fn fail_and_reschedule(state: &AppState, deployment: &DeploymentRow, reason: &str) -> Result<Rescheduled, ApiError> {
+    let app = state.store.app(&deployment.app).await?;
+    let (Some(app), Some(image)) = (app, deployment.image.clone()) else {
+        transition(state, deployment, DeploymentState::Failed, Some(reason), None).await?;
+        return Ok(Rescheduled::Ended);
+    };
+    let again = new_row(&app, &Origin::Reschedule { of: deployment.id.clone(), image }, state.clock.now_ms());
+    let outcome = state.store.fail_and_reschedule(&deployment.id, reason, &again, app.instances).await?;
+    let Rescheduled::Queued(again) = outcome else { return Ok(outcome) };
     tracing::warn!(deployment = %deployment.id, app = %deployment.app, %reason, "running deployment failed");
-    let Some(image) = deployment.image.clone() else { return Ok(None) };
-    let Some(app) = state.store.app(&deployment.app).await? else { return Ok(None) };
-    // A newer deployment of the app takes over by itself.
-    let newer = state.store.app_deployments(&app.name).await?.into_iter().any(|d| d.seq > deployment.seq && !matches!(d.state.as_str(), "failed" | "superseded"));
-    if newer {
-        return Ok(None);
-    }
-    let again = create(state, &app, Origin::Reschedule { of: deployment.id.clone(), image }).await?;
+    crate::git::deployment_moved(state, deployment, DeploymentState::Failed);
+    crate::git::deployment_moved(state, &again, DeploymentState::Queued);
+    // A kill before the placement leaves the instances to the
+    // reconciler's next pass, like any unplaced instance.
+    place_instances(state, &app, &again, &(1..=app.instances).collect::<Vec<_>>()).await?;
+    let again = state.store.deployment(&again.id).await?.unwrap_or(again);
     tracing::info!(deployment = %again.id, of = %deployment.id, app = %app.name, state = %again.state, "started the failed deployment's image again");
-    Ok(Some(again.id))
+    Ok(Rescheduled::Queued(again))
 }
 
 async fn stop_instance(state: &AppState, instance: &InstanceRow, reason: &str) -> Result<(), ApiError> {
@@ -735,10 +746,16 @@ pub async fn fail_node_instances(state: &AppState, node_id: &str, reason: &str) 
                         loss.rescheduled.push(id.clone());
                     }
                 } else {
-                    if let Some(again) = fail_and_reschedule(state, &deployment, reason).await? {
-                        loss.rescheduled.push(again);
+                    match fail_and_reschedule(state, &deployment, reason).await? {
+                        Rescheduled::Queued(again) => {
+                            loss.rescheduled.push(again.id);
+                            loss.failed.push(id.clone());
+                        }
+                        Rescheduled::Ended => loss.failed.push(id.clone()),
+                        // A newer deployment takes over (or, failing, this
+                        // one starts again at the next reconcile pass).
+                        Rescheduled::NewerOnItsWay => {}
                     }
-                    loss.failed.push(id.clone());
                 }
             }
             Some(DeploymentState::Queued | DeploymentState::Building | DeploymentState::Deploying) => {
