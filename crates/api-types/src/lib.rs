@@ -21,6 +21,7 @@ pub mod deployments;
 pub mod error;
 pub mod git;
 pub mod nodes;
+pub mod scale;
 pub mod services;
 pub mod tasks;
 pub mod traffic;

@@ -66,7 +66,7 @@ pub fn run(args: Args) -> Result<Vec<Target>> {
         bail!("--nodes must be 1 to 1000000 and --placements 1 to 10000000");
     }
     let mut nodes = cluster(args.nodes);
-    let plain = Request { cpu: 0.25, mem_bytes: 256 << 20, features: vec![], avoid: vec![], pin: None };
+    let plain = Request { cpu: 0.25, mem_bytes: 256 << 20, features: vec![], avoid: vec![], pin: None, spread: vec![] };
     let static_site = Request { features: vec!["static-sites".into()], ..plain.clone() };
     let index: std::collections::HashMap<String, usize> = nodes.iter().enumerate().map(|(i, n)| (n.id.clone(), i)).collect();
     let mut latencies = Vec::with_capacity(args.placements);

@@ -22,6 +22,7 @@ mod logs;
 mod nodes;
 mod render;
 mod run;
+mod scale;
 mod services;
 mod volumes;
 
@@ -170,6 +171,21 @@ enum Command {
         #[arg(long, short = 'f')]
         follow: bool,
     },
+    /// Run an app's running deployment with N instances, now: new ones
+    /// start spread over the nodes (no two on one node while another has
+    /// room), surplus ones leave the routes before they stop. The count is
+    /// kept for later deployments. Exits 1 when fewer could start.
+    ///
+    /// Example: cloudweb scale web 3
+    Scale {
+        app: String,
+        /// 1 to 20.
+        #[arg(value_parser = clap::value_parser!(u32).range(1..=20))]
+        instances: u32,
+    },
+    /// An app's instances with their CPU, memory and restarts, from each
+    /// node's latest usage sample.
+    Top { app: String },
     /// An app's deployments, newest first.
     Deployments { app: String },
     /// What an app's instances print (stdout and stderr).
@@ -246,6 +262,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Volumes { command } => volumes::run(&api, command.unwrap_or(VolumesCommand::List { app: None }), json).await,
         Command::Deploy { app, commit, keep_in_flight, follow } => deploy::deploy(&api, &app, commit, keep_in_flight, follow, json).await,
         Command::Rollback { app, to, follow } => deploy::rollback(&api, &app, to, follow, json).await,
+        Command::Scale { app, instances } => scale::scale(&api, &app, instances, json).await,
+        Command::Top { app } => scale::top(&api, &app, json).await,
         Command::Deployments { app } => deploy::deployments(&api, &app, json).await,
         Command::Logs { app, follow, lines, deployment } => logs::run(&api, &app, follow, lines, deployment, json).await,
         Command::Cron { command } => cron::run(&api, command, json).await,

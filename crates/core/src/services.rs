@@ -237,6 +237,7 @@ pub(crate) async fn create_unreserved(state: &AppState, new: NewService) -> Resu
         features: vec![cloudweb_protocol::features::SERVICES.to_string(), cloudweb_protocol::features::VOLUMES.to_string()],
         avoid: Vec::new(),
         pin: None,
+        spread: Vec::new(),
     };
     let node_id = match &new.node {
         Some(wanted) => {

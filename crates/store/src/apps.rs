@@ -162,6 +162,16 @@ impl Store {
         })
     }
 
+    /// The app's instance count alone (a scale), so that it races no
+    /// other setting.
+    pub async fn set_app_instances(&self, name: &str, instances: i64) -> Result<bool, StoreError> {
+        on_db!(self, pool => {
+            let result = sqlx::query("UPDATE apps SET instances = $1 WHERE name = $2").bind(instances).bind(name).execute(pool).await?;
+            self.count_commit().await;
+            Ok(result.rows_affected() == 1)
+        })
+    }
+
     pub async fn set_app_env(&self, name: &str, env_sealed: &str) -> Result<bool, StoreError> {
         on_db!(self, pool => {
             let result = sqlx::query("UPDATE apps SET env_sealed = $1 WHERE name = $2").bind(env_sealed).bind(name).execute(pool).await?;

@@ -530,7 +530,7 @@ impl Store {
 impl Store {
     /// Adds an instance to a deployment that replaces instance `replaces`;
     /// returns its number.
-    pub async fn insert_replacement(&self, deployment_id: &str, replaces: i64, now_ms: i64) -> Result<i64, StoreError> {
+    pub async fn insert_replacement(&self, deployment_id: &str, replaces: Option<i64>, now_ms: i64) -> Result<i64, StoreError> {
         on_db!(self, pool => {
             let mut tx = pool.begin_write().await?;
             let next: i64 = sqlx::query("SELECT COALESCE(MAX(instance), 0) + 1 AS n FROM instances WHERE deployment_id = $1")

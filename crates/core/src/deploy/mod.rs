@@ -12,6 +12,7 @@
 //! rollback or reschedule) run that image without building.
 
 pub mod moves;
+pub mod scale;
 mod reports;
 pub mod scheduler;
 /// The state machine lives below both this module and `git` (which turns
@@ -183,6 +184,13 @@ fn new_row(app: &AppRow, origin: &Origin, now: i64) -> DeploymentRow {
     }
 }
 
+/// The nodes of a deployment's placed instances that run or are starting,
+/// once per instance (the scheduler's spread).
+pub(crate) async fn live_nodes(state: &AppState, deployment_id: &str) -> Result<Vec<String>, ApiError> {
+    let instances = state.store.instances(deployment_id).await?;
+    Ok(instances.into_iter().filter(|i| matches!(i.state.as_str(), "pending" | "running")).filter_map(|i| i.node_id).collect())
+}
+
 /// A snapshot of every node for the scheduler: state, health, features,
 /// capacity, and what active instances reserve.
 pub async fn snapshot(state: &AppState) -> Result<Vec<NodeSnapshot>, ApiError> {
@@ -258,6 +266,7 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
         features,
         avoid: Vec::new(),
         pin,
+        spread: Vec::new(),
     };
     // An app from a git provider clones with credentials made for this
     // deployment (they travel only in the sealed command).
@@ -278,8 +287,10 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
         None => crate::git::repo_ca(state, &app.repo_url).await?,
     };
     for &instance in instances {
-        // Each placement sees the reservations of the ones before it.
+        // Each placement sees the reservations of the ones before it, and
+        // where the deployment's other instances are.
         let nodes = snapshot(state).await?;
+        request.spread = live_nodes(state, &deployment.id).await?;
         match scheduler::place(&nodes, &request) {
             Placement::Node(node_id) => {
                 let mut volumes = volumes.clone();
@@ -306,7 +317,7 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
                     source.ca_pem = ca_pem.clone();
                 }
                 if place_on(state, &deployment.id, &app.name, instance, &node_id, payload).await?.is_some() {
-                    tracing::info!(deployment = %deployment.id, instance, node_id = %node_id, "instance placed");
+                    tracing::info!(deployment = %deployment.id, instance, node_id = %node_id, why = %scheduler::explain_choice(&nodes, &request, &node_id), "instance placed");
                 }
             }
             Placement::Nowhere(reason) => {
@@ -596,8 +607,8 @@ async fn fail_stuck_on_lost_nodes(state: &AppState) -> Result<(), ApiError> {
         let mut reason = format!("{lost} while the deployment was {}", deployment.state);
         if deployment.image.is_some() {
             if let Some(app) = state.store.app(&deployment.app).await? {
-                match moves::start_replacement(state, &app, &deployment, instance.instance, node_id).await? {
-                    Ok((target, number)) => {
+                match moves::start_instance(state, &app, &deployment, Some(instance.instance), node_id).await? {
+                    Ok((target, number, _)) => {
                         let now_ms = state.clock.now_ms();
                         state.store.update_instance(&deployment.id, instance.instance, InstanceUpdate::to("lost"), now_ms).await?;
                         if state.nodes.get(node_id).is_some() {

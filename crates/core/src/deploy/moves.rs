@@ -38,8 +38,8 @@ pub async fn move_instances(state: &AppState) -> Result<HashMap<String, Vec<(Str
             let Some(deployment) = state.store.deployment(&instance.deployment_id).await? else { continue };
             let (Some(DeploymentState::Running), Some(_)) = (DeploymentState::parse(&deployment.state), &deployment.image) else { continue };
             let Some(app) = state.store.app(&deployment.app).await? else { continue };
-            let (target, number) = match start_replacement(state, &app, &deployment, instance.instance, &node_id).await? {
-                Ok(placed) => placed,
+            let (target, number) = match start_instance(state, &app, &deployment, Some(instance.instance), &node_id).await? {
+                Ok((target, number, _)) => (target, number),
                 Err(reason) => {
                     waiting.entry(node_id.clone()).or_default().push((app.name.clone(), reason));
                     continue;
@@ -63,16 +63,18 @@ pub async fn move_instances(state: &AppState) -> Result<HashMap<String, Vec<(Str
     Ok(waiting)
 }
 
-/// Places a replacement for instance `replaced` of a deployment that has
-/// its image, anywhere but `avoid`, and queues its deploy. Returns the
-/// target node and the new instance number, or the scheduler's reason.
-pub(super) async fn start_replacement(
+/// Places a new instance of a deployment that has its image (a replacement
+/// for instance `replaced`, or one more for a scale-up), anywhere but
+/// `avoid`, spread from the deployment's other instances, and queues its
+/// deploy. Returns the target node, the new instance number and why that
+/// node, or the scheduler's reason when nothing fits.
+pub(super) async fn start_instance(
     state: &AppState,
     app: &AppRow,
     deployment: &DeploymentRow,
-    replaced: i64,
+    replaced: Option<i64>,
     avoid: &str,
-) -> Result<Result<(String, i64), String>, ApiError> {
+) -> Result<Result<(String, i64, String), String>, ApiError> {
     // With volumes, only their node will do: a replacement elsewhere would
     // start with empty data, so the app waits for that node instead.
     let volumes = state.store.app_volumes(&app.name).await?;
@@ -87,21 +89,24 @@ pub(super) async fn start_replacement(
         features,
         avoid: vec![avoid.to_string()],
         pin,
+        spread: super::live_nodes(state, &deployment.id).await?,
     };
     let linked = match crate::service_links::link_env(state, &app.name).await? {
         Ok(linked) => linked,
         Err(reason) => return Ok(Err(reason)),
     };
-    let target = match scheduler::place(&snapshot(state).await?, &request) {
+    let nodes = snapshot(state).await?;
+    let target = match scheduler::place(&nodes, &request) {
         Placement::Node(target) => target,
         Placement::Nowhere(reason) => return Ok(Err(reason)),
     };
+    let why = scheduler::explain_choice(&nodes, &request, &target);
     let now_ms = state.clock.now_ms();
     let number = state.store.insert_replacement(&deployment.id, replaced, now_ms).await?;
     let mut payload = deploy_payload(state, app, deployment, number, None, &volumes)?;
     payload.env.extend(linked);
     super::place_on(state, &deployment.id, &app.name, number, &target, payload).await?;
-    Ok(Ok((target, number)))
+    Ok(Ok((target, number, why)))
 }
 
 /// Replaces the instances a running deployment lost with its node (the
@@ -119,8 +124,8 @@ pub async fn replace_lost(state: &AppState, deployment: &DeploymentRow, lost: &[
         if state.store.replacement_in_progress(&deployment.id, instance, i64::MAX).await? {
             continue;
         }
-        match start_replacement(state, &app, deployment, instance, node_id).await? {
-            Ok((target, number)) => {
+        match start_instance(state, &app, deployment, Some(instance), node_id).await? {
+            Ok((target, number, _)) => {
                 tracing::info!(deployment = %deployment.id, from = %node_id, to = %target, instance = number, "replacing an instance of a node that left");
             }
             Err(reason) => {

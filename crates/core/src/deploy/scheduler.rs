@@ -2,10 +2,13 @@
 //! and what an instance needs, it returns a node or an explanation that
 //! names every node and why it was passed over. It does no I/O.
 //!
-//! Among the eligible nodes where the instance fits, it picks the one whose
-//! load after placement is lowest, load being the larger of the CPU and
-//! memory fractions reserved; ties go to the node with fewer instances, then
-//! to the node id, so placement is deterministic.
+//! Among the eligible nodes where the instance fits, it picks the one with
+//! the fewest instances of the same deployment (spread: no two on one node
+//! while another eligible node has room), then the one whose load after
+//! placement is lowest, load being the larger of the CPU and memory
+//! fractions reserved; ties go to the node with fewer instances, then to
+//! the node id, so placement is deterministic. [`explain_choice`] says why
+//! the chosen node won.
 
 use std::fmt::Write;
 
@@ -38,6 +41,9 @@ pub struct Request {
     pub avoid: Vec<String>,
     /// The only node that may get it: the one holding the app's volumes.
     pub pin: Option<Pin>,
+    /// The nodes of the deployment's other instances, once per instance:
+    /// a node with fewer of them wins over a less loaded one.
+    pub spread: Vec<String>,
 }
 
 pub use crate::volumes::Pin;
@@ -52,24 +58,52 @@ pub enum Placement {
 pub fn place(nodes: &[NodeSnapshot], request: &Request) -> Placement {
     // The common case finds a node; the reasons are only worth building
     // (allocating) when none fits.
-    let mut best: Option<(f64, u32, &str)> = None;
+    let mut best: Option<(usize, f64, u32, &str)> = None;
     for node in nodes {
         let Some(load) = fit(node, request) else { continue };
+        let siblings = siblings_on(request, &node.id);
         let better = match best {
             None => true,
-            Some((best_load, best_instances, best_id)) => {
-                load < best_load - 1e-12
-                    || ((load - best_load).abs() <= 1e-12 && (node.instances, node.id.as_str()) < (best_instances, best_id))
+            Some((best_siblings, best_load, best_instances, best_id)) => {
+                siblings < best_siblings
+                    || (siblings == best_siblings
+                        && (load < best_load - 1e-12
+                            || ((load - best_load).abs() <= 1e-12 && (node.instances, node.id.as_str()) < (best_instances, best_id))))
             }
         };
         if better {
-            best = Some((load, node.instances, node.id.as_str()));
+            best = Some((siblings, load, node.instances, node.id.as_str()));
         }
     }
     match best {
-        Some((_, _, id)) => Placement::Node(id.to_string()),
+        Some((_, _, _, id)) => Placement::Node(id.to_string()),
         None => Placement::Nowhere(explain(nodes, request)),
     }
+}
+
+fn siblings_on(request: &Request, node: &str) -> usize {
+    request.spread.iter().filter(|n| *n == node).count()
+}
+
+/// Why `chosen` (a node [`place`] returned) won: its count of the
+/// deployment's instances and its load after placement, beside the
+/// runner-up's when there was one.
+pub fn explain_choice(nodes: &[NodeSnapshot], request: &Request, chosen: &str) -> String {
+    let describe = |node: &NodeSnapshot| {
+        let load = fit(node, request).unwrap_or(0.0);
+        format!("{} ({} of its instances there, {:.0}% reserved after)", node.name, siblings_on(request, &node.id), load * 100.0)
+    };
+    let Some(winner) = nodes.iter().find(|n| n.id == chosen) else { return format!("placed on {chosen}") };
+    let others: Vec<String> = nodes.iter().filter(|n| n.id != chosen && fit(n, request).is_some()).map(describe).collect();
+    let ineligible = nodes.iter().filter(|n| n.id != chosen && fit(n, request).is_none()).count();
+    let mut text = format!("placed on {}", describe(winner));
+    if !others.is_empty() {
+        let _ = write!(text, " over {}", others.join(", "));
+    }
+    if ineligible > 0 {
+        let _ = write!(text, "; {ineligible} other node(s) could not take it");
+    }
+    text
 }
 
 /// The node's load after placing the request there, or `None` when it is
@@ -165,7 +199,7 @@ mod tests {
     }
 
     fn request() -> Request {
-        Request { cpu: 0.5, mem_bytes: 512 << 20, features: vec![], avoid: vec![], pin: None }
+        Request { cpu: 0.5, mem_bytes: 512 << 20, features: vec![], avoid: vec![], pin: None, spread: vec![] }
     }
 
     fn check(nodes: &[NodeSnapshot], request: &Request, expected: Result<&str, &[&str]>) {
@@ -183,6 +217,23 @@ mod tests {
     #[test]
     fn least_loaded_node_wins() {
         check(&[node("a", 2.0, 1), node("b", 0.5, 1), node("c", 1.0, 6)], &request(), Ok("b"));
+    }
+
+    #[test]
+    fn instances_of_one_deployment_spread_before_load_counts() {
+        // b is the least loaded, but already has one of the instances.
+        let nodes = [node("a", 3.0, 1), node("b", 0.0, 0), node("c", 2.0, 1)];
+        let spread = Request { spread: vec!["b".into()], ..request() };
+        check(&nodes, &spread, Ok("c"));
+        let why = explain_choice(&nodes, &spread, "c");
+        assert!(why.starts_with("placed on name-c (0 of its instances there, 62% reserved after) over name-a (0 of"), "{why}");
+        assert!(why.contains("name-b (1 of its instances there"), "{why}");
+        // Every node has one: load decides again.
+        let full = Request { spread: vec!["a".into(), "b".into(), "c".into()], ..request() };
+        check(&nodes, &full, Ok("b"));
+        // Only one node has room: it takes a second instance.
+        let room = [node("a", 4.0, 1), node("b", 0.0, 0)];
+        check(&room, &Request { spread: vec!["b".into()], ..request() }, Ok("b"));
     }
 
     #[test]

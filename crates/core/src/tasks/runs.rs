@@ -63,6 +63,7 @@ pub(crate) async fn prepare(state: &AppState, app: &AppRow, spec: &RunSpec<'_>) 
         features: vec![cloudweb_protocol::features::TASKS.to_string()],
         avoid: spec.avoid.clone(),
         pin: None,
+        spread: Vec::new(),
     };
     let nodes = crate::deploy::snapshot(state).await?;
     let node_id = match scheduler::place(&nodes, &request) {

@@ -28,7 +28,7 @@ use crate::store::{AppRefusal, AppRow, IdempotencyClaim};
 use crate::AppState;
 
 /// Most instances and domains per app.
-pub const MAX_INSTANCES: u32 = 20;
+pub use cloudweb_core::deploy::scale::MAX_INSTANCES;
 pub const MAX_DOMAINS: usize = 20;
 
 /// Checks build settings as a user sent them.

@@ -17,6 +17,7 @@ mod metrics;
 pub mod nodes;
 pub mod openapi;
 mod runtime_logs;
+pub mod scale;
 pub mod services;
 pub mod tasks;
 pub mod traffic;
@@ -96,6 +97,8 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(tasks::get_run))
         .routes(routes!(tasks::run_logs))
         .routes(routes!(tasks::cancel_run))
+        .routes(routes!(scale::scale))
+        .routes(routes!(scale::top))
         .routes(routes!(apps::deploy))
         .routes(routes!(apps::rollback))
         .routes(routes!(deployments::of_app))
