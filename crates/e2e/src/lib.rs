@@ -350,6 +350,33 @@ impl ServerProcess {
         Ok(body)
     }
 
+    /// Deploys `app` (at `commit`, else its branch head) and waits up to
+    /// 120 s for the deployment to run; the error names its state and
+    /// reason when it failed.
+    pub async fn deploy_and_settle(&self, app: &str, commit: Option<&str>) -> Result<Value> {
+        let body = commit.map(|c| serde_json::json!({"commit": c}));
+        let (status, body) = self.call(reqwest::Method::POST, &format!("/api/apps/{app}/deploy"), body).await?;
+        if status != 201 {
+            bail!("deploy answered {status}: {body}");
+        }
+        let id = body["id"].as_str().context("a deployment id")?.to_string();
+        self.settle(&id, Duration::from_secs(120)).await
+    }
+
+    /// Waits up to `limit` for a deployment to run; an error when it
+    /// failed or is still on its way.
+    pub async fn settle(&self, id: &str, limit: Duration) -> Result<Value> {
+        let settled = wait_for(limit, "the deployment to settle", || async {
+            let (_, d) = self.call(reqwest::Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+            matches!(d["state"].as_str(), Some("running" | "failed")).then_some(d)
+        })
+        .await?;
+        if settled["state"] != "running" {
+            bail!("the deployment did not run: {settled}");
+        }
+        Ok(settled)
+    }
+
     pub async fn metric(&self, name: &str) -> Result<f64> {
         let response = self.http.get(self.api("/metrics")).bearer_auth(&self.admin_token).send().await?;
         let text = response.text().await?;

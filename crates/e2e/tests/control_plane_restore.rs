@@ -49,20 +49,7 @@ async fn call(server: &ServerProcess, method: Method, path: &str, body: Option<V
 }
 
 async fn deploy_and_settle(server: &ServerProcess, app: &str, commit: &str) -> Result<Value> {
-    let (status, body) = call(server, Method::POST, &format!("/api/apps/{app}/deploy"), Some(json!({"commit": commit}))).await?;
-    if status != 201 {
-        bail!("deploy answered {status}: {body}");
-    }
-    let id = body["id"].as_str().context("deployment id")?.to_string();
-    let settled = wait_for(Duration::from_secs(120), "the deployment to settle", || async {
-        let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
-        matches!(d["state"].as_str(), Some("running" | "failed")).then_some(d)
-    })
-    .await?;
-    if settled["state"] != "running" {
-        bail!("the deployment did not run: {settled}");
-    }
-    Ok(settled)
+    server.deploy_and_settle(app, Some(commit)).await
 }
 
 async fn scenario(root: &std::path::Path, git: &GitServer, server: &mut ServerProcess, agents: &[AgentNode], flags: &[&str]) -> Result<()> {

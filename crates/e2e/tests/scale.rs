@@ -86,16 +86,8 @@ async fn scale_one_to_three_to_one_under_load_fails_no_request() {
     let (_, app) = call(&server, Method::GET, &format!("/api/apps/{name}"), None).await;
     assert_eq!(app["instances"], 1, "{app}");
 
-    let (status, body) = call(&server, Method::POST, &format!("/api/apps/{name}/deploy"), None).await;
-    assert_eq!(status, 201, "{body}");
-    let deployment = body["id"].as_str().unwrap().to_string();
-    let settled = wait_for(Duration::from_secs(120), "the deployment to settle", || async {
-        let (_, d) = server.call(Method::GET, &format!("/api/deployments/{deployment}"), None).await.ok()?;
-        matches!(d["state"].as_str(), Some("running" | "failed")).then_some(d)
-    })
-    .await
-    .unwrap();
-    assert_eq!(settled["state"], "running", "{settled}\n{}\n{}", edge.log_text(), worker.log_text());
+    let settled = server.deploy_and_settle(&name, None).await.unwrap_or_else(|e| panic!("{e}\n{}\n{}", edge.log_text(), worker.log_text()));
+    let deployment = settled["id"].as_str().unwrap().to_string();
     upstreams(&server, &host, 1).await;
     let first_node = running(&server, &deployment).await[0].1.clone();
 

@@ -65,35 +65,12 @@ async fn a_host_belongs_to_at_most_one_app() {
     }
     let paths: Vec<String> = (0..8).map(|i| format!("/api/apps/r{i}/domains")).collect();
     let claims = paths.iter().map(|path| cp.call(Method::PUT, path, Some(json!(["race.example.com"]))));
-    let statuses: Vec<u16> = futures_join_all(claims).await.into_iter().map(|(status, _)| status).collect();
+    let statuses: Vec<u16> = futures_util::future::join_all(claims).await.into_iter().map(|(status, _)| status).collect();
     assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 1, "{statuses:?}");
     assert_eq!(statuses.iter().filter(|&&s| s == 409).count(), 7, "{statuses:?}");
     let (_, routes) = cp.call(Method::GET, "/api/routes", None).await;
     let hosts: Vec<&str> = routes["routes"].as_array().unwrap().iter().map(|r| r["host"].as_str().unwrap()).collect();
     assert_eq!(hosts.iter().filter(|h| **h == "race.example.com").count(), 1, "{routes}");
-}
-
-/// Runs futures concurrently on this task and collects their outputs.
-async fn futures_join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut set = Vec::new();
-    for future in futures {
-        set.push(Box::pin(future));
-    }
-    let mut outputs: Vec<Option<F::Output>> = set.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (future, output) in set.iter_mut().zip(outputs.iter_mut()) {
-            if output.is_none() {
-                match future.as_mut().poll(cx) {
-                    std::task::Poll::Ready(value) => *output = Some(value),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
-    })
-    .await;
-    outputs.into_iter().map(|o| o.unwrap()).collect()
 }
 
 // Item: usage samples vanish. Traffic arrives on its own timer; the node's
@@ -721,7 +698,7 @@ async fn a_replayed_idempotency_key_creates_one_deployment() {
     assert_eq!(first["id"], second["id"]);
     // At the same time, many replays: still one.
     let replays = (0..8).map(|_| cp.call_with(Method::POST, "/api/apps/once/deploy", &[("Idempotency-Key", "deploy-2")], Some(json!({}))));
-    let answers = futures_join_all(replays).await;
+    let answers = futures_util::future::join_all(replays).await;
     let ids: std::collections::BTreeSet<String> = answers.iter().filter(|(s, _)| *s == 201).map(|(_, b)| b["id"].as_str().unwrap().to_string()).collect();
     assert_eq!(ids.len(), 1, "{answers:?}");
     assert!(answers.iter().all(|(s, _)| *s == 201 || *s == 409), "{answers:?}");

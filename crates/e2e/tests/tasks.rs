@@ -41,16 +41,7 @@ async fn app_running() -> (Platform, AgentNode, String) {
     assert_eq!(status, 201, "{body}");
     let (status, body) = call(server, Method::PUT, &format!("/api/apps/{app}/env"), Some(json!({"FOO": "bar"}))).await;
     assert_eq!(status, 200, "{body}");
-    let (status, body) = call(server, Method::POST, &format!("/api/apps/{app}/deploy"), None).await;
-    assert_eq!(status, 201, "{body}");
-    let id = body["id"].as_str().unwrap().to_string();
-    let settled = wait_for(Duration::from_secs(120), "the deployment to settle", || async {
-        let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
-        matches!(d["state"].as_str(), Some("running" | "failed")).then_some(d)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()));
-    assert_eq!(settled["state"], "running", "{settled}\nagent log:\n{}", agent.log_text());
+    server.deploy_and_settle(&app, None).await.unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()));
     (platform, agent, app)
 }
 

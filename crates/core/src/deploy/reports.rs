@@ -121,6 +121,12 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
                 state.store.update_instance(&deployment.id, instance_no, update, now).await?;
             }
         }
+        // An instance a scale-down took out while it was starting: it
+        // stays on its way out (its stop is queued or due), never back in
+        // the routes.
+        "running" if instance.state == "stopping" => {
+            tracing::info!(deployment = %deployment.id, instance = instance_no, "an instance being stopped reports running; it stays stopping");
+        }
         "running" => {
             state.store.update_instance(&deployment.id, instance_no, InstanceUpdate::to("running").on(node_id).address(report.address.as_deref()), now).await?;
             if let Some(replaced) = instance.replaces {
