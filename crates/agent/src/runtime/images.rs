@@ -83,12 +83,17 @@ fn step_image(line: &str) -> Option<&str> {
 /// images. Dropped before the build completed, this removes the last one
 /// unless something tagged it, which also removes its untagged parents
 /// (the engine stops at an image that is tagged or has other children, so
-/// shared cache and base images stay). A killed agent cannot do this; the
-/// engine's `docker image prune` removes what such a build left.
+/// shared cache and base images stay); when the last one seen is the base
+/// image (cut off right after FROM) it removes the base's fresh, childless,
+/// untagged children instead (see [`first_steps_since`]). A killed agent
+/// cannot do this; the engine's `docker image prune` removes what such a
+/// build left.
 struct StepImages {
     docker: bollard::Docker,
     last: Option<String>,
     done: bool,
+    /// When the build started (unix seconds).
+    started: i64,
 }
 
 /// How long a cancelled build's cleanup waits for the engine to commit the
@@ -105,20 +110,27 @@ impl Drop for StepImages {
         }
         let (Some(id), Ok(runtime)) = (self.last.take(), tokio::runtime::Handle::try_current()) else { return };
         let docker = self.docker.clone();
+        let started = self.started;
         runtime.spawn(async move {
             // The engine may commit the step it was in after the build was
             // cut off: give it a moment, then take that image too.
             tokio::time::sleep(STEP_SETTLE).await;
             let Ok(image) = docker.inspect_image(&id).await else { return };
             let untagged = |tags: &[String]| tags.iter().all(|t| t == "<none>:<none>");
-            if !untagged(image.repo_tags.as_deref().unwrap_or_default()) {
-                // A base image (the build was cut off right after FROM):
-                // nothing here says which of its children are this build's.
-                return;
-            }
             let options = bollard::query_parameters::ListImagesOptionsBuilder::new().all(true).build();
             let all = docker.list_images(Some(options)).await.unwrap_or_default();
-            let leaves = unfinished_leaves(&all.iter().map(|i| (i.id.as_str(), i.parent_id.as_str(), untagged(&i.repo_tags))).collect::<Vec<_>>(), &id);
+            let leaves = if untagged(image.repo_tags.as_deref().unwrap_or_default()) {
+                unfinished_leaves(&all.iter().map(|i| (i.id.as_str(), i.parent_id.as_str(), untagged(&i.repo_tags))).collect::<Vec<_>>(), &id)
+            } else {
+                // A base image: the build was cut off right after FROM, and
+                // the engine may still have committed the first step (it
+                // carries no label: the classic builder labels only the
+                // final image). Its untagged, childless children made since
+                // the build started are taken; one another build uses has
+                // a child or a container, and the engine keeps it.
+                let images: Vec<(&str, &str, bool, i64)> = all.iter().map(|i| (i.id.as_str(), i.parent_id.as_str(), untagged(&i.repo_tags), i.created)).collect();
+                first_steps_since(&images, &id, started)
+            };
             for leaf in leaves {
                 // Removing the leaf removes its untagged parents up to one
                 // that is tagged or has another child (shared cache).
@@ -164,6 +176,23 @@ fn unfinished_leaves(images: &[(&str, &str, bool)], last: &str) -> Vec<String> {
     leaves
 }
 
+/// The untagged images with no child whose parent is the base image `base`
+/// and that were made at or after `since` (unix seconds, with a second of
+/// slack for the engine's rounding): what a build cut off right after its
+/// FROM may have committed. `images` are (id, parent id, untagged,
+/// created).
+fn first_steps_since(images: &[(&str, &str, bool, i64)], base: &str, since: i64) -> Vec<String> {
+    let same = |a: &str, b: &str| {
+        let (a, b) = (a.trim_start_matches("sha256:"), b.trim_start_matches("sha256:"));
+        !a.is_empty() && !b.is_empty() && (a.starts_with(b) || b.starts_with(a))
+    };
+    images
+        .iter()
+        .filter(|(id, parent, untagged, created)| *untagged && same(parent, base) && *created >= since - 1 && !images.iter().any(|(_, p, _, _)| same(p, id)))
+        .map(|(id, _, _, _)| id.to_string())
+        .collect()
+}
+
 /// Splits `repo:tag` (the tag after the last ':' that follows the last '/').
 fn split_reference(image: &str) -> (&str, &str) {
     match image.rfind(':') {
@@ -192,7 +221,8 @@ impl DockerRuntime {
         let mut stream = docker.build_image(options, None, Some(bollard::body_full(Bytes::from(context))));
         // Until the build completes, the images of its finished steps are
         // removed when it ends in any other way (see `StepImages`).
-        let mut steps = StepImages { docker: docker.clone(), last: None, done: false };
+        let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+        let mut steps = StepImages { docker: docker.clone(), last: None, done: false, started };
         while let Some(item) = stream.next().await {
             let info = item?;
             if let Some(error) = info.error.or(info.error_detail.and_then(|d| d.message)) {
@@ -304,6 +334,26 @@ mod tests {
         for other in [" ---> Running in 4ddad2ae8e2c", " ---> Using cache", "Step 2/4 : RUN echo", " ---> 486CF7B7E8F2", " ---> 486cf7b7e8f"] {
             assert_eq!(step_image(other), None, "{other:?}");
         }
+    }
+
+    #[test]
+    fn a_build_cut_off_after_from_removes_only_its_fresh_first_step() {
+        let images = [
+            ("sha256:base", "", false, 100),
+            // Committed after the cut: taken.
+            ("sha256:copy", "sha256:base", true, 205),
+            // Older than the build: another's (the engine's cache).
+            ("sha256:old", "sha256:base", true, 150),
+            // Another build's step with a child of its own: kept.
+            ("sha256:busy", "sha256:base", true, 206),
+            ("sha256:next", "sha256:busy", true, 207),
+            // Another build's finished image: tagged.
+            ("sha256:final", "sha256:base", false, 208),
+            // A step of another base.
+            ("sha256:elsewhere", "sha256:other", true, 209),
+        ];
+        assert_eq!(first_steps_since(&images, "sha256:base", 200), vec!["sha256:copy".to_string()]);
+        assert_eq!(first_steps_since(&images, "base", 210), Vec::<String>::new());
     }
 
     #[test]
