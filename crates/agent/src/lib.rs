@@ -13,6 +13,7 @@ pub mod files;
 pub mod health;
 pub mod identity;
 pub mod ingress;
+pub mod liveness;
 pub mod join;
 pub mod logs;
 pub mod mesh;

@@ -139,6 +139,12 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
     let samples = Arc::new(crate::usage::Latest::default());
     let mut tasks = vec![tokio::spawn(crate::renew::renewer(client.clone(), identity.clone(), options.data_dir.clone()))];
     tasks.push(tokio::spawn(crate::usage::sampler(runtime.clone(), options.data_dir.clone(), options.metrics_interval, samples.clone())));
+    let probe_host = match options.deploy.publish_ip.as_str() {
+        "0.0.0.0" => "127.0.0.1".to_string(),
+        "::" => "::1".to_string(),
+        ip => ip.to_string(),
+    };
+    tasks.push(tokio::spawn(crate::liveness::supervise(runtime.clone(), client.clone(), probe_host, options.deploy.advertise_host.clone())));
     let health = Arc::new(crate::health::Latest::default());
     tasks.push(tokio::spawn(crate::health::checker(
         client.clone(),

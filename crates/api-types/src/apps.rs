@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+pub use cloudweb_protocol::Liveness;
 use cloudweb_protocol::{BuildSettings, Spa, Strategy};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -111,6 +112,10 @@ pub struct CreateApp {
     /// `known_hosts` lines of the git host (as `ssh-keyscan` prints them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_known_hosts: Option<String>,
+    /// Probe the health path of every running instance and restart one
+    /// that stops answering (default: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness: Option<Liveness>,
 }
 
 /// How a deploy replaces the app's instances.
@@ -169,6 +174,10 @@ pub struct AppPatch {
     pub build_timeout_seconds: Option<Option<u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<Rollout>,
+    /// `null` removes the probe.
+    #[serde(default, deserialize_with = "crate::present", skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Liveness>)]
+    pub liveness: Option<Option<Liveness>>,
 }
 
 /// The link between an app and its git provider (absent for an app with
@@ -227,6 +236,8 @@ pub struct AppView {
     pub build_timeout_seconds: i64,
     /// `blue-green` or `recreate`.
     pub rollout: String,
+    /// The liveness probe agents run on its instances, if any.
+    pub liveness: Option<Liveness>,
     /// Names only: values never leave the control plane through the API.
     pub env: Vec<String>,
     /// Whether a git user name and password are stored.

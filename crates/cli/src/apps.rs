@@ -3,7 +3,7 @@
 use std::io::{BufRead, IsTerminal};
 
 use clap::{Args, Subcommand};
-use cloudweb_api_types::apps::{AppList, AppPatch, AppView, BuildInput, CreateApp, Rollout};
+use cloudweb_api_types::apps::{AppList, AppPatch, AppView, BuildInput, CreateApp, Liveness, Rollout};
 use cloudweb_protocol::{Spa, Strategy};
 use reqwest::Method;
 use serde_json::json;
@@ -90,6 +90,12 @@ pub struct RunArgs {
     /// beside the old one) or recreate (the old ones stop first).
     #[arg(long, value_parser = ["blue-green", "recreate"])]
     rollout: Option<String>,
+    /// Probe the health path of every running instance every INTERVAL
+    /// seconds and restart one that fails THRESHOLD probes in a row (no
+    /// answer within TIMEOUT seconds): INTERVAL[,TIMEOUT[,THRESHOLD]],
+    /// defaults 2 and 3. Example: --liveness 10,2,3
+    #[arg(long, value_name = "INTERVAL[,TIMEOUT[,THRESHOLD]]", value_parser = parse_liveness)]
+    liveness: Option<Liveness>,
     /// Static site: install command (with `apps set`, the build flags
     /// given replace the earlier build settings as a whole).
     #[arg(long)]
@@ -155,6 +161,7 @@ impl RunArgs {
         body.health_timeout_seconds = self.health_timeout;
         body.build_timeout_seconds = self.build_timeout;
         body.rollout = self.rollout.as_deref().map(rollout);
+        body.liveness = self.liveness;
     }
 
     /// Adds the settings given to a change.
@@ -168,7 +175,27 @@ impl RunArgs {
         body.health_timeout_seconds = self.health_timeout;
         body.build_timeout_seconds = self.build_timeout.map(Some);
         body.rollout = self.rollout.as_deref().map(rollout);
+        body.liveness = self.liveness.map(Some);
     }
+}
+
+/// `INTERVAL[,TIMEOUT[,THRESHOLD]]` in seconds (timeout at most the
+/// interval).
+fn parse_liveness(text: &str) -> Result<Liveness, String> {
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    if parts.len() > 3 {
+        return Err("expected INTERVAL[,TIMEOUT[,THRESHOLD]]".into());
+    }
+    let number = |i: usize, default: u32| -> Result<u32, String> {
+        match parts.get(i) {
+            None => Ok(default),
+            Some(part) => part.parse().map_err(|_| format!("{part:?} is not a whole number")),
+        }
+    };
+    let interval_seconds = number(0, 0)?;
+    let liveness = Liveness { interval_seconds, timeout_seconds: number(1, 2.min(interval_seconds.max(1)))?, failure_threshold: number(2, 3)? };
+    liveness.validate().map_err(|e| e.to_string())?;
+    Ok(liveness)
 }
 
 #[derive(Args)]
@@ -182,7 +209,7 @@ pub struct SetArgs {
     #[command(flatten)]
     pub run: RunArgs,
     /// Put a setting back to its default (repeat for more).
-    #[arg(long, value_name = "SETTING", value_parser = ["cpu", "memory", "build", "build-timeout"])]
+    #[arg(long, value_name = "SETTING", value_parser = ["cpu", "memory", "build", "build-timeout", "liveness"])]
     reset: Vec<String>,
 }
 
@@ -295,6 +322,7 @@ fn set_body(args: SetArgs) -> Result<AppPatch, Failure> {
             "memory" => body.memory.replace(None).is_some(),
             "build" => body.build.replace(None).is_some(),
             "build-timeout" => body.build_timeout_seconds.replace(None).is_some(),
+            "liveness" => body.liveness.replace(None).is_some(),
             other => unreachable!("clap allows no --reset {other}"),
         };
         if given {
@@ -336,6 +364,14 @@ mod tests {
         assert!(matches!(parse(&[]), Err(Failure::Usage(_))), "nothing to change");
         assert!(matches!(parse(&["--cpu", "1", "--reset", "cpu"]), Err(Failure::Usage(_))));
         assert!(Cli::try_parse_from(["cloudweb", "apps", "set", "web", "--reset", "port"]).is_err());
+        let body = parse(&["--liveness", "10"]).unwrap();
+        assert_eq!(body, json!({"liveness": {"interval_seconds": 10, "timeout_seconds": 2, "failure_threshold": 3}}));
+        let body = parse(&["--liveness", "1,1,5"]).unwrap();
+        assert_eq!(body["liveness"]["failure_threshold"], 5);
+        assert_eq!(parse(&["--reset", "liveness"]).unwrap(), json!({"liveness": null}));
+        for bad in ["0", "5,6", "x", "1,1,1,1", "10,2,0"] {
+            assert!(Cli::try_parse_from(["cloudweb", "apps", "set", "web", "--liveness", bad]).is_err(), "{bad}");
+        }
         assert!(Cli::try_parse_from(["cloudweb", "apps", "set", "web", "--port", "0"]).is_err());
     }
 

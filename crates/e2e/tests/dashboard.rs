@@ -103,6 +103,7 @@ impl Dashboard {
             git_credentials_sealed: None,
             created_at: now,
             rollout: "blue-green".into(),
+            liveness: None,
         };
         self.server.state.store.insert_app(&app, &format!("{name}.localhost")).await.unwrap().unwrap();
     }

@@ -1,8 +1,9 @@
-//! Issue 25, scaling, end to end with the real binaries, Docker and Caddy:
-//! an app on two nodes goes from 1 to 3 instances and back to 1 while
-//! requests flow through the ingress, and none fails; new instances spread
-//! over the nodes, each with the scheduler's reason; bad counts are
-//! refused.
+//! Issue 25, scaling and liveness, end to end with the real binaries,
+//! Docker and Caddy: an app on two nodes goes from 1 to 3 instances and
+//! back to 1 while requests flow through the ingress, and none fails; new
+//! instances spread over the nodes, each with the scheduler's reason; bad
+//! counts are refused. An instance that hangs is restarted by its
+//! liveness probe.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -186,6 +187,75 @@ async fn scale_one_to_three_to_one_under_load_fails_no_request() {
     let failures = failures.lock().unwrap().clone();
     assert!(failures.is_empty(), "{} failed of {}: {failures:?}", failures.len(), ok.load(Ordering::Relaxed) + failures.len() as u64);
     eprintln!("scale 1 -> 3 -> 1: {} requests, none failed", ok.load(Ordering::Relaxed));
+    let (status, _) = call(&server, Method::DELETE, &format!("/api/apps/{name}"), None).await;
+    assert_eq!(status, 204);
+}
+
+/// Serves for 8 s after each start, then hangs: the port still accepts
+/// connections (nc, again and again) but nothing answers. Each start
+/// appends to `boots`.
+const HANGING: &str = "date +%s >> /www/boots\nhttpd -f -p 8080 -h /www &\nsleep 8\nkill $!\nwhile true; do nc -l -p 8080 > /dev/null; done\n";
+const HANGING_DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\nRUN mkdir -p /www && echo up > /www/index.html\nCOPY run.sh /run.sh\nCMD [\"sh\", \"/run.sh\"]\n";
+
+/// Issue 25, liveness: an instance that stops answering is restarted by
+/// its agent (same container, same instance, the deployment still
+/// running), the restart shows in `top`, and bad probe settings are
+/// refused.
+#[tokio::test]
+async fn a_hung_instance_is_restarted_by_its_liveness_probe() {
+    let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "node", &token, &ca, &[]).unwrap().unwrap();
+    agent.start(&["--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1", "--metrics-interval-seconds", "1"]).unwrap();
+    let name = unique_name("hangs");
+    git.commit(&name, &[("Dockerfile", HANGING_DOCKERFILE), ("run.sh", HANGING)], "hangs after 8 s").unwrap();
+    let probe = json!({"interval_seconds": 1, "timeout_seconds": 1, "failure_threshold": 3});
+    for bad in [json!({"interval_seconds": 1, "timeout_seconds": 2, "failure_threshold": 3}), json!({"interval_seconds": 0, "timeout_seconds": 1, "failure_threshold": 3}), json!({"interval_seconds": 5})] {
+        let (status, body) = call(&server, Method::POST, "/api/apps", Some(json!({"name": name, "repo_url": git.url(&name), "port": 8080, "liveness": bad}))).await;
+        assert_eq!(status, 400, "{body}");
+    }
+    let (status, app) = call(&server, Method::POST, "/api/apps", Some(json!({"name": name, "repo_url": git.url(&name), "port": 8080, "liveness": probe}))).await;
+    assert_eq!(status, 201, "{app}");
+    assert_eq!(app["liveness"], probe, "{app}");
+    let deployment = server.deploy_and_settle(&name, None).await.unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
+    let id = deployment["id"].as_str().unwrap().to_string();
+    let container = deployment["instances"][0]["container"].as_str().unwrap().to_string();
+    let first_address = deployment["instances"][0]["address"].as_str().unwrap().to_string();
+    // Read at the instance's current address: a restarted container is
+    // published on a new port, which its agent reports.
+    let boots = || async {
+        let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        let address = d["instances"][0]["address"].as_str()?.to_string();
+        let text = reqwest::get(format!("http://{address}/boots")).await.ok()?.text().await.ok()?;
+        Some(text.lines().count())
+    };
+    assert_eq!(boots().await, Some(1));
+    // It hangs 8 s after its start; three failed probes later its agent
+    // restarts it, and it serves again.
+    wait_for(Duration::from_secs(60), "the hung instance to be restarted and serve again", || async { boots().await.filter(|n| *n >= 2) })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
+    let log = agent.log_text();
+    assert!(log.contains("liveness probe failed; restarting the container"), "{log}");
+    assert!(log.contains(&container), "the restart names the container\n{log}");
+    let (_, now) = call(&server, Method::GET, &format!("/api/deployments/{id}"), None).await;
+    assert_eq!((now["state"].as_str(), now["instances"][0]["state"].as_str(), now["instances"][0]["container"].as_str()), (Some("running"), Some("running"), Some(container.as_str())), "{now}");
+    assert_ne!(now["instances"][0]["address"].as_str(), Some(first_address.as_str()), "the new port was reported: {now}");
+    assert!(log.contains("the restarted instance runs at a new address"), "{log}");
+    let top = wait_for(Duration::from_secs(30), "the restart in the usage samples", || async {
+        let (_, top) = server.call(Method::GET, &format!("/api/apps/{name}/top"), None).await.ok()?;
+        (top["instances"][0]["restarts"].as_u64()? >= 1).then_some(top)
+    })
+    .await
+    .unwrap();
+    eprintln!("liveness: restarted; top says {}", top["instances"][0]);
+
+    // The probe can be changed and removed; the next deployment goes by it.
+    let (status, body) = call(&server, Method::PATCH, &format!("/api/apps/{name}"), Some(json!({"liveness": {"interval_seconds": 5, "timeout_seconds": 6, "failure_threshold": 1}}))).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = call(&server, Method::PATCH, &format!("/api/apps/{name}"), Some(json!({"liveness": null}))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["liveness"], Value::Null, "{body}");
     let (status, _) = call(&server, Method::DELETE, &format!("/api/apps/{name}"), None).await;
     assert_eq!(status, 204);
 }

@@ -160,6 +160,48 @@ impl Default for HealthCheck {
     }
 }
 
+/// A liveness probe the agent runs on an instance once it passed its
+/// health check: the health path over HTTP every `interval_seconds`;
+/// `failure_threshold` failures in a row (no answer below 500 within
+/// `timeout_seconds`) restart the container, with a back-off between
+/// restarts that doubles from [`LIVENESS_BACKOFF_MIN_SECONDS`] up to
+/// [`LIVENESS_BACKOFF_MAX_SECONDS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Liveness {
+    /// 1 to 3600.
+    pub interval_seconds: u32,
+    /// 1 to 60, at most the interval.
+    pub timeout_seconds: u32,
+    /// 1 to 100.
+    pub failure_threshold: u32,
+}
+
+pub const LIVENESS_BACKOFF_MIN_SECONDS: u64 = 10;
+pub const LIVENESS_BACKOFF_MAX_SECONDS: u64 = 300;
+
+impl Liveness {
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        if !(1..=3600).contains(&self.interval_seconds) {
+            return Err(ValidationError::new("liveness.interval_seconds", "must be 1 to 3600"));
+        }
+        if !(1..=60).contains(&self.timeout_seconds) || self.timeout_seconds > self.interval_seconds {
+            return Err(ValidationError::new("liveness.timeout_seconds", "must be 1 to 60, and at most interval_seconds"));
+        }
+        if !(1..=100).contains(&self.failure_threshold) {
+            return Err(ValidationError::new("liveness.failure_threshold", "must be 1 to 100"));
+        }
+        Ok(())
+    }
+
+    /// The pause before the restart after `restarts` earlier ones.
+    pub fn backoff(restarts: u32) -> std::time::Duration {
+        let seconds = LIVENESS_BACKOFF_MIN_SECONDS.saturating_mul(1u64 << restarts.min(16));
+        std::time::Duration::from_secs(seconds.min(LIVENESS_BACKOFF_MAX_SECONDS))
+    }
+}
+
 /// Whether a health probe's status means "up": any answer below 500 shows
 /// the app is serving (a 404 on `/` is still a live server).
 pub fn healthy_status(status: u16) -> bool {
@@ -211,6 +253,10 @@ pub struct DeployPayload {
     /// node before starting this one (instead of blue/green).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub recreate: bool,
+    /// Probe the instance after its health check and restart it when it
+    /// stops answering (absent: no probe after the deploy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness: Option<Liveness>,
 }
 
 /// Most variables an app may have, and the largest value.
@@ -530,6 +576,9 @@ impl DeployPayload {
         }
         if self.port == 0 {
             return Err(ValidationError::new("port", "must be 1 to 65535"));
+        }
+        if let Some(liveness) = &self.liveness {
+            liveness.validate()?;
         }
         if let Some(container) = &self.container {
             let ok = container

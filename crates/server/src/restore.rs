@@ -141,6 +141,7 @@ mod tests {
             git_credentials_sealed: None,
             created_at: 1,
             rollout: "blue-green".into(),
+            liveness: None,
         };
         state.store.insert_app(&app, "web.localhost").await.unwrap().unwrap();
         let now = state.clock.now_ms();

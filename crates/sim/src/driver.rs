@@ -244,6 +244,7 @@ impl Sim {
                 git_credentials_sealed: None,
                 created_at: now,
                 rollout: "blue-green".into(),
+                liveness: None,
             };
             state.store.insert_app(&row, &format!("{app}.localhost")).await.expect("store").expect("app created");
             let first = self.commit_id();

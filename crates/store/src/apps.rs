@@ -30,10 +30,12 @@ pub struct AppRow {
     pub created_at: i64,
     /// `blue-green` or `recreate`.
     pub rollout: String,
+    /// JSON liveness probe settings, when the app has one.
+    pub liveness: Option<String>,
 }
 
 const APP_COLUMNS: &str = "name, repo_url, branch, port, domains, build, strategy, instances, cpu, memory_bytes, health_path, \
-     health_timeout_s, env_sealed, git_credentials_sealed, created_at, build_timeout_s, rollout";
+     health_timeout_s, env_sealed, git_credentials_sealed, created_at, build_timeout_s, rollout, liveness";
 
 fn app_from_row(row: &impl Cols) -> AppRow {
     AppRow {
@@ -54,6 +56,7 @@ fn app_from_row(row: &impl Cols) -> AppRow {
         created_at: row.col("created_at"),
         build_timeout_s: row.col("build_timeout_s"),
         rollout: row.col("rollout"),
+        liveness: row.col("liveness"),
     }
 }
 
@@ -79,7 +82,7 @@ impl Store {
         on_db!(self, pool => {
             let mut tx = pool.begin_write().await?;
             let result = sqlx::query(&format!(
-                "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+                "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
              ON CONFLICT (name) DO NOTHING"
             ))
             .bind(&app.name)
@@ -99,6 +102,7 @@ impl Store {
             .bind(app.created_at)
             .bind(app.build_timeout_s)
             .bind(&app.rollout)
+            .bind(&app.liveness)
             .execute(&mut *tx)
             .await?;
             if result.rows_affected() != 1 {
@@ -141,7 +145,7 @@ impl Store {
         on_db!(self, pool => {
             let result = sqlx::query(
                 "UPDATE apps SET branch = $1, port = $2, build = $3, strategy = $4, instances = $5, cpu = $6, memory_bytes = $7, \
-             health_path = $8, health_timeout_s = $9, build_timeout_s = $10, rollout = $11 WHERE name = $12",
+             health_path = $8, health_timeout_s = $9, build_timeout_s = $10, rollout = $11, liveness = $12 WHERE name = $13",
             )
             .bind(&app.branch)
             .bind(app.port)
@@ -154,6 +158,7 @@ impl Store {
             .bind(app.health_timeout_s)
             .bind(app.build_timeout_s)
             .bind(&app.rollout)
+            .bind(&app.liveness)
             .bind(&app.name)
             .execute(pool)
             .await?;

@@ -21,6 +21,7 @@ fn app() -> AppRow {
         git_credentials_sealed: None,
         created_at: 1,
         rollout: "blue-green".into(),
+        liveness: None,
     }
 }
 

@@ -550,6 +550,7 @@ mod tests {
             git_credentials_sealed: None,
             created_at: 1,
             rollout: "blue-green".into(),
+            liveness: None,
         }
     }
 

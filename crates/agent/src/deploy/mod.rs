@@ -363,6 +363,7 @@ async fn start_app(runtime: &DockerRuntime, options: &DeployOptions, payload: &D
         nano_cpus: payload.limits.cpu.map(|cpu| (cpu * 1e9) as i64),
         memory_bytes: payload.limits.memory_bytes.map(|m| m as i64),
         mounts,
+        liveness: payload.liveness.map(|l| (l, payload.health.path.clone())),
     };
     wait_publish_address(&options.publish_ip).await?;
     let id = match runtime.start_app(&spec).await {

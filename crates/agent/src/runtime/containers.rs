@@ -25,6 +25,9 @@ pub struct AppContainer {
     pub memory_bytes: Option<i64>,
     /// Host directories (volumes' data) bind-mounted at container paths.
     pub mounts: Vec<(String, String)>,
+    /// The liveness probe and the path it probes, kept as labels so that
+    /// the supervisor finds them after an agent restart too.
+    pub liveness: Option<(cloudweb_protocol::Liveness, String)>,
 }
 
 /// A container's state as the health wait needs it.
@@ -62,12 +65,16 @@ impl DockerRuntime {
     pub async fn start_app(&self, spec: &AppContainer) -> Result<String, RuntimeError> {
         let docker = self.docker()?;
         let port_key = format!("{}/tcp", spec.port);
-        let labels = HashMap::from([
+        let mut labels = HashMap::from([
             (LABEL_NODE.to_string(), self.node_id.clone()),
             (LABEL_APP.to_string(), spec.app.clone()),
             (LABEL_DEPLOYMENT.to_string(), spec.deployment.clone()),
             (LABEL_INSTANCE.to_string(), spec.instance.to_string()),
         ]);
+        if let Some((liveness, path)) = &spec.liveness {
+            labels.insert(super::LABEL_LIVENESS.to_string(), serde_json::to_string(liveness).unwrap_or_default());
+            labels.insert(super::LABEL_LIVENESS_PATH.to_string(), path.clone());
+        }
         let body = ContainerCreateBody {
             image: Some(spec.image.clone()),
             env: Some(spec.env.clone()),

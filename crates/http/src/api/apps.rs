@@ -31,6 +31,13 @@ use crate::AppState;
 pub use cloudweb_core::deploy::scale::MAX_INSTANCES;
 pub const MAX_DOMAINS: usize = 20;
 
+/// A liveness probe as stored: checked, as JSON.
+fn liveness_column(liveness: Option<&cloudweb_api_types::apps::Liveness>) -> Result<Option<String>, ApiError> {
+    let Some(liveness) = liveness else { return Ok(None) };
+    liveness.validate().map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    Ok(Some(serde_json::to_string(liveness).expect("settings serialize")))
+}
+
 /// Checks build settings as a user sent them.
 fn build_settings(input: BuildInput) -> Result<BuildSettings, ApiError> {
     let settings = BuildSettings::from(input);
@@ -161,6 +168,7 @@ pub fn view(state: &AppState, app: &AppRow) -> AppView {
         health_timeout_seconds: app.health_timeout_s,
         build_timeout_seconds: app.build_timeout_s.unwrap_or(i64::from(deploy::DEFAULT_BUILD_TIMEOUT_SECONDS)),
         rollout: app.rollout.clone(),
+        liveness: app.liveness.as_deref().and_then(|l| serde_json::from_str(l).ok()),
         // Names only: values never leave the control plane through the API.
         env: env_names,
         git_credentials: git.username.is_some(),
@@ -256,6 +264,7 @@ pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal
         git_credentials_sealed,
         created_at: state.clock.now_ms(),
         rollout: request.rollout.unwrap_or_default().as_str().to_string(),
+        liveness: liveness_column(request.liveness.as_ref())?,
     };
     let default_host = format!("{}.{}", app.name, state.config.base_domain);
     match state.store.insert_app(&app, &default_host).await? {
@@ -338,6 +347,9 @@ fn apply_patch(patch: AppPatch, app: &mut AppRow) -> Result<(), ApiError> {
     })?;
     if let Some(rollout) = patch.rollout {
         app.rollout = rollout.as_str().to_string();
+    }
+    if let Some(liveness) = &patch.liveness {
+        app.liveness = liveness_column(liveness.as_ref())?;
     }
     if let Some(build) = patch.build {
         app.build = build.map(build_settings).transpose()?.map(|b| serde_json::to_string(&b).expect("settings serialize"));
