@@ -11,10 +11,10 @@
 //! Restarts show in the usage samples (`restarts`, counted from Docker's
 //! start events), so `cloudweb top` and the app page see them.
 //!
-//! A restarted container is published on a new host port: when a probed
-//! container's port changes (after this restart or Docker's own), the
-//! agent reports the instance running at its new address, so the ingress
-//! routes to it again.
+//! A restarted container is published on a new host port: when an app
+//! instance container's port changes (after a probe's restart, or Docker's
+//! own after a crash, probe or not), the agent reports the instance running
+//! at its new address, so the ingress routes to it again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -46,7 +46,8 @@ struct Watch {
 }
 
 /// Tells the control plane the instance runs at its new address; a few
-/// tries, then the next port check tries again.
+/// tries, then the next port check tries again. True once it is settled
+/// (applied, or refused for good).
 async fn report_address(client: &ControlPlane, probed: &Probed, address: String) -> bool {
     let mut report = cloudweb_protocol::Report::new(probed.deployment.clone());
     report.instance = Some(probed.instance);
@@ -56,6 +57,11 @@ async fn report_address(client: &ControlPlane, probed: &Probed, address: String)
         match client.report(&report).await {
             Ok(()) => {
                 tracing::info!(container = %probed.name, %address, "the restarted instance runs at a new address");
+                return true;
+            }
+            // Refused for good (the deployment is gone, say): not again.
+            Err(err) if err.is_permanent() => {
+                tracing::warn!(container = %probed.name, error = %err, "the restarted instance's address was refused");
                 return true;
             }
             Err(err) => {
@@ -70,10 +76,11 @@ async fn report_address(client: &ControlPlane, probed: &Probed, address: String)
 /// Probes `probed` once: Ok, or why it failed.
 async fn probe(http: &reqwest::Client, host: &str, probed: &Probed) -> Result<(), String> {
     let Some(port) = probed.host_port else { return Err("no published port".into()) };
+    let Some(liveness) = &probed.liveness else { return Ok(()) };
     let url = format!("http://{host}:{port}{}", probed.path);
-    let timeout = Duration::from_secs(u64::from(probed.liveness.timeout_seconds));
+    let timeout = Duration::from_secs(u64::from(liveness.timeout_seconds));
     match tokio::time::timeout(timeout, http.get(&url).send()).await {
-        Err(_) => Err(format!("no answer on {} within {} s", probed.path, probed.liveness.timeout_seconds)),
+        Err(_) => Err(format!("no answer on {} within {} s", probed.path, liveness.timeout_seconds)),
         Ok(Err(err)) => Err(format!("{} failed: {}", probed.path, if err.is_connect() { "connection refused".to_string() } else { err.to_string() })),
         Ok(Ok(response)) if healthy_status(response.status().as_u16()) => Ok(()),
         Ok(Ok(response)) => Err(format!("{} answered HTTP {}", probed.path, response.status().as_u16())),
@@ -102,7 +109,7 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let containers = match runtime.probed_containers().await {
+        let containers = match runtime.instance_containers().await {
             Ok(containers) => containers,
             Err(err) => {
                 tracing::debug!(error = %err, "cannot list the containers with a liveness probe");
@@ -128,10 +135,11 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
                     watch.port = probed.host_port;
                 }
             }
+            let Some(liveness) = &probed.liveness else { continue };
             if now < watch.next_probe {
                 continue;
             }
-            watch.next_probe = now + interval(&probed.liveness);
+            watch.next_probe = now + interval(liveness);
             if !watch.armed {
                 watch.armed = runtime.passed_health_check(&probed.id).await.unwrap_or(false);
                 if !watch.armed {
@@ -142,7 +150,7 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
         }
         let results = futures_util::future::join_all(due.iter().map(|probed| probe(&http, &host, probed))).await;
         for (probed, result) in due.into_iter().zip(results) {
-            let Some(watch) = watches.get_mut(&probed.id) else { continue };
+            let (Some(watch), Some(liveness)) = (watches.get_mut(&probed.id), probed.liveness.as_ref()) else { continue };
             let reason = match result {
                 Ok(()) => {
                     watch.failures = 0;
@@ -152,7 +160,7 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
             };
             watch.failures += 1;
             tracing::debug!(container = %probed.name, failures = watch.failures, %reason, "liveness probe failed");
-            if watch.failures < probed.liveness.failure_threshold || Instant::now() < watch.not_before {
+            if watch.failures < liveness.failure_threshold || Instant::now() < watch.not_before {
                 continue;
             }
             tracing::warn!(container = %probed.name, app = %probed.app, failures = watch.failures, %reason, "liveness probe failed; restarting the container");
@@ -162,7 +170,7 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
                     watch.failures = 0;
                     watch.not_before = now + Liveness::backoff(watch.restarts);
                     watch.restarts += 1;
-                    watch.next_probe = now + interval(&probed.liveness);
+                    watch.next_probe = now + interval(liveness);
                     watch.recent.retain(|at| now.duration_since(*at) < LOOP_WINDOW);
                     watch.recent.push(now);
                     if watch.recent.len() >= LOOP_RESTARTS {

@@ -3,7 +3,7 @@
 //! back to 1 while requests flow through the ingress, and none fails; new
 //! instances spread over the nodes, each with the scheduler's reason; bad
 //! counts are refused. An instance that hangs is restarted by its
-//! liveness probe.
+//! liveness probe; one that Docker restarts is routed at its new port.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -256,6 +256,41 @@ async fn a_hung_instance_is_restarted_by_its_liveness_probe() {
     let (status, body) = call(&server, Method::PATCH, &format!("/api/apps/{name}"), Some(json!({"liveness": null}))).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["liveness"], Value::Null, "{body}");
+    let (status, _) = call(&server, Method::DELETE, &format!("/api/apps/{name}"), None).await;
+    assert_eq!(status, 204);
+}
+
+/// Serves for 6 s after each start, then exits 1 (the first start only):
+/// Docker's restart policy starts it again, on a new host port.
+const CRASHING: &str = "date +%s >> /www/boots\nif [ \"$(wc -l < /www/boots)\" -eq 1 ]; then httpd -f -p 8080 -h /www & sleep 6; exit 1; fi\nexec httpd -f -p 8080 -h /www\n";
+
+/// An instance that crashes once is started again by Docker (no probe),
+/// published on a new port: its agent reports the new address, and the
+/// deployment serves from it.
+#[tokio::test]
+async fn an_instance_docker_restarts_is_reported_at_its_new_port() {
+    let Platform { tmp, git, server } = start_platform(&[]).await.unwrap();
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "node", &token, &ca, &[]).unwrap().unwrap();
+    agent.start(&["--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1"]).unwrap();
+    let name = unique_name("crash");
+    git.commit(&name, &[("Dockerfile", HANGING_DOCKERFILE), ("run.sh", CRASHING)], "crashes once after 6 s").unwrap();
+    let (status, app) = call(&server, Method::POST, "/api/apps", Some(json!({"name": name, "repo_url": git.url(&name), "port": 8080}))).await;
+    assert_eq!(status, 201, "{app}");
+    let deployment = server.deploy_and_settle(&name, None).await.unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
+    let id = deployment["id"].as_str().unwrap().to_string();
+    let first = deployment["instances"][0]["address"].as_str().unwrap().to_string();
+    let moved = wait_for(Duration::from_secs(60), "the restarted instance's new address", || async {
+        let (_, d) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
+        let address = d["instances"][0]["address"].as_str()?.to_string();
+        (address != first).then_some(address)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
+    let text = reqwest::get(format!("http://{moved}/boots")).await.unwrap().text().await.unwrap();
+    assert_eq!(text.lines().count(), 2, "served by the second start: {text:?}");
+    let (_, now) = call(&server, Method::GET, &format!("/api/deployments/{id}"), None).await;
+    assert_eq!((now["state"].as_str(), now["instances"][0]["state"].as_str()), (Some("running"), Some("running")), "{now}");
     let (status, _) = call(&server, Method::DELETE, &format!("/api/apps/{name}"), None).await;
     assert_eq!(status, 204);
 }

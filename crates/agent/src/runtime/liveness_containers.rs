@@ -1,7 +1,8 @@
-//! What the liveness supervisor needs of Docker: this node's app
-//! containers that carry a liveness probe (a label set at creation), the
-//! host port each is published on, whether it passed its health check
-//! (its restart policy is no longer `no`), and a restart.
+//! What the liveness supervisor needs of Docker: this node's running app
+//! instance containers with the host port each is published on and the
+//! liveness probe some carry (a label set at creation), whether one passed
+//! its health check (its restart policy is no longer `no`), and a
+//! restart.
 
 use std::collections::HashMap;
 
@@ -15,7 +16,8 @@ pub const LABEL_LIVENESS: &str = "cloudweb.liveness";
 /// The HTTP path it probes (the app's health path).
 pub const LABEL_LIVENESS_PATH: &str = "cloudweb.liveness-path";
 
-/// A running app container with a liveness probe.
+/// A running app instance container, with its liveness probe if it has
+/// one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Probed {
     pub id: String,
@@ -23,7 +25,7 @@ pub struct Probed {
     pub app: String,
     pub deployment: String,
     pub instance: u32,
-    pub liveness: Liveness,
+    pub liveness: Option<Liveness>,
     pub path: String,
     /// The host port its app port is published on.
     pub host_port: Option<u16>,
@@ -33,24 +35,23 @@ pub struct Probed {
 const RESTART_GRACE_SECONDS: i32 = 10;
 
 impl DockerRuntime {
-    /// This node's running app containers that carry a liveness probe (a
-    /// label that does not parse is left out: it was not written by us).
-    pub async fn probed_containers(&self) -> Result<Vec<Probed>, RuntimeError> {
-        let labels = vec![format!("{LABEL_NODE}={}", self.node_id), LABEL_LIVENESS.to_string()];
+    /// This node's running app instance containers (a probe label that
+    /// does not parse counts as none: it was not written by us).
+    pub async fn instance_containers(&self) -> Result<Vec<Probed>, RuntimeError> {
+        let labels = vec![format!("{LABEL_NODE}={}", self.node_id), LABEL_DEPLOYMENT.to_string(), LABEL_INSTANCE.to_string()];
         let filters = HashMap::from([("label", labels), ("status", vec!["running".to_string()])]);
         let containers = self.docker()?.list_containers(Some(ListContainersOptionsBuilder::new().filters(&filters).build())).await?;
         Ok(containers
             .into_iter()
             .filter_map(|c| {
                 let labels = c.labels.unwrap_or_default();
-                let liveness: Liveness = serde_json::from_str(labels.get(LABEL_LIVENESS)?).ok()?;
-                liveness.validate().ok()?;
+                let liveness = labels.get(LABEL_LIVENESS).and_then(|l| serde_json::from_str::<Liveness>(l).ok()).filter(|l| l.validate().is_ok());
                 Some(Probed {
                     id: c.id?,
                     name: c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default(),
                     app: labels.get(LABEL_APP).cloned().unwrap_or_default(),
                     deployment: labels.get(LABEL_DEPLOYMENT).cloned().unwrap_or_default(),
-                    instance: labels.get(LABEL_INSTANCE).and_then(|n| n.parse().ok()).unwrap_or(0),
+                    instance: labels.get(LABEL_INSTANCE).and_then(|n| n.parse().ok())?,
                     liveness,
                     path: labels.get(LABEL_LIVENESS_PATH).cloned().filter(|p| p.starts_with('/')).unwrap_or_else(|| "/".to_string()),
                     host_port: c.ports.unwrap_or_default().into_iter().find_map(|p| p.public_port),
