@@ -129,11 +129,21 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
                 recent: Vec::new(),
                 port: probed.host_port,
             });
-            if probed.host_port.is_some() && probed.host_port != watch.port {
-                let address = format!("{advertise}:{}", probed.host_port.unwrap_or_default());
-                if report_address(&client, probed, address).await {
-                    watch.port = probed.host_port;
+            // Stopped, or between two runs: its watch waits for it.
+            if !probed.running {
+                continue;
+            }
+            // Only a move from a port seen before is reported: a container
+            // seen first while it was being created is the deploy's to
+            // report, once healthy.
+            match (watch.port, probed.host_port) {
+                (Some(before), Some(now)) if before != now => {
+                    if report_address(&client, probed, format!("{advertise}:{now}")).await {
+                        watch.port = Some(now);
+                    }
                 }
+                (None, Some(now)) => watch.port = Some(now),
+                _ => {}
             }
             let Some(liveness) = &probed.liveness else { continue };
             if now < watch.next_probe {

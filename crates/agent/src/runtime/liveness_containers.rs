@@ -29,18 +29,22 @@ pub struct Probed {
     pub path: String,
     /// The host port its app port is published on.
     pub host_port: Option<u16>,
+    /// Running now (not stopped, nor between restarts).
+    pub running: bool,
 }
 
 /// Seconds a restart waits for the container to stop before it kills it.
 const RESTART_GRACE_SECONDS: i32 = 10;
 
 impl DockerRuntime {
-    /// This node's running app instance containers (a probe label that
-    /// does not parse counts as none: it was not written by us).
+    /// This node's app instance containers, running or not (a probe label
+    /// that does not parse counts as none: it was not written by us).
     pub async fn instance_containers(&self) -> Result<Vec<Probed>, RuntimeError> {
         let labels = vec![format!("{LABEL_NODE}={}", self.node_id), LABEL_DEPLOYMENT.to_string(), LABEL_INSTANCE.to_string()];
-        let filters = HashMap::from([("label", labels), ("status", vec!["running".to_string()])]);
-        let containers = self.docker()?.list_containers(Some(ListContainersOptionsBuilder::new().filters(&filters).build())).await?;
+        // Stopped ones too: one Docker is restarting is between its runs,
+        // and its watch (with the port last reported) must outlive that.
+        let filters = HashMap::from([("label", labels)]);
+        let containers = self.docker()?.list_containers(Some(ListContainersOptionsBuilder::new().all(true).filters(&filters).build())).await?;
         Ok(containers
             .into_iter()
             .filter_map(|c| {
@@ -55,6 +59,7 @@ impl DockerRuntime {
                     liveness,
                     path: labels.get(LABEL_LIVENESS_PATH).cloned().filter(|p| p.starts_with('/')).unwrap_or_else(|| "/".to_string()),
                     host_port: c.ports.unwrap_or_default().into_iter().find_map(|p| p.public_port),
+                    running: c.state == Some(bollard::models::ContainerSummaryStateEnum::RUNNING),
                 })
             })
             .collect())
