@@ -43,35 +43,38 @@ struct Watch {
     recent: Vec<Instant>,
     /// The host port last reported (or seen at the first look).
     port: Option<u16>,
+    /// No address report before this (after a failed one).
+    report_after: Instant,
 }
 
-/// Tells the control plane the instance runs at its new address; a few
-/// tries, then the next port check tries again. True once it is settled
-/// (applied, or refused for good).
+/// Tells the control plane the instance runs at its new address, once:
+/// the supervisor tries again no sooner than [`REPORT_RETRY`] later, so a
+/// control plane that is down never holds up the probes. True once it is
+/// settled (applied, or refused for good).
 async fn report_address(client: &ControlPlane, probed: &Probed, address: String) -> bool {
     let mut report = cloudweb_protocol::Report::new(probed.deployment.clone());
     report.instance = Some(probed.instance);
     report.state = Some("running".into());
     report.address = Some(address.clone());
-    for attempt in 0..3u32 {
-        match client.report(&report).await {
-            Ok(()) => {
-                tracing::info!(container = %probed.name, %address, "the restarted instance runs at a new address");
-                return true;
-            }
-            // Refused for good (the deployment is gone, say): not again.
-            Err(err) if err.is_permanent() => {
-                tracing::warn!(container = %probed.name, error = %err, "the restarted instance's address was refused");
-                return true;
-            }
-            Err(err) => {
-                tracing::warn!(container = %probed.name, error = %err, attempt, "could not report the restarted instance's address");
-                tokio::time::sleep(Duration::from_secs(1 << attempt)).await;
-            }
+    match client.report(&report).await {
+        Ok(()) => {
+            tracing::info!(container = %probed.name, %address, "the restarted instance runs at a new address");
+            true
+        }
+        // Refused for good (the deployment is gone, say): not again.
+        Err(err) if err.is_permanent() => {
+            tracing::warn!(container = %probed.name, error = %err, "the restarted instance's address was refused");
+            true
+        }
+        Err(err) => {
+            tracing::warn!(container = %probed.name, error = %err, "could not report the restarted instance's address; trying again");
+            false
         }
     }
-    false
 }
+
+/// The pause before a failed address report is sent again.
+const REPORT_RETRY: Duration = Duration::from_secs(10);
 
 /// Probes `probed` once: Ok, or why it failed.
 async fn probe(http: &reqwest::Client, host: &str, probed: &Probed) -> Result<(), String> {
@@ -128,6 +131,7 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
                 not_before: now,
                 recent: Vec::new(),
                 port: probed.host_port,
+                report_after: now,
             });
             // Stopped, or between two runs: its watch waits for it.
             if !probed.running {
@@ -137,12 +141,14 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
             // seen first while it was being created is the deploy's to
             // report, once healthy.
             match (watch.port, probed.host_port) {
-                (Some(before), Some(now)) if before != now => {
-                    if report_address(&client, probed, format!("{advertise}:{now}")).await {
-                        watch.port = Some(now);
+                (Some(before), Some(port)) if before != port && now >= watch.report_after => {
+                    if report_address(&client, probed, format!("{advertise}:{port}")).await {
+                        watch.port = Some(port);
+                    } else {
+                        watch.report_after = now + REPORT_RETRY;
                     }
                 }
-                (None, Some(now)) => watch.port = Some(now),
+                (None, Some(port)) => watch.port = Some(port),
                 _ => {}
             }
             let Some(liveness) = &probed.liveness else { continue };
