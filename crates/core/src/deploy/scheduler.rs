@@ -61,7 +61,8 @@ pub fn place(nodes: &[NodeSnapshot], request: &Request) -> Placement {
     let mut best: Option<(usize, f64, u32, &str)> = None;
     for node in nodes {
         let Some(load) = fit(node, request) else { continue };
-        let siblings = siblings_on(request, &node.id);
+        // Most requests have no siblings yet: skip the count then.
+        let siblings = if request.spread.is_empty() { 0 } else { siblings_on(request, &node.id) };
         let better = match best {
             None => true,
             Some((best_siblings, best_load, best_instances, best_id)) => {
