@@ -597,6 +597,31 @@ impl ControlPlane {
         self.send(self.http().post(self.url(&paths::task_run(run_id))).json(&report)).await.map(drop)
     }
 
+    /// Dials back to `dial_url` (the control-plane replica that holds a
+    /// session's user side) for session `session_id`: an HTTP/1.1 upgrade
+    /// to session frames, with this node's certificate. Ten seconds for the
+    /// answer; the upgraded stream has no timeout of its own (the session
+    /// pings and the control plane times it out).
+    pub async fn dial_session(&self, dial_url: &str, session_id: &str) -> Result<reqwest::Upgraded, ClientError> {
+        let url = format!("{}{}", dial_url.trim_end_matches('/'), paths::session_attach(session_id));
+        let request = self
+            .headers(self.stream_http().post(url))
+            .header(reqwest::header::CONNECTION, "upgrade")
+            .header(reqwest::header::UPGRADE, cloudweb_protocol::sessions::UPGRADE);
+        let response = match tokio::time::timeout(Duration::from_secs(10), request.send()).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(err)) => return Err(ClientError::Transport(err.to_string())),
+            Err(_) => return Err(ClientError::Transport("no answer to the session dial-back within 10 s".to_string())),
+        };
+        if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap_or_default();
+            let message = serde_json::from_str::<cloudweb_protocol::ErrorBody>(&text).map(|b| b.error).unwrap_or(text);
+            return Err(ClientError::Status { status, message: cloudweb_protocol::misc::one_line(&message, 300) });
+        }
+        response.upgrade().await.map_err(|e| ClientError::Transport(format!("the session dial-back did not upgrade: {e}")))
+    }
+
     /// Uploads runtime log lines (see [`crate::logs`]).
     pub async fn upload_logs(&self, upload: &cloudweb_protocol::LogUpload) -> Result<cloudweb_protocol::LogUploadResponse, ClientError> {
         let mut upload = upload.clone();

@@ -417,6 +417,19 @@ impl Inner {
             },
             Some(CommandKind::TaskRun) => self.task_step(command, self.tasks.run_command(command.payload.clone()).await),
             Some(CommandKind::TaskCancel) => self.task_step(command, self.tasks.cancel_command(command.payload.clone()).await),
+            Some(CommandKind::SessionOpen) => match serde_json::from_value::<cloudweb_protocol::SessionOpenPayload>(command.payload.clone()) {
+                // A session runs in its own task; the command is done once
+                // it started (a session delivered again finds itself
+                // attached already and ends at once).
+                Ok(payload) if payload.validate().is_ok() => {
+                    crate::sessions::spawn(self.runtime.clone(), client.clone(), payload);
+                    Outcome::Handled
+                }
+                _ => {
+                    tracing::error!(command = %command.id, "invalid session_open payload; dropping the command");
+                    Outcome::Handled
+                }
+            },
             None => {
                 // Nothing to report to: an unknown type names no deployment.
                 tracing::error!(command = %command.id, kind = %command.kind, "this agent cannot handle this command type; dropping it");

@@ -24,6 +24,7 @@ pub mod run;
 pub mod runtime;
 pub mod service_logs;
 pub mod services;
+pub mod sessions;
 pub mod shutdown;
 pub mod tasks;
 pub mod timestamp;

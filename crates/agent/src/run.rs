@@ -349,6 +349,7 @@ async fn heartbeat_loop(
             cloudweb_protocol::features::SERVICE_OPS.to_string(),
             cloudweb_protocol::features::BACKUPS.to_string(),
             cloudweb_protocol::features::TASKS.to_string(),
+            cloudweb_protocol::features::SESSIONS.to_string(),
         ];
         if ingress_active {
             features.push(cloudweb_protocol::features::TRAFFIC_METRICS.to_string());

@@ -23,6 +23,7 @@ pub mod git;
 pub mod nodes;
 pub mod scale;
 pub mod services;
+pub mod sessions;
 pub mod tasks;
 pub mod traffic;
 pub mod volumes;

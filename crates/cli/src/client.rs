@@ -13,6 +13,9 @@ use crate::Failure;
 
 pub struct Api {
     http: reqwest::Client,
+    /// HTTP/1.1 only and no timeout once connected: for the WebSockets of
+    /// exec and port-forward sessions (see [`Sessions`]).
+    sessions: reqwest::Client,
     /// Without an overall timeout, for streams (a read timeout instead:
     /// the server sends a keep-alive every 15 s).
     streaming: reqwest::Client,
@@ -20,18 +23,28 @@ pub struct Api {
     token: String,
 }
 
+/// How a client times requests.
+enum Timing {
+    Overall(Duration),
+    Stream,
+    Session,
+}
+
 /// What every request waits at most, streams aside.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Api {
     pub fn new(config: &Config) -> Result<Api, Failure> {
-        let build = |overall: Option<Duration>| -> Result<reqwest::Client, Failure> {
+        let build = |timing: Timing| -> Result<reqwest::Client, Failure> {
             let mut builder = reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
                 .user_agent(concat!("cloudweb-cli/", env!("CARGO_PKG_VERSION")));
-            builder = match overall {
-                Some(timeout) => builder.timeout(timeout),
-                None => builder.read_timeout(Duration::from_secs(60)),
+            builder = match timing {
+                Timing::Overall(timeout) => builder.timeout(timeout),
+                Timing::Stream => builder.read_timeout(Duration::from_secs(60)),
+                // An upgrade needs HTTP/1.1; a session may be quiet for
+                // long (the server closes idle ones).
+                Timing::Session => builder.http1_only(),
             };
             if config.server.starts_with("https://") {
                 // This build carries no root store of its own: trust the
@@ -46,7 +59,18 @@ impl Api {
             }
             builder.build().map_err(|e| Failure::Action(format!("cannot set up HTTP: {e}")))
         };
-        Ok(Api { http: build(Some(REQUEST_TIMEOUT))?, streaming: build(None)?, server: config.server.clone(), token: config.token.clone() })
+        Ok(Api {
+            http: build(Timing::Overall(REQUEST_TIMEOUT))?,
+            streaming: build(Timing::Stream)?,
+            sessions: build(Timing::Session)?,
+            server: config.server.clone(),
+            token: config.token.clone(),
+        })
+    }
+
+    /// What opens session WebSockets, for tasks of their own.
+    pub fn sessions(&self) -> Sessions {
+        Sessions { http: self.sessions.clone(), server: self.server.clone(), token: self.token.clone() }
     }
 
     fn url(&self, path: &str) -> String {
@@ -129,6 +153,48 @@ impl Api {
             source = inner.source();
         }
         Failure::Action(format!("cannot reach {}: {text}", self.server))
+    }
+}
+
+/// Opens the WebSockets of exec and port-forward sessions.
+#[derive(Clone)]
+pub struct Sessions {
+    http: reqwest::Client,
+    server: String,
+    token: String,
+}
+
+pub type SessionSocket = tokio_tungstenite::WebSocketStream<reqwest::Upgraded>;
+
+impl Sessions {
+    /// A WebSocket to `path_and_query`; the server's refusal (no such
+    /// instance, too many sessions, the node unreachable) as its words.
+    pub async fn open(&self, path_and_query: &str) -> Result<SessionSocket, Failure> {
+        use tokio_tungstenite::tungstenite::handshake::client::generate_key;
+        use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+        let key = generate_key();
+        let response = self
+            .http
+            .get(format!("{}{path_and_query}", self.server))
+            .bearer_auth(&self.token)
+            .header(reqwest::header::CONNECTION, "upgrade")
+            .header(reqwest::header::UPGRADE, "websocket")
+            .header("sec-websocket-version", "13")
+            .header("sec-websocket-key", &key)
+            .send()
+            .await
+            .map_err(|e| Failure::Action(format!("cannot reach {}: {e}", self.server)))?;
+        let status = response.status().as_u16();
+        if status != 101 {
+            let bytes = response.bytes().await.unwrap_or_default();
+            return Err(api_error(status, &bytes));
+        }
+        let accepted = response.headers().get("sec-websocket-accept").and_then(|v| v.to_str().ok()).map(str::to_string);
+        if accepted.as_deref() != Some(derive_accept_key(key.as_bytes()).as_str()) {
+            return Err(Failure::Action("the server's WebSocket answer does not match the request".to_string()));
+        }
+        let upgraded = response.upgrade().await.map_err(|e| Failure::Action(format!("the session did not start: {e}")))?;
+        Ok(tokio_tungstenite::WebSocketStream::from_raw_socket(upgraded, tokio_tungstenite::tungstenite::protocol::Role::Client, None).await)
     }
 }
 

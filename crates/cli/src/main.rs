@@ -16,6 +16,7 @@ mod deploy;
 mod domains;
 mod duration;
 mod env;
+mod exec;
 mod follow;
 mod login;
 mod logs;
@@ -186,6 +187,30 @@ enum Command {
     /// An app's instances with their CPU, memory and restarts, from each
     /// node's latest usage sample.
     Top { app: String },
+    /// Run a command in a running instance of an app (its container, its
+    /// environment), through the control plane: no SSH to the node.
+    ///
+    /// `-i` passes this terminal's input, `-t` runs the command in a
+    /// terminal (raw keys, Ctrl-C to the command, the window size follows).
+    /// The exit status is the command's; 255 when the session ended
+    /// without one (the node went away, idle too long), with the reason on
+    /// stderr; 1 when it could not open (no such instance, too many
+    /// sessions). Closing the session ends the command. Every session is
+    /// recorded (`cloudweb sessions APP`).
+    ///
+    /// Examples: cloudweb exec web -it -- sh
+    ///           cloudweb exec web --instance 2 -- ./manage.py migrate
+    Exec(exec::ExecArgs),
+    /// Forward local TCP connections to a port of a running instance of an
+    /// app, through the control plane (for a database only reachable on
+    /// the mesh, a debug port). Runs until Ctrl-C; each connection is a
+    /// recorded session.
+    ///
+    /// Example: cloudweb port-forward web 8080:80
+    PortForward(exec::PortForwardArgs),
+    /// An app's exec and port-forward sessions, newest first: who, which
+    /// instance, when, how long, how it ended.
+    Sessions { app: String },
     /// An app's deployments, newest first.
     Deployments { app: String },
     /// What an app's instances print (stdout and stderr).
@@ -264,6 +289,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Rollback { app, to, follow } => deploy::rollback(&api, &app, to, follow, json).await,
         Command::Scale { app, instances } => scale::scale(&api, &app, instances, json).await,
         Command::Top { app } => scale::top(&api, &app, json).await,
+        Command::Exec(args) => exec::exec(&api, args).await,
+        Command::PortForward(args) => exec::port_forward(&api, args).await,
+        Command::Sessions { app } => exec::list(&api, &app, json).await,
         Command::Deployments { app } => deploy::deployments(&api, &app, json).await,
         Command::Logs { app, follow, lines, deployment } => logs::run(&api, &app, follow, lines, deployment, json).await,
         Command::Cron { command } => cron::run(&api, command, json).await,
@@ -311,7 +339,10 @@ fn check(command: &Command) -> Result<(), Failure> {
         {
             return Err(Failure::Usage("a node id or name is needed".into()));
         }
-        Command::Run(OneOffArgs { command, .. }) | Command::Cron { command: CronCommand::Add(AddArgs { command, .. }) } => run::check_command(command)?,
+        Command::PortForward(args) => {
+            exec::ports(&args.ports)?;
+        }
+        Command::Exec(exec::ExecArgs { command, .. }) | Command::Run(OneOffArgs { command, .. }) | Command::Cron { command: CronCommand::Add(AddArgs { command, .. }) } => run::check_command(command)?,
         Command::Cron { command: CronCommand::Update(args) } => {
             if !args.command.is_empty() {
                 run::check_command(&args.command)?;

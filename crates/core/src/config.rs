@@ -81,6 +81,8 @@ pub struct Config {
     pub volume_move_keep: Duration,
     /// Backup schedules, retries and keep periods.
     pub backups: BackupSettings,
+    /// Exec and port-forward sessions' limits and idle timeout.
+    pub sessions: crate::sessions::SessionSettings,
 }
 
 /// How backups are paced.
@@ -144,6 +146,7 @@ impl Config {
             service_ports: 20_000..=29_999,
             volume_move_keep: Duration::from_secs(7 * 24 * 3600),
             backups: BackupSettings::default(),
+            sessions: Default::default(),
         }
     }
 }

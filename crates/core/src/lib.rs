@@ -47,6 +47,7 @@ pub mod secrets;
 pub mod service_links;
 pub mod service_ops;
 pub mod services;
+pub mod sessions;
 pub mod shared_secrets;
 pub mod tasks;
 pub mod volume_moves;
@@ -108,6 +109,8 @@ pub struct AppState {
     pub git: git::GitState,
     /// Login limits and password hashing slots.
     pub auth: auth::AuthState,
+    /// The exec and port-forward sessions this replica holds.
+    pub sessions: sessions::Sessions,
 }
 
 /// The agent binary the control plane offers: the file as it was at start,

@@ -35,7 +35,7 @@ async fn cluster() -> Cluster {
     let node_id = agent.node_id.clone();
     wait_for(Duration::from_secs(10), "node ready with static-sites", || async {
         let node = server.node(&node_id).await.ok()?;
-        (node["state"] == "ready" && node["features"] == json!(["static-sites", "volumes", "services", "volume-moves", "service-ops", "backups", "tasks"])).then_some(())
+        (node["state"] == "ready" && node["features"] == json!(["static-sites", "volumes", "services", "volume-moves", "service-ops", "backups", "tasks", "sessions"])).then_some(())
     })
     .await
     .unwrap();

@@ -59,6 +59,9 @@ pub enum CommandKind {
     TaskRun,
     /// Kill a task container ([`crate::tasks::TaskCancelPayload`]).
     TaskCancel,
+    /// Dial back for an exec or port-forward session
+    /// ([`crate::sessions::SessionOpenPayload`]).
+    SessionOpen,
 }
 
 impl CommandKind {
@@ -80,6 +83,7 @@ impl CommandKind {
             CommandKind::BackupCancel => "backup_cancel",
             CommandKind::TaskRun => "task_run",
             CommandKind::TaskCancel => "task_cancel",
+            CommandKind::SessionOpen => "session_open",
         }
     }
 
@@ -101,6 +105,7 @@ impl CommandKind {
             "backup_cancel" => Some(CommandKind::BackupCancel),
             "task_run" => Some(CommandKind::TaskRun),
             "task_cancel" => Some(CommandKind::TaskCancel),
+            "session_open" => Some(CommandKind::SessionOpen),
             _ => None,
         }
     }

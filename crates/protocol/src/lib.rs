@@ -16,6 +16,7 @@ pub mod misc;
 pub mod renew;
 pub mod repo_ca;
 pub mod services;
+pub mod sessions;
 pub mod ssh;
 pub mod tasks;
 pub mod validate;
@@ -38,6 +39,7 @@ pub use renew::{RenewRequest, RenewResponse};
 pub use misc::{error_codes, ErrorBody, LeaveConflict, LeaveResponse, LogLine, RegistryConfig, Report, Route, RouteTable};
 pub use validate::ValidationError;
 pub use tasks::{TaskCancelPayload, TaskLine, TaskRunPayload, TaskRunReport, TaskState};
+pub use sessions::{SessionFrame, SessionOpenPayload, SessionTarget};
 pub use services::{ServiceExec, ServiceKind, ServiceLogUpload, ServiceLogs, ServicePayload, ServiceRemovePayload, ServiceStatus};
 pub use volume_moves::{Frame, MoveReport, MoveReportState, VolumeMoveStep, VolumeReceivePayload, VolumeSendPayload};
 pub use volumes::{VolumeDeletePayload, VolumeMount};
@@ -77,6 +79,15 @@ pub mod paths {
     pub const BACKUP_JOBS: &str = "/agent/v1/backup-jobs";
     /// `POST {TASK_RUNS}/{run_id}`: what became of a task run.
     pub const TASK_RUNS: &str = "/agent/v1/task-runs";
+
+    /// `POST {SESSIONS}/{session_id}/attach`: an agent's dial-back for a
+    /// session (an HTTP/1.1 upgrade to [`crate::sessions::UPGRADE`]).
+    pub const SESSIONS: &str = "/agent/v1/sessions";
+
+    /// `POST /agent/v1/sessions/{session_id}/attach`.
+    pub fn session_attach(session_id: &str) -> String {
+        format!("{SESSIONS}/{session_id}/attach")
+    }
 
     /// `POST /agent/v1/task-runs/{run_id}`.
     pub fn task_run(run_id: &str) -> String {
@@ -142,4 +153,7 @@ pub mod features {
     /// The agent runs one-off task containers (`task_run`, `task_cancel`)
     /// and reports to `POST /agent/v1/task-runs/{id}`.
     pub const TASKS: &str = "tasks";
+    /// The agent dials back for `session_open` (exec and port-forward
+    /// sessions).
+    pub const SESSIONS: &str = "sessions";
 }

@@ -280,9 +280,11 @@ pub async fn open_state(config: Config, clock: Arc<dyn Clock>) -> Result<OpenedS
         acme: acme::Acme::default(),
         git: git_state,
         auth: auth::AuthState::new(&config.auth, secrets::Sealer::load_or_create(&config.data_dir)?),
+        sessions: Default::default(),
         config,
     });
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());
+    cloudweb_core::sessions::end_left_open(&state).await;
     // The login limits go on where the last run left them.
     let now_ms = state.clock.now_ms();
     state.auth.limiter.restore(store.login_attempts(now_ms - state.auth.limiter.window_ms()).await?, now_ms);

@@ -219,6 +219,16 @@ struct ServeArgs {
     /// service address (FIRST-LAST).
     #[arg(long, default_value = "20000-29999", value_name = "FIRST-LAST")]
     service_ports: String,
+    /// Seconds an exec or port-forward session may pass with no byte
+    /// either way before it is closed.
+    #[arg(long, default_value_t = 1800, value_parser = clap::value_parser!(u64).range(5..=86_400))]
+    exec_idle_seconds: u64,
+    /// Exec and port-forward sessions one user may hold open at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    exec_sessions_per_user: u64,
+    /// Exec and port-forward sessions one node may serve at once.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    exec_sessions_per_node: u64,
     /// Days a moved volume's old copy stays on its old node before it is
     /// deleted (`cloudweb volumes confirm-move` deletes it sooner).
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u64).range(0..=365))]
@@ -423,6 +433,12 @@ fn real_main() -> anyhow::Result<()> {
             first..=last
         },
         volume_move_keep: std::time::Duration::from_secs(args.volume_move_keep_days * 24 * 3600),
+        sessions: cloudweb_core::sessions::SessionSettings {
+            idle_timeout: std::time::Duration::from_secs(args.exec_idle_seconds),
+            max_per_user: args.exec_sessions_per_user as usize,
+            max_per_node: args.exec_sessions_per_node as usize,
+            ..Default::default()
+        },
         backups: cloudweb_server::config::BackupSettings {
             retry_after: std::time::Duration::from_secs(args.backup_retry_seconds),
             keep_restored: std::time::Duration::from_secs(args.backup_keep_days * 24 * 3600),

@@ -21,6 +21,7 @@ mod commands;
 mod copy;
 mod database_url;
 mod deployments;
+pub mod exec_sessions;
 mod git;
 pub mod fence;
 mod idempotency;

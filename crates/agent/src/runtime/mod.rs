@@ -11,6 +11,8 @@ mod liveness_containers;
 mod logs;
 mod service_containers;
 mod task_containers;
+mod exec_sessions;
+pub use exec_sessions::{Exec, ExecStatus};
 mod usage;
 
 use std::collections::HashMap;

@@ -147,7 +147,8 @@ async fn connection(
     // per node open all the time (issue 21 item 1), and agent requests'
     // heads are well under 8 KiB (bodies are streamed, not buffered).
     builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).max_buf_size(8 * 1024);
-    let serving = builder.serve_connection(TokioIo::new(stream), service);
+    // With upgrades: a session's dial-back becomes a stream of frames.
+    let serving = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
     tokio::pin!(serving);
     let idle = activity.expired(idle_limit, None);
     tokio::pin!(idle);

@@ -21,6 +21,7 @@ mod stream;
 mod volume_moves;
 mod backup_jobs;
 mod task_runs;
+mod sessions;
 
 use std::sync::Arc;
 
@@ -84,6 +85,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/agent/v1/volume-moves/{id}", post(volume_moves::report))
         .route("/agent/v1/backup-jobs/{id}", post(backup_jobs::report))
         .route("/agent/v1/task-runs/{id}", post(task_runs::report))
+        .route("/agent/v1/sessions/{id}/attach", post(sessions::attach))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_node));
     Router::new()
         .route(paths::JOIN, post(join::join))
@@ -103,8 +105,11 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// A replica that does not lead answers agents 503, naming the leader:
 /// nodes' liveness lives in the memory of the replica they heartbeat, and
 /// the leader's loops act on it (see `cloudweb_core::leader`).
+///
+/// A session's dial-back is the exception: it goes to the replica that
+/// holds the session's user side, leader or not.
 async fn only_the_leader(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    if state.leader.is_leading() {
+    if state.leader.is_leading() || request.uri().path().starts_with(paths::SESSIONS) {
         return next.run(request).await;
     }
     let leader = state.leader.leader_url();

@@ -18,6 +18,8 @@ pub mod nodes;
 pub mod openapi;
 mod runtime_logs;
 pub mod scale;
+mod session_bridge;
+pub mod sessions;
 pub mod services;
 pub mod tasks;
 pub mod traffic;
@@ -99,6 +101,9 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(tasks::cancel_run))
         .routes(routes!(scale::scale))
         .routes(routes!(scale::top))
+        .routes(routes!(sessions::exec))
+        .routes(routes!(sessions::port_forward))
+        .routes(routes!(sessions::list))
         .routes(routes!(apps::deploy))
         .routes(routes!(apps::rollback))
         .routes(routes!(deployments::of_app))
