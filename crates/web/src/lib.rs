@@ -32,6 +32,7 @@ mod node_page;
 mod nodes;
 mod paging;
 mod services;
+mod exec_sessions;
 mod tasks;
 mod usage_charts;
 mod volumes;

@@ -65,7 +65,7 @@ pub fn command_line(command: &[String]) -> String {
 
 /// An RFC 3339 time of the API as the pages write times (UTC); the text
 /// as it is if it does not read as one.
-fn when(text: &str) -> String {
+pub fn when(text: &str) -> String {
     match time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339) {
         Ok(at) => format::datetime((at.unix_timestamp_nanos() / 1_000_000) as i64),
         Err(_) => text.to_string(),
