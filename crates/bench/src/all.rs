@@ -71,6 +71,7 @@ const STEPS: &[Step] = &[
     step("acme", &["--ingress-nodes", "2", "--runs", "2", "--timeout-seconds", "30"], 60),
     step("deploy", &["--runs", "1", "--settle-timeout-seconds", "60"], 90),
     step("services", &["--runs", "2"], 90),
+    step("exec", &["--keystrokes", "100", "--mib", "20"], 90),
     step("volume-move", &["--quick", "--runs", "2"], 150),
     step("backups", &["--quick"], 150),
     step_as(

@@ -22,6 +22,7 @@ mod dashboard;
 mod failover;
 mod deploy;
 mod docker;
+mod exec;
 mod flood;
 mod git_daemon;
 mod heartbeats;
@@ -111,6 +112,10 @@ enum Commands {
     /// place to accepting connections, an unchanged volume's incremental
     /// backup, and the control plane's own backup with many apps.
     Backups(backups::Args),
+    /// A keystroke's round trip and `cat` of a 100 MiB file through an
+    /// exec session (WebSocket, control plane, the node's dial-back,
+    /// `docker exec`), against `docker exec` on the node.
+    Exec(exec::Args),
     /// Every command above, one after the other, each in its own process
     /// and bounded in time, then a table of every target's verdict; exits
     /// non-zero if a target is NOT met or a command failed. `--quick` runs
@@ -142,6 +147,7 @@ fn main() -> std::process::ExitCode {
             Commands::Acme(args) => interruptible(acme::run(args)).await,
             Commands::Failover(args) => interruptible(failover::run(args)).await,
             Commands::Services(args) => interruptible(services::run(args)).await,
+            Commands::Exec(args) => interruptible(exec::run(args)).await,
             Commands::VolumeMove(args) => interruptible(volumes::run(args)).await,
             Commands::Backups(args) => interruptible(backups::run(args)).await,
             Commands::All(_) => unreachable!("handled above"),
