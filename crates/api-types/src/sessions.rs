@@ -1,7 +1,7 @@
 //! Exec and port-forward sessions (`cloudweb exec`, `cloudweb
 //! port-forward`): the record of each. The sessions themselves are
-//! WebSockets (`GET /api/apps/{name}/exec`, `GET
-//! /api/apps/{name}/port-forward`) whose binary messages are
+//! WebSockets (`GET /api/apps/{name}/exec`, `…/port-forward`, and the same
+//! under `/api/services/{name}`) whose binary messages are
 //! `cloudweb_protocol::sessions::SessionFrame`s.
 
 use serde::{Deserialize, Serialize};
@@ -12,14 +12,22 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionView {
     pub id: String,
-    pub app: String,
+    /// The app it went into (absent for a service's session).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub app: Option<String>,
+    /// The managed service it went into (absent for an app's session).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
     /// `exec` or `port-forward`.
     pub kind: String,
     /// The user who opened it (`admin` for the admin token).
     pub user: String,
     pub node_id: String,
-    pub deployment: String,
-    pub instance: i64,
+    /// An app's session: the deployment and instance it went into.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<i64>,
     /// An exec's program (its first argument; the rest is not kept).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub program: Option<String>,
@@ -46,7 +54,8 @@ pub struct SessionView {
     pub duration_ms: Option<i64>,
 }
 
-/// `GET /api/apps/{name}/sessions`: the newest first.
+/// `GET /api/apps/{name}/sessions`, `GET /api/services/{name}/sessions`:
+/// the newest first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionList {
     pub sessions: Vec<SessionView>,

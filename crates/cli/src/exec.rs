@@ -23,10 +23,15 @@ pub const LOST: u8 = 255;
 /// `cloudweb exec`'s arguments.
 #[derive(Args)]
 pub struct ExecArgs {
+    /// The app (or, with --service, the managed service).
     pub app: String,
     /// The instance (see `cloudweb top`); the lowest running one by default.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000), conflicts_with = "service")]
     pub instance: Option<u32>,
+    /// Into a managed service's container (`cloudweb services`) instead
+    /// of an app's instance.
+    #[arg(long)]
+    pub service: bool,
     /// Pass this terminal's input to the command.
     #[arg(long, short = 'i')]
     pub interactive: bool,
@@ -43,16 +48,26 @@ pub struct ExecArgs {
 /// `cloudweb port-forward`'s arguments.
 #[derive(Args)]
 pub struct PortForwardArgs {
+    /// The app (or, with --service, the managed service).
     pub app: String,
     /// `LOCAL:REMOTE`, or `PORT` for the same port on both sides.
     #[arg(value_name = "[LOCAL:]REMOTE")]
     pub ports: String,
     /// The instance; the lowest running one by default.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000), conflicts_with = "service")]
     pub instance: Option<u32>,
+    /// To a managed service's container (e.g. 5432 of a PostgreSQL)
+    /// instead of an app's instance.
+    #[arg(long)]
+    pub service: bool,
     /// The local address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub address: IpAddr,
+}
+
+/// The API path of an app's or a service's sessions.
+fn base(name: &str, service: bool) -> String {
+    format!("/api/{}/{}", if service { "services" } else { "apps" }, segment(name))
 }
 
 /// `[LOCAL:]REMOTE` as (local, remote); local 0 picks a free port.
@@ -167,7 +182,7 @@ pub async fn exec(api: &Api, args: ExecArgs) -> Result<(), Failure> {
     if args.tty {
         pairs.extend([("tty", "1".to_string()), ("cols", cols.to_string()), ("rows", rows.to_string())]);
     }
-    let mut socket = api.sessions().open(&format!("/api/apps/{}/exec?{}", segment(&args.app), query(&pairs))).await?;
+    let mut socket = api.sessions().open(&format!("{}/exec?{}", base(&args.app, args.service), query(&pairs))).await?;
     // Raw keys only when both ends are a terminal.
     let raw = if args.tty && args.interactive && is_terminal(0) { RawMode::enable() } else { None };
     let outcome = exec_loop(&mut socket, args.interactive, args.tty).await;
@@ -240,8 +255,12 @@ pub async fn port_forward(api: &Api, args: PortForwardArgs) -> Result<(), Failur
     if let Some(instance) = args.instance {
         pairs.push(("instance", instance.to_string()));
     }
-    let path = format!("/api/apps/{}/port-forward?{}", segment(&args.app), query(&pairs));
-    let which = args.instance.map(|i| format!("instance {i}")).unwrap_or_else(|| "its first running instance".to_string());
+    let path = format!("{}/port-forward?{}", base(&args.app, args.service), query(&pairs));
+    let which = match (args.service, args.instance) {
+        (true, _) => "(service)".to_string(),
+        (false, Some(i)) => format!("instance {i}"),
+        (false, None) => "its first running instance".to_string(),
+    };
     println!("forwarding {bound} -> {} {which}, port {remote} (Ctrl-C to stop)", clean(&args.app));
     let sessions = api.sessions();
     loop {
@@ -300,8 +319,8 @@ async fn forward_one(sessions: &Sessions, path: &str, tcp: tokio::net::TcpStream
     }
 }
 
-pub async fn list(api: &Api, app: &str, json: bool) -> Result<(), Failure> {
-    let view: SessionList = api.get(&format!("/api/apps/{}/sessions", segment(app))).await?;
+pub async fn list(api: &Api, app: &str, service: bool, json: bool) -> Result<(), Failure> {
+    let view: SessionList = api.get(&format!("{}/sessions", base(app, service))).await?;
     if json {
         render::json(&view);
         return Ok(());
@@ -328,7 +347,7 @@ pub async fn list(api: &Api, app: &str, json: bool) -> Result<(), Failure> {
                 clean(&s.id),
                 s.kind.clone(),
                 clean(&s.user),
-                s.instance.to_string(),
+                s.instance.map(|i| i.to_string()).unwrap_or_else(|| "-".to_string()),
                 what,
                 clean(&s.created_at),
                 s.duration_ms.map(|ms| format!("{:.1}s", ms as f64 / 1000.0)).unwrap_or_else(|| "-".to_string()),

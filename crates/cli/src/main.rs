@@ -200,17 +200,24 @@ enum Command {
     ///
     /// Examples: cloudweb exec web -it -- sh
     ///           cloudweb exec web --instance 2 -- ./manage.py migrate
+    ///           cloudweb exec --service db -it -- psql -U app app
     Exec(exec::ExecArgs),
     /// Forward local TCP connections to a port of a running instance of an
     /// app, through the control plane (for a database only reachable on
     /// the mesh, a debug port). Runs until Ctrl-C; each connection is a
     /// recorded session.
     ///
-    /// Example: cloudweb port-forward web 8080:80
+    /// Examples: cloudweb port-forward web 8080:80
+    ///           cloudweb port-forward --service db 15432:5432
     PortForward(exec::PortForwardArgs),
-    /// An app's exec and port-forward sessions, newest first: who, which
-    /// instance, when, how long, how it ended.
-    Sessions { app: String },
+    /// An app's (or with --service a managed service's) exec and
+    /// port-forward sessions, newest first: who, which instance, when, how
+    /// long, how it ended.
+    Sessions {
+        app: String,
+        #[arg(long)]
+        service: bool,
+    },
     /// An app's deployments, newest first.
     Deployments { app: String },
     /// What an app's instances print (stdout and stderr).
@@ -291,7 +298,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Top { app } => scale::top(&api, &app, json).await,
         Command::Exec(args) => exec::exec(&api, args).await,
         Command::PortForward(args) => exec::port_forward(&api, args).await,
-        Command::Sessions { app } => exec::list(&api, &app, json).await,
+        Command::Sessions { app, service } => exec::list(&api, &app, service, json).await,
         Command::Deployments { app } => deploy::deployments(&api, &app, json).await,
         Command::Logs { app, follow, lines, deployment } => logs::run(&api, &app, follow, lines, deployment, json).await,
         Command::Cron { command } => cron::run(&api, command, json).await,

@@ -130,12 +130,20 @@ impl Sessions {
     }
 }
 
+/// What a session is opened into.
+#[derive(Debug, Clone)]
+pub enum Subject {
+    /// A running instance of an app: the one numbered `instance`, else the
+    /// lowest running one.
+    App { name: String, instance: Option<u32> },
+    /// A managed service's container.
+    Service { name: String },
+}
+
 /// What a user asks for.
 #[derive(Debug, Clone)]
 pub struct OpenRequest {
-    pub app: String,
-    /// The instance number; the lowest running one when `None`.
-    pub instance: Option<u32>,
+    pub subject: Subject,
     pub target: SessionTarget,
     /// Who asks (a user's name, `admin` for the admin token).
     pub user: String,
@@ -149,40 +157,83 @@ pub struct Opened {
     pub held: Held,
 }
 
-/// Opens a session: picks the running instance, records the session with
-/// its node's command, and waits (at most the settings' `attach_wait`)
-/// for the node to dial back.
+/// Where a session goes: the record's subject and name, the node, the
+/// container, and for an app its deployment and instance.
+struct Placed {
+    subject: &'static str,
+    name: String,
+    node_id: String,
+    container: String,
+    deployment_id: String,
+    instance: i64,
+    /// How the user names what runs there, for messages.
+    what: String,
+}
+
+async fn place(state: &AppState, subject: &Subject) -> Result<Placed, ApiError> {
+    match subject {
+        Subject::Service { name } => {
+            let Some(service) = state.store.service(name).await? else {
+                return Err(ApiError::NotFound(format!("no service {name:?}")));
+            };
+            Ok(Placed {
+                subject: "service",
+                name: service.name.clone(),
+                node_id: service.node_id.clone(),
+                container: cloudweb_protocol::services::container_name(&service.name),
+                deployment_id: String::new(),
+                instance: 0,
+                what: format!("service {}", service.name),
+            })
+        }
+        Subject::App { name, instance } => {
+            let Some(app) = state.store.app(name).await? else {
+                return Err(ApiError::NotFound(format!("no app {name:?}")));
+            };
+            let deployments = state.store.app_deployments(&app.name).await?;
+            let Some(running) = deployments.iter().filter(|d| d.state == "running").max_by_key(|d| d.seq) else {
+                return Err(ApiError::Conflict(format!("app {} has no running deployment", app.name)));
+            };
+            let instances: Vec<_> = state
+                .store
+                .instances(&running.id)
+                .await?
+                .into_iter()
+                .filter(|i| i.state == "running" && i.node_id.is_some() && i.container.is_some())
+                .collect();
+            let chosen = match instance {
+                Some(number) => instances.iter().find(|i| i.instance == i64::from(*number)).ok_or_else(|| {
+                    let running: Vec<String> = instances.iter().map(|i| i.instance.to_string()).collect();
+                    ApiError::NotFound(format!(
+                        "app {} has no running instance {number} (running: {})",
+                        app.name,
+                        if running.is_empty() { "none".to_string() } else { running.join(", ") }
+                    ))
+                })?,
+                None => instances
+                    .iter()
+                    .min_by_key(|i| i.instance)
+                    .ok_or_else(|| ApiError::Conflict(format!("app {} has no running instance", app.name)))?,
+            };
+            Ok(Placed {
+                subject: "app",
+                name: app.name.clone(),
+                node_id: chosen.node_id.clone().expect("filtered"),
+                container: chosen.container.clone().expect("filtered"),
+                deployment_id: running.id.clone(),
+                instance: chosen.instance,
+                what: format!("instance {} of {}", chosen.instance, app.name),
+            })
+        }
+    }
+}
+
+/// Opens a session: finds where it goes (an app's running instance, a
+/// service's container), records the session with its node's command, and
+/// waits (at most the settings' `attach_wait`) for the node to dial back.
 pub async fn open(state: &AppState, request: OpenRequest) -> Result<Opened, ApiError> {
-    let Some(app) = state.store.app(&request.app).await? else {
-        return Err(ApiError::NotFound(format!("no app {:?}", request.app)));
-    };
-    let deployments = state.store.app_deployments(&app.name).await?;
-    let Some(running) = deployments.iter().filter(|d| d.state == "running").max_by_key(|d| d.seq) else {
-        return Err(ApiError::Conflict(format!("app {} has no running deployment", app.name)));
-    };
-    let instances: Vec<_> = state
-        .store
-        .instances(&running.id)
-        .await?
-        .into_iter()
-        .filter(|i| i.state == "running" && i.node_id.is_some() && i.container.is_some())
-        .collect();
-    let chosen = match request.instance {
-        Some(number) => instances.iter().find(|i| i.instance == i64::from(number)).ok_or_else(|| {
-            let running: Vec<String> = instances.iter().map(|i| i.instance.to_string()).collect();
-            ApiError::NotFound(format!(
-                "app {} has no running instance {number} (running: {})",
-                app.name,
-                if running.is_empty() { "none".to_string() } else { running.join(", ") }
-            ))
-        })?,
-        None => instances
-            .iter()
-            .min_by_key(|i| i.instance)
-            .ok_or_else(|| ApiError::Conflict(format!("app {} has no running instance", app.name)))?,
-    };
-    let node_id = chosen.node_id.clone().expect("filtered");
-    let container = chosen.container.clone().expect("filtered");
+    let placed = place(state, &request.subject).await?;
+    let node_id = placed.node_id.clone();
     let now = tokio::time::Instant::now();
     match state.nodes.get(&node_id) {
         Some(node) if node.state(now, state.config.unreachable_after) == crate::live::NodeState::Ready => {
@@ -190,7 +241,7 @@ pub async fn open(state: &AppState, request: OpenRequest) -> Result<Opened, ApiE
                 return Err(ApiError::Conflict(format!("node {node_id} runs an agent without exec sessions: upgrade it")));
             }
         }
-        _ => return Err(ApiError::Unavailable(format!("node {node_id}, which runs instance {} of {}, is not reachable", chosen.instance, app.name))),
+        _ => return Err(ApiError::Unavailable(format!("node {node_id}, which runs {}, is not reachable", placed.what))),
     }
 
     let id = format!("xs_{}", crate::auth::random_hex(8));
@@ -199,7 +250,7 @@ pub async fn open(state: &AppState, request: OpenRequest) -> Result<Opened, ApiE
     let payload = SessionOpenPayload {
         session_id: id.clone(),
         dial_url: state.config.public_url.to_string().trim_end_matches('/').to_string(),
-        container: container.clone(),
+        container: placed.container.clone(),
         target: request.target.clone(),
     };
     payload.validate().map_err(|e| ApiError::BadRequest(e.to_string()))?;
@@ -210,13 +261,14 @@ pub async fn open(state: &AppState, request: OpenRequest) -> Result<Opened, ApiE
     let now_ms = state.clock.now_ms();
     let row = ExecSessionRow {
         id: id.clone(),
-        app: app.name.clone(),
+        subject: placed.subject.to_string(),
+        name: placed.name.clone(),
         kind: kind.to_string(),
         user_name: request.user.clone(),
         node_id: node_id.clone(),
-        deployment_id: running.id.clone(),
-        instance: chosen.instance,
-        container,
+        deployment_id: placed.deployment_id.clone(),
+        instance: placed.instance,
+        container: placed.container.clone(),
         program,
         port,
         tty,

@@ -267,3 +267,48 @@ async fn port_forward_and_how_sessions_end() {
     assert!(last["message"].as_str().unwrap_or_default().contains("went away"), "{last}");
     let _ = docker::docker(&["rm", "-f", &container]);
 }
+
+#[tokio::test]
+async fn a_managed_postgres_is_reached_through_exec_and_port_forward() {
+    use cloudweb_e2e::services::{ensure_service_images, service_ports, services_node, until};
+    ensure_service_images();
+    let ports = service_ports();
+    let platform = start_platform(&["--service-image", "postgres=cloudweb-test/postgres:15", "--service-ports", &ports]).await.unwrap();
+    let server = &platform.server;
+    let agent = services_node(server, platform.tmp.path(), "db-node").await;
+    let name = unique_name("pg");
+    let (status, created) = call(server, Method::POST, "/api/services", Some(json!({"name": name, "type": "postgres"}))).await;
+    assert_eq!(status, 201, "{created}");
+    until(server, &agent, &name, "healthy", Duration::from_secs(90), |view| view["state"] == "healthy").await;
+
+    // exec --service: psql in the service's container, over its socket.
+    let sql = "CREATE ROLE probe LOGIN PASSWORD 'probe-pw'; SELECT 40 + 2";
+    let output = cli(&platform, &["exec", "--service", &name, "--", "psql", "-U", "app", "-d", "app", "-v", "ON_ERROR_STOP=1", "-tAc", sql]).output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("42"), "{}", String::from_utf8_lossy(&output.stdout));
+    let output = cli(&platform, &["exec", "--service", "--instance", "2", &name, "--", "true"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(2), "a service has no instances to pick");
+
+    // port-forward --service: a local psql against the database, which is
+    // reachable only inside the cluster.
+    let mut forward = spawn_cli(&platform, &["port-forward", "--service", &name, "0:5432"], "pg-forward.log");
+    let port: u16 = wait_for(Duration::from_secs(10), "port-forward to listen", || async {
+        let text = forward.log_text();
+        text.split("forwarding 127.0.0.1:").nth(1)?.split_whitespace().next()?.parse().ok()
+    })
+    .await
+    .unwrap();
+    let url = format!("postgresql://probe:probe-pw@127.0.0.1:{port}/app");
+    let output = Command::new("psql").args([url.as_str(), "-tAc", "SELECT 6 * 7"]).output().unwrap();
+    assert!(output.status.success(), "{}\n{}", String::from_utf8_lossy(&output.stderr), forward.log_text());
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "42");
+    forward.kill();
+
+    let (status, recorded) = call(server, Method::GET, &format!("/api/services/{name}/sessions"), None).await;
+    assert_eq!(status, 200, "{recorded}");
+    let recorded = recorded["sessions"].as_array().cloned().unwrap_or_default();
+    assert!(recorded.iter().any(|s| s["service"] == name.as_str() && s["kind"] == "exec" && s["exit_code"] == 0 && s.get("instance").is_none()), "{recorded:?}");
+    assert!(recorded.iter().any(|s| s["kind"] == "port-forward" && s["port"] == 5432), "{recorded:?}");
+    let (status, _) = call(server, Method::GET, "/api/services/no-such-service/sessions", None).await;
+    assert_eq!(status, 404);
+}

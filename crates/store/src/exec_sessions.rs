@@ -7,13 +7,16 @@ use crate::backend::Cols;
 use super::commands::CommandsTx;
 use super::{NewCommand, Store, StoreError};
 
-/// Ended sessions an app keeps in its record (the newest).
+/// Ended sessions an app or a service keeps in its record (the newest).
 pub const KEEP_PER_APP: i64 = 500;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ExecSessionRow {
     pub id: String,
-    pub app: String,
+    /// `app` or `service`.
+    pub subject: String,
+    /// The app's or the service's name.
+    pub name: String,
     /// `exec` or `port-forward`.
     pub kind: String,
     /// Who opened it: a user's name, or `admin` for the admin token.
@@ -41,13 +44,14 @@ pub struct ExecSessionRow {
     pub ended_at: Option<i64>,
 }
 
-const COLUMNS: &str = "id, app, kind, user_name, node_id, deployment_id, instance, container, program, port, tty, replica, state, exit_code, \
+const COLUMNS: &str = "id, subject, name, kind, user_name, node_id, deployment_id, instance, container, program, port, tty, replica, state, exit_code, \
      message, bytes_in, bytes_out, created_at, attached_at, ended_at";
 
 fn from_row(row: &impl Cols) -> ExecSessionRow {
     ExecSessionRow {
         id: row.col("id"),
-        app: row.col("app"),
+        subject: row.col("subject"),
+        name: row.col("name"),
         kind: row.col("kind"),
         user_name: row.col("user_name"),
         node_id: row.col("node_id"),
@@ -88,10 +92,11 @@ impl Store {
         on_db!(self, pool => {
             let mut tx = pool.begin_write().await?;
             sqlx::query(&format!(
-                "INSERT INTO exec_sessions ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)"
+                "INSERT INTO exec_sessions ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)"
             ))
             .bind(&row.id)
-            .bind(&row.app)
+            .bind(&row.subject)
+            .bind(&row.name)
             .bind(&row.kind)
             .bind(&row.user_name)
             .bind(&row.node_id)
@@ -114,10 +119,11 @@ impl Store {
             .await?;
             tx.insert_command(command, now_ms).await?;
             sqlx::query(
-                "DELETE FROM exec_sessions WHERE app = $1 AND state IN ('ended', 'failed') AND id NOT IN \
-                 (SELECT id FROM exec_sessions WHERE app = $1 ORDER BY created_at DESC, id DESC LIMIT $2)",
+                "DELETE FROM exec_sessions WHERE subject = $1 AND name = $2 AND state IN ('ended', 'failed') AND id NOT IN \
+                 (SELECT id FROM exec_sessions WHERE subject = $1 AND name = $2 ORDER BY created_at DESC, id DESC LIMIT $3)",
             )
-            .bind(&row.app)
+            .bind(&row.subject)
+            .bind(&row.name)
             .bind(KEEP_PER_APP)
             .execute(&mut *tx)
             .await?;
@@ -192,11 +198,13 @@ impl Store {
         })
     }
 
-    /// An app's sessions, newest first.
-    pub async fn exec_sessions_of(&self, app: &str, limit: i64) -> Result<Vec<ExecSessionRow>, StoreError> {
+    /// An app's or a service's sessions (`subject` `app` or `service`),
+    /// newest first.
+    pub async fn exec_sessions_of(&self, subject: &str, name: &str, limit: i64) -> Result<Vec<ExecSessionRow>, StoreError> {
         on_db!(self, pool => {
-            let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM exec_sessions WHERE app = $1 ORDER BY created_at DESC, id DESC LIMIT $2"))
-                .bind(app)
+            let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM exec_sessions WHERE subject = $1 AND name = $2 ORDER BY created_at DESC, id DESC LIMIT $3"))
+                .bind(subject)
+                .bind(name)
                 .bind(limit)
                 .fetch_all(pool)
                 .await?;
@@ -212,7 +220,8 @@ mod tests {
     fn row(id: &str) -> ExecSessionRow {
         ExecSessionRow {
             id: id.into(),
-            app: "web".into(),
+            subject: "app".into(),
+            name: "web".into(),
             kind: "exec".into(),
             user_name: "ana".into(),
             node_id: "n1".into(),
@@ -246,7 +255,7 @@ mod tests {
             second.created_at = 30;
             store.insert_exec_session(&second, &command, 30).await.unwrap();
             assert_eq!(store.end_exec_sessions_of_replica("https://cp1", "restarted", 40).await.unwrap(), 1);
-            let states: Vec<String> = store.exec_sessions_of("web", 10).await.unwrap().into_iter().map(|s| s.state).collect();
+            let states: Vec<String> = store.exec_sessions_of("app", "web", 10).await.unwrap().into_iter().map(|s| s.state).collect();
             assert_eq!(states, ["failed", "ended"]);
         }
     }

@@ -205,6 +205,8 @@ impl Store {
                 return Ok(Some(Err(upgrade)));
             }
             sqlx::query("DELETE FROM service_links WHERE service = $1").bind(name).execute(&mut *tx).await?;
+            // The record of its exec and port-forward sessions.
+            sqlx::query("DELETE FROM exec_sessions WHERE subject = 'service' AND name = $1").bind(name).execute(&mut *tx).await?;
             sqlx::query("DELETE FROM services WHERE name = $1").bind(name).execute(&mut *tx).await?;
             sqlx::query("UPDATE volumes SET service = NULL WHERE name = $1").bind(&service.volume).execute(&mut *tx).await?;
             tx.insert_command(&command(&service), now_ms).await?;

@@ -37,7 +37,7 @@ pub async fn app_section(ctx: &Ctx, app: &str) -> Markup {
                             tr data-session=(s.id) {
                                 td data-label=(ctx.t("sessions.kind")) { (s.kind) }
                                 td data-label=(ctx.t("sessions.user")) { (s.user) }
-                                td.num data-label=(ctx.t("sessions.instance")) { (s.instance) " " small { (s.node_id) } }
+                                td.num data-label=(ctx.t("sessions.instance")) { (s.instance.map(|i| i.to_string()).unwrap_or_else(|| "–".into())) " " small { (s.node_id) } }
                                 td data-label=(ctx.t("sessions.what")) {
                                     @match (&s.program, s.port) {
                                         (Some(program), _) => { code { (program) } @if s.tty { " " small { "tty" } } }

@@ -745,5 +745,4 @@ pub const ES: &[(&str, &str)] = &[
 ];
 
 #[cfg(test)]
-#[path = "i18n_tests.rs"]
 mod tests;

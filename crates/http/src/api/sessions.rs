@@ -1,5 +1,6 @@
-//! Exec and port-forward sessions into an app's running instance: two
-//! WebSocket routes and the record of past sessions.
+//! Exec and port-forward sessions into an app's running instance or a
+//! managed service's container: two WebSocket routes for each, and the
+//! record of past sessions.
 //!
 //! The session opens (its node dials back, see `cloudweb_core::sessions`)
 //! before the WebSocket is accepted, so every refusal is an ordinary HTTP
@@ -17,7 +18,7 @@ use axum::{Extension, Json};
 use cloudweb_api_types::sessions::{SessionList, SessionView};
 use cloudweb_api_types::ErrorBody;
 use cloudweb_core::auth::Principal;
-use cloudweb_core::sessions::{self, OpenRequest};
+use cloudweb_core::sessions::{self, OpenRequest, Subject};
 use cloudweb_protocol::sessions::{terminal_size, SessionTarget};
 
 use crate::error::ApiError;
@@ -109,14 +110,101 @@ pub async fn exec(
     upgrade: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     let query = parse_query(raw.as_deref())?;
+    let subject = Subject::App { name, instance: query.instance };
+    open_and_bridge(state, OpenRequest { subject, target: exec_target(query)?, user: who(&principal) }, upgrade).await
+}
+
+fn exec_target(query: Query) -> Result<SessionTarget, ApiError> {
     if query.port.is_some() {
         return Err(ApiError::BadRequest("port: not a parameter of exec".to_string()));
     }
     cloudweb_protocol::tasks::command("command", &query.command).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let (cols, rows) = (query.cols.unwrap_or(80), query.rows.unwrap_or(24));
     terminal_size(cols, rows).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    let target = SessionTarget::Exec { command: query.command, tty: query.tty, cols, rows };
-    open_and_bridge(state, OpenRequest { app: name, instance: query.instance, target, user: who(&principal) }, upgrade).await
+    Ok(SessionTarget::Exec { command: query.command, tty: query.tty, cols, rows })
+}
+
+fn forward_target(query: &Query) -> Result<SessionTarget, ApiError> {
+    if !query.command.is_empty() || query.tty || query.cols.is_some() || query.rows.is_some() {
+        return Err(ApiError::BadRequest("a port-forward takes port and instance only".to_string()));
+    }
+    let Some(port) = query.port else { return Err(ApiError::BadRequest("port: required".to_string())) };
+    Ok(SessionTarget::Forward { port })
+}
+
+fn no_instance(query: &Query) -> Result<(), ApiError> {
+    match query.instance {
+        Some(_) => Err(ApiError::BadRequest("instance: a service has one container".to_string())),
+        None => Ok(()),
+    }
+}
+
+/// Runs a command in a managed service's container (`psql`, `redis-cli`),
+/// as [`exec`] does in an app's instance.
+#[utoipa::path(get, path = "/api/services/{name}/exec", operation_id = "services_exec", tag = "services",
+    params(
+        ("name" = String, Path, description = "The service's name"),
+        ("command" = Vec<String>, Query, description = "The command, one argument per `command` parameter, in order"),
+        ("tty" = Option<bool>, Query, description = "Run in a terminal"),
+        ("cols" = Option<u16>, Query, description = "The terminal's columns (80 by default)"),
+        ("rows" = Option<u16>, Query, description = "The terminal's rows (24 by default)"),
+    ),
+    responses(
+        (status = 101, description = "The session is open: a WebSocket of session frames"),
+        (status = 400, description = "Invalid command or parameters, or not a WebSocket request", body = ErrorBody),
+        (status = 404, description = "No such service", body = ErrorBody),
+        (status = 429, description = "Too many sessions", body = ErrorBody),
+        (status = 503, description = "The service's node is unreachable or did not answer", body = ErrorBody),
+    ))]
+pub async fn service_exec(
+    State(state): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    Path(name): Path<String>,
+    RawQuery(raw): RawQuery,
+    upgrade: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    let query = parse_query(raw.as_deref())?;
+    no_instance(&query)?;
+    open_and_bridge(state, OpenRequest { subject: Subject::Service { name }, target: exec_target(query)?, user: who(&principal) }, upgrade).await
+}
+
+/// Forwards one TCP connection to a port of a managed service's container
+/// (5432 for PostgreSQL), for a local client against a database only
+/// reachable inside the cluster.
+#[utoipa::path(get, path = "/api/services/{name}/port-forward", operation_id = "services_port_forward", tag = "services",
+    params(
+        ("name" = String, Path, description = "The service's name"),
+        ("port" = u16, Query, description = "The port in the container"),
+    ),
+    responses(
+        (status = 101, description = "Connected: a WebSocket of session frames"),
+        (status = 400, description = "Invalid parameters, or not a WebSocket request", body = ErrorBody),
+        (status = 404, description = "No such service", body = ErrorBody),
+        (status = 429, description = "Too many sessions", body = ErrorBody),
+        (status = 503, description = "The service's node is unreachable or did not answer", body = ErrorBody),
+    ))]
+pub async fn service_port_forward(
+    State(state): State<Arc<AppState>>,
+    Extension(principal): Extension<Principal>,
+    Path(name): Path<String>,
+    RawQuery(raw): RawQuery,
+    upgrade: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    let query = parse_query(raw.as_deref())?;
+    no_instance(&query)?;
+    open_and_bridge(state, OpenRequest { subject: Subject::Service { name }, target: forward_target(&query)?, user: who(&principal) }, upgrade).await
+}
+
+/// A managed service's exec and port-forward sessions, newest first (the
+/// last 100).
+#[utoipa::path(get, path = "/api/services/{name}/sessions", operation_id = "services_sessions", tag = "services",
+    params(("name" = String, Path, description = "The service's name")),
+    responses((status = 200, description = "The sessions", body = SessionList), (status = 404, description = "No such service", body = ErrorBody)))]
+pub async fn service_sessions(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<SessionList>, ApiError> {
+    if state.store.service(&name).await?.is_none() {
+        return Err(ApiError::NotFound(format!("no service {name:?}")));
+    }
+    record(&state, "service", &name).await
 }
 
 /// Forwards one TCP connection to a port of a running instance, as a
@@ -144,12 +232,9 @@ pub async fn port_forward(
     upgrade: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     let query = parse_query(raw.as_deref())?;
-    if !query.command.is_empty() || query.tty || query.cols.is_some() || query.rows.is_some() {
-        return Err(ApiError::BadRequest("a port-forward takes port and instance only".to_string()));
-    }
-    let Some(port) = query.port else { return Err(ApiError::BadRequest("port: required".to_string())) };
-    let target = SessionTarget::Forward { port };
-    open_and_bridge(state, OpenRequest { app: name, instance: query.instance, target, user: who(&principal) }, upgrade).await
+    let target = forward_target(&query)?;
+    let subject = Subject::App { name, instance: query.instance };
+    open_and_bridge(state, OpenRequest { subject, target, user: who(&principal) }, upgrade).await
 }
 
 /// The app's exec and port-forward sessions, newest first (the last 100).
@@ -160,22 +245,28 @@ pub async fn list(State(state): State<Arc<AppState>>, Path(name): Path<String>) 
     if state.store.app(&name).await?.is_none() {
         return Err(ApiError::NotFound(format!("no app {name:?}")));
     }
+    record(&state, "app", &name).await
+}
+
+async fn record(state: &AppState, subject: &str, name: &str) -> Result<Json<SessionList>, ApiError> {
     let now = state.clock.now_ms();
-    let rows = state.store.exec_sessions_of(&name, LIST_LIMIT).await?;
+    let rows = state.store.exec_sessions_of(subject, name, LIST_LIMIT).await?;
     Ok(Json(SessionList { sessions: rows.into_iter().map(|row| view(row, now)).collect() }))
 }
 
 pub fn view(row: cloudweb_core::store::exec_sessions::ExecSessionRow, now_ms: i64) -> SessionView {
     let rfc = cloudweb_core::clock::rfc3339_ms;
     let duration_ms = row.attached_at.map(|at| row.ended_at.unwrap_or(now_ms).saturating_sub(at).max(0));
+    let is_app = row.subject == "app";
     SessionView {
         id: row.id,
-        app: row.app,
+        app: is_app.then(|| row.name.clone()),
+        service: (!is_app).then_some(row.name),
         kind: row.kind,
         user: row.user_name,
         node_id: row.node_id,
-        deployment: row.deployment_id,
-        instance: row.instance,
+        deployment: is_app.then_some(row.deployment_id),
+        instance: is_app.then_some(row.instance),
         program: row.program,
         port: row.port,
         tty: row.tty,

@@ -1,7 +1,10 @@
 -- Exec and port-forward sessions (issue 25): one row per session a user
--- opened into an app's instance, kept as its record (who, which instance,
--- when, how long, how it ended).
+-- opened into an app's instance or a managed service's container, kept as
+-- its record (who, which instance, when, how long, how it ended).
 --
+-- `subject` is `app` or `service`, `name` the app's or the service's name
+-- (a service's session has no deployment: `deployment_id` is empty and
+-- `instance` 0).
 -- `kind` is `exec` or `port-forward`; `program` is the exec's first
 -- argument only (the rest of a command line may carry a secret the user
 -- typed); `port` the forwarded port. `state` is `opening` (its
@@ -11,7 +14,8 @@
 -- ends its own sessions left open.
 CREATE TABLE exec_sessions (
     id            TEXT PRIMARY KEY,
-    app           TEXT NOT NULL,
+    subject       TEXT NOT NULL,
+    name          TEXT NOT NULL,
     kind          TEXT NOT NULL,
     user_name     TEXT NOT NULL,
     node_id       TEXT NOT NULL,
@@ -31,5 +35,5 @@ CREATE TABLE exec_sessions (
     attached_at   INTEGER,
     ended_at      INTEGER
 );
-CREATE INDEX exec_sessions_by_app ON exec_sessions (app, created_at);
+CREATE INDEX exec_sessions_by_subject ON exec_sessions (subject, name, created_at);
 CREATE INDEX exec_sessions_unfinished ON exec_sessions (state);
