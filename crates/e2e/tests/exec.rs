@@ -3,9 +3,10 @@
 //! bridges it to the user's WebSocket. A command's output, stderr and exit
 //! status reach `cloudweb exec`; a terminal has the size asked for and
 //! follows a resize; input passes through; a port-forward carries HTTP;
-//! closing the client ends the process in the container; an idle session
-//! is closed; a node that goes away ends its session with a clear reason
-//! and exit status 255; every session is recorded.
+//! closing the client ends the process in the container; a user past the
+//! session limit is refused until one closes; an idle session is closed; a node that goes away ends its session with a clear reason
+//! and exit status 255; a managed PostgreSQL is reached by exec and by a
+//! local psql through port-forward; every session is recorded.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -215,7 +216,7 @@ impl ProgramReplace for Command {
 
 #[tokio::test]
 async fn port_forward_and_how_sessions_end() {
-    let (platform, mut agent, app, container) = app_running(&["--exec-idle-seconds", "6"]).await;
+    let (platform, mut agent, app, container) = app_running(&["--exec-idle-seconds", "6", "--exec-sessions-per-user", "3"]).await;
     let server = &platform.server;
 
     // A local port forwarded to the instance's 8080 carries HTTP.
@@ -234,6 +235,26 @@ async fn port_forward_and_how_sessions_end() {
     forward.kill();
     let forwarded = sessions(server, &app).await;
     assert!(forwarded.iter().filter(|s| s["kind"] == "port-forward" && s["port"] == 8080).count() >= 3, "{forwarded:?}");
+
+    // A user holds at most 3 sessions at once: the 4th is refused before
+    // it opens, and one closed makes room again.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut socket = websocket(server, &format!("/api/apps/{app}/exec?command=cat")).await;
+        send(&mut socket, SessionFrame::Data(b"held\n".to_vec())).await;
+        read_until(&mut socket, "held").await.unwrap();
+        held.push(socket);
+    }
+    let output = cli(&platform, &["exec", &app, "--", "true"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("holds 3 sessions"), "{}", String::from_utf8_lossy(&output.stderr));
+    let _ = held.pop().unwrap().close(None).await;
+    wait_for(Duration::from_secs(10), "a closed session to make room", || async {
+        (cli(&platform, &["exec", &app, "--", "true"]).output().ok()?.status.code() == Some(0)).then_some(())
+    })
+    .await
+    .unwrap();
+    drop(held);
 
     // A session with nothing moving is closed after the idle timeout.
     let started = std::time::Instant::now();
