@@ -4,8 +4,9 @@
 //! status reach `cloudweb exec`; a terminal has the size asked for and
 //! follows a resize; input passes through; a port-forward carries HTTP;
 //! closing the client ends the process in the container; a user past the
-//! session limit is refused until one closes; an idle session is closed; a node that goes away ends its session with a clear reason
-//! and exit status 255; a managed PostgreSQL is reached by exec and by a
+//! session limit is refused until one closes; an idle session is closed;
+//! a node that goes away ends its session with a clear reason and exit
+//! status 255; a managed PostgreSQL is reached by exec and by a
 //! local psql through port-forward; every session is recorded.
 
 use std::process::{Command, Stdio};
