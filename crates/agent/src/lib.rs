@@ -18,6 +18,7 @@ pub mod join;
 pub mod logs;
 pub mod mesh;
 pub mod prune;
+pub mod readiness;
 pub mod redact;
 pub mod renew;
 pub mod run;

@@ -11,6 +11,8 @@
 //! Restarts show in the usage samples (`restarts`, counted from Docker's
 //! start events), so `cloudweb top` and the app page see them.
 //!
+//! The same loop runs readiness probes (see [`crate::readiness`]).
+//!
 //! A restarted container is published on a new host port: when an app
 //! instance container's port changes (after a probe's restart, or Docker's
 //! own after a crash, probe or not), the agent reports the instance running
@@ -108,6 +110,7 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
     let bracket = |h: String| if h.contains(':') { format!("[{h}]") } else { h };
     let (host, advertise) = (bracket(host), bracket(advertise));
     let mut watches: HashMap<String, Watch> = HashMap::new();
+    let mut ready_watches: HashMap<String, crate::readiness::ReadyWatch> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -120,8 +123,10 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
             }
         };
         watches.retain(|id, _| containers.iter().any(|c| c.id == *id));
+        ready_watches.retain(|id, _| containers.iter().any(|c| c.id == *id));
         let now = Instant::now();
         let mut due = Vec::new();
+        let mut due_ready = Vec::new();
         for probed in &containers {
             let watch = watches.entry(probed.id.clone()).or_insert_with(|| Watch {
                 armed: false,
@@ -151,6 +156,18 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
                 (None, Some(port)) => watch.port = Some(port),
                 _ => {}
             }
+            if let Some(readiness) = &probed.readiness {
+                let ready = ready_watches.entry(probed.id.clone()).or_insert_with(|| crate::readiness::ReadyWatch::new(now));
+                if now >= ready.next_probe {
+                    ready.next_probe = now + Duration::from_secs(u64::from(readiness.interval_seconds));
+                    if !ready.armed {
+                        ready.armed = runtime.passed_health_check(&probed.id).await.unwrap_or(false);
+                    }
+                    if ready.armed {
+                        due_ready.push((probed, *readiness));
+                    }
+                }
+            }
             let Some(liveness) = &probed.liveness else { continue };
             if now < watch.next_probe {
                 continue;
@@ -163,6 +180,16 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
                 }
             }
             due.push(probed);
+        }
+        let verdicts = futures_util::future::join_all(due_ready.iter().map(|(probed, readiness)| crate::readiness::probe(&http, &host, probed, readiness))).await;
+        for ((probed, readiness), result) in due_ready.into_iter().zip(verdicts) {
+            let Some(ready) = ready_watches.get_mut(&probed.id) else { continue };
+            ready.observe(&readiness, result);
+            let now = Instant::now();
+            if let Some((verdict, reason)) = ready.to_report(now) {
+                let settled = crate::readiness::report(&client, probed, verdict, reason).await;
+                ready.reported(verdict, settled, Instant::now());
+            }
         }
         let results = futures_util::future::join_all(due.iter().map(|probed| probe(&http, &host, probed))).await;
         for (probed, result) in due.into_iter().zip(results) {

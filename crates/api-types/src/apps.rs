@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-pub use cloudweb_protocol::Liveness;
+pub use cloudweb_protocol::{Liveness, Readiness};
 use cloudweb_protocol::{BuildSettings, Spa, Strategy};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -116,6 +116,10 @@ pub struct CreateApp {
     /// that stops answering (default: none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub liveness: Option<Liveness>,
+    /// Probe the health path of every running instance and keep one out of
+    /// the ingress's upstreams while it fails (default: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness: Option<Readiness>,
 }
 
 /// How a deploy replaces the app's instances.
@@ -178,6 +182,10 @@ pub struct AppPatch {
     #[serde(default, deserialize_with = "crate::present", skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Liveness>)]
     pub liveness: Option<Option<Liveness>>,
+    /// `null` removes the probe.
+    #[serde(default, deserialize_with = "crate::present", skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Readiness>)]
+    pub readiness: Option<Option<Readiness>>,
 }
 
 /// The link between an app and its git provider (absent for an app with
@@ -238,6 +246,8 @@ pub struct AppView {
     pub rollout: String,
     /// The liveness probe agents run on its instances, if any.
     pub liveness: Option<Liveness>,
+    /// The readiness probe agents run on its instances, if any.
+    pub readiness: Option<Readiness>,
     /// Names only: values never leave the control plane through the API.
     pub env: Vec<String>,
     /// Whether a git user name and password are stored.

@@ -71,6 +71,12 @@ pub struct InstanceUsage {
     pub started_at: Option<String>,
     /// RFC 3339, when the node took the sample (none: no sample yet).
     pub sampled_at: Option<String>,
+    /// False while the app's readiness probe fails on it (it gets no
+    /// requests then); always true without a probe.
+    pub ready: bool,
+    /// Why its readiness probe fails, while it does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unready_reason: Option<String>,
 }
 
 /// `GET /api/apps/{name}/top`: the app's instances that run, are starting

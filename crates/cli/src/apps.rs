@@ -3,7 +3,7 @@
 use std::io::{BufRead, IsTerminal};
 
 use clap::{Args, Subcommand};
-use cloudweb_api_types::apps::{AppList, AppPatch, AppView, BuildInput, CreateApp, Liveness, Rollout};
+use cloudweb_api_types::apps::{AppList, AppPatch, AppView, BuildInput, CreateApp, Liveness, Readiness, Rollout};
 use cloudweb_protocol::{Spa, Strategy};
 use reqwest::Method;
 use serde_json::json;
@@ -96,6 +96,14 @@ pub struct RunArgs {
     /// defaults 2 and 3. Example: --liveness 10,2,3
     #[arg(long, value_name = "INTERVAL[,TIMEOUT[,THRESHOLD]]", value_parser = parse_liveness)]
     liveness: Option<Liveness>,
+    /// Probe the health path of every running instance every INTERVAL
+    /// seconds and keep one out of the ingress's upstreams once it fails
+    /// FAILURES probes in a row (a status of 400 or more, or no answer
+    /// within TIMEOUT seconds), back after SUCCESSES passes in a row:
+    /// INTERVAL[,TIMEOUT[,FAILURES[,SUCCESSES]]], defaults 1, 3 and 1.
+    /// Example: --readiness 5,1,3,1
+    #[arg(long, value_name = "INTERVAL[,TIMEOUT[,FAILURES[,SUCCESSES]]]", value_parser = parse_readiness)]
+    readiness: Option<Readiness>,
     /// Static site: install command (with `apps set`, the build flags
     /// given replace the earlier build settings as a whole).
     #[arg(long)]
@@ -162,6 +170,7 @@ impl RunArgs {
         body.build_timeout_seconds = self.build_timeout;
         body.rollout = self.rollout.as_deref().map(rollout);
         body.liveness = self.liveness;
+        body.readiness = self.readiness;
     }
 
     /// Adds the settings given to a change.
@@ -176,7 +185,32 @@ impl RunArgs {
         body.build_timeout_seconds = self.build_timeout.map(Some);
         body.rollout = self.rollout.as_deref().map(rollout);
         body.liveness = self.liveness.map(Some);
+        body.readiness = self.readiness.map(Some);
     }
+}
+
+/// `INTERVAL[,TIMEOUT[,FAILURES[,SUCCESSES]]]` (seconds; timeout at most
+/// the interval).
+fn parse_readiness(text: &str) -> Result<Readiness, String> {
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    if parts.len() > 4 {
+        return Err("expected INTERVAL[,TIMEOUT[,FAILURES[,SUCCESSES]]]".into());
+    }
+    let number = |i: usize, default: u32| -> Result<u32, String> {
+        match parts.get(i) {
+            None => Ok(default),
+            Some(part) => part.parse().map_err(|_| format!("{part:?} is not a whole number")),
+        }
+    };
+    let interval_seconds = number(0, 0)?;
+    let readiness = Readiness {
+        interval_seconds,
+        timeout_seconds: number(1, interval_seconds.clamp(1, 1))?,
+        failure_threshold: number(2, 3)?,
+        success_threshold: number(3, 1)?,
+    };
+    readiness.validate().map_err(|e| e.to_string())?;
+    Ok(readiness)
 }
 
 /// `INTERVAL[,TIMEOUT[,THRESHOLD]]` in seconds (timeout at most the
@@ -209,7 +243,7 @@ pub struct SetArgs {
     #[command(flatten)]
     pub run: RunArgs,
     /// Put a setting back to its default (repeat for more).
-    #[arg(long, value_name = "SETTING", value_parser = ["cpu", "memory", "build", "build-timeout", "liveness"])]
+    #[arg(long, value_name = "SETTING", value_parser = ["cpu", "memory", "build", "build-timeout", "liveness", "readiness"])]
     reset: Vec<String>,
 }
 
@@ -323,6 +357,7 @@ fn set_body(args: SetArgs) -> Result<AppPatch, Failure> {
             "build" => body.build.replace(None).is_some(),
             "build-timeout" => body.build_timeout_seconds.replace(None).is_some(),
             "liveness" => body.liveness.replace(None).is_some(),
+            "readiness" => body.readiness.replace(None).is_some(),
             other => unreachable!("clap allows no --reset {other}"),
         };
         if given {
@@ -369,6 +404,13 @@ mod tests {
         let body = parse(&["--liveness", "1,1,5"]).unwrap();
         assert_eq!(body["liveness"]["failure_threshold"], 5);
         assert_eq!(parse(&["--reset", "liveness"]).unwrap(), json!({"liveness": null}));
+        let body = parse(&["--readiness", "5"]).unwrap();
+        assert_eq!(body, json!({"readiness": {"interval_seconds": 5, "timeout_seconds": 1, "failure_threshold": 3, "success_threshold": 1}}));
+        assert_eq!(parse(&["--readiness", "2,2,1,4"]).unwrap()["readiness"]["success_threshold"], 4);
+        assert_eq!(parse(&["--reset", "readiness"]).unwrap(), json!({"readiness": null}));
+        for bad in ["0", "5,6", "5,1,0", "5,1,1,0", "1,1,1,1,1", "x"] {
+            assert!(Cli::try_parse_from(["cloudweb", "apps", "set", "web", "--readiness", bad]).is_err(), "{bad}");
+        }
         for bad in ["0", "5,6", "x", "1,1,1,1", "10,2,0"] {
             assert!(Cli::try_parse_from(["cloudweb", "apps", "set", "web", "--liveness", bad]).is_err(), "{bad}");
         }

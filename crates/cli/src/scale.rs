@@ -52,7 +52,7 @@ pub async fn top(api: &Api, app: &str, json: bool) -> Result<(), Failure> {
             vec![
                 i.instance.to_string(),
                 cell(&i.node_id),
-                i.state.clone(),
+                if i.ready { i.state.clone() } else { format!("{} (unready: {})", i.state, clean(i.unready_reason.as_deref().unwrap_or(""))) },
                 i.cpu_cores.map(|c| format!("{c:.3}")).unwrap_or_else(|| "-".into()),
                 i.cpu_pct_of_request.map(|p| format!("{p:.0}%")).unwrap_or_else(|| "-".into()),
                 bytes(i.mem_bytes),

@@ -104,6 +104,7 @@ impl Dashboard {
             created_at: now,
             rollout: "blue-green".into(),
             liveness: None,
+            readiness: None,
         };
         self.server.state.store.insert_app(&app, &format!("{name}.localhost")).await.unwrap().unwrap();
     }
@@ -354,6 +355,7 @@ async fn an_env_name_a_log_line_and_a_commit_holding_script_render_as_text() {
         instance: None,
         address: None,
         commit: None,
+        ready: None,
         logs: vec![LogLine { ts: "2026-01-01T00:00:00Z".into(), stream: "build".into(), line: format!("step 1 {HOSTILE}") }],
     };
     state.store.save_report("n-1", &report, now).await.unwrap();

@@ -202,6 +202,50 @@ impl Liveness {
     }
 }
 
+/// A readiness probe the agent runs on an instance once it passed its
+/// health check: the health path over HTTP every `interval_seconds`. An
+/// answer of 200 to 399 within `timeout_seconds` passes; anything else
+/// (a 503 "not ready", a 404, no answer) fails. `failure_threshold`
+/// failures in a row take the instance out of the ingress's upstreams;
+/// `success_threshold` passes in a row bring it back. The agent reports
+/// the changes only ([`crate::Report::ready`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Readiness {
+    /// 1 to 3600.
+    pub interval_seconds: u32,
+    /// 1 to 60, at most the interval.
+    pub timeout_seconds: u32,
+    /// 1 to 100.
+    pub failure_threshold: u32,
+    /// 1 to 100.
+    pub success_threshold: u32,
+}
+
+impl Readiness {
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        if !(1..=3600).contains(&self.interval_seconds) {
+            return Err(ValidationError::new("readiness.interval_seconds", "must be 1 to 3600"));
+        }
+        if !(1..=60).contains(&self.timeout_seconds) || self.timeout_seconds > self.interval_seconds {
+            return Err(ValidationError::new("readiness.timeout_seconds", "must be 1 to 60, and at most interval_seconds"));
+        }
+        if !(1..=100).contains(&self.failure_threshold) {
+            return Err(ValidationError::new("readiness.failure_threshold", "must be 1 to 100"));
+        }
+        if !(1..=100).contains(&self.success_threshold) {
+            return Err(ValidationError::new("readiness.success_threshold", "must be 1 to 100"));
+        }
+        Ok(())
+    }
+
+    /// Whether a readiness probe's status passes.
+    pub fn passes(status: u16) -> bool {
+        (200..400).contains(&status)
+    }
+}
+
 /// Whether a health probe's status means "up": any answer below 500 shows
 /// the app is serving (a 404 on `/` is still a live server).
 pub fn healthy_status(status: u16) -> bool {
@@ -257,6 +301,10 @@ pub struct DeployPayload {
     /// stops answering (absent: no probe after the deploy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub liveness: Option<Liveness>,
+    /// Probe the instance after its health check and take it out of the
+    /// upstreams while it fails (absent: in the upstreams while it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness: Option<Readiness>,
 }
 
 /// Most variables an app may have, and the largest value.
@@ -579,6 +627,9 @@ impl DeployPayload {
         }
         if let Some(liveness) = &self.liveness {
             liveness.validate()?;
+        }
+        if let Some(readiness) = &self.readiness {
+            readiness.validate()?;
         }
         if let Some(container) = &self.container {
             let ok = container

@@ -29,7 +29,7 @@ pub use backups::{
 };
 pub use certificates::{CertificateSet, HostCertificate, TlsAlpnChallenge, TlsAlpnChallenges};
 pub use commands::{Command, CommandKind, CommandList, StopPayload};
-pub use deploy::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Liveness, Source, Spa, SshAccess, Strategy};
+pub use deploy::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Liveness, Readiness, Source, Spa, SshAccess, Strategy};
 pub use heartbeat::{
     ContainerUsage, Health, Heartbeat, HostTraffic, IngressStatus, MeshHealth, Metrics, NodeUsage, RegistryHealth,
 };

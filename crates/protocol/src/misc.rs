@@ -130,6 +130,11 @@ pub struct Report {
     /// The full commit id the agent checked out (40 or 64 hex digits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit: Option<String>,
+    /// A running instance's readiness probe changed its verdict: `false`
+    /// takes it out of the ingress's upstreams (with `message`, why),
+    /// `true` brings it back. Sent with no `state`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
     #[serde(default)]
     pub logs: Vec<LogLine>,
 }
@@ -154,6 +159,7 @@ impl Report {
             instance: None,
             address: None,
             commit: None,
+            ready: None,
             logs: Vec::new(),
         }
     }

@@ -142,6 +142,7 @@ mod tests {
             created_at: 1,
             rollout: "blue-green".into(),
             liveness: None,
+            readiness: None,
         };
         state.store.insert_app(&app, "web.localhost").await.unwrap().unwrap();
         let now = state.clock.now_ms();

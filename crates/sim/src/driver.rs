@@ -245,6 +245,7 @@ impl Sim {
                 created_at: now,
                 rollout: "blue-green".into(),
                 liveness: None,
+                readiness: None,
             };
             state.store.insert_app(&row, &format!("{app}.localhost")).await.expect("store").expect("app created");
             let first = self.commit_id();

@@ -32,10 +32,12 @@ pub struct AppRow {
     pub rollout: String,
     /// JSON liveness probe settings, when the app has one.
     pub liveness: Option<String>,
+    /// JSON readiness probe settings, when the app has one.
+    pub readiness: Option<String>,
 }
 
 const APP_COLUMNS: &str = "name, repo_url, branch, port, domains, build, strategy, instances, cpu, memory_bytes, health_path, \
-     health_timeout_s, env_sealed, git_credentials_sealed, created_at, build_timeout_s, rollout, liveness";
+     health_timeout_s, env_sealed, git_credentials_sealed, created_at, build_timeout_s, rollout, liveness, readiness";
 
 fn app_from_row(row: &impl Cols) -> AppRow {
     AppRow {
@@ -57,6 +59,7 @@ fn app_from_row(row: &impl Cols) -> AppRow {
         build_timeout_s: row.col("build_timeout_s"),
         rollout: row.col("rollout"),
         liveness: row.col("liveness"),
+        readiness: row.col("readiness"),
     }
 }
 
@@ -82,7 +85,7 @@ impl Store {
         on_db!(self, pool => {
             let mut tx = pool.begin_write().await?;
             let result = sqlx::query(&format!(
-                "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
+                "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
              ON CONFLICT (name) DO NOTHING"
             ))
             .bind(&app.name)
@@ -103,6 +106,7 @@ impl Store {
             .bind(app.build_timeout_s)
             .bind(&app.rollout)
             .bind(&app.liveness)
+            .bind(&app.readiness)
             .execute(&mut *tx)
             .await?;
             if result.rows_affected() != 1 {
@@ -145,7 +149,7 @@ impl Store {
         on_db!(self, pool => {
             let result = sqlx::query(
                 "UPDATE apps SET branch = $1, port = $2, build = $3, strategy = $4, instances = $5, cpu = $6, memory_bytes = $7, \
-             health_path = $8, health_timeout_s = $9, build_timeout_s = $10, rollout = $11, liveness = $12 WHERE name = $13",
+             health_path = $8, health_timeout_s = $9, build_timeout_s = $10, rollout = $11, liveness = $12, readiness = $13 WHERE name = $14",
             )
             .bind(&app.branch)
             .bind(app.port)
@@ -159,6 +163,7 @@ impl Store {
             .bind(app.build_timeout_s)
             .bind(&app.rollout)
             .bind(&app.liveness)
+            .bind(&app.readiness)
             .bind(&app.name)
             .execute(pool)
             .await?;

@@ -22,6 +22,7 @@ fn app() -> AppRow {
         created_at: 1,
         rollout: "blue-green".into(),
         liveness: None,
+        readiness: None,
     }
 }
 
@@ -69,5 +70,34 @@ crate::test_engines::both_engines! {
         assert!(matches!(store.fail_and_reschedule("d1", "lost", &twice, 2).await.unwrap(), Rescheduled::NewerOnItsWay | Rescheduled::Ended));
         assert!(store.deployment("r2").await.unwrap().is_none());
         assert_eq!(store.app_deployments("web").await.unwrap().len(), 3);
+    }
+}
+
+crate::test_engines::both_engines! {
+    async fn unready_instances_leave_the_upstreams_unless_none_is_ready(store) {
+        store.insert_app(&app(), "web.example").await.unwrap().unwrap();
+        store.insert_deployment(&deployment("d1", "source", 10), 2, true).await.unwrap();
+        for (instance, address) in [(1, "10.0.0.1:1"), (2, "10.0.0.1:2")] {
+            let update = crate::InstanceUpdate::to("running").on("n1").address(Some(address));
+            store.update_instance("d1", instance, update, 20).await.unwrap();
+        }
+        let upstreams = |mut all: Vec<String>| {
+            all.sort();
+            all
+        };
+        assert_eq!(upstreams(store.running_addresses_of("web").await.unwrap()), ["10.0.0.1:1", "10.0.0.1:2"]);
+        // Only the node running it may change it, and only a change counts.
+        assert_eq!(store.set_instance_readiness("d1", 1, "n2", false, Some("HTTP 503"), 30).await.unwrap(), None);
+        assert_eq!(store.set_instance_readiness("d1", 1, "n1", false, Some("HTTP 503"), 30).await.unwrap().as_deref(), Some("web"));
+        assert_eq!(store.set_instance_readiness("d1", 1, "n1", false, Some("again"), 31).await.unwrap(), None);
+        assert_eq!(store.running_addresses_of("web").await.unwrap(), ["10.0.0.1:2"]);
+        assert_eq!(store.running_addresses().await.unwrap(), [("web".to_string(), "10.0.0.1:2".to_string())]);
+        assert_eq!(store.unready_instances("d1").await.unwrap(), [(1, 30, Some("HTTP 503".to_string()))]);
+        // Both unready: both stay, rather than none.
+        store.set_instance_readiness("d1", 2, "n1", false, None, 40).await.unwrap();
+        assert_eq!(upstreams(store.running_addresses_of("web").await.unwrap()), ["10.0.0.1:1", "10.0.0.1:2"]);
+        // Ready again.
+        assert!(store.set_instance_readiness("d1", 1, "n1", true, None, 50).await.unwrap().is_some());
+        assert_eq!(store.running_addresses_of("web").await.unwrap(), ["10.0.0.1:1"]);
     }
 }

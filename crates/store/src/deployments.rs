@@ -497,16 +497,21 @@ impl Store {
 }
 
 impl Store {
-    /// `(app, address)` of every running instance that reported one.
+    /// Every app's upstream addresses, as (app, address): its running
+    /// instances with an address that are ready; every running one when
+    /// none of the app's is (an app whose probes all fail keeps serving
+    /// what it can rather than nothing).
     pub async fn running_addresses(&self) -> Result<Vec<(String, String)>, StoreError> {
         on_db!(self, pool => {
             let rows = sqlx::query(
-                "SELECT d.app AS app, i.address AS address FROM instances i JOIN deployments d ON d.id = i.deployment_id \
+                "SELECT d.app AS app, i.address AS address, i.unready_since AS unready_since FROM instances i JOIN deployments d ON d.id = i.deployment_id \
              WHERE i.state = 'running' AND i.address IS NOT NULL",
             )
             .fetch_all(pool)
             .await?;
-            Ok(rows.iter().map(|r| (r.get("app"), r.get("address"))).collect())
+            let all: Vec<(String, String, bool)> =
+                rows.iter().map(|r| (r.get("app"), r.get("address"), r.get::<Option<i64>, _>("unready_since").is_none())).collect();
+            Ok(super::readiness::ready_or_all(all))
         })
     }
 }

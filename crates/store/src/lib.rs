@@ -32,6 +32,7 @@ pub mod notify;
 pub mod one_shot;
 mod open;
 mod overview;
+mod readiness;
 mod reports;
 pub mod retention;
 mod services;

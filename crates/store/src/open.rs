@@ -245,16 +245,18 @@ mod tests {
         // migration.
         let newest = *Store::known_migrations().last().unwrap();
         store.test_execute("DELETE FROM _sqlx_migrations WHERE version = $1", &[Arg::Int(newest)]).await;
-        // What the newest migration (0032, exec sessions) added goes with
-        // its row.
-        store.test_execute("DROP TABLE exec_sessions", &[]).await;
+        // What the newest migration (0033, readiness) added goes with its
+        // row.
+        store.test_execute("ALTER TABLE apps DROP COLUMN readiness", &[]).await;
+        store.test_execute("ALTER TABLE instances DROP COLUMN unready_since, DROP COLUMN unready_reason", &[]).await;
         let url = store.url.clone().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let again = Store::connect(&DatabaseUrl::parse(&url).unwrap(), dir.path(), "before").await.unwrap();
         let dump = dir.path().join("backups").join("state-before.pgdump");
         let bytes = std::fs::read(&dump).unwrap();
         assert!(bytes.starts_with(b"PGDMP"), "a pg_dump archive");
-        again.test_execute("SELECT count(*) FROM exec_sessions", &[]).await;
+        again.test_execute("SELECT readiness FROM apps", &[]).await;
+        again.test_execute("SELECT unready_since, unready_reason FROM instances", &[]).await;
         assert_eq!(again.admin_token_digests().await.unwrap(), vec!["digest-1".to_string()]);
         // Up to date: no second dump.
         drop(again);

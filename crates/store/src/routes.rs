@@ -23,17 +23,19 @@ impl Store {
         })
     }
 
-    /// Addresses of one app's running instances.
+    /// Upstream addresses of one app: its ready running instances, or every
+    /// running one when none is ready (see [`Store::running_addresses`]).
     pub async fn running_addresses_of(&self, app: &str) -> Result<Vec<String>, StoreError> {
         on_db!(self, pool => {
             let rows = sqlx::query(
-                "SELECT i.address AS address FROM instances i JOIN deployments d ON d.id = i.deployment_id \
+                "SELECT i.address AS address, i.unready_since AS unready_since FROM instances i JOIN deployments d ON d.id = i.deployment_id \
              WHERE d.app = $1 AND i.state = 'running' AND i.address IS NOT NULL",
             )
             .bind(app)
             .fetch_all(pool)
             .await?;
-            Ok(rows.iter().map(|r| r.get("address")).collect())
+            let all = rows.iter().map(|r| (String::new(), r.get("address"), r.get::<Option<i64>, _>("unready_since").is_none())).collect();
+            Ok(super::readiness::ready_or_all(all).into_iter().map(|(_, address)| address).collect())
         })
     }
 }

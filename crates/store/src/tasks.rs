@@ -551,6 +551,7 @@ mod tests {
             created_at: 1,
             rollout: "blue-green".into(),
             liveness: None,
+            readiness: None,
         }
     }
 

@@ -364,6 +364,7 @@ async fn start_app(runtime: &DockerRuntime, options: &DeployOptions, payload: &D
         memory_bytes: payload.limits.memory_bytes.map(|m| m as i64),
         mounts,
         liveness: payload.liveness.map(|l| (l, payload.health.path.clone())),
+        readiness: payload.readiness.map(|r| (r, payload.health.path.clone())),
     };
     wait_publish_address(&options.publish_ip).await?;
     let id = match runtime.start_app(&spec).await {

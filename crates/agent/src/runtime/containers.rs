@@ -28,6 +28,9 @@ pub struct AppContainer {
     /// The liveness probe and the path it probes, kept as labels so that
     /// the supervisor finds them after an agent restart too.
     pub liveness: Option<(cloudweb_protocol::Liveness, String)>,
+    /// The readiness probe and the path it probes, kept as labels the same
+    /// way.
+    pub readiness: Option<(cloudweb_protocol::Readiness, String)>,
 }
 
 /// A container's state as the health wait needs it.
@@ -73,6 +76,10 @@ impl DockerRuntime {
         ]);
         if let Some((liveness, path)) = &spec.liveness {
             labels.insert(super::LABEL_LIVENESS.to_string(), serde_json::to_string(liveness).unwrap_or_default());
+            labels.insert(super::LABEL_LIVENESS_PATH.to_string(), path.clone());
+        }
+        if let Some((readiness, path)) = &spec.readiness {
+            labels.insert(super::LABEL_READINESS.to_string(), serde_json::to_string(readiness).unwrap_or_default());
             labels.insert(super::LABEL_LIVENESS_PATH.to_string(), path.clone());
         }
         let body = ContainerCreateBody {

@@ -1,20 +1,22 @@
-//! What the liveness supervisor needs of Docker: this node's running app
+//! What the probe supervisor needs of Docker: this node's running app
 //! instance containers with the host port each is published on and the
-//! liveness probe some carry (a label set at creation), whether one passed
+//! liveness and readiness probes some carry (labels set at creation), whether one passed
 //! its health check (its restart policy is no longer `no`), and a
 //! restart.
 
 use std::collections::HashMap;
 
 use bollard::query_parameters::{InspectContainerOptions, ListContainersOptionsBuilder, RestartContainerOptionsBuilder};
-use cloudweb_protocol::Liveness;
+use cloudweb_protocol::{Liveness, Readiness};
 
 use super::{DockerRuntime, RuntimeError, LABEL_APP, LABEL_DEPLOYMENT, LABEL_INSTANCE, LABEL_NODE};
 
 /// The probe's settings, as JSON.
 pub const LABEL_LIVENESS: &str = "cloudweb.liveness";
-/// The HTTP path it probes (the app's health path).
+/// The HTTP path the probes ask (the app's health path).
 pub const LABEL_LIVENESS_PATH: &str = "cloudweb.liveness-path";
+/// The readiness probe's settings, as JSON.
+pub const LABEL_READINESS: &str = "cloudweb.readiness";
 
 /// A running app instance container, with its liveness probe if it has
 /// one.
@@ -26,6 +28,7 @@ pub struct Probed {
     pub deployment: String,
     pub instance: u32,
     pub liveness: Option<Liveness>,
+    pub readiness: Option<Readiness>,
     pub path: String,
     /// The host port its app port is published on.
     pub host_port: Option<u16>,
@@ -50,6 +53,7 @@ impl DockerRuntime {
             .filter_map(|c| {
                 let labels = c.labels.unwrap_or_default();
                 let liveness = labels.get(LABEL_LIVENESS).and_then(|l| serde_json::from_str::<Liveness>(l).ok()).filter(|l| l.validate().is_ok());
+                let readiness = labels.get(LABEL_READINESS).and_then(|r| serde_json::from_str::<Readiness>(r).ok()).filter(|r| r.validate().is_ok());
                 Some(Probed {
                     id: c.id?,
                     name: c.names.unwrap_or_default().first().map(|n| n.trim_start_matches('/').to_string()).unwrap_or_default(),
@@ -57,6 +61,7 @@ impl DockerRuntime {
                     deployment: labels.get(LABEL_DEPLOYMENT).cloned().unwrap_or_default(),
                     instance: labels.get(LABEL_INSTANCE).and_then(|n| n.parse().ok())?,
                     liveness,
+                    readiness,
                     path: labels.get(LABEL_LIVENESS_PATH).cloned().filter(|p| p.starts_with('/')).unwrap_or_else(|| "/".to_string()),
                     host_port: c.ports.unwrap_or_default().into_iter().find_map(|p| p.public_port),
                     running: c.state == Some(bollard::models::ContainerSummaryStateEnum::RUNNING),

@@ -25,7 +25,7 @@ use bollard::Docker;
 pub use backup_containers::{throwaway_name, AttachedExec, Throwaway, LABEL_BACKUP_JOB, ROLE_BACKUP};
 pub use containers::{AppContainer, CaddyContainer, ContainerState, OneShot, BUILD_BRIDGE, BUILD_NETWORK};
 pub use images::{is_transient_registry_error, AppImage, RegistryAuth};
-pub use liveness_containers::{Probed, LABEL_LIVENESS, LABEL_LIVENESS_PATH};
+pub use liveness_containers::{Probed, LABEL_LIVENESS, LABEL_LIVENESS_PATH, LABEL_READINESS};
 pub use logs::{AppInstance, OutputLine};
 pub use service_containers::{ServiceContainer, LABEL_GENERATION, LABEL_SERVICE};
 pub use task_containers::{engine_message, TaskContainer, TaskSpec, LABEL_TASK, LABEL_TASK_TIMEOUT, ROLE_TASK};

@@ -433,6 +433,7 @@ pub fn deploy_payload(
         volumes: crate::volumes::mounts(volumes),
         recreate: app.rollout == "recreate",
         liveness: app.liveness.as_deref().and_then(|l| serde_json::from_str(l).ok()),
+        readiness: app.readiness.as_deref().and_then(|r| serde_json::from_str(r).ok()),
     })
 }
 

@@ -66,6 +66,25 @@ async fn record_commit(state: &AppState, deployment: &DeploymentRow, commit: &st
     Ok(())
 }
 
+/// A running instance's readiness probe changed its verdict: the instance
+/// leaves the app's upstreams (or comes back), and the ingress follows. A
+/// report that changes nothing (sent again, or about an instance that no
+/// longer runs here) is accepted and does nothing.
+async fn readiness(state: &AppState, node_id: &str, deployment: &DeploymentRow, report: &Report, ready: bool) -> Result<(), ApiError> {
+    let instance = i64::from(report.instance.unwrap_or(1));
+    let reason = report.message.as_deref();
+    let now = state.clock.now_ms();
+    if let Some(app) = state.store.set_instance_readiness(&deployment.id, instance, node_id, ready, reason, now).await? {
+        if ready {
+            tracing::info!(deployment = %deployment.id, instance, "the instance's readiness probe passes again; back in the upstreams");
+        } else {
+            tracing::info!(deployment = %deployment.id, instance, reason = reason.unwrap_or(""), "the instance's readiness probe fails; out of the upstreams");
+        }
+        crate::routes::app_changed(state, &app).await?;
+    }
+    Ok(())
+}
+
 /// Applies an agent's report about one of its instances.
 pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Result<(), ApiError> {
     let Some(deployment) = state.store.deployment(&report.deployment_id).await? else {
@@ -73,6 +92,9 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
     };
     if let Some(commit) = &report.commit {
         record_commit(state, &deployment, commit).await?;
+    }
+    if let (Some(ready), None) = (report.ready, report.state.as_deref()) {
+        return readiness(state, node_id, &deployment, report, ready).await;
     }
     let Some(reported) = report.state.as_deref() else { return Ok(()) };
     let app = deployment.app.clone();

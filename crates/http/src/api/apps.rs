@@ -31,6 +31,13 @@ use crate::AppState;
 pub use cloudweb_core::deploy::scale::MAX_INSTANCES;
 pub const MAX_DOMAINS: usize = 20;
 
+/// A readiness probe as stored: checked, as JSON.
+fn readiness_column(readiness: Option<&cloudweb_api_types::apps::Readiness>) -> Result<Option<String>, ApiError> {
+    let Some(readiness) = readiness else { return Ok(None) };
+    readiness.validate().map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    Ok(Some(serde_json::to_string(readiness).expect("settings serialize")))
+}
+
 /// A liveness probe as stored: checked, as JSON.
 fn liveness_column(liveness: Option<&cloudweb_api_types::apps::Liveness>) -> Result<Option<String>, ApiError> {
     let Some(liveness) = liveness else { return Ok(None) };
@@ -169,6 +176,7 @@ pub fn view(state: &AppState, app: &AppRow) -> AppView {
         build_timeout_seconds: app.build_timeout_s.unwrap_or(i64::from(deploy::DEFAULT_BUILD_TIMEOUT_SECONDS)),
         rollout: app.rollout.clone(),
         liveness: app.liveness.as_deref().and_then(|l| serde_json::from_str(l).ok()),
+        readiness: app.readiness.as_deref().and_then(|r| serde_json::from_str(r).ok()),
         // Names only: values never leave the control plane through the API.
         env: env_names,
         git_credentials: git.username.is_some(),
@@ -265,6 +273,7 @@ pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal
         created_at: state.clock.now_ms(),
         rollout: request.rollout.unwrap_or_default().as_str().to_string(),
         liveness: liveness_column(request.liveness.as_ref())?,
+        readiness: readiness_column(request.readiness.as_ref())?,
     };
     let default_host = format!("{}.{}", app.name, state.config.base_domain);
     match state.store.insert_app(&app, &default_host).await? {
@@ -350,6 +359,9 @@ fn apply_patch(patch: AppPatch, app: &mut AppRow) -> Result<(), ApiError> {
     }
     if let Some(liveness) = &patch.liveness {
         app.liveness = liveness_column(liveness.as_ref())?;
+    }
+    if let Some(readiness) = &patch.readiness {
+        app.readiness = readiness_column(readiness.as_ref())?;
     }
     if let Some(build) = patch.build {
         app.build = build.map(build_settings).transpose()?.map(|b| serde_json::to_string(&b).expect("settings serialize"));

@@ -52,7 +52,9 @@ pub async fn top(State(state): State<Arc<AppState>>, Path(name): Path<String>) -
     let nodes = state.nodes.all();
     let mut instances = Vec::new();
     for deployment in state.store.app_deployments(&name).await? {
+        let unready = state.store.unready_instances(&deployment.id).await?;
         for instance in state.store.instances(&deployment.id).await? {
+            let unready_reason = unready.iter().find(|(number, _, _)| *number == instance.instance).map(|(_, _, reason)| reason.clone().unwrap_or_default());
             if !matches!(instance.state.as_str(), "pending" | "running" | "stopping") {
                 continue;
             }
@@ -76,6 +78,8 @@ pub async fn top(State(state): State<Arc<AppState>>, Path(name): Path<String>) -
                 restarts: usage.and_then(|u| u.restarts),
                 started_at: usage.and_then(|u| u.started_at.clone()),
                 sampled_at: usage.and(sample).map(|s| cloudweb_core::clock::rfc3339_ms(s.at_ms)),
+                ready: unready_reason.is_none(),
+                unready_reason,
             });
         }
     }

@@ -1,0 +1,149 @@
+//! Readiness probes: whether a running instance should get requests. The
+//! probe supervisor ([`crate::liveness::supervise`]) asks an instance's
+//! health path at its readiness probe's interval once it passed its deploy
+//! health check; an answer of 200 to 399 within the timeout passes.
+//! `failure_threshold` failures in a row make it unready, and
+//! `success_threshold` passes in a row ready again. Only verdicts are
+//! reported (`Report::ready`), and the first verdict after the agent
+//! (re)started always is, since the control plane may hold an older one.
+//! A report that fails is sent again no sooner than 10 s later.
+
+use std::time::Duration;
+
+use cloudweb_protocol::Readiness;
+use tokio::time::Instant;
+
+use crate::client::ControlPlane;
+use crate::runtime::Probed;
+
+/// The pause before a failed report is sent again.
+const REPORT_RETRY: Duration = Duration::from_secs(10);
+
+/// One container's readiness as the agent sees it.
+#[derive(Debug)]
+pub struct ReadyWatch {
+    /// Passed its deploy health check: probed from now on.
+    pub armed: bool,
+    pub next_probe: Instant,
+    /// The verdict the control plane was told (`None`: nothing yet).
+    told: Option<bool>,
+    /// What the probes say now (`None`: no verdict yet).
+    verdict: Option<bool>,
+    passes: u32,
+    failures: u32,
+    last_failure: Option<String>,
+    report_after: Instant,
+}
+
+impl ReadyWatch {
+    pub fn new(now: Instant) -> ReadyWatch {
+        ReadyWatch { armed: false, next_probe: now, told: None, verdict: None, passes: 0, failures: 0, last_failure: None, report_after: now }
+    }
+
+    /// Counts a probe's result; the verdict changes after enough in a row.
+    pub fn observe(&mut self, readiness: &Readiness, result: Result<(), String>) {
+        match result {
+            Ok(()) => {
+                self.failures = 0;
+                self.passes += 1;
+                if self.passes >= readiness.success_threshold {
+                    self.verdict = Some(true);
+                }
+            }
+            Err(reason) => {
+                self.passes = 0;
+                self.failures += 1;
+                self.last_failure = Some(reason);
+                if self.failures >= readiness.failure_threshold {
+                    self.verdict = Some(false);
+                }
+            }
+        }
+    }
+
+    /// The verdict to report now, if it differs from the one told and a
+    /// failed report is not waiting out its pause.
+    pub fn to_report(&self, now: Instant) -> Option<(bool, Option<String>)> {
+        let verdict = self.verdict?;
+        if self.told == Some(verdict) || now < self.report_after {
+            return None;
+        }
+        Some((verdict, if verdict { None } else { self.last_failure.clone() }))
+    }
+
+    /// What became of a report of `verdict`.
+    pub fn reported(&mut self, verdict: bool, settled: bool, now: Instant) {
+        if settled {
+            self.told = Some(verdict);
+        } else {
+            self.report_after = now + REPORT_RETRY;
+        }
+    }
+}
+
+/// Probes `probed`'s health path once for readiness.
+pub async fn probe(http: &reqwest::Client, host: &str, probed: &Probed, readiness: &Readiness) -> Result<(), String> {
+    let Some(port) = probed.host_port else { return Err("no published port".into()) };
+    let url = format!("http://{host}:{port}{}", probed.path);
+    let timeout = Duration::from_secs(u64::from(readiness.timeout_seconds));
+    match tokio::time::timeout(timeout, http.get(&url).send()).await {
+        Err(_) => Err(format!("no answer on {} within {} s", probed.path, readiness.timeout_seconds)),
+        Ok(Err(err)) => Err(format!("{} failed: {}", probed.path, if err.is_connect() { "connection refused".to_string() } else { err.to_string() })),
+        Ok(Ok(response)) if Readiness::passes(response.status().as_u16()) => Ok(()),
+        Ok(Ok(response)) => Err(format!("{} answered HTTP {}", probed.path, response.status().as_u16())),
+    }
+}
+
+/// Tells the control plane the instance's verdict; true once settled
+/// (applied, or refused for good: the deployment is gone, say).
+pub async fn report(client: &ControlPlane, probed: &Probed, ready: bool, reason: Option<String>) -> bool {
+    let mut report = cloudweb_protocol::Report::new(probed.deployment.clone());
+    report.instance = Some(probed.instance);
+    report.ready = Some(ready);
+    report.message = reason.clone().map(|r| format!("readiness probe: {r}"));
+    match client.report(&report).await {
+        Ok(()) => {
+            if ready {
+                tracing::info!(container = %probed.name, "readiness probe passes: the instance gets requests");
+            } else {
+                tracing::warn!(container = %probed.name, reason = reason.as_deref().unwrap_or(""), "readiness probe fails: the instance gets no requests");
+            }
+            true
+        }
+        Err(err) if err.is_permanent() => {
+            tracing::warn!(container = %probed.name, error = %err, "the instance's readiness was refused");
+            true
+        }
+        Err(err) => {
+            tracing::warn!(container = %probed.name, error = %err, "could not report the instance's readiness; trying again");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn verdicts_need_enough_in_a_row_and_are_reported_once() {
+        let readiness = Readiness { interval_seconds: 1, timeout_seconds: 1, failure_threshold: 2, success_threshold: 2 };
+        let now = Instant::now();
+        let mut watch = ReadyWatch::new(now);
+        watch.observe(&readiness, Ok(()));
+        assert_eq!(watch.to_report(now), None, "one pass is not a verdict yet");
+        watch.observe(&readiness, Ok(()));
+        assert_eq!(watch.to_report(now), Some((true, None)), "the first verdict is always told");
+        watch.reported(true, true, now);
+        assert_eq!(watch.to_report(now), None);
+        watch.observe(&readiness, Err("HTTP 503".into()));
+        watch.observe(&readiness, Ok(()));
+        watch.observe(&readiness, Err("HTTP 503".into()));
+        assert_eq!(watch.to_report(now), None, "failures not in a row");
+        watch.observe(&readiness, Err("HTTP 503".into()));
+        assert_eq!(watch.to_report(now), Some((false, Some("HTTP 503".into()))));
+        watch.reported(false, false, now);
+        assert_eq!(watch.to_report(now), None, "a failed report waits");
+        assert_eq!(watch.to_report(now + REPORT_RETRY), Some((false, Some("HTTP 503".into()))));
+    }
+}
