@@ -306,6 +306,15 @@ pub(super) async fn settle(backups: &Backups, swap: &Swap, forward: bool) -> Res
         }
     }
     if let Some(service) = &swap.held {
+        // The service was started again on the restored data: it is
+        // released (and the job done) once it accepts connections, so
+        // what follows a restore (an upgrade's switch, a user's client)
+        // does not meet a database still starting.
+        if matches!(placed, Ok(true)) && problems.is_empty() {
+            if let Some(spec) = backups.inner.services.spec(service) {
+                wait_accepting(&backups.inner.runtime, service, &spec.health).await;
+            }
+        }
         backups.inner.services.release(service);
     }
     match placed {
@@ -313,6 +322,27 @@ pub(super) async fn settle(backups: &Backups, swap: &Swap, forward: bool) -> Res
         Ok(_) => Err(problems.join("; ")),
         Err(err) => Err(if problems.is_empty() { err } else { format!("{err}; {}", problems.join("; ")) }),
     }
+}
+
+/// How long a restored service may take to accept connections again.
+const READY_AFTER_RESTORE: Duration = Duration::from_secs(90);
+
+/// Waits (at most [`READY_AFTER_RESTORE`]) until the service's own probe
+/// passes; a service that does not come up is left to its supervisor,
+/// which reports it unhealthy.
+async fn wait_accepting(runtime: &crate::runtime::DockerRuntime, service: &str, probe: &[String]) {
+    if probe.is_empty() {
+        return;
+    }
+    let started = Instant::now();
+    while started.elapsed() < READY_AFTER_RESTORE {
+        if let Ok(true) = runtime.probe_service(service, probe, Duration::from_secs(5)).await {
+            tracing::info!(service, waited_ms = started.elapsed().as_millis() as u64, "the restored service accepts connections");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    tracing::warn!(service, "the restored service did not accept connections within {} s", READY_AFTER_RESTORE.as_secs());
 }
 
 /// After an agent start: a restore whose data was being put in place is
