@@ -384,6 +384,26 @@ impl Store {
         })
     }
 
+    /// Marks an instance `lost` and queues its node's `stop` in the same
+    /// transaction: whoever sees it lost sees the stop queued too.
+    pub async fn lose_instance(&self, deployment_id: &str, instance: i64, stop: Option<&super::NewCommand>, now_ms: i64) -> Result<(), StoreError> {
+        on_db!(self, pool => {
+            let mut tx = pool.begin_write().await?;
+            sqlx::query("UPDATE instances SET state = 'lost', stop_after = NULL, updated_at = $1 WHERE deployment_id = $2 AND instance = $3")
+                .bind(now_ms)
+                .bind(deployment_id)
+                .bind(instance)
+                .execute(&mut *tx)
+                .await?;
+            if let Some(stop) = stop {
+                tx.insert_command(stop, now_ms).await?;
+            }
+            tx.commit().await?;
+            self.count_commit().await;
+            Ok(())
+        })
+    }
+
     /// Instances waiting to be stopped whose drain period is over.
     pub async fn instances_to_stop(&self, now_ms: i64) -> Result<Vec<InstanceRow>, StoreError> {
         on_db!(self, pool => {

@@ -6,14 +6,11 @@
 
 use std::collections::HashMap;
 
-use cloudweb_protocol::{CommandKind, StopPayload};
-use serde_json::json;
-
 use super::scheduler::{self, Placement, Request};
 use super::state::DeploymentState;
 use super::{deploy_payload, snapshot, DEFAULT_CPU, DEFAULT_MEMORY};
 use crate::error::ApiError;
-use crate::store::{AppRow, DeploymentRow, InstanceUpdate};
+use crate::store::{AppRow, DeploymentRow};
 use crate::AppState;
 
 /// A failed replacement is not tried again for this long.
@@ -49,13 +46,7 @@ pub async fn move_instances(state: &AppState) -> Result<HashMap<String, Vec<(Str
             if lost {
                 // Out of the routes now; stopped on the node whenever it
                 // comes back, so two generations never serve together.
-                state.store.update_instance(&deployment.id, instance.instance, InstanceUpdate::to("lost"), now_ms).await?;
-                let stop = StopPayload {
-                    deployment_id: deployment.id.clone(),
-                    instance: Some(instance.instance as u32),
-                    reason: Some("replaced while the node was unreachable".into()),
-                };
-                crate::queue_command(state, &node_id, CommandKind::Stop, &json!(stop)).await?;
+                super::lose_instance(state, &deployment.id, instance.instance, Some(&node_id), now_ms).await?;
                 crate::routes::recompute(state).await?;
             }
         }
