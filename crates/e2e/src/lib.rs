@@ -377,6 +377,18 @@ impl ServerProcess {
         Ok(settled)
     }
 
+    /// Waits (60 s at most) until the route of `host` has `count` upstreams
+    /// and the first ingress serves that route table.
+    pub async fn served_upstreams(&self, host: &str, count: usize) -> Result<()> {
+        wait_for(Duration::from_secs(60), &format!("{count} upstream(s) of {host} served by the ingress"), || async {
+            let (_, routes) = self.call(reqwest::Method::GET, "/api/routes", None).await.ok()?;
+            let route = routes["routes"].as_array()?.iter().find(|r| r["host"] == host)?.clone();
+            let applied = routes["ingress"][0]["status"]["routes_version"].as_u64()?;
+            (route["upstreams"].as_array()?.len() == count && applied >= routes["version"].as_u64()?).then_some(())
+        })
+        .await
+    }
+
     pub async fn metric(&self, name: &str) -> Result<f64> {
         let response = self.http.get(self.api("/metrics")).bearer_auth(&self.admin_token).send().await?;
         let text = response.text().await?;

@@ -23,17 +23,8 @@ async fn call(server: &ServerProcess, method: Method, path: &str, body: Option<V
     server.call(method, path, body).await.unwrap()
 }
 
-/// Waits until the app's route has `count` upstreams and the ingress
-/// serves that table.
 async fn upstreams(server: &ServerProcess, host: &str, count: usize) {
-    wait_for(Duration::from_secs(60), &format!("{count} upstream(s) served by the ingress"), || async {
-        let (_, routes) = server.call(Method::GET, "/api/routes", None).await.ok()?;
-        let route = routes["routes"].as_array()?.iter().find(|r| r["host"] == host)?.clone();
-        let applied = routes["ingress"][0]["status"]["routes_version"].as_u64()?;
-        (route["upstreams"].as_array()?.len() == count && applied >= routes["version"].as_u64()?).then_some(())
-    })
-    .await
-    .unwrap();
+    server.served_upstreams(host, count).await.unwrap();
 }
 
 #[tokio::test]

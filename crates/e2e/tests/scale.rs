@@ -33,17 +33,8 @@ async fn running(server: &ServerProcess, deployment: &str) -> Vec<(i64, String)>
         .unwrap_or_default()
 }
 
-/// Waits until the app's route has `count` upstreams and every ingress
-/// serves that table.
 async fn upstreams(server: &ServerProcess, host: &str, count: usize) {
-    wait_for(Duration::from_secs(60), &format!("{count} upstream(s) served by the ingress"), || async {
-        let (_, routes) = server.call(Method::GET, "/api/routes", None).await.ok()?;
-        let route = routes["routes"].as_array()?.iter().find(|r| r["host"] == host)?.clone();
-        let applied = routes["ingress"][0]["status"]["routes_version"].as_u64()?;
-        (route["upstreams"].as_array()?.len() == count && applied >= routes["version"].as_u64()?).then_some(())
-    })
-    .await
-    .unwrap();
+    server.served_upstreams(host, count).await.unwrap();
 }
 
 #[tokio::test]

@@ -13,6 +13,7 @@ pub mod heartbeat;
 pub mod join;
 pub mod logs;
 pub mod misc;
+pub mod probes;
 pub mod renew;
 pub mod repo_ca;
 pub mod services;

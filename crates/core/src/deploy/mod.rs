@@ -437,29 +437,6 @@ pub fn deploy_payload(
     })
 }
 
-/// Marks an instance replaced on an unreachable node `lost` and, when
-/// `node_id` is given, queues that node's `stop` of it (for when it comes
-/// back) in the same write, so two generations never serve together.
-pub(crate) async fn lose_instance(state: &AppState, deployment_id: &str, instance: i64, node_id: Option<&str>, now_ms: i64) -> Result<(), ApiError> {
-    let stop = node_id.map(|node_id| {
-        let payload = StopPayload {
-            deployment_id: deployment_id.to_string(),
-            instance: Some(instance as u32),
-            reason: Some("replaced while the node was unreachable".into()),
-        };
-        crate::store::NewCommand {
-            node_id: node_id.to_string(),
-            kind: cloudweb_protocol::CommandKind::Stop.as_str().to_string(),
-            payload: state.sealer.seal_json(&crate::command_context(node_id), &json!(payload)),
-        }
-    });
-    state.store.lose_instance(deployment_id, instance, stop.as_ref(), now_ms).await?;
-    if let Some(node_id) = node_id {
-        state.hub.notify(node_id, cloudweb_protocol::events::COMMANDS);
-    }
-    Ok(())
-}
-
 /// Moves a deployment to `to`, checking the state machine. Returns false
 /// when another path got there first (the state changed under us).
 async fn transition(state: &AppState, deployment: &DeploymentRow, to: DeploymentState, error: Option<&str>, image: Option<&str>) -> Result<bool, ApiError> {
@@ -636,7 +613,7 @@ async fn fail_stuck_on_lost_nodes(state: &AppState) -> Result<(), ApiError> {
                     Ok((target, number, _)) => {
                         let now_ms = state.clock.now_ms();
                         let told = state.nodes.get(node_id).is_some().then_some(node_id);
-                        lose_instance(state, &deployment.id, instance.instance, told, now_ms).await?;
+                        moves::lose_instance(state, &deployment.id, instance.instance, told, now_ms).await?;
                         tracing::info!(deployment = %deployment.id, from = %node_id, to = %target, instance = number, %reason, "re-placed an unfinished instance");
                         continue;
                     }

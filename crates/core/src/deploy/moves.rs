@@ -6,6 +6,9 @@
 
 use std::collections::HashMap;
 
+use cloudweb_protocol::StopPayload;
+use serde_json::json;
+
 use super::scheduler::{self, Placement, Request};
 use super::state::DeploymentState;
 use super::{deploy_payload, snapshot, DEFAULT_CPU, DEFAULT_MEMORY};
@@ -46,7 +49,7 @@ pub async fn move_instances(state: &AppState) -> Result<HashMap<String, Vec<(Str
             if lost {
                 // Out of the routes now; stopped on the node whenever it
                 // comes back, so two generations never serve together.
-                super::lose_instance(state, &deployment.id, instance.instance, Some(&node_id), now_ms).await?;
+                lose_instance(state, &deployment.id, instance.instance, Some(&node_id), now_ms).await?;
                 crate::routes::recompute(state).await?;
             }
         }
@@ -126,4 +129,27 @@ pub async fn replace_lost(state: &AppState, deployment: &DeploymentRow, lost: &[
         }
     }
     Ok(all)
+}
+
+/// Marks an instance replaced on an unreachable node `lost` and, when
+/// `node_id` is given, queues that node's `stop` of it (for when it comes
+/// back) in the same write, so two generations never serve together.
+pub(crate) async fn lose_instance(state: &AppState, deployment_id: &str, instance: i64, node_id: Option<&str>, now_ms: i64) -> Result<(), ApiError> {
+    let stop = node_id.map(|node_id| {
+        let payload = StopPayload {
+            deployment_id: deployment_id.to_string(),
+            instance: Some(instance as u32),
+            reason: Some("replaced while the node was unreachable".into()),
+        };
+        crate::store::NewCommand {
+            node_id: node_id.to_string(),
+            kind: cloudweb_protocol::CommandKind::Stop.as_str().to_string(),
+            payload: state.sealer.seal_json(&crate::command_context(node_id), &json!(payload)),
+        }
+    });
+    state.store.lose_instance(deployment_id, instance, stop.as_ref(), now_ms).await?;
+    if let Some(node_id) = node_id {
+        state.hub.notify(node_id, cloudweb_protocol::events::COMMANDS);
+    }
+    Ok(())
 }
