@@ -1,15 +1,21 @@
 //! Liveness probes. Every second the supervisor lists this node's running
 //! app containers that carry a probe (labels set at creation, so it finds
 //! them after an agent restart too) and, once a container passed its
-//! deploy health check, probes its health path over HTTP on its published
-//! port at the probe's interval. A probe with no answer below 500 within
-//! its timeout (one that hangs included) is a failure; `failure_threshold`
-//! failures in a row restart the container, and a container is restarted
-//! again no sooner than the back-off after its previous restart (10 s,
-//! doubling up to 5 min): a container that keeps failing is
-//! `crash-looping` in the agent's log, never restarted in a tight loop.
+//! deploy health check and its probe's grace period since it (re)started
+//! is over, runs its check (see [`crate::probe_checks`]: the health path
+//! over HTTP by default) at the probe's interval. A check that does not
+//! pass within its timeout (one that hangs included) is a failure;
+//! `failure_threshold` failures in a row restart the container, and a
+//! container is restarted again no sooner than the back-off after its
+//! previous restart (10 s, doubling up to 5 min): never in a tight loop.
 //! Restarts show in the usage samples (`restarts`, counted from Docker's
-//! start events), so `cloudweb top` and the app page see them.
+//! start events), so `cloudweb top` and the app page see them, and a
+//! container that keeps stopping is reported crash-looping (see
+//! [`crate::crash_loops`]).
+//!
+//! A probe that cannot run as set (its command is not in the image) is
+//! not the app's failure: it restarts nothing, and the control plane is
+//! told once (`Report::probe_problem`), and told again when it runs.
 //!
 //! The same loop runs readiness probes (see [`crate::readiness`]).
 //!
@@ -27,11 +33,9 @@ use cloudweb_protocol::Liveness;
 use tokio::time::Instant;
 
 use crate::client::ControlPlane;
+use crate::crash_loops::RestartReasons;
+use crate::probe_checks::{self, Outcome};
 use crate::runtime::{DockerRuntime, Probed};
-
-/// Restarts within this window make a container `crash-looping`.
-const LOOP_WINDOW: Duration = Duration::from_secs(600);
-const LOOP_RESTARTS: usize = 3;
 
 #[derive(Debug)]
 struct Watch {
@@ -42,7 +46,14 @@ struct Watch {
     restarts: u32,
     /// No restart before this.
     not_before: Instant,
-    recent: Vec<Instant>,
+    /// Seen running at the last look; when it (re)started, as seen here.
+    running: bool,
+    started: Instant,
+    /// Why the probe cannot run as set, now, and what the control plane
+    /// was told (`None`: nothing yet, or nothing to tell).
+    problem: Option<String>,
+    problem_told: Option<String>,
+    problem_report_after: Instant,
     /// The host port last reported (or seen at the first look).
     port: Option<u16>,
     /// No address report before this (after a failed one).
@@ -78,17 +89,23 @@ async fn report_address(client: &ControlPlane, probed: &Probed, address: String)
 /// The pause before a failed address report is sent again.
 const REPORT_RETRY: Duration = Duration::from_secs(10);
 
-/// Probes `probed` once: Ok, or why it failed.
-async fn probe(http: &reqwest::Client, host: &str, probed: &Probed) -> Result<(), String> {
-    let Some(port) = probed.host_port else { return Err("no published port".into()) };
-    let Some(liveness) = &probed.liveness else { return Ok(()) };
-    let url = format!("http://{host}:{port}{}", probed.path);
-    let timeout = Duration::from_secs(u64::from(liveness.timeout_seconds));
-    match tokio::time::timeout(timeout, http.get(&url).send()).await {
-        Err(_) => Err(format!("no answer on {} within {} s", probed.path, liveness.timeout_seconds)),
-        Ok(Err(err)) => Err(format!("{} failed: {}", probed.path, if err.is_connect() { "connection refused".to_string() } else { err.to_string() })),
-        Ok(Ok(response)) if healthy_status(response.status().as_u16()) => Ok(()),
-        Ok(Ok(response)) => Err(format!("{} answered HTTP {}", probed.path, response.status().as_u16())),
+/// Tells the control plane about a probe that cannot run (`problem`), or
+/// that it runs again (`None`); true once settled.
+async fn report_problem(client: &ControlPlane, probed: &Probed, problem: Option<&str>) -> bool {
+    let mut report = cloudweb_protocol::Report::new(probed.deployment.clone());
+    report.instance = Some(probed.instance);
+    report.probe_problem = Some(problem.unwrap_or("").to_string());
+    report.sanitize();
+    match client.report(&report).await {
+        Ok(()) => true,
+        Err(err) if err.is_permanent() => {
+            tracing::warn!(container = %probed.name, error = %err, "the probe problem report was refused");
+            true
+        }
+        Err(err) => {
+            tracing::warn!(container = %probed.name, error = %err, "could not report the probe problem; trying again");
+            false
+        }
     }
 }
 
@@ -96,11 +113,24 @@ fn interval(liveness: &Liveness) -> Duration {
     Duration::from_secs(u64::from(liveness.interval_seconds))
 }
 
+fn grace(seconds: u32) -> Duration {
+    Duration::from_secs(u64::from(seconds))
+}
+
 /// Runs until the task is aborted. `host` is where published ports are
 /// reached (the publish address, loopback for a wildcard); `advertise` is
 /// the host of the addresses reported.
-pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: String, advertise: String) {
-    let http = match reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build() {
+pub async fn supervise(
+    runtime: DockerRuntime,
+    client: Arc<ControlPlane>,
+    host: String,
+    advertise: String,
+    reasons: RestartReasons,
+) {
+    let http = match reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+    {
         Ok(http) => http,
         Err(err) => {
             tracing::error!(error = %err, "liveness probes cannot run");
@@ -134,13 +164,22 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
                 failures: 0,
                 restarts: 0,
                 not_before: now,
-                recent: Vec::new(),
+                running: false,
+                started: now,
+                problem: None,
+                problem_told: None,
+                problem_report_after: now,
                 port: probed.host_port,
                 report_after: now,
             });
             // Stopped, or between two runs: its watch waits for it.
             if !probed.running {
+                watch.running = false;
                 continue;
+            }
+            if !watch.running {
+                watch.running = true;
+                watch.started = now;
             }
             // Only a move from a port seen before is reported: a container
             // seen first while it was being created is the deploy's to
@@ -156,20 +195,33 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
                 (None, Some(port)) => watch.port = Some(port),
                 _ => {}
             }
+            if watch.problem != watch.problem_told && now >= watch.problem_report_after {
+                if report_problem(&client, probed, watch.problem.as_deref()).await {
+                    watch.problem_told.clone_from(&watch.problem);
+                } else {
+                    watch.problem_report_after = now + REPORT_RETRY;
+                }
+            }
+            let in_grace = |seconds: u32| now < watch.started + grace(seconds);
             if let Some(readiness) = &probed.readiness {
-                let ready = ready_watches.entry(probed.id.clone()).or_insert_with(|| crate::readiness::ReadyWatch::new(now));
-                if now >= ready.next_probe {
-                    ready.next_probe = now + Duration::from_secs(u64::from(readiness.interval_seconds));
+                let ready = ready_watches
+                    .entry(probed.id.clone())
+                    .or_insert_with(|| crate::readiness::ReadyWatch::new(now));
+                if now >= ready.next_probe && !in_grace(readiness.grace_seconds) {
+                    ready.next_probe =
+                        now + Duration::from_secs(u64::from(readiness.interval_seconds));
                     if !ready.armed {
                         ready.armed = runtime.passed_health_check(&probed.id).await.unwrap_or(false);
                     }
                     if ready.armed {
-                        due_ready.push((probed, *readiness));
+                        due_ready.push((probed, readiness));
                     }
                 }
             }
-            let Some(liveness) = &probed.liveness else { continue };
-            if now < watch.next_probe {
+            let Some(liveness) = &probed.liveness else {
+                continue;
+            };
+            if now < watch.next_probe || in_grace(liveness.grace_seconds) {
                 continue;
             }
             watch.next_probe = now + interval(liveness);
@@ -179,27 +231,63 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
                     continue;
                 }
             }
-            due.push(probed);
+            due.push((probed, liveness));
         }
-        let verdicts = futures_util::future::join_all(due_ready.iter().map(|(probed, readiness)| crate::readiness::probe(&http, &host, probed, readiness))).await;
-        for ((probed, readiness), result) in due_ready.into_iter().zip(verdicts) {
-            let Some(ready) = ready_watches.get_mut(&probed.id) else { continue };
-            ready.observe(&readiness, result);
+        let verdicts =
+            futures_util::future::join_all(due_ready.iter().map(|(probed, readiness)| {
+                let probe = probe_checks::Probe {
+                    check: readiness.check.as_ref(),
+                    timeout_seconds: readiness.timeout_seconds,
+                    passes: cloudweb_protocol::Readiness::passes,
+                };
+                probe_checks::run(&runtime, &http, &host, probed, probe)
+            }))
+            .await;
+        for ((probed, readiness), outcome) in due_ready.into_iter().zip(verdicts) {
+            let Some(ready) = ready_watches.get_mut(&probed.id) else {
+                continue;
+            };
+            if let Outcome::Broken(reason) = &outcome {
+                ready.broken(&probed.name, reason);
+            }
+            ready.observe(readiness, outcome.into_result());
             let now = Instant::now();
             if let Some((verdict, reason)) = ready.to_report(now) {
                 let settled = crate::readiness::report(&client, probed, verdict, reason).await;
                 ready.reported(verdict, settled, Instant::now());
             }
         }
-        let results = futures_util::future::join_all(due.iter().map(|probed| probe(&http, &host, probed))).await;
-        for (probed, result) in due.into_iter().zip(results) {
-            let (Some(watch), Some(liveness)) = (watches.get_mut(&probed.id), probed.liveness.as_ref()) else { continue };
-            let reason = match result {
-                Ok(()) => {
+        let outcomes = futures_util::future::join_all(due.iter().map(|(probed, liveness)| {
+            let probe = probe_checks::Probe {
+                check: liveness.check.as_ref(),
+                timeout_seconds: liveness.timeout_seconds,
+                passes: healthy_status,
+            };
+            probe_checks::run(&runtime, &http, &host, probed, probe)
+        }))
+        .await;
+        for ((probed, liveness), outcome) in due.into_iter().zip(outcomes) {
+            let Some(watch) = watches.get_mut(&probed.id) else {
+                continue;
+            };
+            let reason = match outcome {
+                Outcome::Pass => {
                     watch.failures = 0;
+                    watch.problem = None;
                     continue;
                 }
-                Err(reason) => reason,
+                Outcome::Broken(reason) => {
+                    if watch.problem.is_none() {
+                        tracing::warn!(container = %probed.name, app = %probed.app, %reason, "the liveness probe cannot run as set; it restarts nothing until it can");
+                    }
+                    watch.failures = 0;
+                    watch.problem = Some(reason);
+                    continue;
+                }
+                Outcome::Fail(reason) => {
+                    watch.problem = None;
+                    reason
+                }
             };
             watch.failures += 1;
             tracing::debug!(container = %probed.name, failures = watch.failures, %reason, "liveness probe failed");
@@ -207,6 +295,7 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
                 continue;
             }
             tracing::warn!(container = %probed.name, app = %probed.app, failures = watch.failures, %reason, "liveness probe failed; restarting the container");
+            reasons.note(&probed.id, &format!("liveness probe: {reason}"));
             match runtime.restart(&probed.id).await {
                 Ok(()) => {
                     let now = Instant::now();
@@ -214,11 +303,6 @@ pub async fn supervise(runtime: DockerRuntime, client: Arc<ControlPlane>, host: 
                     watch.not_before = now + Liveness::backoff(watch.restarts);
                     watch.restarts += 1;
                     watch.next_probe = now + interval(liveness);
-                    watch.recent.retain(|at| now.duration_since(*at) < LOOP_WINDOW);
-                    watch.recent.push(now);
-                    if watch.recent.len() >= LOOP_RESTARTS {
-                        tracing::warn!(container = %probed.name, app = %probed.app, restarts = watch.recent.len(), window_s = LOOP_WINDOW.as_secs(), %reason, "crash-looping: the container keeps failing its liveness probe");
-                    }
                 }
                 Err(err) => tracing::warn!(container = %probed.name, error = %err, "could not restart the container"),
             }

@@ -1,12 +1,15 @@
 //! Readiness probes: whether a running instance should get requests. The
 //! probe supervisor ([`crate::liveness::supervise`]) asks an instance's
-//! health path at its readiness probe's interval once it passed its deploy
-//! health check; an answer of 200 to 399 within the timeout passes.
+//! check (the health path over HTTP by default) at its readiness probe's
+//! interval once it passed its deploy health check and its grace period;
+//! an answer of 200 to 399 within the timeout passes.
 //! `failure_threshold` failures in a row make it unready, and
 //! `success_threshold` passes in a row ready again. Only verdicts are
 //! reported (`Report::ready`), and the first verdict after the agent
 //! (re)started always is, since the control plane may hold an older one.
-//! A report that fails is sent again no sooner than 10 s later.
+//! A report that fails is sent again no sooner than 10 s later. A probe
+//! that cannot run as set (its command is not in the image) fails, so the
+//! instance is unready with that reason, and is logged once.
 
 use std::time::Duration;
 
@@ -33,11 +36,31 @@ pub struct ReadyWatch {
     failures: u32,
     last_failure: Option<String>,
     report_after: Instant,
+    /// The probe was found unable to run (logged once).
+    broken_logged: bool,
 }
 
 impl ReadyWatch {
     pub fn new(now: Instant) -> ReadyWatch {
-        ReadyWatch { armed: false, next_probe: now, told: None, verdict: None, passes: 0, failures: 0, last_failure: None, report_after: now }
+        ReadyWatch {
+            armed: false,
+            next_probe: now,
+            told: None,
+            verdict: None,
+            passes: 0,
+            failures: 0,
+            last_failure: None,
+            report_after: now,
+            broken_logged: false,
+        }
+    }
+
+    /// The probe cannot run as set: said once in the log (it also fails,
+    /// so the instance is unready with that reason).
+    pub fn broken(&mut self, container: &str, reason: &str) {
+        if !std::mem::replace(&mut self.broken_logged, true) {
+            tracing::warn!(container, %reason, "the readiness probe cannot run as set");
+        }
     }
 
     /// Counts a probe's result; the verdict changes after enough in a row.
@@ -81,19 +104,6 @@ impl ReadyWatch {
     }
 }
 
-/// Probes `probed`'s health path once for readiness.
-pub async fn probe(http: &reqwest::Client, host: &str, probed: &Probed, readiness: &Readiness) -> Result<(), String> {
-    let Some(port) = probed.host_port else { return Err("no published port".into()) };
-    let url = format!("http://{host}:{port}{}", probed.path);
-    let timeout = Duration::from_secs(u64::from(readiness.timeout_seconds));
-    match tokio::time::timeout(timeout, http.get(&url).send()).await {
-        Err(_) => Err(format!("no answer on {} within {} s", probed.path, readiness.timeout_seconds)),
-        Ok(Err(err)) => Err(format!("{} failed: {}", probed.path, if err.is_connect() { "connection refused".to_string() } else { err.to_string() })),
-        Ok(Ok(response)) if Readiness::passes(response.status().as_u16()) => Ok(()),
-        Ok(Ok(response)) => Err(format!("{} answered HTTP {}", probed.path, response.status().as_u16())),
-    }
-}
-
 /// Tells the control plane the instance's verdict; true once settled
 /// (applied, or refused for good: the deployment is gone, say).
 pub async fn report(client: &ControlPlane, probed: &Probed, ready: bool, reason: Option<String>) -> bool {
@@ -127,7 +137,14 @@ mod tests {
 
     #[tokio::test]
     async fn verdicts_need_enough_in_a_row_and_are_reported_once() {
-        let readiness = Readiness { interval_seconds: 1, timeout_seconds: 1, failure_threshold: 2, success_threshold: 2 };
+        let readiness = Readiness {
+            interval_seconds: 1,
+            timeout_seconds: 1,
+            failure_threshold: 2,
+            success_threshold: 2,
+            check: None,
+            grace_seconds: 0,
+        };
         let now = Instant::now();
         let mut watch = ReadyWatch::new(now);
         watch.observe(&readiness, Ok(()));

@@ -144,7 +144,19 @@ pub async fn run(options: RunOptions) -> Result<(), RunError> {
         "::" => "::1".to_string(),
         ip => ip.to_string(),
     };
-    tasks.push(tokio::spawn(crate::liveness::supervise(runtime.clone(), client.clone(), probe_host, options.deploy.advertise_host.clone())));
+    let restart_reasons = crate::crash_loops::RestartReasons::default();
+    tasks.push(tokio::spawn(crate::liveness::supervise(
+        runtime.clone(),
+        client.clone(),
+        probe_host,
+        options.deploy.advertise_host.clone(),
+        restart_reasons.clone(),
+    )));
+    tasks.push(tokio::spawn(crate::crash_loops::watch(
+        runtime.clone(),
+        client.clone(),
+        restart_reasons,
+    )));
     let health = Arc::new(crate::health::Latest::default());
     tasks.push(tokio::spawn(crate::health::checker(
         client.clone(),
@@ -350,6 +362,7 @@ async fn heartbeat_loop(
             cloudweb_protocol::features::BACKUPS.to_string(),
             cloudweb_protocol::features::TASKS.to_string(),
             cloudweb_protocol::features::SESSIONS.to_string(),
+            cloudweb_protocol::features::PROBE_CHECKS.to_string(),
         ];
         if ingress_active {
             features.push(cloudweb_protocol::features::TRAFFIC_METRICS.to_string());

@@ -261,6 +261,10 @@ pub struct AppView {
     /// or unreachable (e.g. waiting for the node that holds its volume).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// How many of its running instances crash-loop now (`cloudweb top`
+    /// and the app page say which, and why).
+    #[serde(default)]
+    pub crash_looping: i64,
 }
 
 /// `GET /api/apps`.

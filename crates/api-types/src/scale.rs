@@ -77,6 +77,30 @@ pub struct InstanceUsage {
     /// Why its readiness probe fails, while it does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unready_reason: Option<String>,
+    /// While its container keeps stopping (3 stops within 10 minutes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crash_loop: Option<CrashLoopView>,
+    /// Why its liveness probe cannot run as set (it restarts nothing then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_problem: Option<String>,
+}
+
+/// An instance whose container keeps stopping, as its node reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct CrashLoopView {
+    /// RFC 3339, when its node reported the loop.
+    pub since: String,
+    /// Its stops within the last 10 minutes, as of the report.
+    pub restarts: u32,
+    /// The exit code of its last run, when it exited on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    /// Why it stopped last: a failed liveness probe, or its exit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Its last output lines before the report.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_lines: Vec<String>,
 }
 
 /// `GET /api/apps/{name}/top`: the app's instances that run, are starting

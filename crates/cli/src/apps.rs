@@ -3,7 +3,7 @@
 use std::io::{BufRead, IsTerminal};
 
 use clap::{Args, Subcommand};
-use cloudweb_api_types::apps::{AppList, AppPatch, AppView, BuildInput, CreateApp, Liveness, Readiness, Rollout};
+use cloudweb_api_types::apps::{AppList, AppPatch, AppView, BuildInput, CreateApp, Rollout};
 use cloudweb_protocol::{Spa, Strategy};
 use reqwest::Method;
 use serde_json::json;
@@ -90,20 +90,8 @@ pub struct RunArgs {
     /// beside the old one) or recreate (the old ones stop first).
     #[arg(long, value_parser = ["blue-green", "recreate"])]
     rollout: Option<String>,
-    /// Probe the health path of every running instance every INTERVAL
-    /// seconds and restart one that fails THRESHOLD probes in a row (no
-    /// answer within TIMEOUT seconds): INTERVAL[,TIMEOUT[,THRESHOLD]],
-    /// defaults 2 and 3. Example: --liveness 10,2,3
-    #[arg(long, value_name = "INTERVAL[,TIMEOUT[,THRESHOLD]]", value_parser = parse_liveness)]
-    liveness: Option<Liveness>,
-    /// Probe the health path of every running instance every INTERVAL
-    /// seconds and keep one out of the ingress's upstreams once it fails
-    /// FAILURES probes in a row (a status of 400 or more, or no answer
-    /// within TIMEOUT seconds), back after SUCCESSES passes in a row:
-    /// INTERVAL[,TIMEOUT[,FAILURES[,SUCCESSES]]], defaults 1, 3 and 1.
-    /// Example: --readiness 5,1,3,1
-    #[arg(long, value_name = "INTERVAL[,TIMEOUT[,FAILURES[,SUCCESSES]]]", value_parser = parse_readiness)]
-    readiness: Option<Readiness>,
+    #[command(flatten)]
+    probes: crate::probes::ProbeArgs,
     /// Static site: install command (with `apps set`, the build flags
     /// given replace the earlier build settings as a whole).
     #[arg(long)]
@@ -169,8 +157,7 @@ impl RunArgs {
         body.health_timeout_seconds = self.health_timeout;
         body.build_timeout_seconds = self.build_timeout;
         body.rollout = self.rollout.as_deref().map(rollout);
-        body.liveness = self.liveness;
-        body.readiness = self.readiness;
+        (body.liveness, body.readiness) = self.probes.probes();
     }
 
     /// Adds the settings given to a change.
@@ -184,52 +171,10 @@ impl RunArgs {
         body.health_timeout_seconds = self.health_timeout;
         body.build_timeout_seconds = self.build_timeout.map(Some);
         body.rollout = self.rollout.as_deref().map(rollout);
-        body.liveness = self.liveness.map(Some);
-        body.readiness = self.readiness.map(Some);
+        let (liveness, readiness) = self.probes.probes();
+        body.liveness = liveness.map(Some);
+        body.readiness = readiness.map(Some);
     }
-}
-
-/// `INTERVAL[,TIMEOUT[,FAILURES[,SUCCESSES]]]` (seconds; timeout at most
-/// the interval).
-fn parse_readiness(text: &str) -> Result<Readiness, String> {
-    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
-    if parts.len() > 4 {
-        return Err("expected INTERVAL[,TIMEOUT[,FAILURES[,SUCCESSES]]]".into());
-    }
-    let number = |i: usize, default: u32| -> Result<u32, String> {
-        match parts.get(i) {
-            None => Ok(default),
-            Some(part) => part.parse().map_err(|_| format!("{part:?} is not a whole number")),
-        }
-    };
-    let interval_seconds = number(0, 0)?;
-    let readiness = Readiness {
-        interval_seconds,
-        timeout_seconds: number(1, interval_seconds.clamp(1, 1))?,
-        failure_threshold: number(2, 3)?,
-        success_threshold: number(3, 1)?,
-    };
-    readiness.validate().map_err(|e| e.to_string())?;
-    Ok(readiness)
-}
-
-/// `INTERVAL[,TIMEOUT[,THRESHOLD]]` in seconds (timeout at most the
-/// interval).
-fn parse_liveness(text: &str) -> Result<Liveness, String> {
-    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
-    if parts.len() > 3 {
-        return Err("expected INTERVAL[,TIMEOUT[,THRESHOLD]]".into());
-    }
-    let number = |i: usize, default: u32| -> Result<u32, String> {
-        match parts.get(i) {
-            None => Ok(default),
-            Some(part) => part.parse().map_err(|_| format!("{part:?} is not a whole number")),
-        }
-    };
-    let interval_seconds = number(0, 0)?;
-    let liveness = Liveness { interval_seconds, timeout_seconds: number(1, 2.min(interval_seconds.max(1)))?, failure_threshold: number(2, 3)? };
-    liveness.validate().map_err(|e| e.to_string())?;
-    Ok(liveness)
 }
 
 #[derive(Args)]
@@ -269,7 +214,22 @@ pub async fn run(api: &Api, command: AppsCommand, json: bool) -> Result<(), Fail
                 let rows: Vec<Vec<String>> = list
                     .apps
                     .iter()
-                    .map(|a| vec![cell(&a.name), cell(&a.repo_url), cell(&a.branch), cell(&a.strategy), cell(&a.instances), cell(&a.port), cell(&a.domains)])
+                    .map(|a| {
+                        let instances = if a.crash_looping > 0 {
+                            format!("{} ({} crash-looping)", a.instances, a.crash_looping)
+                        } else {
+                            a.instances.to_string()
+                        };
+                        vec![
+                            cell(&a.name),
+                            cell(&a.repo_url),
+                            cell(&a.branch),
+                            cell(&a.strategy),
+                            instances,
+                            cell(&a.port),
+                            cell(&a.domains),
+                        ]
+                    })
                     .collect();
                 table(&["NAME", "REPOSITORY", "BRANCH", "STRATEGY", "INSTANCES", "PORT", "DOMAINS"], &rows);
             }
@@ -415,6 +375,57 @@ mod tests {
             assert!(Cli::try_parse_from(["cloudweb", "apps", "set", "web", "--liveness", bad]).is_err(), "{bad}");
         }
         assert!(Cli::try_parse_from(["cloudweb", "apps", "set", "web", "--port", "0"]).is_err());
+        let body = parse(&[
+            "--liveness",
+            "5",
+            "--liveness-check",
+            "tcp:5432",
+            "--liveness-grace",
+            "30",
+            "--readiness",
+            "2",
+            "--readiness-check",
+            "exec:pg_isready -q",
+        ])
+        .unwrap();
+        assert_eq!(
+            body["liveness"]["check"],
+            json!({"kind": "tcp", "port": 5432})
+        );
+        assert_eq!(body["liveness"]["grace_seconds"], 30);
+        assert_eq!(
+            body["readiness"]["check"],
+            json!({"kind": "exec", "command": ["pg_isready", "-q"]})
+        );
+        assert!(
+            body["readiness"].get("grace_seconds").is_none(),
+            "no grace: the field is left out"
+        );
+        // A check or a grace goes with its probe's timing.
+        assert!(Cli::try_parse_from([
+            "cloudweb",
+            "apps",
+            "set",
+            "web",
+            "--liveness-check",
+            "tcp:1"
+        ])
+        .is_err());
+        assert!(
+            Cli::try_parse_from(["cloudweb", "apps", "set", "web", "--readiness-grace", "5"])
+                .is_err()
+        );
+        assert!(Cli::try_parse_from([
+            "cloudweb",
+            "apps",
+            "set",
+            "web",
+            "--liveness",
+            "5",
+            "--liveness-grace",
+            "3601"
+        ])
+        .is_err());
     }
 
     #[test]

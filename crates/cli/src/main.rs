@@ -21,6 +21,7 @@ mod follow;
 mod login;
 mod logs;
 mod nodes;
+mod probes;
 mod render;
 mod run;
 mod scale;

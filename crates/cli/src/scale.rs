@@ -52,9 +52,13 @@ pub async fn top(api: &Api, app: &str, json: bool) -> Result<(), Failure> {
             vec![
                 i.instance.to_string(),
                 cell(&i.node_id),
-                if i.ready { i.state.clone() } else { format!("{} (unready: {})", i.state, clean(i.unready_reason.as_deref().unwrap_or(""))) },
-                i.cpu_cores.map(|c| format!("{c:.3}")).unwrap_or_else(|| "-".into()),
-                i.cpu_pct_of_request.map(|p| format!("{p:.0}%")).unwrap_or_else(|| "-".into()),
+                state_cell(i),
+                i.cpu_cores
+                    .map(|c| format!("{c:.3}"))
+                    .unwrap_or_else(|| "-".into()),
+                i.cpu_pct_of_request
+                    .map(|p| format!("{p:.0}%"))
+                    .unwrap_or_else(|| "-".into()),
                 bytes(i.mem_bytes),
                 bytes(i.mem_limit),
                 i.restarts.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
@@ -62,7 +66,61 @@ pub async fn top(api: &Api, app: &str, json: bool) -> Result<(), Failure> {
             ]
         })
         .collect();
-    table(&["INSTANCE", "NODE", "STATE", "CPU", "OF REQUEST", "MEMORY", "LIMIT", "RESTARTS", "DEPLOYMENT"], &rows);
-    println!("(CPU in cores, of the {} core(s) each instance requests; from each node's latest sample)", view.cpu_request);
+    table(
+        &[
+            "INSTANCE",
+            "NODE",
+            "STATE",
+            "CPU",
+            "OF REQUEST",
+            "MEMORY",
+            "LIMIT",
+            "RESTARTS",
+            "DEPLOYMENT",
+        ],
+        &rows,
+    );
+    println!(
+        "(CPU in cores, of the {} core(s) each instance requests; from each node's latest sample)",
+        view.cpu_request
+    );
+    // A crash loop's last output lines, under the table.
+    for i in &view.instances {
+        if let Some(crash) = i.crash_loop.as_ref().filter(|c| !c.last_lines.is_empty()) {
+            println!("instance {} last output before its restart:", i.instance);
+            for line in &crash.last_lines {
+                println!("  {}", clean(line));
+            }
+        }
+    }
     Ok(())
+}
+
+/// The state, and what is wrong: crash-looping (stops, exit code, why),
+/// unready (why), a liveness probe that cannot run.
+fn state_cell(i: &cloudweb_api_types::scale::InstanceUsage) -> String {
+    let mut state = match &i.crash_loop {
+        Some(crash) => {
+            let exit = crash
+                .exit_code
+                .map(|c| format!(", exit {c}"))
+                .unwrap_or_default();
+            format!(
+                "crash-looping ({} stops in 10 min{exit}: {})",
+                crash.restarts,
+                clean(crash.reason.as_deref().unwrap_or(""))
+            )
+        }
+        None => i.state.clone(),
+    };
+    if !i.ready {
+        state.push_str(&format!(
+            " (unready: {})",
+            clean(i.unready_reason.as_deref().unwrap_or(""))
+        ));
+    }
+    if let Some(problem) = &i.probe_problem {
+        state.push_str(&format!(" (liveness probe cannot run: {})", clean(problem)));
+    }
+    state
 }

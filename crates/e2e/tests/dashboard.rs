@@ -356,7 +356,13 @@ async fn an_env_name_a_log_line_and_a_commit_holding_script_render_as_text() {
         address: None,
         commit: None,
         ready: None,
-        logs: vec![LogLine { ts: "2026-01-01T00:00:00Z".into(), stream: "build".into(), line: format!("step 1 {HOSTILE}") }],
+        crash_loop: None,
+        probe_problem: None,
+        logs: vec![LogLine {
+            ts: "2026-01-01T00:00:00Z".into(),
+            stream: "build".into(),
+            line: format!("step 1 {HOSTILE}"),
+        }],
     };
     state.store.save_report("n-1", &report, now).await.unwrap();
     // A runtime line the app printed, as an agent's upload brings it.

@@ -33,10 +33,27 @@ async fn cluster() -> Cluster {
     let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "builder", &token, &ca, &[]).unwrap().unwrap();
     agent.start(&AGENT_FLAGS).unwrap();
     let node_id = agent.node_id.clone();
-    wait_for(Duration::from_secs(10), "node ready with static-sites", || async {
-        let node = server.node(&node_id).await.ok()?;
-        (node["state"] == "ready" && node["features"] == json!(["static-sites", "volumes", "services", "volume-moves", "service-ops", "backups", "tasks", "sessions"])).then_some(())
-    })
+    wait_for(
+        Duration::from_secs(10),
+        "node ready with static-sites",
+        || async {
+            let node = server.node(&node_id).await.ok()?;
+            (node["state"] == "ready"
+                && node["features"]
+                    == json!([
+                        "static-sites",
+                        "volumes",
+                        "services",
+                        "volume-moves",
+                        "service-ops",
+                        "backups",
+                        "tasks",
+                        "sessions",
+                        "probe-checks"
+                    ]))
+            .then_some(())
+        },
+    )
     .await
     .unwrap();
     Cluster { _tmp: tmp, server, agent, git }

@@ -160,7 +160,10 @@ impl Default for HealthCheck {
     }
 }
 
-pub use crate::probes::{healthy_status, Liveness, Readiness, LIVENESS_BACKOFF_MAX_SECONDS, LIVENESS_BACKOFF_MIN_SECONDS};
+pub use crate::probes::{
+    healthy_status, CrashLoop, Liveness, ProbeCheck, Readiness, LIVENESS_BACKOFF_MAX_SECONDS,
+    LIVENESS_BACKOFF_MIN_SECONDS,
+};
 
 /// Payload of a `deploy` command.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -30,7 +30,10 @@ pub use backups::{
 };
 pub use certificates::{CertificateSet, HostCertificate, TlsAlpnChallenge, TlsAlpnChallenges};
 pub use commands::{Command, CommandKind, CommandList, StopPayload};
-pub use deploy::{BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Liveness, Readiness, Source, Spa, SshAccess, Strategy};
+pub use deploy::{
+    BuildSettings, DeployPayload, GitCredentials, HealthCheck, Limits, Liveness, ProbeCheck,
+    Readiness, Source, Spa, SshAccess, Strategy,
+};
 pub use heartbeat::{
     ContainerUsage, Health, Heartbeat, HostTraffic, IngressStatus, MeshHealth, Metrics, NodeUsage, RegistryHealth,
 };
@@ -157,4 +160,9 @@ pub mod features {
     /// The agent dials back for `session_open` (exec and port-forward
     /// sessions).
     pub const SESSIONS: &str = "sessions";
+    /// The agent runs probes with a `check` (another HTTP path or status,
+    /// TCP, exec) and a `grace_seconds`, and reports an instance's
+    /// crash loop (`Report::crash_loop`) and a broken liveness probe
+    /// (`Report::probe_problem`).
+    pub const PROBE_CHECKS: &str = "probe-checks";
 }

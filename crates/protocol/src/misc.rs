@@ -135,6 +135,16 @@ pub struct Report {
     /// `true` brings it back. Sent with no `state`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
+    /// A running instance's container started or stopped crash-looping
+    /// (agents with [`crate::features::PROBE_CHECKS`]). Sent with no
+    /// `state`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crash_loop: Option<crate::probes::CrashLoop>,
+    /// A running instance's liveness probe cannot run as set (its command
+    /// is not in the container, say): why; an empty text once it runs
+    /// again. Such a probe restarts nothing. Sent with no `state`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_problem: Option<String>,
     #[serde(default)]
     pub logs: Vec<LogLine>,
 }
@@ -160,6 +170,8 @@ impl Report {
             address: None,
             commit: None,
             ready: None,
+            crash_loop: None,
+            probe_problem: None,
             logs: Vec::new(),
         }
     }
@@ -171,6 +183,22 @@ impl Report {
     pub fn sanitize(&mut self) {
         if let Some(message) = &mut self.message {
             *message = one_line(message, MAX_REPORT_MESSAGE);
+        }
+        if let Some(problem) = &mut self.probe_problem {
+            *problem = one_line(problem, MAX_REPORT_MESSAGE);
+        }
+        if let Some(crash_loop) = &mut self.crash_loop {
+            if let Some(reason) = &mut crash_loop.reason {
+                *reason = one_line(reason, 512);
+            }
+            let skip = crash_loop
+                .last_lines
+                .len()
+                .saturating_sub(crate::probes::CRASH_LOOP_LINES);
+            crash_loop.last_lines.drain(..skip);
+            for line in &mut crash_loop.last_lines {
+                truncate_on_char(line, crate::probes::CRASH_LOOP_LINE);
+            }
         }
         for line in &mut self.logs {
             cap_log_line(&mut line.line);
@@ -198,6 +226,12 @@ impl Report {
         }
         if let Some(commit) = &self.commit {
             crate::deploy::full_commit(commit)?;
+        }
+        if let Some(problem) = &self.probe_problem {
+            validate::bounded_text("probe_problem", problem, MAX_REPORT_MESSAGE)?;
+        }
+        if let Some(crash_loop) = &self.crash_loop {
+            crash_loop.validate()?;
         }
         if self.logs.len() > MAX_REPORT_LINES {
             return Err(ValidationError::new("logs", "more than 1000 lines"));

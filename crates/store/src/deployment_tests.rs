@@ -101,3 +101,24 @@ crate::test_engines::both_engines! {
         assert_eq!(store.running_addresses_of("web").await.unwrap(), ["10.0.0.1:1"]);
     }
 }
+
+crate::test_engines::both_engines! {
+    async fn crash_loops_and_probe_problems_are_kept_per_running_instance(store) {
+        store.insert_app(&app(), "web.example").await.unwrap().unwrap();
+        store.insert_deployment(&deployment("d1", "source", 10), 2, true).await.unwrap();
+        store.update_instance("d1", 1, crate::InstanceUpdate::to("running").on("n1").address(Some("10.0.0.1:1")), 20).await.unwrap();
+        // Only its node, and only a running instance.
+        assert_eq!(store.set_instance_crash_loop("d1", 1, "n2", Some("{}")).await.unwrap(), None);
+        assert_eq!(store.set_instance_crash_loop("d1", 2, "n1", Some("{}")).await.unwrap(), None);
+        assert_eq!(store.set_instance_crash_loop("d1", 1, "n1", Some(r#"{"restarts":3}"#)).await.unwrap().as_deref(), Some("web"));
+        assert_eq!(store.set_instance_crash_loop("d1", 1, "n1", Some(r#"{"restarts":3}"#)).await.unwrap(), None, "no change");
+        assert_eq!(store.set_instance_probe_problem("d1", 1, "n1", Some("command not found")).await.unwrap().as_deref(), Some("web"));
+        assert_eq!(store.crash_looping_counts().await.unwrap().get("web"), Some(&1));
+        let troubles = store.instance_troubles("d1").await.unwrap();
+        assert_eq!(troubles, [crate::InstanceTrouble { instance: 1, crash_loop: Some(r#"{"restarts":3}"#.into()), probe_problem: Some("command not found".into()) }]);
+        assert!(store.set_instance_crash_loop("d1", 1, "n1", None).await.unwrap().is_some());
+        assert!(store.set_instance_probe_problem("d1", 1, "n1", None).await.unwrap().is_some());
+        assert!(store.instance_troubles("d1").await.unwrap().is_empty());
+        assert!(store.crash_looping_counts().await.unwrap().is_empty());
+    }
+}

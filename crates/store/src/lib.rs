@@ -33,6 +33,8 @@ pub mod one_shot;
 mod open;
 mod overview;
 mod readiness;
+mod crash_loops;
+pub use crash_loops::InstanceTrouble;
 mod reports;
 pub mod retention;
 mod services;

@@ -244,20 +244,33 @@ mod tests {
         // As if this state came from the release before the newest
         // migration.
         let newest = *Store::known_migrations().last().unwrap();
-        store.test_execute("DELETE FROM _sqlx_migrations WHERE version = $1", &[Arg::Int(newest)]).await;
-        // What the newest migration (0033, readiness) added goes with its
+        store
+            .test_execute(
+                "DELETE FROM _sqlx_migrations WHERE version = $1",
+                &[Arg::Int(newest)],
+            )
+            .await;
+        // What the newest migration (0034, crash loops) added goes with its
         // row.
-        store.test_execute("ALTER TABLE apps DROP COLUMN readiness", &[]).await;
-        store.test_execute("ALTER TABLE instances DROP COLUMN unready_since, DROP COLUMN unready_reason", &[]).await;
+        store
+            .test_execute(
+                "ALTER TABLE instances DROP COLUMN crash_loop, DROP COLUMN probe_problem",
+                &[],
+            )
+            .await;
         let url = store.url.clone().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let again = Store::connect(&DatabaseUrl::parse(&url).unwrap(), dir.path(), "before").await.unwrap();
         let dump = dir.path().join("backups").join("state-before.pgdump");
         let bytes = std::fs::read(&dump).unwrap();
         assert!(bytes.starts_with(b"PGDMP"), "a pg_dump archive");
-        again.test_execute("SELECT readiness FROM apps", &[]).await;
-        again.test_execute("SELECT unready_since, unready_reason FROM instances", &[]).await;
-        assert_eq!(again.admin_token_digests().await.unwrap(), vec!["digest-1".to_string()]);
+        again
+            .test_execute("SELECT crash_loop, probe_problem FROM instances", &[])
+            .await;
+        assert_eq!(
+            again.admin_token_digests().await.unwrap(),
+            vec!["digest-1".to_string()]
+        );
         // Up to date: no second dump.
         drop(again);
         let dir2 = tempfile::tempdir().unwrap();

@@ -26,6 +26,7 @@ mod chart;
 mod deployments;
 mod format;
 pub mod i18n;
+mod instances;
 mod layout;
 mod monitoring;
 mod node_page;

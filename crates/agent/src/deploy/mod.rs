@@ -363,8 +363,14 @@ async fn start_app(runtime: &DockerRuntime, options: &DeployOptions, payload: &D
         nano_cpus: payload.limits.cpu.map(|cpu| (cpu * 1e9) as i64),
         memory_bytes: payload.limits.memory_bytes.map(|m| m as i64),
         mounts,
-        liveness: payload.liveness.map(|l| (l, payload.health.path.clone())),
-        readiness: payload.readiness.map(|r| (r, payload.health.path.clone())),
+        liveness: payload
+            .liveness
+            .clone()
+            .map(|l| (l, payload.health.path.clone())),
+        readiness: payload
+            .readiness
+            .clone()
+            .map(|r| (r, payload.health.path.clone())),
     };
     wait_publish_address(&options.publish_ip).await?;
     let id = match runtime.start_app(&spec).await {

@@ -34,6 +34,8 @@ pub struct Probed {
     pub host_port: Option<u16>,
     /// Running now (not stopped, nor between restarts).
     pub running: bool,
+    /// Its addresses on its networks (where a TCP probe connects).
+    pub addresses: Vec<std::net::IpAddr>,
 }
 
 /// Seconds a restart waits for the container to stop before it kills it.
@@ -65,6 +67,18 @@ impl DockerRuntime {
                     path: labels.get(LABEL_LIVENESS_PATH).cloned().filter(|p| p.starts_with('/')).unwrap_or_else(|| "/".to_string()),
                     host_port: c.ports.unwrap_or_default().into_iter().find_map(|p| p.public_port),
                     running: c.state == Some(bollard::models::ContainerSummaryStateEnum::RUNNING),
+                    addresses: c
+                        .network_settings
+                        .and_then(|n| n.networks)
+                        .map(|networks| {
+                            networks
+                                .into_values()
+                                .filter_map(|n| {
+                                    n.ip_address.filter(|ip| !ip.is_empty())?.parse().ok()
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                 })
             })
             .collect())

@@ -6,6 +6,7 @@
 mod backup_containers;
 pub mod cgroup;
 mod containers;
+mod die_events;
 mod images;
 mod liveness_containers;
 mod logs;
@@ -24,6 +25,7 @@ use bollard::Docker;
 
 pub use backup_containers::{throwaway_name, AttachedExec, Throwaway, LABEL_BACKUP_JOB, ROLE_BACKUP};
 pub use containers::{AppContainer, CaddyContainer, ContainerState, OneShot, BUILD_BRIDGE, BUILD_NETWORK};
+pub use die_events::Died;
 pub use images::{is_transient_registry_error, AppImage, RegistryAuth};
 pub use liveness_containers::{Probed, LABEL_LIVENESS, LABEL_LIVENESS_PATH, LABEL_READINESS};
 pub use logs::{AppInstance, OutputLine};

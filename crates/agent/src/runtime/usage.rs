@@ -90,13 +90,20 @@ impl UsageTracker {
     }
 }
 
-fn now_nanos() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+pub(super) fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 /// `seconds.nanoseconds`, the form the Engine's `since`/`until` take.
-fn engine_time(nanos: i64) -> String {
-    format!("{}.{:09}", nanos.div_euclid(1_000_000_000), nanos.rem_euclid(1_000_000_000))
+pub(super) fn engine_time(nanos: i64) -> String {
+    format!(
+        "{}.{:09}",
+        nanos.div_euclid(1_000_000_000),
+        nanos.rem_euclid(1_000_000_000)
+    )
 }
 
 impl DockerRuntime {

@@ -231,6 +231,23 @@ pub async fn snapshot(state: &AppState) -> Result<Vec<NodeSnapshot>, ApiError> {
     Ok(nodes)
 }
 
+/// The feature an agent needs for the app's probes: one with a check
+/// other than the health path, or a grace period, runs only on agents
+/// that know them (an older agent would refuse the whole deploy).
+pub(crate) fn probe_features(app: &AppRow) -> Option<String> {
+    let liveness = app
+        .liveness
+        .as_deref()
+        .and_then(|l| serde_json::from_str::<cloudweb_protocol::Liveness>(l).ok());
+    let readiness = app
+        .readiness
+        .as_deref()
+        .and_then(|r| serde_json::from_str::<cloudweb_protocol::Readiness>(r).ok());
+    let needs = liveness.is_some_and(|l| l.needs_probe_checks())
+        || readiness.is_some_and(|r| r.needs_probe_checks());
+    needs.then(|| cloudweb_protocol::features::PROBE_CHECKS.to_string())
+}
+
 /// Places the given instances and queues their deploy commands. When one
 /// cannot be placed the deployment fails with the scheduler's reasons.
 async fn place_instances(state: &AppState, app: &AppRow, deployment: &DeploymentRow, instances: &[i64]) -> Result<(), ApiError> {
@@ -252,6 +269,7 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
     if !volumes.is_empty() {
         features.push(cloudweb_protocol::features::VOLUMES.to_string());
     }
+    features.extend(probe_features(app));
     // Linked services' connection URLs (where they run now).
     let linked = match crate::service_links::link_env(state, &app.name).await? {
         Ok(env) => env,

@@ -76,7 +76,12 @@ pub(super) async fn start_instance(
         Ok(pin) => pin,
         Err(reason) => return Ok(Err(reason)),
     };
-    let features = if volumes.is_empty() { Vec::new() } else { vec![cloudweb_protocol::features::VOLUMES.to_string()] };
+    let mut features = if volumes.is_empty() {
+        Vec::new()
+    } else {
+        vec![cloudweb_protocol::features::VOLUMES.to_string()]
+    };
+    features.extend(super::probe_features(app));
     let request = Request {
         cpu: app.cpu.unwrap_or(DEFAULT_CPU),
         mem_bytes: app.memory_bytes.map(|m| m.max(0) as u64).unwrap_or(DEFAULT_MEMORY),

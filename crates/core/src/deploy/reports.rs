@@ -85,6 +85,55 @@ async fn readiness(state: &AppState, node_id: &str, deployment: &DeploymentRow, 
     Ok(())
 }
 
+/// A running instance's container started or stopped crash-looping, or
+/// its liveness probe cannot run (or runs again): kept on the instance for
+/// the app page, `cloudweb apps` and `cloudweb top`. A report that changes
+/// nothing is accepted and does nothing.
+async fn troubles(
+    state: &AppState,
+    node_id: &str,
+    deployment: &DeploymentRow,
+    report: &Report,
+) -> Result<(), ApiError> {
+    let instance = i64::from(report.instance.unwrap_or(1));
+    if let Some(crash_loop) = &report.crash_loop {
+        let stored = crash_loop.looping.then(|| {
+            let view = cloudweb_api_types::scale::CrashLoopView {
+                since: crate::clock::rfc3339_ms(state.clock.now_ms()),
+                restarts: crash_loop.restarts,
+                exit_code: crash_loop.exit_code,
+                reason: crash_loop.reason.clone(),
+                last_lines: crash_loop.last_lines.clone(),
+            };
+            serde_json::to_string(&view).expect("a crash loop serializes")
+        });
+        if state
+            .store
+            .set_instance_crash_loop(&deployment.id, instance, node_id, stored.as_deref())
+            .await?
+            .is_some()
+        {
+            if crash_loop.looping {
+                tracing::warn!(deployment = %deployment.id, app = %deployment.app, instance, restarts = crash_loop.restarts, reason = crash_loop.reason.as_deref().unwrap_or(""), "the instance is crash-looping");
+            } else {
+                tracing::info!(deployment = %deployment.id, app = %deployment.app, instance, "the instance no longer crash-loops");
+            }
+        }
+    }
+    if let Some(problem) = &report.probe_problem {
+        let problem = (!problem.is_empty()).then_some(problem.as_str());
+        if state
+            .store
+            .set_instance_probe_problem(&deployment.id, instance, node_id, problem)
+            .await?
+            .is_some()
+        {
+            tracing::info!(deployment = %deployment.id, app = %deployment.app, instance, problem = problem.unwrap_or(""), "the instance's liveness probe problem changed");
+        }
+    }
+    Ok(())
+}
+
 /// Applies an agent's report about one of its instances.
 pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Result<(), ApiError> {
     let Some(deployment) = state.store.deployment(&report.deployment_id).await? else {
@@ -92,6 +141,9 @@ pub async fn on_report(state: &AppState, node_id: &str, report: &Report) -> Resu
     };
     if let Some(commit) = &report.commit {
         record_commit(state, &deployment, commit).await?;
+    }
+    if report.state.is_none() && (report.crash_loop.is_some() || report.probe_problem.is_some()) {
+        troubles(state, node_id, &deployment, report).await?;
     }
     if let (Some(ready), None) = (report.ready, report.state.as_deref()) {
         return readiness(state, node_id, &deployment, report, ready).await;

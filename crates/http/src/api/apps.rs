@@ -184,6 +184,7 @@ pub fn view(state: &AppState, app: &AppRow) -> AppView {
         created_at: rfc3339_ms(app.created_at),
         git: None,
         waiting: waiting_reason(state, &app.name),
+        crash_looping: 0,
     }
 }
 
@@ -299,7 +300,18 @@ pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal
 
 #[utoipa::path(get, path = "/api/apps", operation_id = "apps_list", tag = "apps", responses((status = 200, description = "Every app", body = AppList)))]
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<AppList>, ApiError> {
-    let apps = state.store.apps().await?.iter().map(|app| view(&state, app)).collect();
+    let looping = state.store.crash_looping_counts().await?;
+    let apps = state
+        .store
+        .apps()
+        .await?
+        .iter()
+        .map(|app| {
+            let mut view = view(&state, app);
+            view.crash_looping = looping.get(&app.name).copied().unwrap_or(0);
+            view
+        })
+        .collect();
     Ok(Json(AppList { apps }))
 }
 
@@ -311,6 +323,13 @@ async fn load(state: &AppState, name: &str) -> Result<AppRow, ApiError> {
     responses((status = 200, description = "The app", body = AppView), (status = 404, description = "No such app", body = ErrorBody)))]
 pub async fn show(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Json<AppView>, ApiError> {
     let mut answer = view(&state, &load(&state, &name).await?);
+    answer.crash_looping = state
+        .store
+        .crash_looping_counts()
+        .await?
+        .get(&name)
+        .copied()
+        .unwrap_or(0);
     if let Some(link) = state.store.app_git_link(&name).await? {
         answer.git = Some(crate::git::link_view(&link));
     }

@@ -53,6 +53,7 @@ pub async fn top(State(state): State<Arc<AppState>>, Path(name): Path<String>) -
     let mut instances = Vec::new();
     for deployment in state.store.app_deployments(&name).await? {
         let unready = state.store.unready_instances(&deployment.id).await?;
+        let troubles = state.store.instance_troubles(&deployment.id).await?;
         for instance in state.store.instances(&deployment.id).await? {
             let unready_reason = unready.iter().find(|(number, _, _)| *number == instance.instance).map(|(_, _, reason)| reason.clone().unwrap_or_default());
             if !matches!(instance.state.as_str(), "pending" | "running" | "stopping") {
@@ -65,6 +66,7 @@ pub async fn top(State(state): State<Arc<AppState>>, Path(name): Path<String>) -
                 s.value.containers.iter().flatten().find(|c| c.container == container)
             });
             let cpu_cores = usage.and_then(|u| u.cpu_cores);
+            let trouble = troubles.iter().find(|t| t.instance == instance.instance);
             instances.push(InstanceUsage {
                 deployment: deployment.id.clone(),
                 instance: instance.instance,
@@ -80,6 +82,13 @@ pub async fn top(State(state): State<Arc<AppState>>, Path(name): Path<String>) -
                 sampled_at: usage.and(sample).map(|s| cloudweb_core::clock::rfc3339_ms(s.at_ms)),
                 ready: unready_reason.is_none(),
                 unready_reason,
+                crash_loop: trouble
+                    .filter(|_| instance.state == "running")
+                    .and_then(|t| t.crash_loop.as_deref())
+                    .and_then(|j| serde_json::from_str(j).ok()),
+                probe_problem: trouble
+                    .filter(|_| instance.state == "running")
+                    .and_then(|t| t.probe_problem.clone()),
             });
         }
     }
