@@ -16,6 +16,7 @@
 pub mod accounts;
 pub mod backups;
 pub mod apps;
+pub mod autoscale;
 pub mod control_planes;
 pub mod deployments;
 pub mod error;

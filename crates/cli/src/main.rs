@@ -8,6 +8,7 @@
 //! take `--json` and then print the API's JSON.
 
 mod apps;
+mod autoscale;
 mod backups;
 mod client;
 mod config;
@@ -188,6 +189,13 @@ enum Command {
     /// An app's instances with their CPU, memory and restarts, from each
     /// node's latest usage sample.
     Top { app: String },
+    /// Autoscale an app: keep its instances between --min and --max so
+    /// that their CPU (--cpu PERCENT of the requested cores) or their
+    /// requests per second (--rps N per instance) stay near the target;
+    /// --off turns it off; alone, shows the settings and the decisions.
+    ///
+    /// Example: cloudweb autoscale web --min 2 --max 6 --cpu 70
+    Autoscale(autoscale::AutoscaleArgs),
     /// Run a command in a running instance of an app (its container, its
     /// environment), through the control plane: no SSH to the node.
     ///
@@ -297,6 +305,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Rollback { app, to, follow } => deploy::rollback(&api, &app, to, follow, json).await,
         Command::Scale { app, instances } => scale::scale(&api, &app, instances, json).await,
         Command::Top { app } => scale::top(&api, &app, json).await,
+        Command::Autoscale(args) => autoscale::run(&api, args, json).await,
         Command::Exec(args) => exec::exec(&api, args).await,
         Command::PortForward(args) => exec::port_forward(&api, args).await,
         Command::Sessions { app, service } => exec::list(&api, &app, service, json).await,

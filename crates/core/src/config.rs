@@ -83,6 +83,8 @@ pub struct Config {
     pub backups: BackupSettings,
     /// Exec and port-forward sessions' limits and idle timeout.
     pub sessions: crate::sessions::SessionSettings,
+    /// How often the autoscaler looks at the apps it scales.
+    pub autoscale_interval: Duration,
 }
 
 /// How backups are paced.
@@ -147,6 +149,7 @@ impl Config {
             volume_move_keep: Duration::from_secs(7 * 24 * 3600),
             backups: BackupSettings::default(),
             sessions: Default::default(),
+            autoscale_interval: Duration::from_secs(15),
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod backups;
 pub mod ca;
 pub mod clock;
 pub mod config;
+pub mod autoscale;
 pub mod cron;
 pub mod deploy;
 pub mod deployment_state;

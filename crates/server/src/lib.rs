@@ -312,6 +312,7 @@ async fn serve(
             |state| Box::pin(cloudweb_core::backups::watcher(state)),
             |state| Box::pin(cloudweb_core::backups::control_plane::scheduler(state)),
             |state| Box::pin(cloudweb_core::tasks::watcher(state)),
+            |state| Box::pin(cloudweb_core::autoscale::watcher(state)),
             |state| Box::pin(acme::run(state)),
             |state| Box::pin(git::status_poster(state)),
             |state| Box::pin(git::refresher(state)),

@@ -229,6 +229,9 @@ struct ServeArgs {
     /// Exec and port-forward sessions one node may serve at once.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     exec_sessions_per_node: u64,
+    /// Seconds between two looks of the autoscaler at the apps it scales.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    autoscale_interval_seconds: u64,
     /// Days a moved volume's old copy stays on its old node before it is
     /// deleted (`cloudweb volumes confirm-move` deletes it sooner).
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u64).range(0..=365))]
@@ -433,6 +436,7 @@ fn real_main() -> anyhow::Result<()> {
             first..=last
         },
         volume_move_keep: std::time::Duration::from_secs(args.volume_move_keep_days * 24 * 3600),
+        autoscale_interval: std::time::Duration::from_secs(args.autoscale_interval_seconds),
         sessions: cloudweb_core::sessions::SessionSettings {
             idle_timeout: std::time::Duration::from_secs(args.exec_idle_seconds),
             max_per_user: args.exec_sessions_per_user as usize,

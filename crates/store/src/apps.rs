@@ -273,6 +273,7 @@ impl Store {
             sqlx::query("DELETE FROM cron_jobs WHERE app = $1").bind(name).execute(&mut *tx).await?;
             // The record of its exec and port-forward sessions.
             sqlx::query("DELETE FROM exec_sessions WHERE subject = 'app' AND name = $1").bind(name).execute(&mut *tx).await?;
+            sqlx::query("DELETE FROM autoscale_decisions WHERE app = $1").bind(name).execute(&mut *tx).await?;
             sqlx::query("DELETE FROM app_hosts WHERE app = $1").bind(name).execute(&mut *tx).await?;
             // Its links go (the services stay); its volumes stay, detached:
             // data goes only on an explicit delete.

@@ -2,7 +2,7 @@
 
 use crate::{AppRow, DeploymentRow, Rescheduled};
 
-fn app() -> AppRow {
+pub(crate) fn app() -> AppRow {
     AppRow {
         name: "web".into(),
         repo_url: "https://git.example/web.git".into(),

@@ -33,6 +33,7 @@ pub mod one_shot;
 mod open;
 mod overview;
 mod readiness;
+pub mod autoscale;
 mod crash_loops;
 pub use crash_loops::InstanceTrouble;
 mod reports;

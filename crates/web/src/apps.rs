@@ -657,15 +657,12 @@ pub async fn show(ctx: Ctx, Path(name): Path<String>, Query(range): Query<RangeQ
         Err(err) => return ApiError::from(err).into_response(),
     };
     let waiting = api::apps::view(&ctx.state, &app).waiting;
-    let (instances, tasks) = (
-        crate::instances::app_section(&ctx, &app.name).await,
-        crate::tasks::app_section(&ctx, &app.name).await,
-    );
-    let sessions = crate::exec_sessions::app_section(&ctx, &app.name).await;
+    let (instances, tasks) = (crate::instances::app_section(&ctx, &app.name).await, crate::tasks::app_section(&ctx, &app.name).await);
+    let (sessions, autoscaling) = (crate::exec_sessions::app_section(&ctx, &app.name).await, crate::autoscaling::app_section(&ctx, &app.name).await);
     let body = html! {
         (app_body(&ctx, &app, &env_names, &deployments, None))
         (crate::volumes::app_section(&ctx, &app.name, &volumes, waiting.as_deref()))
-        (instances) (tasks) (sessions)
+        (instances) (autoscaling) (tasks) (sessions)
         h2 id="charts" { (ctx.t("apps.charts")) }
         (usage_charts::range_nav(&ctx, &format!("/apps/{}", app.name), "#charts", range_name))
         p.help { (ctx.t("mon.gap_note")) }

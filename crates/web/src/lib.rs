@@ -33,6 +33,7 @@ mod node_page;
 mod nodes;
 mod paging;
 mod services;
+mod autoscaling;
 mod exec_sessions;
 mod tasks;
 mod usage_charts;

@@ -17,6 +17,7 @@ mod metrics;
 pub mod nodes;
 pub mod openapi;
 mod runtime_logs;
+pub mod autoscale;
 pub mod scale;
 mod session_bridge;
 pub mod sessions;
@@ -101,6 +102,7 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(tasks::cancel_run))
         .routes(routes!(scale::scale))
         .routes(routes!(scale::top))
+        .routes(routes!(autoscale::show, autoscale::set, autoscale::off))
         .routes(routes!(sessions::exec))
         .routes(routes!(sessions::port_forward))
         .routes(routes!(sessions::list))

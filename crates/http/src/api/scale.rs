@@ -25,9 +25,15 @@ use crate::AppState;
         (status = 200, description = "What the scale did", body = ScaleView),
         (status = 400, description = "Invalid count", body = ErrorBody),
         (status = 404, description = "No such app", body = ErrorBody),
+        (status = 409, description = "The app is autoscaled: change its bounds, or turn autoscaling off", body = ErrorBody),
     ))]
 pub async fn scale(State(state): State<Arc<AppState>>, Path(name): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Json<ScaleView>, ApiError> {
     let request: ScaleRequest = parse_json(&body_bytes(body)?)?;
+    if let Some(Some(_)) = state.store.app_autoscale(&name).await? {
+        return Err(ApiError::Conflict(format!(
+            "{name} is autoscaled: its count follows its load; change min and max (cloudweb autoscale {name} --min N --max M) or turn autoscaling off (--off)"
+        )));
+    }
     let done = scale::scale(&state, &name, request.instances).await?;
     Ok(Json(ScaleView {
         app: name,
