@@ -247,6 +247,10 @@ pub async fn supervise(
             let Some(ready) = ready_watches.get_mut(&probed.id) else {
                 continue;
             };
+            // Docker is restarting it: no verdict.
+            if outcome == Outcome::Skip {
+                continue;
+            }
             if let Outcome::Broken(reason) = &outcome {
                 ready.broken(&probed.name, reason);
             }
@@ -276,6 +280,8 @@ pub async fn supervise(
                     watch.problem = None;
                     continue;
                 }
+                // Docker is restarting it: no verdict.
+                Outcome::Skip => continue,
                 Outcome::Broken(reason) => {
                     if watch.problem.is_none() {
                         tracing::warn!(container = %probed.name, app = %probed.app, %reason, "the liveness probe cannot run as set; it restarts nothing until it can");

@@ -4,6 +4,9 @@
 //! container. Liveness and readiness probes share it; only what passes an
 //! HTTP answer differs between them.
 //!
+//! An exec probe refused because the container is between two runs
+//! (Docker is restarting it) gives no verdict ([`Outcome::Skip`]).
+//!
 //! A probe that cannot run as set (its command is not in the image) is
 //! [`Outcome::Broken`], not a failure of the app: the supervisor reports
 //! it once and restarts nothing for it.
@@ -22,13 +25,16 @@ pub enum Outcome {
     Fail(String),
     /// The probe cannot run as set: why.
     Broken(String),
+    /// No verdict: the container stopped between the look and the probe
+    /// (Docker is restarting it); neither a pass nor a failure.
+    Skip,
 }
 
 impl Outcome {
     /// Pass → Ok; anything else → its reason.
     pub fn into_result(self) -> Result<(), String> {
         match self {
-            Outcome::Pass => Ok(()),
+            Outcome::Pass | Outcome::Skip => Ok(()),
             Outcome::Fail(reason) | Outcome::Broken(reason) => Err(reason),
         }
     }
@@ -147,7 +153,9 @@ async fn exec_probe(
         Ok((Some(code), output)) => judge_exit(program, code, &output),
         Err(err) => {
             let text = err.to_string();
-            if cannot_start(&text) {
+            if between_runs(&text) {
+                Outcome::Skip
+            } else if cannot_start(&text) {
                 Outcome::Broken(format!(
                     "the probe's command {program:?} cannot run in the container: {}",
                     last_line(&text)
@@ -174,6 +182,12 @@ fn judge_exit(program: &str, code: i64, output: &str) -> Outcome {
     } else {
         Outcome::Fail(format!("{program} exited with code {code}: {said}"))
     }
+}
+
+/// The Engine refused the exec because the container is not running now
+/// (409: restarting, stopped, paused).
+fn between_runs(text: &str) -> bool {
+    text.contains("409") && ["is restarting", "is not running", "is paused"].iter().any(|m| text.contains(m))
 }
 
 fn cannot_start(text: &str) -> bool {
