@@ -216,6 +216,12 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     // The app page shows what the app printed, and follows new lines live.
     browser.goto(&format!("/apps/{app}")).await;
     browser.wait_text("#runtime-log", "serving-dashboard-app", Duration::from_secs(60)).await;
+    // The terminal's WebSocket needs the page's CSRF token: one without it
+    // is refused before any session opens.
+    let forged = format!(
+        "var done = arguments[arguments.length - 1]; var ws = new WebSocket((location.protocol === 'https:' ? 'wss:' : 'ws:') + '//' + location.host + '/apps/{app}/terminal/session?csrf=forged&cols=80&rows=24'); ws.onopen = function () {{ done('opened'); }}; ws.onerror = function () {{ done('refused'); }};"
+    );
+    assert_eq!(browser.client.execute_async(&forged, vec![]).await.unwrap(), json!("refused"));
     browser.assert_standards_mode("the app page").await;
     let rendered = browser.client.find_all(Locator::Css("#runtime-log span.line")).await.unwrap().len();
     wait_for(Duration::from_secs(60), "new runtime lines to appear without a reload", || async {
@@ -228,6 +234,29 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     assert!(log_text.contains("still-serving"), "{log_text}");
     assert_eq!(log_text.matches("serving-dashboard-app").count(), 1, "a line the page shows is not appended again: {log_text}");
     browser.screenshot("07-app").await;
+
+    // The terminal: a shell in the running instance, typed into in the
+    // page, its answer read from the terminal's own buffer.
+    browser.click("#open-terminal").await;
+    browser.wait_text("#terminal-status", "Connected", Duration::from_secs(30)).await;
+    let keys = browser.client.find(Locator::Css(".xterm-helper-textarea")).await.unwrap();
+    keys.send_keys("echo cw-$((40+2))\u{E007}").await.unwrap();
+    let screen = "var t = window.cwTerminal, b = t.buffer.active || t.buffer, out = []; for (var i = 0; i < b.length; i++) { var l = b.getLine(i); if (l) out.push(l.translateToString(true)); } return out.join('\\n');";
+    let answered = wait_for(Duration::from_secs(30), "the shell's answer in the terminal", || async {
+        let text = browser.client.execute(screen, vec![]).await.ok()?;
+        text.as_str()?.lines().any(|l| l.trim() == "cw-42").then_some(())
+    })
+    .await;
+    if let Err(e) = answered {
+        panic!("{e}: {:?}", browser.client.execute(screen, vec![]).await);
+    }
+    browser.screenshot("07b-terminal").await;
+    keys.send_keys("exit 3\u{E007}").await.unwrap();
+    browser.wait_text("#terminal-status", "status 3", Duration::from_secs(30)).await;
+    let (_, sessions) = server.call(reqwest::Method::GET, &format!("/api/apps/{app}/sessions"), None).await.unwrap();
+    let recorded = &sessions["sessions"][0];
+    assert_eq!((recorded["kind"].as_str(), recorded["program"].as_str(), recorded["tty"].as_bool(), recorded["exit_code"].as_i64()), (Some("exec"), Some("sh"), Some(true), Some(3)), "{sessions}");
+    browser.goto(&format!("/apps/{app}")).await;
 
     // The app through the ingress, at the URL the dashboard shows.
     let url = browser.client.find(Locator::Css("main p a")).await.unwrap().attr("href").await.unwrap().unwrap();

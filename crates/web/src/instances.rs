@@ -17,6 +17,7 @@ pub async fn app_section(ctx: &Ctx, app: &str) -> Markup {
         .map(|Json(top)| top);
     html! {
         h2 id="instances" { (ctx.t("inst.title")) }
+        p { a id="open-terminal" href=(format!("/apps/{app}/terminal")) { (ctx.t("term.open_link")) } }
         @match &top {
             Err(err) => { p.error role="alert" { (super::error_text(err)) } }
             Ok(top) if top.instances.is_empty() => { p.empty id="instances-empty" { (ctx.t("inst.none")) } }

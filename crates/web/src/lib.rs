@@ -36,6 +36,7 @@ mod services;
 mod autoscaling;
 mod exec_sessions;
 mod tasks;
+mod terminal;
 mod usage_charts;
 mod volumes;
 mod backups;
@@ -82,6 +83,10 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/lang", post(switch_language))
         .route("/assets/app.css", get(|| async { asset(CSS, "text/css; charset=utf-8") }))
         .route("/assets/app.js", get(|| async { asset(JS, "text/javascript; charset=utf-8") }))
+        .route("/assets/terminal.js", get(|| async { asset(terminal::TERMINAL_JS, "text/javascript; charset=utf-8") }))
+        .route("/assets/xterm/xterm.min.js", get(|| async { asset(terminal::XTERM_JS, "text/javascript; charset=utf-8") }))
+        .route("/assets/xterm/xterm-addon-fit.min.js", get(|| async { asset(terminal::XTERM_FIT_JS, "text/javascript; charset=utf-8") }))
+        .route("/assets/xterm/xterm.min.css", get(|| async { asset(terminal::XTERM_CSS, "text/css; charset=utf-8") }))
         .route("/nodes", get(nodes::page))
         .route("/nodes/table", get(nodes::table_stream))
         .route("/nodes/join-token", post(nodes::join_token))
@@ -93,6 +98,8 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/apps/{name}/domains", post(apps::set_domains))
         .route("/apps/{name}/settings", post(apps::set_settings))
         .route("/apps/{name}/deploy", post(apps::deploy))
+        .route("/apps/{name}/terminal", get(terminal::page))
+        .route("/apps/{name}/terminal/session", get(terminal::session))
         .route("/apps/{name}/rollback", post(apps::rollback))
         .route("/apps/{name}/delete", get(apps::confirm_delete).post(apps::delete))
         .route("/apps/{name}/cron/{job}/run", post(tasks::run_now))
