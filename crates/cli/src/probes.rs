@@ -113,27 +113,29 @@ pub fn parse_check(text: &str) -> Result<ProbeCheck, String> {
     Ok(check)
 }
 
+/// Up to `N` comma-separated whole numbers (`None` where the text ends
+/// before them); `shape` names the form in the error.
+fn numbers<const N: usize>(text: &str, shape: &str) -> Result<[Option<u32>; N], String> {
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    if parts.len() > N {
+        return Err(format!("expected {shape}"));
+    }
+    let mut out = [None; N];
+    for (slot, part) in out.iter_mut().zip(&parts) {
+        *slot = Some(part.parse().map_err(|_| format!("{part:?} is not a whole number"))?);
+    }
+    Ok(out)
+}
+
 /// `INTERVAL[,TIMEOUT[,FAILURES[,SUCCESSES]]]` (seconds; timeout at most
 /// the interval).
 pub fn parse_readiness(text: &str) -> Result<Readiness, String> {
-    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
-    if parts.len() > 4 {
-        return Err("expected INTERVAL[,TIMEOUT[,FAILURES[,SUCCESSES]]]".into());
-    }
-    let number = |i: usize, default: u32| -> Result<u32, String> {
-        match parts.get(i) {
-            None => Ok(default),
-            Some(part) => part
-                .parse()
-                .map_err(|_| format!("{part:?} is not a whole number")),
-        }
-    };
-    let interval_seconds = number(0, 0)?;
+    let [interval, timeout, failures, successes] = numbers::<4>(text, "INTERVAL[,TIMEOUT[,FAILURES[,SUCCESSES]]]")?;
     let readiness = Readiness {
-        interval_seconds,
-        timeout_seconds: number(1, interval_seconds.clamp(1, 1))?,
-        failure_threshold: number(2, 3)?,
-        success_threshold: number(3, 1)?,
+        interval_seconds: interval.unwrap_or(0),
+        timeout_seconds: timeout.unwrap_or(1),
+        failure_threshold: failures.unwrap_or(3),
+        success_threshold: successes.unwrap_or(1),
         check: None,
         grace_seconds: 0,
     };
@@ -144,23 +146,12 @@ pub fn parse_readiness(text: &str) -> Result<Readiness, String> {
 /// `INTERVAL[,TIMEOUT[,THRESHOLD]]` in seconds (timeout at most the
 /// interval).
 pub fn parse_liveness(text: &str) -> Result<Liveness, String> {
-    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
-    if parts.len() > 3 {
-        return Err("expected INTERVAL[,TIMEOUT[,THRESHOLD]]".into());
-    }
-    let number = |i: usize, default: u32| -> Result<u32, String> {
-        match parts.get(i) {
-            None => Ok(default),
-            Some(part) => part
-                .parse()
-                .map_err(|_| format!("{part:?} is not a whole number")),
-        }
-    };
-    let interval_seconds = number(0, 0)?;
+    let [interval, timeout, threshold] = numbers::<3>(text, "INTERVAL[,TIMEOUT[,THRESHOLD]]")?;
+    let interval_seconds = interval.unwrap_or(0);
     let liveness = Liveness {
         interval_seconds,
-        timeout_seconds: number(1, 2.min(interval_seconds.max(1)))?,
-        failure_threshold: number(2, 3)?,
+        timeout_seconds: timeout.unwrap_or(2.min(interval_seconds.max(1))),
+        failure_threshold: threshold.unwrap_or(3),
         check: None,
         grace_seconds: 0,
     };
