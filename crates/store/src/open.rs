@@ -250,23 +250,18 @@ mod tests {
                 &[Arg::Int(newest)],
             )
             .await;
-        // What the newest migration (0034, crash loops) added goes with its
+        // What the newest migration (0035, autoscaling) added goes with its
         // row.
-        store
-            .test_execute(
-                "ALTER TABLE instances DROP COLUMN crash_loop, DROP COLUMN probe_problem",
-                &[],
-            )
-            .await;
+        store.test_execute("DROP TABLE autoscale_decisions", &[]).await;
+        store.test_execute("ALTER TABLE apps DROP COLUMN autoscale", &[]).await;
         let url = store.url.clone().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let again = Store::connect(&DatabaseUrl::parse(&url).unwrap(), dir.path(), "before").await.unwrap();
         let dump = dir.path().join("backups").join("state-before.pgdump");
         let bytes = std::fs::read(&dump).unwrap();
         assert!(bytes.starts_with(b"PGDMP"), "a pg_dump archive");
-        again
-            .test_execute("SELECT crash_loop, probe_problem FROM instances", &[])
-            .await;
+        again.test_execute("SELECT autoscale FROM apps", &[]).await;
+        again.test_execute("SELECT count(*) FROM autoscale_decisions", &[]).await;
         assert_eq!(
             again.admin_token_digests().await.unwrap(),
             vec!["digest-1".to_string()]
