@@ -290,10 +290,14 @@ pub async fn supervise(
                     watch.problem = Some(reason);
                     continue;
                 }
-                Outcome::Fail(reason) => {
-                    watch.problem = None;
-                    reason
+                // A probe found unable to run stays so until it passes: a
+                // failure meanwhile (an exec over its time on a loaded
+                // host) says nothing of the app.
+                Outcome::Fail(reason) if watch.problem.is_some() => {
+                    tracing::debug!(container = %probed.name, %reason, "liveness probe failed while it cannot run as set; not counted");
+                    continue;
                 }
+                Outcome::Fail(reason) => reason,
             };
             watch.failures += 1;
             tracing::debug!(container = %probed.name, failures = watch.failures, %reason, "liveness probe failed");

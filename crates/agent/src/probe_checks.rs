@@ -147,8 +147,8 @@ async fn exec_probe(
 ) -> Outcome {
     let program = command.first().map(String::as_str).unwrap_or("");
     // Dropped when over its time: the command is killed then.
-    match runtime.exec_output(&probed.id, command, &[], timeout).await {
-        Ok((Some(0), _)) => Outcome::Pass,
+    let outcome = match runtime.exec_output(&probed.id, command, &[], timeout).await {
+        Ok((Some(0), _)) => return Outcome::Pass,
         Ok((None, _)) => Outcome::Fail(format!("{program}: no exit within {seconds} s")),
         Ok((Some(code), output)) => judge_exit(program, code, &output),
         Err(err) => {
@@ -164,12 +164,22 @@ async fn exec_probe(
                 Outcome::Fail(format!("{program}: {text}"))
             }
         }
+    };
+    // A container that stopped while the command ran (Docker restarting
+    // it) gave no verdict either.
+    if outcome != Outcome::Skip && runtime.session_container(&probed.id).await.is_err() {
+        return Outcome::Skip;
     }
+    outcome
 }
 
 /// A command's exit: 126/127 with the runtime's "not found" or "permission
 /// denied" is a probe that cannot run; any other code is the app's answer.
 fn judge_exit(program: &str, code: i64, output: &str) -> Outcome {
+    // The runtime could not enter the container: it was stopping.
+    if code == 126 && output.contains("error executing setns process") {
+        return Outcome::Skip;
+    }
     if matches!(code, 126 | 127) && cannot_start(output) {
         return Outcome::Broken(format!(
             "the probe's command {program:?} cannot run in the container: {}",
@@ -234,5 +244,14 @@ mod tests {
             judge_exit("check", 127, ""),
             Outcome::Fail("check exited with code 127".into())
         );
+    }
+
+    #[test]
+    fn a_container_between_runs_gives_no_verdict() {
+        let restarting = "docker engine error: Docker responded with status code 409: Container f100 is restarting, wait until the container is running";
+        assert!(between_runs(restarting));
+        assert!(!between_runs("no such container"));
+        let stopping = "OCI runtime exec failed: exec failed: unable to start container process: error executing setns process: exit status 1: unknown";
+        assert_eq!(judge_exit("no-such-probe", 126, stopping), Outcome::Skip);
     }
 }

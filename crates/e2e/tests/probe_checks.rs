@@ -67,7 +67,7 @@ async fn a_crash_loop_a_tcp_readiness_probe_and_a_missing_probe_command_are_repo
         "exits 3 after 4 s",
     )
     .unwrap();
-    let liveness = json!({"interval_seconds": 1, "timeout_seconds": 1, "failure_threshold": 1, "check": {"kind": "exec", "command": ["no-such-probe", "--quick"]}});
+    let liveness = json!({"interval_seconds": 2, "timeout_seconds": 2, "failure_threshold": 1, "check": {"kind": "exec", "command": ["no-such-probe", "--quick"]}});
     let readiness = json!({"interval_seconds": 1, "timeout_seconds": 1, "failure_threshold": 1, "success_threshold": 1, "check": {"kind": "tcp", "port": 9}, "grace_seconds": 1});
     for bad in [
         json!({"interval_seconds": 1, "timeout_seconds": 1, "failure_threshold": 1, "check": {"kind": "exec", "command": []}}),
