@@ -25,7 +25,8 @@ need=()
 # control plane on PostgreSQL start themselves in temporary directories
 # (crates/test-support/src/postgres.rs); they never use the package's own
 # cluster or service.
-for pkg in git ca-certificates curl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables chromium chromium-driver pebble mmdebstrap postgresql postgresql-client restic; do
+# openssl makes the GitHub stand-in's App key (crates/e2e/src/github.rs).
+for pkg in git ca-certificates curl openssl docker-registry busybox-static sqlite3 gcc pkg-config python3 python3-pip util-linux wireguard-go wireguard-tools iproute2 iputils-ping iptables chromium chromium-driver pebble mmdebstrap postgresql postgresql-client restic; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ "${#need[@]}" -gt 0 ]; then
@@ -62,7 +63,7 @@ if ! mdbook --version >/dev/null 2>&1; then
 fi
 mdbook --version
 
-# The OpenAPI test (crates/e2e/tests/openapi.rs) validates the served
+# The OpenAPI test (crates/e2e/tests/e2e/openapi.rs) validates the served
 # document with openapi-spec-validator and drives a real control plane
 # through a client that openapi-python-client generates from it.
 if ! python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
@@ -73,6 +74,12 @@ if ! "$openapi_client_bin" --version >/dev/null 2>&1; then
     python3 -m pip install --quiet --disable-pip-version-check openapi-python-client
 fi
 "$openapi_client_bin" --version
+
+# A real SMTP server for the alert tests (crates/e2e/tests/e2e/alerts.rs):
+# aiosmtpd from PyPI, run by the test with its own message handler.
+if ! python3 -c 'import aiosmtpd' >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check aiosmtpd
+fi
 
 # An S3-compatible server for the backup tests: moto's standalone server
 # (PyPI). s3s-fs 0.14 (crates.io) was tried first; it answers restic's

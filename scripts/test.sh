@@ -15,7 +15,7 @@ cargo run -q --locked -p cloudweb-layers
 # installer's `cargo build -p` as from a workspace build (issue 21 item 3).
 bash scripts/feature-sets.sh
 
-# The compatibility suite (crates/e2e/tests/compat.rs) runs the previous
+# The compatibility suite (crates/e2e/tests/e2e/compat.rs) runs the previous
 # release's server and agent against this tree's. They are built first
 # (cached by commit; see scripts/compat-build.sh) because their build
 # shares this target dir and leaves its binaries in target/debug, which the
@@ -37,11 +37,11 @@ bash scripts/images.sh
 # The managed databases' test images (Debian's packages; scripts/service-images.sh).
 bash scripts/service-images.sh
 
-# The fault suite (crates/e2e/tests/faults.rs) writes one line per case
+# The fault suite (crates/e2e/tests/e2e/faults.rs) writes one line per case
 # here; the runner hides a passing test's output, so it is printed at the end.
 CLOUDWEB_FAULT_SUMMARY=$(mktemp)
 export CLOUDWEB_FAULT_SUMMARY
-# The same for the security suite (crates/e2e/tests/security.rs).
+# The same for the security suite (crates/e2e/tests/e2e/security.rs).
 CLOUDWEB_SECURITY_SUMMARY=$(mktemp)
 export CLOUDWEB_SECURITY_SUMMARY
 # The same for the compatibility matrix that ran.
@@ -78,7 +78,7 @@ if [ $# -eq 0 ] && cargo nextest --version >/dev/null 2>&1; then
     # --workspace, as above, so the build is the one above (`-p` alone
     # would resolve features for that package and build again).
     CLOUDWEB_TEST_DATABASE=postgres cargo nextest run --workspace --locked --test-threads 4 --no-fail-fast \
-        -E 'package(cloudweb-e2e) & (binary(conformance) | binary(nodes) | binary(accounts) | binary(server_hardening) | binary(deploy_order))' || status=$?
+        -E 'package(cloudweb-e2e) & (test(/^conformance::/) | test(/^nodes::/) | test(/^accounts::/) | test(/^server_hardening::/) | test(/^deploy_order::/))' || status=$?
 fi
 
 # The installer's smoke test (scripts/smoke-install.sh): a whole install

@@ -42,6 +42,13 @@ const HANDLED_MEMORY: usize = 1000;
 /// running that nothing manages.
 const RETRY_LIMIT: Duration = Duration::from_secs(30 * 60);
 
+/// The pause before the queue is read again for a command that asked to
+/// be retried for the `attempt`th time: 2 s, doubling up to 30 s (the
+/// default poll interval).
+fn retry_delay(attempt: u32) -> Duration {
+    Duration::from_secs(2u64.saturating_mul(1u64 << attempt.saturating_sub(1).min(5)).min(30))
+}
+
 /// What became of one command.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -78,6 +85,9 @@ struct Inner {
     lanes: Mutex<Lanes>,
     /// When each command first asked to be retried.
     retrying: Mutex<HashMap<String, Instant>>,
+    /// How many times each command asked to be retried, for the pause
+    /// before the queue is read again for it ([`retry_delay`]).
+    attempts: Mutex<HashMap<String, u32>>,
     /// When the lanes' recent acks completed: a queue read that started
     /// before may still list the command, which is no lost ack.
     acked: Mutex<HashMap<String, Instant>>,
@@ -127,6 +137,7 @@ impl Executor {
                 handled: Mutex::new(handled),
                 lanes: Mutex::new(Lanes::default()),
                 retrying: Mutex::new(HashMap::new()),
+                attempts: Mutex::new(HashMap::new()),
                 acked: Mutex::new(HashMap::new()),
             }),
         }
@@ -138,6 +149,8 @@ impl Executor {
         let read_at = Instant::now();
         let pending = client.commands().await?;
         self.inner.acked.lock().expect("acked lock").retain(|_, at| at.elapsed() < Duration::from_secs(300));
+        // Tries of commands the queue no longer holds are forgotten.
+        self.inner.attempts.lock().expect("attempts lock").retain(|id, _| pending.commands.iter().any(|c| &c.id == id));
         for command in pending.commands {
             let in_lane = self.inner.lanes.lock().expect("lanes lock").queued.contains(&command.id);
             let acked_since_read = self.inner.acked.lock().expect("acked lock").get(&command.id).is_some_and(|at| *at >= read_at);
@@ -232,6 +245,7 @@ impl Executor {
                     {
                         let mut lanes = self.inner.lanes.lock().expect("lanes lock");
                         self.inner.retrying.lock().expect("retry lock").remove(&command.id);
+                        self.inner.attempts.lock().expect("attempts lock").remove(&command.id);
                         self.inner.remember(&command.id);
                         if let Some(lane) = lanes.lanes.get_mut(&key) {
                             lane.queue.pop_front();
@@ -252,12 +266,31 @@ impl Executor {
                 Outcome::Retry(reason) => {
                     tracing::warn!(command = %command.id, kind = %command.kind, %reason, "command will be retried");
                     // Later commands of this deployment may depend on this one.
-                    let mut lanes = self.inner.lanes.lock().expect("lanes lock");
-                    if let Some(lane) = lanes.lanes.remove(&key) {
-                        for queued in lane.queue {
-                            lanes.queued.remove(&queued.id);
+                    {
+                        let mut lanes = self.inner.lanes.lock().expect("lanes lock");
+                        if let Some(lane) = lanes.lanes.remove(&key) {
+                            for queued in lane.queue {
+                                lanes.queued.remove(&queued.id);
+                            }
                         }
                     }
+                    // The queue is read again for it after a pause that
+                    // grows with its tries, rather than at the next poll
+                    // (30 s by default): a volume whose containers were
+                    // still stopping is deleted seconds after they are gone.
+                    let attempt = {
+                        let mut attempts = self.inner.attempts.lock().expect("attempts lock");
+                        let n = attempts.entry(command.id.clone()).or_insert(0);
+                        *n += 1;
+                        *n
+                    };
+                    let mut again = self.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(retry_delay(attempt)).await;
+                        if let Err(err) = again.run_pending(&client).await {
+                            tracing::debug!(error = %err, "could not read the command queue again; the next poll will");
+                        }
+                    });
                     return;
                 }
             }
@@ -594,6 +627,13 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_retried_command_is_tried_again_sooner_then_at_the_poll_pace() {
+        let delays: Vec<u64> = (1..=7).map(|n| super::retry_delay(n).as_secs()).collect();
+        assert_eq!(delays, [2, 4, 8, 16, 30, 30, 30]);
+        assert_eq!(super::retry_delay(u32::MAX).as_secs(), 30);
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -3,8 +3,8 @@
 //!
 //! One task watches the Engine's `start` events of this node's app
 //! containers (and lists the running ones whenever that watch (re)starts),
-//! and follows each container's output from its last [`TAIL_ON_FOLLOW`]
-//! lines on. Lines have the app's variable values redacted, are capped at
+//! and follows each container's output: one that just started from its
+//! start, one found running from its last [`TAIL_ON_FOLLOW`] lines on. Lines have the app's variable values redacted, are capped at
 //! 16 KiB and wait in one bounded buffer ([`MAX_BUFFER_LINES`] lines,
 //! [`MAX_BUFFER_BYTES`] bytes, [`MAX_CONTAINER_LINES`] per container):
 //! when it is full the oldest lines go and the next upload says how many
@@ -27,12 +27,12 @@ use crate::redact::Redactor;
 use crate::runtime::{AppInstance, DockerRuntime};
 
 /// Lines the buffer holds, over all containers.
-pub const MAX_BUFFER_LINES: usize = 10_000;
+pub const MAX_BUFFER_LINES: usize = 20_000;
 /// Bytes of line text the buffer holds.
 pub const MAX_BUFFER_BYTES: usize = 8 * 1024 * 1024;
 /// Lines one container may hold in the buffer, so a chatty app cannot push
 /// out every other app's lines.
-pub const MAX_CONTAINER_LINES: usize = 2_000;
+pub const MAX_CONTAINER_LINES: usize = 5_000;
 /// Lines read back when a container is first followed (the agent may have
 /// restarted after it printed them; the control plane drops repeats).
 pub const TAIL_ON_FOLLOW: usize = 200;
@@ -53,6 +53,17 @@ struct Pending {
     refused: bool,
     /// No follower runs for it any more.
     ended: bool,
+    /// The highest sequence number of the upload in flight (0: none).
+    /// Lines up to it are not dropped when the buffer is full: they may
+    /// already be stored, and would be counted as lost though they were not.
+    sent_upto: u64,
+}
+
+impl Pending {
+    /// Lines of the upload in flight (the front of `lines`).
+    fn in_flight(&self) -> usize {
+        self.lines.partition_point(|(seq, _)| *seq <= self.sent_upto)
+    }
 }
 
 /// The bounded buffer between the followers and the uploader.
@@ -81,6 +92,7 @@ impl Buffer {
             dropped: 0,
             refused: false,
             ended: false,
+            sent_upto: 0,
         });
         if pending.refused {
             return false;
@@ -93,7 +105,7 @@ impl Buffer {
         self.bytes += line.line.len();
         pending.lines.push_back((self.next_seq, line));
         self.lines += 1;
-        if pending.lines.len() > MAX_CONTAINER_LINES {
+        if pending.lines.len() - pending.in_flight() > MAX_CONTAINER_LINES {
             let id = instance.id.clone();
             self.drop_oldest(&id);
         }
@@ -106,9 +118,11 @@ impl Buffer {
         true
     }
 
+    /// Drops the container's oldest line that is not in flight.
     fn drop_oldest(&mut self, id: &str) -> bool {
         let Some(pending) = self.containers.get_mut(id) else { return false };
-        let Some((_, line)) = pending.lines.pop_front() else { return false };
+        let at = pending.in_flight();
+        let Some((_, line)) = pending.lines.remove(at) else { return false };
         pending.bytes -= line.line.len();
         pending.dropped += 1;
         self.bytes -= line.line.len();
@@ -117,11 +131,11 @@ impl Buffer {
     }
 
     /// The next upload, or None when there is nothing to send.
-    fn take(&self) -> Option<(LogUpload, Taken)> {
+    fn take(&mut self) -> Option<(LogUpload, Taken)> {
         let mut upload = LogUpload::default();
         let mut taken = Vec::new();
         let (mut lines, mut bytes) = (0, 0);
-        for (id, pending) in &self.containers {
+        for (id, pending) in &mut self.containers {
             if pending.refused || (pending.lines.is_empty() && pending.dropped == 0) {
                 continue;
             }
@@ -139,6 +153,7 @@ impl Buffer {
                 last_seq = *seq;
                 batch.push(line.clone());
             }
+            pending.sent_upto = last_seq;
             taken.push((id.clone(), last_seq, pending.dropped));
             upload.containers.push(ContainerLogs {
                 deployment_id: pending.deployment.clone(),
@@ -155,6 +170,7 @@ impl Buffer {
     fn settle(&mut self, taken: &Taken) {
         for (id, last_seq, dropped) in taken {
             let Some(pending) = self.containers.get_mut(id) else { continue };
+            pending.sent_upto = 0;
             pending.dropped -= (*dropped).min(pending.dropped);
             while pending.lines.front().is_some_and(|(seq, _)| seq <= last_seq) {
                 let (_, line) = pending.lines.pop_front().expect("front");
@@ -164,6 +180,16 @@ impl Buffer {
             }
         }
         self.containers.retain(|_, p| !(p.ended && p.lines.is_empty() && p.dropped == 0));
+    }
+
+    /// An upload failed: its lines are the buffer's again (and may be
+    /// dropped when it is full).
+    fn release(&mut self, taken: &Taken) {
+        for (id, _, _) in taken {
+            if let Some(pending) = self.containers.get_mut(id) {
+                pending.sent_upto = 0;
+            }
+        }
     }
 
     /// The control plane will not take this container's lines.
@@ -187,9 +213,13 @@ impl Buffer {
         }
     }
 
-    /// True once more than half the buffer is used: upload without pausing.
+    /// Upload again without pausing: the buffer holds a whole upload's
+    /// worth, or one container more than half its share (a chatty
+    /// container is not held to one upload a second).
     fn pressing(&self) -> bool {
-        self.lines > MAX_BUFFER_LINES / 2 || self.bytes > MAX_BUFFER_BYTES / 2
+        self.lines >= MAX_UPLOAD_LINES
+            || self.bytes >= MAX_UPLOAD_TEXT_BYTES
+            || self.containers.values().any(|p| !p.refused && p.lines.len() > MAX_CONTAINER_LINES / 2)
     }
 }
 
@@ -224,7 +254,7 @@ pub async fn run(client: Arc<ControlPlane>, runtime: DockerRuntime) {
                     Ok(running) => {
                         backoff = Duration::from_secs(1);
                         for instance in running {
-                            follow(&mut tasks, &runtime, &shared, instance);
+                            follow(&mut tasks, &runtime, &shared, instance, false);
                         }
                     }
                     Err(err) => tracing::warn!(error = %err, "runtime logs: cannot list this node's containers"),
@@ -232,7 +262,7 @@ pub async fn run(client: Arc<ControlPlane>, runtime: DockerRuntime) {
                 loop {
                     tokio::select! {
                         event = starts.next() => match event {
-                            Some(Ok(instance)) => follow(&mut tasks, &runtime, &shared, instance),
+                            Some(Ok(instance)) => follow(&mut tasks, &runtime, &shared, instance, true),
                             Some(Err(err)) => {
                                 tracing::debug!(error = %err, "runtime logs: the Engine's event stream ended");
                                 break;
@@ -251,7 +281,11 @@ pub async fn run(client: Arc<ControlPlane>, runtime: DockerRuntime) {
     }
 }
 
-fn follow(tasks: &mut tokio::task::JoinSet<()>, runtime: &DockerRuntime, shared: &Arc<Shared>, instance: AppInstance) {
+type Followed = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<crate::runtime::OutputLine, crate::runtime::RuntimeError>> + Send>>;
+
+/// Follows a container: one that just started from its start (`fresh`),
+/// one found running from its last [`TAIL_ON_FOLLOW`] lines.
+fn follow(tasks: &mut tokio::task::JoinSet<()>, runtime: &DockerRuntime, shared: &Arc<Shared>, instance: AppInstance, fresh: bool) {
     if !shared.following.lock().expect("following lock").insert(instance.id.clone()) {
         return;
     }
@@ -259,13 +293,13 @@ fn follow(tasks: &mut tokio::task::JoinSet<()>, runtime: &DockerRuntime, shared:
     let shared = shared.clone();
     tasks.spawn(async move {
         let id = instance.id.clone();
-        follow_one(&runtime, &shared, &instance).await;
+        follow_one(&runtime, &shared, &instance, fresh).await;
         shared.following.lock().expect("following lock").remove(&id);
         shared.buffer.lock().expect("log buffer lock").ended(&id);
     });
 }
 
-async fn follow_one(runtime: &DockerRuntime, shared: &Shared, instance: &AppInstance) {
+async fn follow_one(runtime: &DockerRuntime, shared: &Shared, instance: &AppInstance, fresh: bool) {
     let env = match runtime.app_env(&instance.id).await {
         Ok(env) => env,
         Err(err) => {
@@ -276,8 +310,22 @@ async fn follow_one(runtime: &DockerRuntime, shared: &Shared, instance: &AppInst
         }
     };
     let redactor = Redactor::new(&env);
-    let mut output = match runtime.follow_output(&instance.id, TAIL_ON_FOLLOW) {
-        Ok(output) => Box::pin(output),
+    // A second before the start: the Engine's `since` is in whole seconds,
+    // and what an earlier run printed in that second is skipped below (or
+    // recognised as a repeat by the control plane).
+    let since = match fresh {
+        true => runtime.started_at(&instance.id).await.ok().flatten().and_then(|at| {
+            let at = time::OffsetDateTime::parse(&at, &time::format_description::well_known::Rfc3339).ok()?;
+            i32::try_from(at.unix_timestamp() - 1).ok()
+        }),
+        false => None,
+    };
+    let followed = match since {
+        Some(since) => runtime.follow_output_since(&instance.id, since).map(|s| Box::pin(s) as Followed),
+        None => runtime.follow_output(&instance.id, TAIL_ON_FOLLOW).map(|s| Box::pin(s) as Followed),
+    };
+    let mut output = match followed {
+        Ok(output) => output,
         Err(err) => {
             tracing::warn!(container = %instance.name, error = %err, "runtime logs: cannot follow the container");
             return;
@@ -344,6 +392,7 @@ async fn upload_loop(client: Arc<ControlPlane>, shared: Arc<Shared>) {
             }
             Err(err) => {
                 tracing::debug!(error = %err, "runtime logs: upload failed; trying again");
+                shared.buffer.lock().expect("log buffer lock").release(&taken);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
@@ -394,6 +443,30 @@ mod tests {
         assert!(buffer.bytes <= MAX_BUFFER_BYTES && buffer.lines <= MAX_BUFFER_LINES);
         let counted: usize = buffer.containers.values().map(|p| p.bytes).sum();
         assert_eq!(counted, buffer.bytes);
+    }
+
+    #[test]
+    fn lines_in_flight_are_neither_dropped_nor_counted_as_lost() {
+        let mut buffer = Buffer::default();
+        let chatty = instance("a");
+        for i in 0..MAX_UPLOAD_LINES {
+            buffer.push(&chatty, "stdout", format!("{i:09}"), "x".into());
+        }
+        let (upload, taken) = buffer.take().unwrap();
+        assert_eq!(upload.containers[0].lines.len(), MAX_UPLOAD_LINES);
+        // While that upload is in flight, a burst fills the container's share.
+        for i in MAX_UPLOAD_LINES..MAX_UPLOAD_LINES + MAX_CONTAINER_LINES + 3 {
+            buffer.push(&chatty, "stdout", format!("{i:09}"), "x".into());
+        }
+        buffer.settle(&taken);
+        let (next, taken) = buffer.take().unwrap();
+        // Only the 3 oldest lines that were not in flight were lost.
+        assert_eq!(next.containers[0].dropped, 3);
+        assert_eq!(next.containers[0].lines[0].ts, format!("{:09}", MAX_UPLOAD_LINES + 3));
+        // A failed upload gives its lines back to the buffer's bounds.
+        buffer.release(&taken);
+        assert_eq!(buffer.containers.values().next().unwrap().in_flight(), 0);
+        assert!(buffer.pressing(), "a whole upload's worth is waiting");
     }
 
     #[test]

@@ -44,8 +44,8 @@ pub enum ProjectRef {
     Path(String),
 }
 
-/// `POST /api/apps`: an app from a git URL (`repo_url`) or from a GitLab
-/// project (`gitlab_project`).
+/// `POST /api/apps`: an app from a git URL (`repo_url`), a GitLab project
+/// (`gitlab_project`) or a GitHub repository (`github_repository`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"name": "web", "repo_url": "https://git.example.com/acme/web.git", "port": 8080}))]
@@ -66,6 +66,11 @@ pub struct CreateApp {
     /// Which logged-in GitLab identity acts for the app (when several).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gitlab_account: Option<i64>,
+    /// Make the app from this GitHub repository (`owner/name`), which the
+    /// GitHub App must be installed on: its clone URL, the App's webhook,
+    /// a repository-scoped token per deploy, commit statuses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub github_repository: Option<String>,
     /// For an app from any other git URL: make a webhook URL and secret
     /// for the generic, HMAC-signed push webhook.
     #[serde(default, skip_serializing_if = "is_false")]

@@ -16,11 +16,13 @@
 pub mod accounts;
 pub mod backups;
 pub mod apps;
+pub mod alerts;
 pub mod autoscale;
 pub mod control_planes;
 pub mod deployments;
 pub mod error;
 pub mod git;
+pub mod github;
 pub mod nodes;
 pub mod scale;
 pub mod services;

@@ -78,11 +78,33 @@ pub struct RuntimeLine {
     pub container: String,
 }
 
-/// `GET /api/apps/{name}/logs`.
+/// `GET /api/apps/{name}/logs`: the tail (oldest first), or a page of a
+/// search (newest first, with `next` when there may be more).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RuntimeLogs {
     pub app: String,
     pub lines: Vec<RuntimeLine>,
+    /// A search's cursor for the next page (`cursor=`), when there may be
+    /// one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    /// What the store holds of the app (with a search).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored: Option<StoredLogs>,
+}
+
+/// What the log store holds of an app, and what it lost.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StoredLogs {
+    pub lines: u64,
+    pub bytes: u64,
+    /// Lines deleted by retention (older than it, or past the app's or
+    /// the store's size bound), oldest first.
+    pub pruned: u64,
+    /// Lines that never reached the store: over the app's rate, or the
+    /// store was full or behind. Each such cut is also noted by a line of
+    /// stream `agent` where it happened.
+    pub dropped: u64,
 }
 
 /// The data of the `end` event of a followed runtime log.

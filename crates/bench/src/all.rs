@@ -66,6 +66,7 @@ const STEPS: &[Step] = &[
     step_as("flood-api", &["flood", "--target", "api"], &["--connections", "5000", "--slow", "300", "--nodes", "20"], 60),
     step("apps", &["--sizes", "10,1000,10000", "--samples", "100"], 60),
     step("dashboard", &["--nodes", "1000", "--apps", "1000", "--samples", "5"], 90),
+    step("logs", &["--agents", "200", "--uploaders", "4", "--duration", "5", "--stored-lines", "300000", "--queries", "50"], 120),
     step("mesh", &["--seconds", "1", "--rounds", "1", "--pings", "500"], 45),
     step("agent", &["--containers", "1,50"], 100),
     step("acme", &["--ingress-nodes", "2", "--runs", "2", "--timeout-seconds", "30"], 60),
@@ -81,6 +82,7 @@ const STEPS: &[Step] = &[
         120,
     ),
     step("webhook", &["--runs", "2", "--settle-timeout-seconds", "60"], 90),
+    step_as("webhook-github", &["webhook", "--provider", "github"], &["--runs", "2", "--settle-timeout-seconds", "60"], 90),
     step(
         "ingress",
         &[

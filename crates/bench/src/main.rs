@@ -19,6 +19,7 @@ mod all;
 mod apps;
 mod backups;
 mod dashboard;
+mod logs;
 mod failover;
 mod deploy;
 mod docker;
@@ -89,10 +90,15 @@ enum Commands {
     /// The dashboard's page weight per page, and the time to first byte of
     /// the Nodes page with 1,000 heartbeating nodes in the database.
     Dashboard(dashboard::Args),
-    /// Time from a GitLab push webhook received to the deployment running,
-    /// for a cached build, next to POST /deploy of the same commit (GitLab
-    /// is the test stand-in on loopback; everything else is real).
-    Webhook(webhook::Args),
+    /// The runtime-log store: lines per second stored through the agent
+    /// listener while 1,000 simulated agents heartbeat, and search latency
+    /// over 10 million stored lines, against a real control plane.
+    Logs(logs::Args),
+    /// Time from a push webhook received to the deployment running, for a
+    /// cached build, next to POST /deploy of the same commit (`--provider
+    /// gitlab|github`: the host is a test stand-in on loopback; everything
+    /// else is real).
+    Webhook(webhook::WebhookArgs),
     /// Time from creating an app with a public domain to the first
     /// certificate Caddy serves for it, issued by pebble (Let's Encrypt's
     /// test CA) through the control plane, with N ingress nodes: median
@@ -143,6 +149,7 @@ fn main() -> std::process::ExitCode {
             Commands::Flood(args) => interruptible(flood::run(args)).await,
             Commands::Apps(args) => interruptible(apps::run(args)).await,
             Commands::Dashboard(args) => interruptible(dashboard::run(args)).await,
+            Commands::Logs(args) => interruptible(logs::run(args)).await,
             Commands::Mesh(args) => interruptible(mesh::run(args)).await,
             Commands::Acme(args) => interruptible(acme::run(args)).await,
             Commands::Failover(args) => interruptible(failover::run(args)).await,
@@ -175,5 +182,15 @@ async fn interruptible<T>(bench: impl std::future::Future<Output = anyhow::Resul
     tokio::select! {
         outcome = bench => outcome,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every subcommand's arguments are well formed (clap checks them only
+    /// when that subcommand is parsed, which no other test does).
+    #[test]
+    fn the_command_line_is_well_formed() {
+        <super::Cli as clap::CommandFactory>::command().debug_assert();
     }
 }

@@ -43,10 +43,16 @@ pub enum AppsCommand {
 pub struct CreateArgs {
     name: String,
     /// The git repository (https://, ssh:// or git@host:path).
+    #[arg(long, required_unless_present = "github")]
+    repo: Option<String>,
+    /// Make the app from this GitHub repository (OWNER/NAME) through the
+    /// GitHub App (`cloudweb github setup`): it deploys on push, with a
+    /// token for that one repository per deploy and commit statuses.
+    #[arg(long, value_name = "OWNER/NAME", conflicts_with_all = ["repo", "git_username", "git_ssh_key"])]
+    github: Option<String>,
+    /// The branch to deploy (main; with --github, the repository's default).
     #[arg(long)]
-    repo: String,
-    #[arg(long, default_value = "main")]
-    branch: String,
+    branch: Option<String>,
     /// The port the app listens on (it also gets PORT).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     port: u16,
@@ -282,7 +288,15 @@ pub async fn run(api: &Api, command: AppsCommand, json: bool) -> Result<(), Fail
 }
 
 fn create_body(args: CreateArgs) -> Result<CreateApp, Failure> {
-    let mut body = CreateApp { name: args.name, repo_url: args.repo, branch: Some(args.branch), port: args.port, domains: args.domains, ..CreateApp::default() };
+    let mut body = CreateApp {
+        name: args.name,
+        repo_url: args.repo.unwrap_or_default(),
+        github_repository: args.github,
+        branch: args.branch,
+        port: args.port,
+        domains: args.domains,
+        ..CreateApp::default()
+    };
     args.run.add_to_create(&mut body);
     if let Some(user) = args.git_username {
         let password = match std::env::var("CLOUDWEB_GIT_PASSWORD").ok().filter(|p| !p.is_empty()) {
@@ -435,7 +449,19 @@ mod tests {
         let body = render::to_json(&create_body(args).unwrap());
         assert_eq!(
             body,
-            json!({"name": "web", "repo_url": "https://git.example/web.git", "branch": "main", "port": 8080, "domains": ["web.example"], "instances": 2})
+            json!({"name": "web", "repo_url": "https://git.example/web.git", "port": 8080, "domains": ["web.example"], "instances": 2})
         );
+    }
+
+    #[test]
+    fn apps_create_from_github_names_the_repository_and_nothing_else() {
+        let args = ["cloudweb", "apps", "create", "web", "--github", "acme/site", "--port", "8080", "--branch", "prod"];
+        let Command::Apps { command: Some(AppsCommand::Create(args)) } = Cli::try_parse_from(args).unwrap().command else { unreachable!() };
+        let body = render::to_json(&create_body(args).unwrap());
+        assert_eq!(body, json!({"name": "web", "github_repository": "acme/site", "branch": "prod", "port": 8080, "domains": []}));
+        // One source only, and one is needed.
+        assert!(Cli::try_parse_from(["cloudweb", "apps", "create", "web", "--github", "a/b", "--repo", "https://g/x.git", "--port", "80"]).is_err());
+        assert!(Cli::try_parse_from(["cloudweb", "apps", "create", "web", "--github", "a/b", "--git-username", "u", "--port", "80"]).is_err());
+        assert!(Cli::try_parse_from(["cloudweb", "apps", "create", "web", "--port", "80"]).is_err());
     }
 }

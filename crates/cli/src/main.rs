@@ -7,6 +7,7 @@
 //! command's own status instead (see [`follow::run_outcome`]). Listings
 //! take `--json` and then print the API's JSON.
 
+mod alerts;
 mod apps;
 mod autoscale;
 mod backups;
@@ -19,6 +20,7 @@ mod duration;
 mod env;
 mod exec;
 mod follow;
+mod github;
 mod login;
 mod logs;
 mod nodes;
@@ -229,18 +231,25 @@ enum Command {
     },
     /// An app's deployments, newest first.
     Deployments { app: String },
-    /// What an app's instances print (stdout and stderr).
-    Logs {
-        app: String,
-        /// Keep printing new lines as they come.
-        #[arg(long, short = 'f')]
-        follow: bool,
-        /// How many recent lines (0 to 2000).
-        #[arg(long, short = 'n', default_value_t = 100, value_parser = clap::value_parser!(u16).range(0..=2000))]
-        lines: u16,
-        /// Only this deployment's lines.
+    /// What an app's instances print (stdout and stderr): the tail, a
+    /// search of the stored lines, or followed.
+    Logs(logs::LogsArgs),
+    /// What the control plane alerts on (failed deployments, crash loops,
+    /// unreachable or degraded nodes, full disks, certificates, backups):
+    /// the open alerts (`--all`: resolved ones too), and with `channels` /
+    /// `channel add|show|rm|test` where they are sent.
+    Alerts {
+        /// Resolved alerts too (kept 30 days).
         #[arg(long)]
-        deployment: Option<String>,
+        all: bool,
+        #[command(subcommand)]
+        command: Option<alerts::AlertsCommand>,
+    },
+    /// The GitHub App (setup, show) and the repositories it reaches, to
+    /// make apps from (`apps create NAME --github OWNER/NAME`).
+    Github {
+        #[command(subcommand)]
+        command: github::GithubCommand,
     },
 }
 
@@ -310,7 +319,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::PortForward(args) => exec::port_forward(&api, args).await,
         Command::Sessions { app, service } => exec::list(&api, &app, service, json).await,
         Command::Deployments { app } => deploy::deployments(&api, &app, json).await,
-        Command::Logs { app, follow, lines, deployment } => logs::run(&api, &app, follow, lines, deployment, json).await,
+        Command::Logs(args) => logs::run(&api, args, json).await,
+        Command::Alerts { all, command } => alerts::run(&api, command, all, json).await,
+        Command::Github { command } => github::run(&api, command, json).await,
         Command::Cron { command } => cron::run(&api, command, json).await,
         Command::Run(args) => run::one_off(&api, args, json).await,
         Command::Runs(args) => run::runs(&api, args, json).await,

@@ -85,6 +85,13 @@ pub struct Config {
     pub sessions: crate::sessions::SessionSettings,
     /// How often the autoscaler looks at the apps it scales.
     pub autoscale_interval: Duration,
+    /// The runtime-log store's retention, bounds and rates.
+    pub logs: crate::log_archive::LogSettings,
+    /// How often the alert evaluator looks.
+    pub alert_interval: Duration,
+    /// Alert channels may send to loopback and private addresses (a
+    /// Mattermost or SMTP relay on the cluster's own network).
+    pub allow_private_alert_targets: bool,
 }
 
 /// How backups are paced.
@@ -150,6 +157,9 @@ impl Config {
             backups: BackupSettings::default(),
             sessions: Default::default(),
             autoscale_interval: Duration::from_secs(15),
+            logs: Default::default(),
+            alert_interval: Duration::from_secs(5),
+            allow_private_alert_targets: false,
         }
     }
 }

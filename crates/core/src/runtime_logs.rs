@@ -11,13 +11,19 @@
 //! - a container's repeated lines (an agent that restarts sends its last
 //!   lines again) are recognised by their timestamps and dropped.
 //!
-//! A restart of the control plane empties the rings; the agents go on
-//! uploading new lines. Line numbers (`seq`, the SSE event id) are one
-//! sequence for all apps that starts at the control plane's start time in
-//! microseconds, so they keep growing across a restart (as long as the
-//! clock does not go back) and a follower that reconnects with the last id
-//! it saw gets every line the new run has, none twice. Lines are not written to the database, so a chatty
-//! app costs no disk writes on the control plane.
+//! The rings are the live part: every line they take is also handed to
+//! the archive ([`crate::log_archive`]), which writes it to the log store
+//! in batches, where it outlives a restart and is searched. Before a ring,
+//! an app's lines pass its rate limit ([`crate::log_rate`]): what is cut
+//! is counted and noted in place.
+//!
+//! A restart of the control plane empties the rings; the tail and a
+//! follower's resumption are then read from the store ([`RuntimeLogs::tail`]).
+//! Line numbers (`seq`, the SSE event id) are one sequence for all apps
+//! that starts at the control plane's start time in microseconds, or above
+//! the highest number stored, so they keep growing across a restart and a
+//! follower that reconnects with the last id it saw gets every line stored
+//! since, none twice.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -27,6 +33,8 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::hub::Hub;
+use crate::log_archive::LogArchive;
+use crate::log_rate::{Rate, RateLimits};
 
 /// Lines an app's ring keeps.
 pub const MAX_APP_LINES: usize = 2000;
@@ -133,6 +141,10 @@ pub struct RuntimeLogs {
     /// Where what is stored here is passed to the other control-plane
     /// replicas (PostgreSQL; see `runtime_log_relay`).
     relay: std::sync::OnceLock<tokio::sync::mpsc::Sender<Relayed>>,
+    /// Where stored lines go to be kept (see [`RuntimeLogs::attach`]).
+    archive: std::sync::OnceLock<std::sync::Arc<LogArchive>>,
+    /// Per-app rate limits, once an archive sets them.
+    limits: Mutex<Option<RateLimits>>,
 }
 
 struct Inner {
@@ -140,6 +152,39 @@ struct Inner {
     total: usize,
     /// The last `seq` given.
     seq: u64,
+    /// Uploads whose lines are not written to the store yet: first line
+    /// number → app. Lines from the lowest on are not shown (see
+    /// [`Held`]).
+    held: std::collections::BTreeMap<u64, String>,
+}
+
+impl Inner {
+    /// The highest line number shown: every line up to it is written (or
+    /// was never to be).
+    fn visible(&self) -> u64 {
+        self.held.keys().next().map_or(self.seq, |first| first - 1)
+    }
+}
+
+/// Lines of one upload, not shown until this is dropped: a follower sees a
+/// line only once the store has it, so a crash of the control plane
+/// between the two cannot show a line that the agent then sends again
+/// (unanswered) and the next run stores and shows a second time. The
+/// upload handler drops it after `LogArchive::written`; dropping it early
+/// (a cancelled request) shows the lines then.
+pub struct Held<'a> {
+    logs: &'a RuntimeLogs,
+    first: Option<u64>,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let Some(first) = self.first else { return };
+        let app = self.logs.rings.lock().expect("runtime log lock").held.remove(&first);
+        if let Some(app) = app {
+            self.logs.hub.notify(&app, "logs");
+        }
+    }
 }
 
 impl Default for RuntimeLogs {
@@ -169,7 +214,32 @@ impl Inner {
 impl RuntimeLogs {
     /// Empty rings whose first line gets `seq` one above `seq`.
     pub fn numbered_after(seq: u64) -> RuntimeLogs {
-        RuntimeLogs { rings: Mutex::new(Inner { apps: HashMap::new(), total: 0, seq }), hub: Hub::default(), relay: Default::default() }
+        RuntimeLogs {
+            rings: Mutex::new(Inner { apps: HashMap::new(), total: 0, seq, held: Default::default() }),
+            hub: Hub::default(),
+            relay: Default::default(),
+            archive: Default::default(),
+            limits: Mutex::new(None),
+        }
+    }
+
+    /// Hands every line stored from now on to `archive` too, numbers lines
+    /// above `stored_seq` (the highest the store holds) and limits each
+    /// app to the archive's rate.
+    pub fn attach(&self, archive: std::sync::Arc<LogArchive>, stored_seq: u64) {
+        let settings = &archive.settings;
+        let rate = Rate { per_second: f64::from(settings.lines_per_second), burst: f64::from(settings.burst_lines.max(1)) };
+        *self.limits.lock().expect("log limits lock") = Some(RateLimits::new(rate));
+        {
+            let mut inner = self.rings.lock().expect("runtime log lock");
+            inner.seq = inner.seq.max(stored_seq);
+        }
+        let _ = self.archive.set(archive);
+    }
+
+    /// The archive, once attached.
+    pub fn archive(&self) -> Option<std::sync::Arc<LogArchive>> {
+        self.archive.get().cloned()
     }
 
     /// Passes what is stored here from now on to `relay` too (the other
@@ -189,12 +259,25 @@ impl RuntimeLogs {
     /// Stores a container's new lines (passing what was stored, with its
     /// line numbers, to the other replicas); returns how many were new.
     pub fn append(&self, incoming: Incoming<'_>) -> u64 {
-        let mut stored = self.relay.get().map(|_| Vec::new());
-        let accepted = self.store(&incoming, stored.as_mut());
+        self.append_held(incoming).0
+    }
+
+    /// [`RuntimeLogs::append`], the lines not shown until the [`Held`] is
+    /// dropped (when an archive is attached; at once otherwise).
+    pub fn append_held(&self, incoming: Incoming<'_>) -> (u64, Held<'_>) {
+        let mut stored = (self.relay.get().is_some() || self.archive.get().is_some()).then(Vec::new);
+        let (accepted, first) = self.store(&incoming, stored.as_mut());
+        let held = Held { logs: self, first };
         if let Some(lines) = stored.filter(|lines| !lines.is_empty()) {
-            self.pass_on(|| Relayed::Lines { app: incoming.app.to_string(), lines });
+            if let Some(archive) = self.archive.get() {
+                let now_ns = incoming.now_ms.saturating_mul(1_000_000);
+                archive.push(lines.iter().map(|line| to_stored(incoming.app, line, now_ns)).collect());
+            }
+            if self.relay.get().is_some() {
+                self.pass_on(|| Relayed::Lines { app: incoming.app.to_string(), lines });
+            }
         }
-        accepted
+        (accepted, held)
     }
 
     /// What another replica stored (see `runtime_log_relay`): its lines
@@ -240,11 +323,15 @@ impl RuntimeLogs {
         self.hub.notify(&app, "logs");
     }
 
-    fn store(&self, incoming: &Incoming<'_>, mut stored: Option<&mut Vec<RuntimeLine>>) -> u64 {
+    /// Numbers and keeps new lines; how many, and the first number given
+    /// when they are held until written.
+    fn store(&self, incoming: &Incoming<'_>, mut stored: Option<&mut Vec<RuntimeLine>>) -> (u64, Option<u64>) {
         let mut accepted = 0;
+        let mut first = None;
         {
             let mut inner = self.rings.lock().expect("runtime log lock");
             let inner = &mut *inner;
+            let before_seq = inner.seq;
             let seq = &mut inner.seq;
             let ring = inner.apps.entry(incoming.app.to_string()).or_default();
             let before = ring.bytes;
@@ -274,6 +361,7 @@ impl RuntimeLogs {
             // lines with exactly its timestamp as were stored with it.
             let mut last = ring.last.get(incoming.container).copied();
             let mut repeats = last.map_or(0, |(_, count)| count);
+            let mut fresh = Vec::with_capacity(incoming.lines.len());
             for new in incoming.lines {
                 // A timestamp that does not parse cannot be compared; the
                 // line is stored as it is.
@@ -293,8 +381,29 @@ impl RuntimeLogs {
                         }
                     }
                 }
+                fresh.push(new);
+            }
+            // The app's rate: the first lines pass, the rest are counted and
+            // noted once the app is back under it (or every ten seconds).
+            let allowance = match self.limits.lock().expect("log limits lock").as_mut() {
+                Some(limits) => limits.take(incoming.app, fresh.len(), std::time::Instant::now()),
+                None => crate::log_rate::Allowance { lines: fresh.len(), note: None },
+            };
+            let cut = fresh.len() - allowance.lines;
+            if let Some(dropped) = allowance.note {
+                let ts = fresh.first().map_or_else(|| crate::clock::rfc3339_ms(incoming.now_ms), |l| l.ts.clone());
+                let rate = self.limits.lock().expect("log limits lock").as_ref().map_or(0.0, |l| l.rate().per_second);
+                let note = format!("[{dropped} lines of {} were dropped: over its rate of {rate} lines per second]", incoming.app);
+                ring.push(make(ts, "agent", note), seq, stored.as_deref_mut());
+            }
+            for new in fresh.into_iter().take(allowance.lines) {
                 ring.push(make(new.ts.clone(), &new.stream, new.line.clone()), seq, stored.as_deref_mut());
                 accepted += 1;
+            }
+            if cut > 0 {
+                if let Some(archive) = self.archive.get() {
+                    archive.count_dropped(incoming.app, cut as u64);
+                }
             }
             if let Some(last) = last {
                 ring.last.insert(incoming.container.to_string(), last);
@@ -308,20 +417,28 @@ impl RuntimeLogs {
             let after = ring.bytes;
             inner.total = (inner.total + after).saturating_sub(before);
             inner.trim_total();
+            if inner.seq > before_seq && self.archive.get().is_some() {
+                inner.held.insert(before_seq + 1, incoming.app.to_string());
+                first = Some(before_seq + 1);
+            }
         }
-        self.hub.notify(incoming.app, "logs");
-        accepted
+        if first.is_none() {
+            self.hub.notify(incoming.app, "logs");
+        }
+        (accepted, first)
     }
 
     /// The app's newest `limit` lines with `seq` above `after`, oldest
     /// first, optionally only those of one deployment.
     pub fn recent(&self, app: &str, after: u64, limit: usize, deployment: Option<&str>) -> Vec<RuntimeLine> {
         let inner = self.rings.lock().expect("runtime log lock");
+        let visible = inner.visible();
         let Some(ring) = inner.apps.get(app) else { return Vec::new() };
         let mut lines: Vec<RuntimeLine> = ring
             .lines
             .iter()
             .rev()
+            .skip_while(|l| l.seq > visible)
             .take_while(|l| l.seq > after)
             .filter(|l| deployment.is_none_or(|d| l.deployment_id == d))
             .take(limit)
@@ -331,15 +448,79 @@ impl RuntimeLogs {
         lines
     }
 
+    /// Before a container's first lines since this control plane started:
+    /// what the store holds of it becomes what repeats are checked against,
+    /// so an agent that sends a container's last lines again after both
+    /// restarted (a host's reboot) stores none of them twice.
+    pub async fn recall(&self, app: &str, container: &str) {
+        let known = {
+            let inner = self.rings.lock().expect("runtime log lock");
+            inner.apps.get(app).is_some_and(|ring| ring.last.contains_key(container))
+        };
+        let Some(archive) = self.archive().filter(|_| !known) else { return };
+        let newest = match archive.store().newest_of_container(app, container, RECALL_SCAN).await {
+            Ok(Some(newest)) => newest,
+            Ok(None) => return,
+            Err(err) => {
+                tracing::debug!(app = %app, error = %err, "runtime logs: cannot read what the store holds of a container");
+                return;
+            }
+        };
+        let Ok(at) = OffsetDateTime::from_unix_timestamp_nanos(i128::from(newest.0)) else { return };
+        let mut inner = self.rings.lock().expect("runtime log lock");
+        inner.apps.entry(app.to_string()).or_default().last.entry(container.to_string()).or_insert((at, newest.1));
+    }
+
+    /// The last line number given.
+    pub fn last_seq(&self) -> u64 {
+        self.rings.lock().expect("runtime log lock").seq
+    }
+
     pub fn subscribe(&self, app: &str) -> tokio::sync::broadcast::Receiver<&'static str> {
         self.hub.subscribe(app)
     }
 
-    /// Forgets a deleted app's lines and ends its followers' streams, here
-    /// and on the other replicas.
+    /// Forgets a deleted app's lines (stored ones too) and ends its
+    /// followers' streams, here and on the other replicas.
     pub fn forget(&self, app: &str) {
         self.drop_app(app);
+        if let Some(limits) = self.limits.lock().expect("log limits lock").as_mut() {
+            limits.forget(app);
+        }
+        if let Some(archive) = self.archive() {
+            let app = app.to_string();
+            tokio::spawn(async move { archive.forget(&app).await });
+        }
         self.pass_on(|| Relayed::Forget(app.to_string()));
+    }
+
+    /// The app's newest `limit` lines (`after` 0), or its lines after
+    /// `after` (the first `limit`), oldest first: from the ring and the
+    /// store together, so the tail survives a restart and lines not yet
+    /// written are there too. A store that cannot answer leaves the ring's.
+    pub async fn tail(&self, app: &str, after: u64, limit: usize, deployment: Option<&str>) -> Vec<RuntimeLine> {
+        let mut lines = self.recent(app, after, limit, deployment);
+        let Some(archive) = self.archive() else { return lines };
+        let wanted = i64::try_from(limit.min(MAX_STORED_TAIL)).unwrap_or(i64::MAX);
+        let stored = if after == 0 {
+            archive.store().tail(app, wanted, deployment).await
+        } else {
+            archive.store().after_seq(app, i64::try_from(after).unwrap_or(i64::MAX), wanted, deployment).await
+        };
+        match stored {
+            Ok(rows) => {
+                let have: std::collections::HashSet<u64> = lines.iter().map(|l| l.seq).collect();
+                lines.extend(rows.into_iter().map(from_stored).filter(|l| !have.contains(&l.seq)));
+                lines.sort_by_key(|l| l.seq);
+                if after == 0 && lines.len() > limit {
+                    lines.drain(..lines.len() - limit);
+                } else {
+                    lines.truncate(limit);
+                }
+            }
+            Err(err) => tracing::warn!(app = %app, error = %err, "runtime logs: the store cannot answer; showing the live lines only"),
+        }
+        lines
     }
 
     fn drop_app(&self, app: &str) {
@@ -355,6 +536,44 @@ impl RuntimeLogs {
     /// Bytes held by all rings (for tests and metrics).
     pub fn total_bytes(&self) -> usize {
         self.rings.lock().expect("runtime log lock").total
+    }
+}
+
+/// The app's newest stored lines [`RuntimeLogs::recall`] looks through.
+const RECALL_SCAN: i64 = 5_000;
+
+/// Most stored lines one tail reads.
+const MAX_STORED_TAIL: usize = 10_000;
+
+/// A ring's line as the store keeps it; `fallback_ns` when its time does
+/// not parse.
+fn to_stored(app: &str, line: &RuntimeLine, fallback_ns: i64) -> cloudweb_store::NewLogLine {
+    cloudweb_store::NewLogLine {
+        source: cloudweb_store::LogSource {
+            app: app.to_string(),
+            container: line.container.clone(),
+            deployment_id: line.deployment_id.clone(),
+            node_id: line.node_id.clone(),
+            instance: line.instance,
+        },
+        ts_ns: crate::log_archive::parse_ts_ns(&line.ts).unwrap_or(fallback_ns),
+        seq: i64::try_from(line.seq).unwrap_or(i64::MAX),
+        stream: line.stream.clone(),
+        line: line.line.clone(),
+    }
+}
+
+/// A stored line as the rings hold it.
+pub fn from_stored(row: cloudweb_store::LogRow) -> RuntimeLine {
+    RuntimeLine {
+        seq: u64::try_from(row.seq).unwrap_or(0),
+        ts: crate::log_archive::format_ts_ns(row.ts_ns),
+        stream: row.stream,
+        line: row.line,
+        deployment_id: row.deployment_id,
+        instance: row.instance,
+        node_id: row.node_id,
+        container: row.container,
     }
 }
 
@@ -400,6 +619,31 @@ mod tests {
         let newest = follower.recent("web", last, 10, None);
         assert_eq!(newest.len(), 1);
         assert!(newest[0].seq > last && newest[0].line == "d");
+    }
+
+    #[tokio::test]
+    async fn a_line_is_shown_only_once_it_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = cloudweb_store::Store::open(dir.path(), "t").await.unwrap();
+        let store = cloudweb_store::LogStore::beside(&state, dir.path(), "t").await.unwrap();
+        let archive = LogArchive::new(store, crate::log_archive::LogSettings::default());
+        let logs = RuntimeLogs::numbered_after(0);
+        logs.attach(archive.clone(), 0);
+        let incoming = |lines| Incoming { app: "web", deployment_id: "dep_1", instance: 1, node_id: "n-1", container: "c1", dropped: 0, lines, now_ms: 0 };
+        let first = [line("2026-11-30T10:00:00.000000001Z", "a")];
+        let (accepted, held) = logs.append_held(incoming(&first));
+        assert_eq!(accepted, 1);
+        let second = [line("2026-11-30T10:00:00.000000002Z", "b")];
+        let (_, later) = logs.append_held(incoming(&second));
+        assert!(logs.recent("web", 0, 10, None).is_empty(), "not shown before it is written");
+        // The later upload is written first: still nothing shown past the
+        // earlier one, which is not.
+        drop(later);
+        assert!(logs.recent("web", 0, 10, None).is_empty());
+        archive.flush().await;
+        drop(held);
+        assert_eq!(logs.recent("web", 0, 10, None).iter().map(|l| l.line.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(archive.store().max_seq().await.unwrap(), 2, "both written before being shown");
     }
 
     #[test]

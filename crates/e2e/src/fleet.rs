@@ -53,6 +53,9 @@ pub struct ControlPlane {
 pub struct Enrolled {
     pub cert_pem: String,
     pub key_pem: String,
+    /// The node's name (`sim-<index>`, in the order of the joins asked for,
+    /// which is not the order of the list).
+    pub name: String,
 }
 
 /// The loopback address agent `index` dials from: 127.0.1.1, 127.0.1.2, …,
@@ -99,7 +102,7 @@ pub async fn enroll(control: &ControlPlane, count: usize, concurrency: usize) ->
                     bail!("join {index} answered {}: {}", response.status(), response.text().await.unwrap_or_default());
                 }
                 let joined: serde_json::Value = response.json().await?;
-                Ok(Enrolled { cert_pem: joined["certificate"].as_str().context("certificate")?.to_string(), key_pem: key.serialize_pem() })
+                Ok(Enrolled { cert_pem: joined["certificate"].as_str().context("certificate")?.to_string(), key_pem: key.serialize_pem(), name: format!("sim-{index}") })
             }
         })
         .buffer_unordered(concurrency)
@@ -433,7 +436,7 @@ impl Agent {
 }
 
 /// A request to the agent listener: a POST with a JSON body, or a GET.
-fn request(path: &str, body: Option<Bytes>) -> Result<hyper::Request<Full<Bytes>>> {
+pub fn request(path: &str, body: Option<Bytes>) -> Result<hyper::Request<Full<Bytes>>> {
     let builder = match body {
         Some(_) => hyper::Request::post(path).header("content-type", "application/json"),
         None => hyper::Request::get(path),

@@ -13,7 +13,9 @@
 pub mod cleanup;
 pub mod control;
 pub mod docker;
+pub mod git_backend;
 pub mod git_server;
+pub mod github;
 pub mod gitlab;
 pub mod mesh_cluster;
 pub mod engine;
@@ -206,6 +208,8 @@ pub struct ServerProcess {
     /// What it was started as, for [`ServerProcess::restart`].
     program: PathBuf,
     extra: Vec<String>,
+    /// The flags of the first start, for [`ServerProcess::restart_with`].
+    base: Vec<String>,
     pub dir: PathBuf,
     pub agent_port: u16,
     pub api_port: u16,
@@ -286,7 +290,7 @@ impl ServerProcess {
         let admin_token = std::fs::read_to_string(data.join("admin-token"))?.trim().to_string();
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let cluster = cleanup::ClusterRef::of_server(&data, &extra);
-        Ok(ServerProcess { process, program: program.to_path_buf(), extra, dir: dir.to_path_buf(), agent_port, api_port, admin_token, http, cluster })
+        Ok(ServerProcess { process, program: program.to_path_buf(), base: extra.clone(), extra, dir: dir.to_path_buf(), agent_port, api_port, admin_token, http, cluster })
     }
 
     /// Kills the control plane (with its registry), as a crash would, and
@@ -295,6 +299,18 @@ impl ServerProcess {
         self.process.kill();
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
         *self = ServerProcess::start_program(&self.program, &self.dir, self.agent_port, self.api_port, &extra).await?;
+        Ok(())
+    }
+
+    /// Kills the control plane and starts the same build on the same ports
+    /// and data with the flags it was first started with and `extra` (in
+    /// place of the `extra` of an earlier `restart_with`).
+    pub async fn restart_with(&mut self, extra: &[&str]) -> Result<()> {
+        self.process.kill();
+        let base = self.base.clone();
+        let flags: Vec<&str> = base.iter().map(String::as_str).chain(extra.iter().copied()).collect();
+        *self = ServerProcess::start_program(&self.program, &self.dir, self.agent_port, self.api_port, &flags).await?;
+        self.base = base;
         Ok(())
     }
 
@@ -714,7 +730,7 @@ pub fn fault_summary(line: &str) {
     summary_line("CLOUDWEB_FAULT_SUMMARY", "fault-summary.txt", &format!("fault: {line}"));
 }
 
-/// The same for the security suite (`crates/e2e/tests/security.rs`): one
+/// The same for the security suite (`crates/e2e/tests/e2e/security.rs`): one
 /// line per finding it checks, in `CLOUDWEB_SECURITY_SUMMARY`.
 pub fn security_summary(finding: &str, line: &str) {
     summary_line("CLOUDWEB_SECURITY_SUMMARY", "security-summary.txt", &format!("security: {finding}: {line}"));

@@ -1,4 +1,4 @@
-//! The mesh tests' cluster (`tests/mesh.rs`): real agents, each in its own
+//! The mesh tests' cluster (`tests/e2e/mesh.rs`): real agents, each in its own
 //! network namespace (the control plane in another), joined by a bridge,
 //! some behind a masquerading router, with Docker Engines and a registry
 //! on the mesh where a test asks for them.

@@ -4,7 +4,7 @@
 //! credentials of its own (the app's stored ones are used) and has nowhere
 //! to post a commit status.
 
-use crate::provider::{Branch, CloneCredentials, CommitStatus, GitProvider, Project, ProviderError};
+use crate::provider::{Branch, CloneCredentials, CommitStatus, GitProvider, Project, ProviderError, Repo};
 
 pub struct Generic;
 
@@ -25,28 +25,28 @@ impl GitProvider for Generic {
         Err(unsupported("look up a project"))
     }
 
-    async fn branches(&self, _project: i64) -> Result<Vec<Branch>, ProviderError> {
+    async fn branches(&self, _repo: Repo<'_>) -> Result<Vec<Branch>, ProviderError> {
         Err(unsupported("list branches"))
     }
 
     /// The user configures the hook at their git host.
-    async fn register_webhook(&self, _project: i64, _url: &str, _secret: &str, _branch: &str) -> Result<Option<i64>, ProviderError> {
+    async fn register_webhook(&self, _repo: Repo<'_>, _url: &str, _secret: &str, _branch: &str) -> Result<Option<i64>, ProviderError> {
         Ok(None)
     }
 
-    async fn remove_webhook(&self, _project: i64, _hook_id: i64) -> Result<(), ProviderError> {
+    async fn remove_webhook(&self, _repo: Repo<'_>, _hook_id: i64) -> Result<(), ProviderError> {
         Ok(())
     }
 
-    async fn clone_credentials(&self, _project: i64, _deployment_id: &str) -> Result<Option<CloneCredentials>, ProviderError> {
+    async fn clone_credentials(&self, _repo: Repo<'_>, _deployment_id: &str) -> Result<Option<CloneCredentials>, ProviderError> {
         Ok(None)
     }
 
-    async fn revoke_clone_credentials(&self, _project: i64, _revoke_id: i64) -> Result<(), ProviderError> {
+    async fn revoke_clone_credentials(&self, _repo: Repo<'_>, _credentials: &CloneCredentials) -> Result<(), ProviderError> {
         Ok(())
     }
 
-    async fn post_status(&self, _project: i64, _status: &CommitStatus<'_>) -> Result<(), ProviderError> {
+    async fn post_status(&self, _repo: Repo<'_>, _status: &CommitStatus<'_>) -> Result<(), ProviderError> {
         Ok(())
     }
 }

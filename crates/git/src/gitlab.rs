@@ -6,14 +6,11 @@
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::provider::{Branch, CloneCredentials, CommitStatus, GitProvider, Project, ProviderError};
+use crate::provider::{Branch, CloneCredentials, CommitStatus, GitProvider, Project, ProviderError, Repo};
 
-/// Largest GitLab answer read.
-const MAX_ANSWER_BYTES: usize = 4 << 20;
 /// How long a deploy token made for one deploy lives.
 pub const DEPLOY_TOKEN_TTL: time::Duration = time::Duration::hours(2);
 
@@ -49,17 +46,7 @@ pub fn http_client(extra_ca: Option<&std::path::Path>) -> Result<reqwest::Client
 /// trailing slash. Plain http only when private git hosts are allowed
 /// (a self-hosted GitLab on the local network, or a test stand-in).
 pub fn base_url(text: &str, allow_http: bool) -> Result<String, String> {
-    let url = url::Url::parse(text.trim()).map_err(|e| format!("invalid GitLab base URL {text:?}: {e}"))?;
-    match url.scheme() {
-        "https" => {}
-        "http" if allow_http => {}
-        "http" => return Err("the GitLab base URL must be https (plain http only with --allow-private-git-hosts)".into()),
-        _ => return Err(format!("invalid GitLab base URL {text:?}: must start with https://")),
-    }
-    if url.host_str().is_none() || !url.username().is_empty() || url.password().is_some() || url.query().is_some() || url.fragment().is_some() {
-        return Err(format!("invalid GitLab base URL {text:?}: must be https://host[:port][/path] with no credentials or query"));
-    }
-    Ok(url.as_str().trim_end_matches('/').to_string())
+    crate::provider::service_url("GitLab base URL", text, allow_http)
 }
 
 /// Tokens from GitLab's `/oauth/token`.
@@ -97,40 +84,14 @@ pub struct GitLab {
 }
 
 fn transport(what: &str, err: impl std::fmt::Display) -> ProviderError {
-    // reqwest's errors name the URL, which never holds a token here.
-    ProviderError::Transport { provider: "GitLab", what: what.to_string(), message: err.to_string() }
+    crate::provider::transport("GitLab", what, err)
 }
 
-/// Reads an answer with the size cap; non-2xx becomes an error quoting
-/// GitLab's `message`/`error` field.
 async fn read(what: &str, response: reqwest::Response) -> Result<(StatusCode, bytes::Bytes), ProviderError> {
-    let status = response.status();
-    if response.content_length().is_some_and(|len| len > MAX_ANSWER_BYTES as u64) {
-        return Err(transport(what, "the answer is too large"));
-    }
-    let body = response.bytes().await.map_err(|e| transport(what, e))?;
-    if body.len() > MAX_ANSWER_BYTES {
-        return Err(transport(what, "the answer is too large"));
-    }
-    if !status.is_success() {
-        let parsed: Option<Value> = serde_json::from_slice(&body).ok();
-        let mut message = parsed
-            .as_ref()
-            .and_then(|v| v.get("message").or_else(|| v.get("error_description")).or_else(|| v.get("error")))
-            .map(|m| match m {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            })
-            .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(200).collect());
-        cloudweb_protocol::misc::truncate_on_char(&mut message, 300);
-        return Err(ProviderError::Status { provider: "GitLab", what: what.to_string(), status: status.as_u16(), message });
-    }
-    Ok((status, body))
+    crate::provider::read_answer("GitLab", what, response).await
 }
 
-fn parse<T: DeserializeOwned>(what: &str, body: &[u8]) -> Result<T, ProviderError> {
-    serde_json::from_slice(body).map_err(|e| transport(what, format!("unexpected answer: {e}")))
-}
+use crate::provider::parse_answer as parse;
 
 /// Exchanges an authorization code (with its PKCE verifier) for tokens.
 pub async fn exchange_code(
@@ -234,22 +195,14 @@ impl GitProvider for GitLab {
         project_from(&value).ok_or_else(|| transport(what, "the project has no id, path or http_url_to_repo"))
     }
 
-    async fn branches(&self, project: i64) -> Result<Vec<Branch>, ProviderError> {
+    async fn branches(&self, repo: Repo<'_>) -> Result<Vec<Branch>, ProviderError> {
         let what = "listing branches";
-        let body = self.call(Method::GET, &format!("/projects/{project}/repository/branches?per_page=100"), what, None).await?;
+        let body = self.call(Method::GET, &format!("/projects/{}/repository/branches?per_page=100", repo.id), what, None).await?;
         let branches: Vec<Value> = parse(what, &body)?;
-        Ok(branches
-            .iter()
-            .filter_map(|b| {
-                Some(Branch {
-                    name: b.get("name")?.as_str()?.to_string(),
-                    commit: b.get("commit").and_then(|c| c.get("id")).and_then(Value::as_str).map(str::to_string),
-                })
-            })
-            .collect())
+        Ok(crate::provider::branches_from(&branches, "id"))
     }
 
-    async fn register_webhook(&self, project: i64, url: &str, secret: &str, branch: &str) -> Result<Option<i64>, ProviderError> {
+    async fn register_webhook(&self, repo: Repo<'_>, url: &str, secret: &str, branch: &str) -> Result<Option<i64>, ProviderError> {
         let what = "registering the webhook";
         let body = json!({
             "url": url,
@@ -260,13 +213,13 @@ impl GitProvider for GitLab {
             "merge_requests_events": false,
             "enable_ssl_verification": url.starts_with("https://"),
         });
-        let answer = self.call(Method::POST, &format!("/projects/{project}/hooks"), what, Some(body)).await?;
+        let answer = self.call(Method::POST, &format!("/projects/{}/hooks", repo.id), what, Some(body)).await?;
         let value: Value = parse(what, &answer)?;
         Ok(Some(value.get("id").and_then(Value::as_i64).ok_or_else(|| transport(what, "the answer has no hook id"))?))
     }
 
-    async fn remove_webhook(&self, project: i64, hook_id: i64) -> Result<(), ProviderError> {
-        match self.call(Method::DELETE, &format!("/projects/{project}/hooks/{hook_id}"), "removing the webhook", None).await {
+    async fn remove_webhook(&self, repo: Repo<'_>, hook_id: i64) -> Result<(), ProviderError> {
+        match self.call(Method::DELETE, &format!("/projects/{}/hooks/{hook_id}", repo.id), "removing the webhook", None).await {
             // Already gone is what we wanted.
             Err(ProviderError::Status { status: 404, .. }) | Ok(_) => Ok(()),
             Err(err) => Err(err),
@@ -277,7 +230,7 @@ impl GitProvider for GitLab {
     /// made for this deploy; when the user may not create one (deploy
     /// tokens need the Maintainer role) the OAuth access token itself,
     /// which GitLab accepts for git over HTTP as user `oauth2`.
-    async fn clone_credentials(&self, project: i64, deployment_id: &str) -> Result<Option<CloneCredentials>, ProviderError> {
+    async fn clone_credentials(&self, repo: Repo<'_>, deployment_id: &str) -> Result<Option<CloneCredentials>, ProviderError> {
         let what = "creating a deploy token";
         let expires = (time::OffsetDateTime::now_utc() + DEPLOY_TOKEN_TTL)
             .format(&time::format_description::well_known::Rfc3339)
@@ -287,7 +240,7 @@ impl GitProvider for GitLab {
             "scopes": ["read_repository"],
             "expires_at": expires,
         });
-        match self.call(Method::POST, &format!("/projects/{project}/deploy_tokens"), what, Some(body)).await {
+        match self.call(Method::POST, &format!("/projects/{}/deploy_tokens", repo.id), what, Some(body)).await {
             Ok(answer) => {
                 let value: Value = parse(what, &answer)?;
                 let field = |name: &str| value.get(name).and_then(Value::as_str).map(str::to_string);
@@ -303,14 +256,15 @@ impl GitProvider for GitLab {
         }
     }
 
-    async fn revoke_clone_credentials(&self, project: i64, revoke_id: i64) -> Result<(), ProviderError> {
-        match self.call(Method::DELETE, &format!("/projects/{project}/deploy_tokens/{revoke_id}"), "revoking the deploy token", None).await {
+    async fn revoke_clone_credentials(&self, repo: Repo<'_>, credentials: &CloneCredentials) -> Result<(), ProviderError> {
+        let Some(revoke_id) = credentials.revoke_id else { return Ok(()) };
+        match self.call(Method::DELETE, &format!("/projects/{}/deploy_tokens/{revoke_id}", repo.id), "revoking the deploy token", None).await {
             Err(ProviderError::Status { status: 404, .. }) | Ok(_) => Ok(()),
             Err(err) => Err(err),
         }
     }
 
-    async fn post_status(&self, project: i64, status: &CommitStatus<'_>) -> Result<(), ProviderError> {
+    async fn post_status(&self, repo: Repo<'_>, status: &CommitStatus<'_>) -> Result<(), ProviderError> {
         let body = json!({
             "state": status.state.as_str(),
             "ref": status.branch,
@@ -318,7 +272,7 @@ impl GitProvider for GitLab {
             "target_url": status.target_url,
             "description": status.description,
         });
-        self.call(Method::POST, &format!("/projects/{project}/statuses/{}", status.sha), "posting the commit status", Some(body)).await?;
+        self.call(Method::POST, &format!("/projects/{}/statuses/{}", repo.id, status.sha), "posting the commit status", Some(body)).await?;
         Ok(())
     }
 }

@@ -1,8 +1,9 @@
 //! Git hosts, as the control plane sees them: the [`GitProvider`]
 //! interface (what a deploy needs from a host: projects, branches, a push
 //! webhook, short-lived clone credentials, commit statuses) and its
-//! providers: GitLab's REST API v4 and OAuth endpoints (`gitlab`), and any
-//! git URL with no API behind it (`generic`).
+//! providers: GitLab's REST API v4 and OAuth endpoints (`gitlab`), GitHub
+//! as a GitHub App (`github`), and any git URL with no API behind it
+//! (`generic`).
 //!
 //! This crate only speaks to git hosts. It must never touch the state
 //! database, the control plane's shared state or HTTP routing: the glue
@@ -11,9 +12,10 @@
 //! webhooks, settings) are `cloudweb_http::git`.
 
 pub mod generic;
+pub mod github;
 pub mod gitlab;
 pub mod provider;
 
 pub use provider::{
-    Branch, CloneCredentials, CommitState, CommitStatus, GitProvider, Project, ProviderError,
+    Branch, CloneCredentials, CommitState, CommitStatus, GitProvider, Project, ProviderError, Repo,
 };

@@ -39,7 +39,7 @@ fn target_roots(root: &Path, m: &Manifest) -> Vec<PathBuf> {
     let dir = root.join(&m.dir);
     let mut roots: Vec<PathBuf> = [m.lib_path.as_deref().unwrap_or("src/lib.rs"), "src/main.rs"].iter().map(|p| dir.join(p)).collect();
     roots.extend(m.bin_paths.iter().map(|p| dir.join(p)));
-    for (folder, nested) in [("src/bin", true), ("tests", false)] {
+    for (folder, nested) in [("src/bin", true), ("tests", true)] {
         if let Ok(entries) = std::fs::read_dir(dir.join(folder)) {
             for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
                 if path.extension().is_some_and(|e| e == "rs") {

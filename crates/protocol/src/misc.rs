@@ -105,9 +105,16 @@ pub fn truncate_on_char(text: &mut String, max: usize) {
     }
 }
 
-/// Cuts a log line to [`MAX_LOG_LINE`] bytes on a character boundary.
+/// Cuts a log line to [`MAX_LOG_LINE`] bytes on a character boundary,
+/// ending it with a marker that says how long it was (`…[cut: 1048576
+/// bytes]`), so a cut line is never taken for a whole one.
 pub fn cap_log_line(line: &mut String) {
-    truncate_on_char(line, MAX_LOG_LINE);
+    if line.len() <= MAX_LOG_LINE {
+        return;
+    }
+    let marker = format!("…[cut: {} bytes]", line.len());
+    truncate_on_char(line, MAX_LOG_LINE - marker.len());
+    line.push_str(&marker);
 }
 
 /// `POST /agent/v1/report`: a deployment's progress and log lines.
@@ -282,6 +289,17 @@ pub struct RegistryConfig {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_long_log_line_is_cut_with_a_marker() {
+        let mut line = "é".repeat(MAX_LOG_LINE);
+        super::cap_log_line(&mut line);
+        assert!(line.len() <= MAX_LOG_LINE);
+        assert!(line.ends_with(&format!("…[cut: {} bytes]", 2 * MAX_LOG_LINE)), "{}", &line[line.len() - 40..]);
+        let mut short = "short".to_string();
+        super::cap_log_line(&mut short);
+        assert_eq!(short, "short");
+    }
+
     use super::*;
 
     #[test]

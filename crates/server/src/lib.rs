@@ -11,7 +11,7 @@
 // The layers below, under the paths the tests and tools have always
 // used (`cloudweb_server::config::Config`, `cloudweb_server::store`, ...).
 pub use cloudweb_core::{
-    acme, ca, clock, config, deploy, deployment_state, heartbeats, hub, live, mesh_endpoint, registry,
+    acme, alerts, ca, clock, config, deploy, deployment_state, heartbeats, hub, live, log_archive, mesh_endpoint, registry,
     registry_credentials, routes, runtime_logs, secrets, services, store, volumes, AppState, ADMIN_TOKEN_FILE,
 };
 pub use cloudweb_http::{agent_api, api, auth, error, git};
@@ -166,6 +166,9 @@ impl RunningServer {
         // before this process exits.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), futures_util::future::join_all(tasks)).await;
         flush_heartbeats(&self.state).await;
+        if let Some(archive) = self.state.runtime_logs.archive() {
+            archive.flush().await;
+        }
         self.state.store.close().await;
     }
 }
@@ -283,6 +286,13 @@ pub async fn open_state(config: Config, clock: Arc<dyn Clock>) -> Result<OpenedS
         sessions: Default::default(),
         config,
     });
+    // Runtime logs: kept in the log store (`logs.db` beside a SQLite
+    // state), numbered above what it holds.
+    let logs = store::LogStore::beside(&store, &state.config.data_dir, &stamp)
+        .await
+        .map_err(|err| StartError::Database(format!("cannot open the runtime-log store: {err}")))?;
+    let stored_seq = logs.max_seq().await.map_err(|err| StartError::Database(format!("cannot read the runtime-log store: {err}")))?;
+    state.runtime_logs.attach(cloudweb_core::log_archive::LogArchive::new(logs, state.config.logs.clone()), u64::try_from(stored_seq).unwrap_or(0));
     state.nodes.load(&store.nodes().await?, tokio::time::Instant::now());
     cloudweb_core::sessions::end_left_open(&state).await;
     // The login limits go on where the last run left them.
@@ -313,6 +323,15 @@ async fn serve(
             |state| Box::pin(cloudweb_core::backups::control_plane::scheduler(state)),
             |state| Box::pin(cloudweb_core::tasks::watcher(state)),
             |state| Box::pin(cloudweb_core::autoscale::watcher(state)),
+            |state| Box::pin(cloudweb_core::alerts::evaluator(state)),
+            |state| Box::pin(cloudweb_core::alerts::delivery::deliverer(state)),
+            |state| {
+                Box::pin(async move {
+                    if let Some(archive) = state.runtime_logs.archive() {
+                        cloudweb_core::log_archive::retention::run(archive, state.clock.clone()).await;
+                    }
+                })
+            },
             |state| Box::pin(acme::run(state)),
             |state| Box::pin(git::status_poster(state)),
             |state| Box::pin(git::refresher(state)),
@@ -332,6 +351,12 @@ async fn serve(
 
     // On PostgreSQL, what the hubs are told reaches the other replicas.
     let mut tasks = vec![leader, tokio::spawn(cloudweb_core::event_relay::run(state.clone()))];
+    if let Some(archive) = state.runtime_logs.archive() {
+        if let Some(shipping) = archive.start_forwarding() {
+            tasks.push(tokio::spawn(shipping));
+        }
+        tasks.push(tokio::spawn(archive.writer()));
+    }
     tokio::task::spawn_blocking(auth::users::warm_up);
     if let (Some(settings), Some(credentials)) = (state.config.registry.clone(), state.registry_credentials.clone()) {
         if registry::listen_address_present(settings.listen) {

@@ -232,6 +232,42 @@ struct ServeArgs {
     /// Seconds between two looks of the autoscaler at the apps it scales.
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
     autoscale_interval_seconds: u64,
+    /// How long runtime log lines are kept (older ones are deleted): a
+    /// number of days, hours, minutes or seconds (7d, 36h, 90m, 30s).
+    #[arg(long, default_value = "7d", value_parser = retention)]
+    log_retention: std::time::Duration,
+    /// MiB of runtime log lines one app (or service) may keep; past it its
+    /// oldest lines are deleted.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    log_max_mib_per_app: u64,
+    /// MiB of runtime log lines all apps together may keep; past it the
+    /// app holding the most loses its oldest lines first.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..=16_777_216))]
+    log_max_mib: u64,
+    /// Runtime log lines per second one app may send; lines over it are
+    /// dropped, counted and noted in the app's log.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    log_lines_per_second: u32,
+    /// Runtime log lines one app may send at once after a quiet time.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=100_000_000))]
+    log_burst_lines: u32,
+    /// Also ship every stored runtime log line to a log system:
+    /// syslog+tcp://HOST:PORT or syslog+tls://HOST:PORT (RFC 5424,
+    /// octet-counted), otlp+https://HOST[:PORT][/v1/logs] (OTLP/HTTP JSON)
+    /// or loki+https://[USER:PASSWORD@]HOST[:PORT][/loki/api/v1/push].
+    /// Lines it cannot take are counted and stay stored here.
+    #[arg(long, value_name = "URL", value_parser = parse_log_forward)]
+    log_forward: Option<cloudweb_core::log_archive::forward::ForwardTarget>,
+    /// Alert channels (webhooks, SMTP servers) may be on loopback and
+    /// private networks; link-local addresses stay refused.
+    #[arg(long)]
+    allow_private_alert_targets: bool,
+    /// Seconds between two looks of the alert evaluator.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    alert_interval_seconds: u64,
+    /// Seconds between two runs of the runtime logs' retention.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    log_prune_interval_seconds: u64,
     /// Days a moved volume's old copy stays on its old node before it is
     /// deleted (`cloudweb volumes confirm-move` deletes it sooner).
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u64).range(0..=365))]
@@ -437,6 +473,17 @@ fn real_main() -> anyhow::Result<()> {
         },
         volume_move_keep: std::time::Duration::from_secs(args.volume_move_keep_days * 24 * 3600),
         autoscale_interval: std::time::Duration::from_secs(args.autoscale_interval_seconds),
+        alert_interval: std::time::Duration::from_secs(args.alert_interval_seconds),
+        allow_private_alert_targets: args.allow_private_alert_targets,
+        logs: cloudweb_core::log_archive::LogSettings {
+            retention: args.log_retention,
+            app_max_bytes: args.log_max_mib_per_app * 1024 * 1024,
+            total_max_bytes: args.log_max_mib * 1024 * 1024,
+            lines_per_second: args.log_lines_per_second,
+            burst_lines: args.log_burst_lines,
+            prune_every: std::time::Duration::from_secs(args.log_prune_interval_seconds),
+            forward: args.log_forward,
+        },
         sessions: cloudweb_core::sessions::SessionSettings {
             idle_timeout: std::time::Duration::from_secs(args.exec_idle_seconds),
             max_per_user: args.exec_sessions_per_user as usize,
@@ -557,4 +604,41 @@ fn registry_storage(
 
 fn parse_database_url(value: &str) -> Result<cloudweb_server::store::DatabaseUrl, String> {
     cloudweb_server::store::DatabaseUrl::parse(value)
+}
+
+/// `--log-retention`: `7d`, `36h`, `90m` or `30s`, from 10 seconds to ten
+/// years.
+fn retention(text: &str) -> Result<std::time::Duration, String> {
+    let error = || format!("{text:?}: a number with d, h, m or s (7d, 36h, 90m, 30s), from 10s to 3650d");
+    let Some((at, _)) = text.char_indices().last() else { return Err(error()) };
+    let (number, unit) = text.split_at(at);
+    let seconds = match unit {
+        "d" => 86_400,
+        "h" => 3_600,
+        "m" => 60,
+        "s" => 1,
+        _ => return Err(error()),
+    };
+    let total = number.parse::<u64>().ok().and_then(|n| n.checked_mul(seconds)).ok_or_else(error)?;
+    if !(10..=3650 * 86_400).contains(&total) {
+        return Err(error());
+    }
+    Ok(std::time::Duration::from_secs(total))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn retention_takes_a_number_and_a_unit() {
+        assert_eq!(super::retention("7d").unwrap().as_secs(), 7 * 86_400);
+        assert_eq!(super::retention("90m").unwrap().as_secs(), 5_400);
+        assert_eq!(super::retention("30s").unwrap().as_secs(), 30);
+        for bad in ["", "7", "d", "5s", "7w", "-1d", "99999d", "1é", "1.5h"] {
+            assert!(super::retention(bad).is_err(), "{bad}");
+        }
+    }
+}
+
+fn parse_log_forward(text: &str) -> Result<cloudweb_core::log_archive::forward::ForwardTarget, String> {
+    cloudweb_core::log_archive::forward::ForwardTarget::parse(text)
 }

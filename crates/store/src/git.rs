@@ -1,4 +1,4 @@
-//! Git providers: the GitLab connection, GitLab identities, which app
+//! Git providers: the GitLab connection, the GitHub App, GitLab identities, which app
 //! deploys from which project, handled webhook deliveries, and the clone
 //! credentials of deployments that are building. Secrets arrive sealed
 //! (or as digests); the store never sees them in clear.
@@ -21,6 +21,23 @@ pub struct GitlabSettingsRow {
     /// JSON array of group full paths.
     pub allowed_groups: String,
     pub updated_at: i64,
+}
+
+/// The GitHub App (one per control plane).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GithubSettingsRow {
+    pub api_url: String,
+    pub app_id: i64,
+    pub private_key_sealed: String,
+    pub webhook_secret_sealed: String,
+    pub updated_at: i64,
+}
+
+/// What a build's clone credentials were, taken back when it ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenCredentials {
+    pub sealed: Option<String>,
+    pub deploy_token_id: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,6 +132,40 @@ impl Store {
             .bind(&settings.client_secret_sealed)
             .bind(&settings.allowed_users)
             .bind(&settings.allowed_groups)
+            .bind(settings.updated_at)
+            .execute(pool)
+            .await?;
+            self.count_commit().await;
+            Ok(())
+        })
+    }
+
+    pub async fn github_settings(&self) -> Result<Option<GithubSettingsRow>, StoreError> {
+        on_db!(self, pool => {
+            let row = sqlx::query("SELECT api_url, app_id, private_key_sealed, webhook_secret_sealed, updated_at FROM github_settings WHERE id = 1")
+                .fetch_optional(pool)
+                .await?;
+            Ok(row.map(|row| GithubSettingsRow {
+                api_url: row.get("api_url"),
+                app_id: row.get("app_id"),
+                private_key_sealed: row.get("private_key_sealed"),
+                webhook_secret_sealed: row.get("webhook_secret_sealed"),
+                updated_at: row.get("updated_at"),
+            }))
+        })
+    }
+
+    pub async fn put_github_settings(&self, settings: &GithubSettingsRow) -> Result<(), StoreError> {
+        on_db!(self, pool => {
+            sqlx::query(
+                "INSERT INTO github_settings (id, api_url, app_id, private_key_sealed, webhook_secret_sealed, updated_at) \
+             VALUES (1, $1, $2, $3, $4, $5) ON CONFLICT (id) DO UPDATE SET api_url = excluded.api_url, app_id = excluded.app_id, \
+             private_key_sealed = excluded.private_key_sealed, webhook_secret_sealed = excluded.webhook_secret_sealed, updated_at = excluded.updated_at",
+            )
+            .bind(&settings.api_url)
+            .bind(settings.app_id)
+            .bind(&settings.private_key_sealed)
+            .bind(&settings.webhook_secret_sealed)
             .bind(settings.updated_at)
             .execute(pool)
             .await?;
@@ -348,12 +399,12 @@ impl Store {
         })
     }
 
-    /// Drops a deployment's clone credentials; returns the deploy token id
-    /// they were, for revoking.
-    pub async fn take_deployment_credentials(&self, deployment_id: &str) -> Result<Option<i64>, StoreError> {
+    /// Drops a deployment's clone credentials; returns what they were (still
+    /// sealed) and the deploy token id, for revoking.
+    pub async fn take_deployment_credentials(&self, deployment_id: &str) -> Result<Option<TakenCredentials>, StoreError> {
         on_db!(self, pool => {
             let mut tx = pool.begin_write().await?;
-            let row = sqlx::query("SELECT deploy_token_id FROM deployment_git WHERE deployment_id = $1")
+            let row = sqlx::query("SELECT credentials_sealed, deploy_token_id FROM deployment_git WHERE deployment_id = $1")
                 .bind(deployment_id)
                 .fetch_optional(&mut *tx)
                 .await?;
@@ -363,7 +414,8 @@ impl Store {
                 .await?;
             tx.commit().await?;
             self.count_commit().await;
-            Ok(row.and_then(|r| r.get("deploy_token_id")))
+            let taken = row.map(|r| TakenCredentials { sealed: r.get("credentials_sealed"), deploy_token_id: r.get("deploy_token_id") });
+            Ok(taken.filter(|t| t.sealed.is_some() || t.deploy_token_id.is_some()))
         })
     }
 

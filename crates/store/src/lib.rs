@@ -13,6 +13,8 @@
 #[macro_use]
 mod backend;
 mod accounts;
+pub mod alert_delivery;
+pub mod alerts;
 mod backups;
 mod apps;
 mod certificates;
@@ -38,6 +40,8 @@ mod crash_loops;
 pub use crash_loops::InstanceTrouble;
 mod reports;
 pub mod retention;
+pub mod runtime_logs;
+pub use runtime_logs::{LogFilter, LogRow, LogSource, LogStore, LogUsageRow, NewLogLine};
 mod services;
 mod service_upgrades;
 mod routes;
@@ -66,7 +70,7 @@ pub use apps::{AppRefusal, AppRow};
 pub use certificates::{CertificateOrders, CertificateRow};
 pub use commands::{CommandRow, NewCommand};
 pub use deployments::{DeploymentRow, InstanceRow, InstanceUpdate, Rescheduled, Settled};
-pub use git::{AppGitLinkRow, DeploymentGitRow, GitlabAccountRow, GitlabSettingsRow};
+pub use git::{AppGitLinkRow, DeploymentGitRow, GithubSettingsRow, GitlabAccountRow, GitlabSettingsRow, TakenCredentials};
 pub use idempotency::IdempotencyClaim;
 pub use nodes::{
     HeartbeatRow, JoinAnswer, JoinRefusal, NewNode, NodeRow, TrafficRow, TrafficSample,

@@ -250,18 +250,17 @@ mod tests {
                 &[Arg::Int(newest)],
             )
             .await;
-        // What the newest migration (0035, autoscaling) added goes with its
-        // row.
-        store.test_execute("DROP TABLE autoscale_decisions", &[]).await;
-        store.test_execute("ALTER TABLE apps DROP COLUMN autoscale", &[]).await;
+        // What the newest migration (0038, GitHub) added goes with its row.
+        for table in ["github_settings"] {
+            store.test_execute(&format!("DROP TABLE {table}"), &[]).await;
+        }
         let url = store.url.clone().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let again = Store::connect(&DatabaseUrl::parse(&url).unwrap(), dir.path(), "before").await.unwrap();
         let dump = dir.path().join("backups").join("state-before.pgdump");
         let bytes = std::fs::read(&dump).unwrap();
         assert!(bytes.starts_with(b"PGDMP"), "a pg_dump archive");
-        again.test_execute("SELECT autoscale FROM apps", &[]).await;
-        again.test_execute("SELECT count(*) FROM autoscale_decisions", &[]).await;
+        again.test_execute("SELECT count(*) FROM github_settings", &[]).await;
         assert_eq!(
             again.admin_token_digests().await.unwrap(),
             vec!["digest-1".to_string()]

@@ -18,6 +18,7 @@ use serde_json::{json, Map, Value};
 use super::layout::{self, Nav};
 use super::paging::{self, ListQuery, PageInfo};
 use super::usage_charts::{self, RangeQuery};
+use super::app_sources::{self, Sources};
 use super::{csrf_field, deployments, Ctx};
 use crate::api;
 use crate::error::ApiError;
@@ -36,35 +37,6 @@ fn status(deployments: &[DeploymentRow]) -> Option<&str> {
         return Some("running");
     }
     deployments.first().map(|d| d.state.as_str())
-}
-
-/// What the create form offers from GitLab for the logged-in user.
-pub enum GitlabSource {
-    /// GitLab is not configured, or no GitLab identity is linked to the user.
-    Off,
-    /// The projects the user's own GitLab identity reaches.
-    Projects(Vec<crate::git::Project>),
-    /// Listing them failed: why (the git URL still works).
-    Failed(String),
-}
-
-/// The user's GitLab projects, listed as `GET /api/gitlab/projects` does
-/// for the session's principal.
-pub async fn gitlab_source(ctx: &Ctx) -> GitlabSource {
-    let Some(user) = ctx.principal.user() else { return GitlabSource::Off };
-    let linked = async {
-        let configured = ctx.state.store.gitlab_settings().await?.is_some();
-        Ok::<bool, crate::store::StoreError>(configured && !ctx.state.store.gitlab_accounts_of_user(&user.id).await?.is_empty())
-    };
-    match linked.await {
-        Ok(false) => return GitlabSource::Off,
-        Ok(true) => {}
-        Err(err) => return GitlabSource::Failed(super::error_text(&err.into())),
-    }
-    match crate::git::api::list_projects(&ctx.state, &ctx.principal, None, None).await {
-        Ok(projects) => GitlabSource::Projects(projects),
-        Err(err) => GitlabSource::Failed(super::error_text(&err)),
-    }
 }
 
 /// A form on the app pages.
@@ -121,7 +93,7 @@ fn refused_page(err: &ApiError, page: Markup) -> Response {
     (err.status(), [(axum::http::header::CACHE_CONTROL, "no-store")], page).into_response()
 }
 
-pub fn list_body(ctx: &Ctx, page: &AppPage, gitlab: &GitlabSource, refused: Option<&Refused>) -> Markup {
+pub fn list_body(ctx: &Ctx, page: &AppPage, sources: &Sources, refused: Option<&Refused>) -> Markup {
     let apps = &page.rows;
     html! {
         @if page.info.total == 0 && page.query.search().is_none() { p.empty { (ctx.t("apps.empty")) } }
@@ -149,7 +121,7 @@ pub fn list_body(ctx: &Ctx, page: &AppPage, gitlab: &GitlabSource, refused: Opti
             (paging::pager(ctx, "/apps", &page.query, &page.info))
         }
         h2 { (ctx.t("apps.create")) }
-        (create_form(ctx, gitlab, refused))
+        (create_form(ctx, sources, refused))
     }
 }
 
@@ -157,8 +129,8 @@ fn field(id: &str, label: &str, input: Markup) -> Markup {
     html! { p.field { label for=(id) { (label) } (input) } }
 }
 
-fn create_form(ctx: &Ctx, gitlab: &GitlabSource, refused: Option<&Refused>) -> Markup {
-    let from_gitlab = matches!(gitlab, GitlabSource::Projects(projects) if !projects.is_empty());
+fn create_form(ctx: &Ctx, sources: &Sources, refused: Option<&Refused>) -> Markup {
+    let from_provider = sources.offers_any();
     let typed = |key: &str| typed(refused, FormId::Create, key);
     let failed = typed("name").is_some();
     let chosen = |key: &str, value: &str, default: bool| typed(key).map_or(default, |t| t == value);
@@ -167,22 +139,9 @@ fn create_form(ctx: &Ctx, gitlab: &GitlabSource, refused: Option<&Refused>) -> M
             (csrf_field(ctx))
             (form_error(ctx, refused, FormId::Create))
             (field("name", ctx.t("apps.name"), html! { input id="name" name="name" required pattern="[a-z0-9]([a-z0-9-]*[a-z0-9])?" maxlength="63" value=[typed("name")] autofocus[failed]; }))
-            @match gitlab {
-                GitlabSource::Off => {}
-                GitlabSource::Projects(projects) if projects.is_empty() => { p.help id="gitlab-projects-none" { (ctx.t("apps.gitlab_none")) } }
-                GitlabSource::Projects(projects) => {
-                    (field("gitlab_project", ctx.t("apps.gitlab_project"), html! {
-                        select id="gitlab_project" name="gitlab_project" {
-                            option value="" { (ctx.t("apps.gitlab_use_url")) }
-                            @for project in projects { option value=(project.id) selected[chosen("gitlab_project", &project.id.to_string(), false)] { (project.path) } }
-                        }
-                    }))
-                    p.help { (ctx.t("apps.gitlab_help")) }
-                }
-                GitlabSource::Failed(reason) => { p.error id="gitlab-projects-error" role="alert" { (ctx.t("apps.gitlab_failed")) ": " (reason) } }
-            }
-            (field("repo_url", ctx.t("apps.repo"), html! { input id="repo_url" name="repo_url" required[!from_gitlab] placeholder="https://gitlab.example.com/team/app.git" value=[typed("repo_url")]; }))
-            (field("branch", ctx.t("apps.branch"), html! { input id="branch" name="branch" placeholder=(if from_gitlab { ctx.t("apps.branch_default") } else { "main" }) value=[typed("branch").or((!from_gitlab).then_some("main"))]; }))
+            (sources.fields(ctx, typed("gitlab_project"), typed("github_repository")))
+            (field("repo_url", ctx.t("apps.repo"), html! { input id="repo_url" name="repo_url" required[!from_provider] placeholder="https://gitlab.example.com/team/app.git" value=[typed("repo_url")]; }))
+            (field("branch", ctx.t("apps.branch"), html! { input id="branch" name="branch" placeholder=(if from_provider { ctx.t("apps.branch_default") } else { "main" }) value=[typed("branch").or((!from_provider).then_some("main"))]; }))
             (field("port", ctx.t("apps.port"), html! { input id="port" name="port" type="number" min="1" max="65535" value=(typed("port").unwrap_or("8080")) required; }))
             (field("strategy", ctx.t("apps.strategy"), html! {
                 select id="strategy" name="strategy" {
@@ -234,10 +193,10 @@ pub struct AppPage {
 pub async fn list(ctx: Ctx, Query(query): Query<ListQuery>) -> Response {
     match load_page(&ctx.state, &query).await {
         Ok(apps) => {
-            let gitlab = gitlab_source(&ctx).await;
+            let sources = app_sources::sources(&ctx).await;
             let qs = query.at_page(apps.info.page);
             let here = if qs.is_empty() { "/apps".to_string() } else { format!("/apps?{qs}") };
-            layout::page(&ctx, ctx.t("apps.title"), Nav::Apps, &here, list_body(&ctx, &apps, &gitlab, None)).into_response()
+            layout::page(&ctx, ctx.t("apps.title"), Nav::Apps, &here, list_body(&ctx, &apps, &sources, None)).into_response()
         }
         Err(err) => err.into_response(),
     }
@@ -279,19 +238,7 @@ fn create_request(form: &HashMap<String, String>) -> Result<Value, ApiError> {
     };
     let mut request = Map::new();
     request.insert("name".into(), json!(non_empty(form, "name").unwrap_or("")));
-    // One of the user's GitLab projects (its id), else the git URL.
-    match non_empty(form, "gitlab_project") {
-        Some(project) => {
-            let id = project.parse::<i64>().map_err(|_| ApiError::BadRequest("invalid gitlab_project: not a project id".into()))?;
-            request.insert("gitlab_project".into(), json!(id));
-            if let Some(url) = non_empty(form, "repo_url") {
-                request.insert("repo_url".into(), json!(url));
-            }
-        }
-        None => {
-            request.insert("repo_url".into(), json!(non_empty(form, "repo_url").unwrap_or("")));
-        }
-    }
+    app_sources::add_source(form, &mut request)?;
     if let Some(branch) = non_empty(form, "branch") {
         request.insert("branch".into(), json!(branch));
     }
@@ -341,9 +288,9 @@ pub async fn create(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Resp
                 Ok(apps) => apps,
                 Err(err) => return err.into_response(),
             };
-            let gitlab = gitlab_source(&ctx).await;
+            let sources = app_sources::sources(&ctx).await;
             let refused = Refused { form: FormId::Create, error: super::error_text(&err), values: &form };
-            refused_page(&err, layout::page(&ctx, ctx.t("apps.title"), Nav::Apps, "/apps", list_body(&ctx, &apps, &gitlab, Some(&refused))))
+            refused_page(&err, layout::page(&ctx, ctx.t("apps.title"), Nav::Apps, "/apps", list_body(&ctx, &apps, &sources, Some(&refused))))
         }
     }
 }
@@ -411,10 +358,6 @@ pub fn app_body(ctx: &Ctx, app: &AppRow, env_names: &[String], deployments: &[De
         section {
             h2 { (ctx.t("apps.deployments")) }
             (deployments::list(ctx, &app.name, deployments))
-        }
-        section {
-            h2 { (ctx.t("apps.runtime_logs")) }
-            (runtime_log(ctx, &app.name))
         }
         section {
             h2 { (ctx.t("apps.settings")) }
@@ -613,27 +556,6 @@ async fn load(state: &Arc<AppState>, name: &str) -> Result<Option<(AppRow, Vec<D
     Ok(Some((app, deployments)))
 }
 
-/// Runtime log lines rendered with the page.
-const PAGE_RUNTIME_LINES: usize = 200;
-
-/// The app's newest runtime log lines (escaped by maud), and where the
-/// script follows new ones: the user API's `GET /api/apps/{name}/logs?follow=1`,
-/// which the session cookie opens. The script skips lines up to
-/// `data-after` (already on the page).
-fn runtime_log(ctx: &Ctx, app: &str) -> Markup {
-    let lines = ctx.state.runtime_logs.recent(app, 0, PAGE_RUNTIME_LINES, None);
-    let last_seq = lines.last().map_or(0, |l| l.seq);
-    html! {
-        p.help { (ctx.t("apps.runtime_logs_help")) }
-        @if lines.is_empty() { p.empty id="runtime-log-empty" { (ctx.t("apps.runtime_logs_empty")) } }
-        pre.log id="runtime-log" tabindex="0" data-follow=(format!("/api/apps/{app}/logs?follow=1")) data-after=(last_seq) {
-            @for line in &lines {
-                span class=(format!("line {}", if line.stream == "stderr" { "stderr" } else { "stdout" })) title=(format!("{} · {} #{}", line.ts, line.node_id, line.instance)) { (line.line) "\n" }
-            }
-        }
-    }
-}
-
 fn app_page(ctx: &Ctx, app: &AppRow, deployments: &[DeploymentRow], refused: Option<&Refused>) -> Markup {
     let env_names: Vec<String> = crate::deploy::app_env(&ctx.state, app).map(|env| env.into_keys().collect()).unwrap_or_default();
     let body = app_body(ctx, app, &env_names, deployments, refused);
@@ -659,8 +581,12 @@ pub async fn show(ctx: Ctx, Path(name): Path<String>, Query(range): Query<RangeQ
     let waiting = api::apps::view(&ctx.state, &app).waiting;
     let (instances, tasks) = (crate::instances::app_section(&ctx, &app.name).await, crate::tasks::app_section(&ctx, &app.name).await);
     let (sessions, autoscaling) = (crate::exec_sessions::app_section(&ctx, &app.name).await, crate::autoscaling::app_section(&ctx, &app.name).await);
+    let logs = crate::app_logs::app_section(&ctx, &app.name).await;
+    let source = app_sources::source_note(&ctx, &app.name).await;
     let body = html! {
+        (source)
         (app_body(&ctx, &app, &env_names, &deployments, None))
+        (logs)
         (crate::volumes::app_section(&ctx, &app.name, &volumes, waiting.as_deref()))
         (instances) (autoscaling) (tasks) (sessions)
         h2 id="charts" { (ctx.t("apps.charts")) }

@@ -14,6 +14,7 @@ pub enum Nav {
     /// Managed databases and volumes.
     Data,
     Monitoring,
+    Alerts,
 }
 
 /// Every page's `<head>`. The doctype is not part of it: it must come
@@ -49,6 +50,10 @@ pub fn page(ctx: &Ctx, title: &str, nav: Nav, here: &str, body: Markup) -> Marku
                         (link(Nav::Apps, "/apps", "nav.apps"))
                         (link(Nav::Data, "/services", "nav.data"))
                         (link(Nav::Monitoring, "/monitoring", "nav.monitoring"))
+                        a.bell href="/alerts" id="alerts-bell" aria-current=[(nav == Nav::Alerts).then_some("page")] title=(ctx.t("nav.alerts")) {
+                            "🔔 " (ctx.t("nav.alerts"))
+                            @if ctx.open_alerts > 0 { " " span.count aria-label=(ctx.t("alerts.open")) { (ctx.open_alerts) } }
+                        }
                     }
                     // On a narrow screen the script folds these behind
                     // the button, so the header stays one row.

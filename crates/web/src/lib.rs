@@ -21,6 +21,8 @@
 //! for a change: no SQL of its own and no effect that bypasses the API's
 //! handlers; it may read the shared state to render a page.
 
+mod alerts;
+mod app_sources;
 mod apps;
 mod chart;
 mod deployments;
@@ -33,6 +35,7 @@ mod node_page;
 mod nodes;
 mod paging;
 mod services;
+mod app_logs;
 mod autoscaling;
 mod exec_sessions;
 mod tasks;
@@ -98,6 +101,7 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/apps/{name}/domains", post(apps::set_domains))
         .route("/apps/{name}/settings", post(apps::set_settings))
         .route("/apps/{name}/deploy", post(apps::deploy))
+        .route("/apps/{name}/logs", get(app_logs::page))
         .route("/apps/{name}/terminal", get(terminal::page))
         .route("/apps/{name}/terminal/session", get(terminal::session))
         .route("/apps/{name}/rollback", post(apps::rollback))
@@ -123,6 +127,10 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/deployments/{id}", get(deployments::page))
         .route("/deployments/{id}/logs", get(deployments::log_stream))
         .route("/monitoring", get(monitoring::page))
+        .route("/alerts", get(alerts::page))
+        .route("/alerts/channels", post(alerts::add))
+        .route("/alerts/channels/{id}/test", post(alerts::test))
+        .route("/alerts/channels/{id}/delete", post(alerts::delete))
         .layer(middleware::from_fn(security_headers))
 }
 
@@ -182,6 +190,8 @@ pub struct Ctx {
     pub state: Arc<AppState>,
     /// Backups that need attention (the banner on every page).
     pub backup_alerts: Vec<String>,
+    /// Open alerts (the bell on every page).
+    pub open_alerts: usize,
 }
 
 impl Ctx {
@@ -249,6 +259,7 @@ impl FromRequestParts<Arc<AppState>> for Ctx {
             principal: auth::Principal::User { user: session.user, via },
             flash,
             backup_alerts: backups::alerts(state).await,
+            open_alerts: alerts::open_count(state).await,
             state: state.clone(),
         })
     }

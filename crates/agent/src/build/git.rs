@@ -270,10 +270,21 @@ pub(super) async fn run(mut command: Command, step: &'static str, secret: Option
     }
     let mut message = String::from_utf8_lossy(&output.stderr).trim().to_string();
     if let Some(secret) = secret.filter(|s| !s.is_empty()) {
-        message = message.replace(secret, "<redacted>");
+        message = explain_refusal(&message.replace(secret, "<redacted>"));
     }
     cloudweb_protocol::misc::truncate_on_char(&mut message, 2000);
     Err(GitError::Failed { step, message })
+}
+
+/// git answers a 401 to the credentials it was given by trying to prompt
+/// for others, and says only that it "could not read Username": name what
+/// happened (an expired or revoked deploy token, say) before git's words.
+fn explain_refusal(message: &str) -> String {
+    if message.contains("could not read Username") || message.contains("Authentication failed") {
+        format!("the git host refused this deploy's credentials (expired, revoked, or not for this repository): {message}")
+    } else {
+        message.to_string()
+    }
 }
 
 /// Like [`run`], for a command whose output is bytes (an archive).
@@ -329,6 +340,14 @@ mod tests {
 
     fn env_of(command: &Command, name: &str) -> Option<String> {
         command.as_std().get_envs().find(|(k, _)| *k == name).and_then(|(_, v)| v).map(|v| v.to_string_lossy().into_owned())
+    }
+
+    #[test]
+    fn a_refused_credential_is_named() {
+        let git = "fatal: could not read Username for 'https://github.com': terminal prompts disabled";
+        assert!(super::explain_refusal(git).starts_with("the git host refused this deploy's credentials"));
+        assert!(super::explain_refusal(git).ends_with(git));
+        assert_eq!(super::explain_refusal("fatal: repository not found"), "fatal: repository not found");
     }
 
     #[test]

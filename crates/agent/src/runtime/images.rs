@@ -117,21 +117,32 @@ impl Drop for StepImages {
             tokio::time::sleep(STEP_SETTLE).await;
             let Ok(image) = docker.inspect_image(&id).await else { return };
             let untagged = |tags: &[String]| tags.iter().all(|t| t == "<none>:<none>");
-            let options = bollard::query_parameters::ListImagesOptionsBuilder::new().all(true).build();
-            let all = docker.list_images(Some(options)).await.unwrap_or_default();
-            let leaves = if untagged(image.repo_tags.as_deref().unwrap_or_default()) {
-                unfinished_leaves(&all.iter().map(|i| (i.id.as_str(), i.parent_id.as_str(), untagged(&i.repo_tags))).collect::<Vec<_>>(), &id)
-            } else {
-                // A base image: the build was cut off right after FROM, and
-                // the engine may still have committed the first step (it
-                // carries no label: the classic builder labels only the
-                // final image). Its untagged, childless children made since
-                // the build started are taken; one another build uses has
-                // a child or a container, and the engine keeps it.
-                let images: Vec<(&str, &str, bool, i64)> = all.iter().map(|i| (i.id.as_str(), i.parent_id.as_str(), untagged(&i.repo_tags), i.created)).collect();
-                first_steps_since(&images, &id, started)
+            let base = !untagged(image.repo_tags.as_deref().unwrap_or_default());
+            let leaves = || async {
+                let options = bollard::query_parameters::ListImagesOptionsBuilder::new().all(true).build();
+                let all = docker.list_images(Some(options)).await.unwrap_or_default();
+                if !base {
+                    unfinished_leaves(&all.iter().map(|i| (i.id.as_str(), i.parent_id.as_str(), untagged(&i.repo_tags))).collect::<Vec<_>>(), &id)
+                } else {
+                    // A base image: the build was cut off right after FROM,
+                    // and the engine may still have committed the first
+                    // step (it carries no label: the classic builder labels
+                    // only the final image). Its untagged, childless
+                    // children made since the build started are taken; one
+                    // another build uses has a child or a container, and
+                    // the engine keeps it.
+                    let images: Vec<(&str, &str, bool, i64)> = all.iter().map(|i| (i.id.as_str(), i.parent_id.as_str(), untagged(&i.repo_tags), i.created)).collect();
+                    first_steps_since(&images, &id, started)
+                }
             };
-            for leaf in leaves {
+            // Another build on this engine may be between two steps: its
+            // newest step image is childless for that moment, and taking it
+            // would fail that build ("No such image"). Only what is still a
+            // leaf a moment later is left over from this build.
+            let first = leaves().await;
+            tokio::time::sleep(STEP_SETTLE).await;
+            let again = leaves().await;
+            for leaf in first.into_iter().filter(|l| again.contains(l)) {
                 // Removing the leaf removes its untagged parents up to one
                 // that is tagged or has another child (shared cache).
                 match docker.remove_image(&leaf, None::<bollard::query_parameters::RemoveImageOptions>, None).await {

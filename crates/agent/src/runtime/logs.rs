@@ -18,9 +18,7 @@ pub struct AppInstance {
     pub instance: u32,
 }
 
-/// One line of a container's output: (`stdout`|`stderr`, Engine timestamp
-/// in RFC 3339 with nanoseconds, text).
-pub type OutputLine = (&'static str, String, String);
+pub use super::output_lines::OutputLine;
 
 impl DockerRuntime {
     fn app_labels(&self) -> HashMap<&'static str, Vec<String>> {
@@ -95,6 +93,17 @@ impl DockerRuntime {
         self.follow(id, &tail.to_string())
     }
 
+    /// A container's output from second `since` (a UNIX time) on,
+    /// followed until it stops: a container that just started is read from
+    /// its start, so nothing it printed before the follower attached is
+    /// missed.
+    pub fn follow_output_since(&self, id: &str, since: i32) -> Result<impl Stream<Item = Result<OutputLine, RuntimeError>> + Send + 'static, RuntimeError> {
+        let options = LogsOptionsBuilder::new().follow(true).stdout(true).stderr(true).timestamps(true).since(since).tail("all");
+        let docker = self.docker()?;
+        let stream = docker.logs(id, Some(options.build()));
+        Ok(super::output_lines::lines(stream))
+    }
+
     /// A container's whole output from its first line, followed until it
     /// stops: a task's lines are numbered from the first, so none may be
     /// missed between its start and the follow.
@@ -106,29 +115,6 @@ impl DockerRuntime {
         let options = LogsOptionsBuilder::new().follow(true).stdout(true).stderr(true).timestamps(true).tail(tail);
         let docker = self.docker()?;
         let stream = docker.logs(id, Some(options.build()));
-        Ok(stream.flat_map(|item| {
-            let lines: Vec<Result<OutputLine, RuntimeError>> = match item {
-                Err(err) => vec![Err(RuntimeError::from(err))],
-                Ok(output) => {
-                    let (name, bytes) = match output {
-                        bollard::container::LogOutput::StdErr { message } => ("stderr", message),
-                        bollard::container::LogOutput::StdOut { message } | bollard::container::LogOutput::Console { message } => {
-                            ("stdout", message)
-                        }
-                        bollard::container::LogOutput::StdIn { .. } => return futures_util::stream::iter(Vec::new()),
-                    };
-                    String::from_utf8_lossy(&bytes)
-                        .lines()
-                        .filter_map(|line| {
-                            // With timestamps on, each line starts with the
-                            // Engine's time and a space.
-                            let (ts, text) = line.split_once(' ').unwrap_or((line, ""));
-                            (!ts.is_empty()).then(|| Ok((name, ts.to_string(), text.to_string())))
-                        })
-                        .collect()
-                }
-            };
-            futures_util::stream::iter(lines)
-        }))
+        Ok(super::output_lines::lines(stream))
     }
 }

@@ -10,6 +10,7 @@ mod die_events;
 mod images;
 mod liveness_containers;
 mod logs;
+mod output_lines;
 mod service_containers;
 mod task_containers;
 mod exec_sessions;

@@ -33,7 +33,7 @@ pub use crate::cron;
 mod destinations;
 mod jobs;
 mod restore;
-mod status;
+pub mod status;
 pub mod upgrade;
 mod watcher;
 

@@ -290,8 +290,10 @@ async fn place_instances(state: &AppState, app: &AppRow, deployment: &Deployment
     // deployment (they travel only in the sealed command).
     let clone = match &deployment.image {
         Some(_) => None,
-        None => match crate::git::clone_credentials(state, app, deployment).await {
-            Ok(clone) => clone,
+        None => match crate::git::clone_access(state, app, deployment).await {
+            Ok(crate::git::CloneAccess::Ready(clone)) => clone,
+            // Left unplaced: the reconciler's next pass asks again.
+            Ok(crate::git::CloneAccess::Later(_)) => return Ok(()),
             Err(err) => {
                 fail(state, deployment, &format!("cannot get clone credentials from the git provider: {err}")).await?;
                 return Ok(());

@@ -1,5 +1,5 @@
 //! Git providers: GitLab login (OAuth 2 with PKCE), push-to-deploy from
-//! GitLab projects and from any git host, short-lived clone credentials
+//! GitLab projects, GitHub repositories (as a GitHub App) and any git host, short-lived clone credentials
 //! for each deploy, and commit statuses that follow the deployment.
 //!
 //! This module is the glue between providers and the control plane's
@@ -15,10 +15,12 @@
 //! generic webhook secrets, and the clone credentials of a deployment
 //! while it builds. Tokens are refreshed before they expire.
 
+pub mod github;
+pub mod linked;
 pub mod login;
 pub mod settings;
 
-pub use cloudweb_git::{generic, gitlab, provider};
+pub use cloudweb_git::{generic, github as github_api, gitlab, provider};
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -27,7 +29,7 @@ use cloudweb_protocol::GitCredentials;
 use rand::Rng;
 use tokio::sync::mpsc;
 
-pub use provider::{Branch, CloneCredentials, CommitState, CommitStatus, GitProvider, Project, ProviderError};
+pub use provider::{Branch, CloneCredentials, CommitState, CommitStatus, GitProvider, Project, ProviderError, Repo};
 
 use crate::deployment_state::DeploymentState;
 use crate::error::ApiError;
@@ -69,6 +71,10 @@ pub struct GitState {
     /// The certificates of `--gitlab-ca-file`, which clones of the GitLab
     /// host's repositories trust too (see [`repo_ca`]).
     gitlab_ca_pem: Option<String>,
+    /// The GitHub App's installation tokens for API calls.
+    pub github_tokens: github::TokenCache,
+    /// Deployments waiting for a provider to hand out clone credentials.
+    pub clone_retries: CloneRetries,
 }
 
 impl GitState {
@@ -85,6 +91,8 @@ impl GitState {
             moved,
             moved_rx: Mutex::new(Some(moved_rx)),
             gitlab_ca_pem: None,
+            github_tokens: github::TokenCache::default(),
+            clone_retries: CloneRetries::default(),
         }
     }
 
@@ -195,6 +203,10 @@ pub fn provider_error(err: ProviderError) -> ApiError {
         ProviderError::NotConfigured(m) => ApiError::NotFound(m),
         ProviderError::Status { status: 404, .. } => ApiError::NotFound(err.to_string()),
         ProviderError::Status { status: 401 | 403, .. } => ApiError::Forbidden(err.to_string()),
+        // Any other refusal is the provider's answer to this request, not
+        // an outage: retrying would get the same (429 is an outage).
+        ProviderError::Status { status: 400..=428 | 430..=499, .. } => ApiError::Unprocessable(err.to_string()),
+        // Down, overloaded, unreachable, or an answer that made no sense.
         other => ApiError::BadGateway(other.to_string()),
     }
 }
@@ -267,15 +279,71 @@ pub async fn gitlab_as(state: &AppState, gitlab_user_id: i64) -> Result<gitlab::
     Ok(gitlab::GitLab { http: state.git.http.clone(), base: settings.base_url, token })
 }
 
+/// How long a deployment waits for a provider that cannot be reached (or
+/// answers 5xx) to hand out its clone credentials before it fails.
+pub const CLONE_CREDENTIALS_PATIENCE_MS: i64 = 2 * 60 * 1000;
+/// The longest wait between two attempts.
+const CLONE_RETRY_MAX_MS: i64 = 30_000;
+
+/// When each waiting deployment may ask its provider again: (attempts so
+/// far, not before this unix ms).
+#[derive(Default)]
+pub struct CloneRetries {
+    due: Mutex<std::collections::HashMap<String, (u32, i64)>>,
+}
+
+/// What asking for a deployment's clone credentials came to.
+pub enum CloneAccess {
+    /// The credentials (`None`: the app uses its own stored ones).
+    Ready(Option<GitCredentials>),
+    /// The provider could not be reached or failed on its side; the
+    /// reconciler asks again later (with back-off) until the patience runs out.
+    Later(String),
+}
+
+/// [`clone_credentials`], with a provider that is down for a while
+/// retried (1 s, 2 s, 4 s … at most 30 s apart) for
+/// [`CLONE_CREDENTIALS_PATIENCE_MS`] from the deployment's creation,
+/// instead of failing the deployment at once. A refusal (401, 403, 404)
+/// fails at once.
+pub async fn clone_access(state: &AppState, app: &AppRow, deployment: &DeploymentRow) -> Result<CloneAccess, ApiError> {
+    let now = state.clock.now_ms();
+    let pending = state.git.clone_retries.due.lock().expect("clone retry lock").get(&deployment.id).copied();
+    if let Some((_, not_before)) = pending {
+        if now < not_before {
+            return Ok(CloneAccess::Later("waiting to ask the git provider again".into()));
+        }
+    }
+    match clone_credentials(state, app, deployment).await {
+        Ok(credentials) => {
+            state.git.clone_retries.due.lock().expect("clone retry lock").remove(&deployment.id);
+            Ok(CloneAccess::Ready(credentials))
+        }
+        Err(ApiError::BadGateway(reason)) if now - deployment.created_at < CLONE_CREDENTIALS_PATIENCE_MS => {
+            let attempts = pending.map_or(0, |(n, _)| n) + 1;
+            let wait = (500_i64 << attempts.min(6)).min(CLONE_RETRY_MAX_MS);
+            let mut due = state.git.clone_retries.due.lock().expect("clone retry lock");
+            // Deployments that stopped waiting (cancelled, superseded) leave no entry behind.
+            due.retain(|_, (_, not_before)| *not_before > now - CLONE_CREDENTIALS_PATIENCE_MS);
+            due.insert(deployment.id.clone(), (attempts, now + wait));
+            drop(due);
+            tracing::warn!(deployment = %deployment.id, attempts, retry_in_ms = wait, error = %reason, "the git provider did not hand out clone credentials; asking again");
+            Ok(CloneAccess::Later(reason))
+        }
+        Err(err) => {
+            state.git.clone_retries.due.lock().expect("clone retry lock").remove(&deployment.id);
+            Err(err)
+        }
+    }
+}
+
 /// The clone credentials of a deployment from code: for an app from a
-/// GitLab project, made for this deployment (a deploy token, or the
-/// refreshed OAuth token) and kept sealed until the build is over; `None`
-/// for other apps, which use their own stored credentials.
+/// provider's repository, made for this deployment (a GitLab deploy token
+/// or the refreshed OAuth token; a GitHub installation token for that one
+/// repository) and kept sealed until the build is over; `None` for other
+/// apps, which use their own stored credentials.
 pub async fn clone_credentials(state: &AppState, app: &AppRow, deployment: &DeploymentRow) -> Result<Option<GitCredentials>, ApiError> {
     let Some(link) = state.store.app_git_link(&app.name).await? else {
-        return Ok(None);
-    };
-    let (Some(project), Some(account), "gitlab") = (link.project_id, link.account, link.provider.as_str()) else {
         return Ok(None);
     };
     if let Some(row) = state.store.deployment_git(&deployment.id).await? {
@@ -287,14 +355,16 @@ pub async fn clone_credentials(state: &AppState, app: &AppRow, deployment: &Depl
             return Ok(Some(credentials));
         }
     }
-    let gitlab = gitlab_as(state, account).await?;
-    let Some(made) = gitlab.clone_credentials(project, &deployment.id).await.map_err(provider_error)? else {
+    let Some(linked) = linked::connect(state, &link).await? else {
+        return Ok(None);
+    };
+    let Some(made) = linked.provider.clone_credentials(linked.repo(), &deployment.id).await.map_err(provider_error)? else {
         return Ok(None);
     };
     let credentials = GitCredentials { username: made.username, password: made.password };
     let sealed = state.sealer.seal_json(&clone_context(&deployment.id), &credentials);
     state.store.put_deployment_credentials(&deployment.id, &sealed, made.revoke_id, state.clock.now_ms()).await?;
-    tracing::info!(deployment = %deployment.id, deploy_token = made.revoke_id.is_some(), "made clone credentials for the deployment");
+    tracing::info!(deployment = %deployment.id, provider = linked.provider.name(), revocable = made.revoke_id.is_some(), "made clone credentials for the deployment");
     Ok(Some(credentials))
 }
 
@@ -333,15 +403,49 @@ fn commit_state(to: DeploymentState, error: Option<&str>) -> Option<CommitState>
     }
 }
 
+/// How many times a commit status is tried, and the wait before the
+/// first retry (doubling after each).
+const STATUS_ATTEMPTS: u32 = 5;
+const STATUS_FIRST_RETRY: Duration = Duration::from_secs(5);
+
 /// Posts commit statuses in the order deployments move, and revokes a
-/// deployment's clone credentials once its build is over.
+/// deployment's clone credentials once its build is over. A status the
+/// provider does not take (down, say) is retried in the background with
+/// back-off, at most [`STATUS_ATTEMPTS`] times in all, and only while the
+/// deployment is still where that status says: it never holds up the
+/// deployment or the statuses of others.
 pub async fn status_poster(state: Arc<AppState>) {
     let Some(mut moved) = state.git.moved_rx.lock().expect("status queue lock").take() else {
         return;
     };
     while let Some(event) = moved.recv().await {
         if let Err(err) = on_moved(&state, &event).await {
-            tracing::warn!(deployment = %event.deployment_id, error = %err, "could not post the commit status");
+            tracing::warn!(deployment = %event.deployment_id, error = %err, "could not post the commit status; retrying in the background");
+            tokio::spawn(retry_status(state.clone(), event));
+        }
+    }
+}
+
+async fn retry_status(state: Arc<AppState>, event: Moved) {
+    let mut wait = STATUS_FIRST_RETRY;
+    for attempt in 2..=STATUS_ATTEMPTS {
+        tokio::time::sleep(wait).await;
+        wait *= 2;
+        // Moved on since: the newer state's status is the one to post.
+        match state.store.deployment(&event.deployment_id).await {
+            Ok(Some(d)) if d.state == event.to.as_str() => {}
+            Ok(_) => return,
+            Err(err) => {
+                tracing::warn!(deployment = %event.deployment_id, error = %err, "cannot read the deployment to retry its commit status");
+                continue;
+            }
+        }
+        match on_moved(&state, &event).await {
+            Ok(()) => return,
+            Err(err) if attempt == STATUS_ATTEMPTS => {
+                tracing::warn!(deployment = %event.deployment_id, error = %err, attempts = STATUS_ATTEMPTS, "gave up posting the commit status");
+            }
+            Err(err) => tracing::warn!(deployment = %event.deployment_id, error = %err, attempt, "could not post the commit status"),
         }
     }
 }
@@ -350,17 +454,11 @@ async fn on_moved(state: &AppState, event: &Moved) -> Result<(), ApiError> {
     let Some(link) = state.store.app_git_link(&event.app).await? else {
         return Ok(());
     };
-    let (Some(project), Some(account), "gitlab") = (link.project_id, link.account, link.provider.as_str()) else {
-        return Ok(());
-    };
-    let gitlab = gitlab_as(state, account).await?;
-    // The build is over: the clone credentials go.
+    // The build is over: the clone credentials go (taken first, so a
+    // provider that cannot be reached does not keep them here).
     if !matches!(event.to, DeploymentState::Queued | DeploymentState::Building) {
-        if let Some(token_id) = state.store.take_deployment_credentials(&event.deployment_id).await? {
-            match gitlab.revoke_clone_credentials(project, token_id).await {
-                Ok(()) => tracing::info!(deployment = %event.deployment_id, "revoked the deployment's deploy token"),
-                Err(err) => tracing::warn!(deployment = %event.deployment_id, error = %err, "could not revoke the deploy token (it expires by itself)"),
-            }
+        if let Some(taken) = state.store.take_deployment_credentials(&event.deployment_id).await? {
+            revoke(state, &link, &event.deployment_id, taken).await;
         }
     }
     let Some(sha) = event.commit.as_deref() else {
@@ -375,10 +473,13 @@ async fn on_moved(state: &AppState, event: &Moved) -> Result<(), ApiError> {
     if previous.as_deref() == Some(commit_state.as_str()) {
         return Ok(());
     }
+    let Some(linked) = linked::connect(state, &link).await? else {
+        return Ok(());
+    };
     let app = state.store.app(&event.app).await?;
     let branch = app.map(|a| a.branch).unwrap_or_default();
     // The dashboard's page of the deployment: a person follows this link
-    // from GitLab (the JSON stays at /api/deployments/{id}).
+    // from the provider (the JSON stays at /api/deployments/{id}).
     let target_url = format!("{}/deployments/{}", state.git.public_url(), event.deployment_id);
     let mut description = match (event.to, error) {
         (DeploymentState::Failed, Some(error)) => format!("deployment {} failed: {error}", event.deployment_id),
@@ -386,13 +487,47 @@ async fn on_moved(state: &AppState, event: &Moved) -> Result<(), ApiError> {
     };
     cloudweb_protocol::misc::truncate_on_char(&mut description, 255);
     let status = CommitStatus { sha, branch: &branch, state: commit_state, target_url: &target_url, description: &description };
-    gitlab.post_status(project, &status).await.map_err(provider_error)?;
+    linked.provider.post_status(linked.repo(), &status).await.map_err(provider_error)?;
     state.store.set_deployment_status(&event.deployment_id, commit_state.as_str(), state.clock.now_ms()).await?;
-    tracing::info!(deployment = %event.deployment_id, status = commit_state.as_str(), "posted the commit status");
+    tracing::info!(deployment = %event.deployment_id, status = commit_state.as_str(), provider = linked.provider.name(), "posted the commit status");
     Ok(())
 }
 
+/// Revokes a finished build's clone credentials at their provider, once
+/// (a failure is logged: they expire by themselves within hours).
+async fn revoke(state: &AppState, link: &AppGitLinkRow, deployment_id: &str, taken: crate::store::TakenCredentials) {
+    let (Some(sealed), Some(revoke_id)) = (taken.sealed, taken.deploy_token_id) else { return };
+    let credentials: GitCredentials = match state.sealer.open_json(&clone_context(deployment_id), &sealed) {
+        Ok(c) => c,
+        Err(err) => {
+            tracing::warn!(deployment = %deployment_id, error = %err, "cannot open the clone credentials to revoke them");
+            return;
+        }
+    };
+    let made = CloneCredentials { username: credentials.username, password: credentials.password, revoke_id: Some(revoke_id) };
+    let result = match linked::connect(state, link).await {
+        Ok(Some(linked)) => linked.provider.revoke_clone_credentials(linked.repo(), &made).await.map_err(provider_error),
+        Ok(None) => Ok(()),
+        Err(err) => Err(err),
+    };
+    match result {
+        Ok(()) => tracing::info!(deployment = %deployment_id, "revoked the deployment's clone credentials"),
+        Err(err) => tracing::warn!(deployment = %deployment_id, error = %err, "could not revoke the clone credentials (they expire by themselves)"),
+    }
+}
+
 /// The link an app has to its provider, for views.
+pub fn link_view(link: &AppGitLinkRow) -> cloudweb_api_types::apps::GitLink {
+    cloudweb_api_types::apps::GitLink {
+        provider: link.provider.clone(),
+        project_id: link.project_id,
+        project: link.project_path.clone(),
+        account: link.account,
+        webhook_registered: link.hook_id.is_some(),
+        webhook: None,
+    }
+}
+
 #[cfg(test)]
 mod ca_tests {
     #[test]
@@ -404,16 +539,5 @@ mod ca_tests {
         assert!(!super::same_https_origin("http://gitlab.internal:8443", "http://gitlab.internal:8443/a.git"));
         assert!(super::same_https_origin("https://gitlab.internal", "https://gitlab.internal:443/a.git"));
         assert!(!super::same_https_origin(base, "git@gitlab.internal:acme/site.git"));
-    }
-}
-
-pub fn link_view(link: &AppGitLinkRow) -> cloudweb_api_types::apps::GitLink {
-    cloudweb_api_types::apps::GitLink {
-        provider: link.provider.clone(),
-        project_id: link.project_id,
-        project: link.project_path.clone(),
-        account: link.account,
-        webhook_registered: link.hook_id.is_some(),
-        webhook: None,
     }
 }

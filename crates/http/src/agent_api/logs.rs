@@ -29,6 +29,8 @@ pub async fn upload(
     upload.sanitize();
     upload.validate()?;
     let mut answer = LogUploadResponse::default();
+    // Shown to followers once written (see `runtime_logs::Held`).
+    let mut held = Vec::new();
     // deployment id -> (app, instances placed on this node), read once.
     let mut placements: HashMap<String, Option<(String, Vec<i64>)>> = HashMap::new();
     for container in &upload.containers {
@@ -51,7 +53,8 @@ pub async fn upload(
                 container.instance, container.deployment_id
             ))),
             Some((app, _)) => {
-                answer.accepted += state.runtime_logs.append(Incoming {
+                state.runtime_logs.recall(app, &container.container).await;
+                let (accepted, lines) = state.runtime_logs.append_held(Incoming {
                     app,
                     deployment_id: &container.deployment_id,
                     instance: container.instance,
@@ -61,8 +64,16 @@ pub async fn upload(
                     lines: &container.lines,
                     now_ms: state.clock.now_ms(),
                 });
+                answer.accepted += accepted;
+                held.push(lines);
             }
         }
     }
+    // Answered once the lines are written: what the agent saw accepted
+    // outlives a crash of the control plane.
+    if let Some(archive) = state.runtime_logs.archive() {
+        archive.written().await;
+    }
+    drop(held);
     Ok(Json(answer))
 }

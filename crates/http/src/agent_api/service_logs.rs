@@ -25,13 +25,16 @@ pub async fn upload(
     upload.sanitize();
     upload.validate()?;
     let mut answer = LogUploadResponse::default();
+    // Shown to followers once written (see `runtime_logs::Held`).
+    let mut held = Vec::new();
     for logs in &upload.services {
         let refuse = |reason: String| RefusedContainer { container: logs.service.clone(), reason };
         match state.store.service(&logs.service).await? {
             None => answer.refused.push(refuse(format!("no service {}", logs.service))),
             Some(service) if service.node_id != node_id => answer.refused.push(refuse(format!("service {} does not run on this node", logs.service))),
             Some(service) => {
-                answer.accepted += state.runtime_logs.append(Incoming {
+                state.runtime_logs.recall(&crate::services::logs_key(&service.name), &cloudweb_protocol::services::container_name(&service.name)).await;
+                let (accepted, lines) = state.runtime_logs.append_held(Incoming {
                     app: &crate::services::logs_key(&service.name),
                     deployment_id: "",
                     instance: 0,
@@ -41,8 +44,16 @@ pub async fn upload(
                     lines: &logs.lines,
                     now_ms: state.clock.now_ms(),
                 });
+                answer.accepted += accepted;
+                held.push(lines);
             }
         }
     }
+    // Answered once the lines are written: what the agent saw accepted
+    // outlives a crash of the control plane.
+    if let Some(archive) = state.runtime_logs.archive() {
+        archive.written().await;
+    }
+    drop(held);
     Ok(Json(answer))
 }

@@ -217,28 +217,10 @@ pub async fn create_as_caller(
 /// caller's own linked GitLab identity by default.
 pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<AppView>), ApiError> {
     let mut request: CreateApp = parse_json(&body_bytes(body)?)?;
-    let plan = match &request.gitlab_project {
-        Some(project) => {
-            if !request.repo_url.is_empty() || request.webhook {
-                return Err(ApiError::BadRequest("give gitlab_project or repo_url (with webhook), not both".into()));
-            }
-            if request.git_username.is_some() || request.git_ssh_key.is_some() {
-                return Err(ApiError::BadRequest("an app from a GitLab project gets its clone credentials from GitLab; drop git_username, git_password and git_ssh_key".into()));
-            }
-            validate::node_name("name", &request.name)?;
-            let (account, project) = crate::git::api::resolve_project(&state, principal, project, request.gitlab_account).await?;
-            request.repo_url = project.clone_url.clone();
-            if request.branch.is_none() {
-                request.branch = project.default_branch.clone();
-            }
-            Some(crate::git::api::LinkPlan::Gitlab { account, project })
-        }
-        None if request.gitlab_account.is_some() => return Err(ApiError::BadRequest("gitlab_account only goes with gitlab_project".into())),
-        None if request.webhook => Some(crate::git::api::LinkPlan::Generic),
-        None => None,
-    };
+    // Made from a provider's repository: its clone URL and default branch.
+    let plan = crate::git::api::plan_for(&state, principal, &mut request).await?;
     if request.repo_url.is_empty() {
-        return Err(ApiError::BadRequest("repo_url is required (or gitlab_project)".into()));
+        return Err(ApiError::BadRequest("repo_url is required (or gitlab_project, or github_repository)".into()));
     }
     let branch = request.branch.get_or_insert_with(|| "main".to_string()).clone();
     validate_create(&request, state.config.allow_file_repos, state.config.allows_private_git(&request.repo_url))?;

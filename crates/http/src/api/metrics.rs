@@ -26,6 +26,9 @@ use crate::AppState;
 #[derive(Default)]
 pub struct Figures {
     pub nodes_by_state: Vec<(&'static str, usize)>,
+    /// Runtime log lines forwarded (`--log-forward`): shipped and dropped,
+    /// when forwarding is on.
+    pub log_forward: Option<(u64, u64)>,
     pub heartbeats: u64,
     pub commits: u64,
     /// Whether this replica leads, and its term's fencing token (0 when it
@@ -118,6 +121,9 @@ fn figures(state: &AppState) -> Figures {
         commits: state.store.commits(),
         leading: state.leader.is_leading(),
         leader_term: state.leader.token(),
+        log_forward: state.runtime_logs.archive().and_then(|a| {
+            a.forwarding().map(|f| (f.stats.shipped.load(Ordering::Relaxed), f.stats.dropped.load(Ordering::Relaxed)))
+        }),
         ..Default::default()
     };
     for node_state in [NodeState::Ready, NodeState::Unreachable, NodeState::Draining] {
@@ -221,6 +227,12 @@ pub fn encode_figures(figures: &Figures) -> Result<String, std::fmt::Error> {
     for (app, job, alert) in &figures.cron_jobs {
         job_alert.get_or_create(&vec![("app", label(app)), ("job", label(job))]).set(if *alert { 1.0 } else { 0.0 });
     }
+    if let Some((shipped, dropped)) = figures.log_forward {
+        let forwarded = Family::<Labels, Counter>::default();
+        registry.register("cloudweb_log_forward_lines", "Runtime log lines shipped to the --log-forward target, or dropped (it was down, refusing or behind)", forwarded.clone());
+        forwarded.get_or_create(&vec![("outcome", label("shipped"))]).inc_by(shipped);
+        forwarded.get_or_create(&vec![("outcome", label("dropped"))]).inc_by(dropped);
+    }
     let mut out = String::new();
     encode(&mut out, &registry)?;
     Ok(out)
@@ -259,6 +271,7 @@ mod tests {
             services: vec![("db".into(), "n-1".into(), true, 2)],
             backups: vec![("service/db".into(), Some(1_764_640_000.0), Some(2048.0), false)],
             cron_jobs: vec![("web".into(), "nightly".into(), true)],
+            log_forward: Some((90, 10)),
         };
         let text = encode_figures(&figures).unwrap();
         assert!(text.contains("cloudweb_nodes{state=\"ready\"} 2"), "{text}");
@@ -275,6 +288,7 @@ mod tests {
         assert!(text.contains("cloudweb_backup_last_success_bytes{target=\"service/db\"} 2048"), "{text}");
         assert!(text.contains("cloudweb_backup_alert{target=\"service/db\"} 0"), "{text}");
         assert!(text.contains("cloudweb_cron_job_alert{app=\"web\",job=\"nightly\"} 1"), "{text}");
+        assert!(text.contains("cloudweb_log_forward_lines_total{outcome=\"dropped\"} 10"), "{text}");
         // Every sample line is `name{labels} value` on one line.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             assert!(line.starts_with("cloudweb_"), "{line:?} in {text}");

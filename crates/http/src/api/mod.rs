@@ -16,7 +16,8 @@ pub mod listener;
 mod metrics;
 pub mod nodes;
 pub mod openapi;
-mod runtime_logs;
+pub mod runtime_logs;
+pub mod alerts;
 pub mod autoscale;
 pub mod scale;
 mod session_bridge;
@@ -103,6 +104,10 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(scale::scale))
         .routes(routes!(scale::top))
         .routes(routes!(autoscale::show, autoscale::set, autoscale::off))
+        .routes(routes!(alerts::list))
+        .routes(routes!(alerts::channels, alerts::create_channel))
+        .routes(routes!(alerts::channel, alerts::delete_channel))
+        .routes(routes!(alerts::test_channel))
         .routes(routes!(sessions::exec))
         .routes(routes!(sessions::port_forward))
         .routes(routes!(sessions::list))
@@ -125,6 +130,9 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(crate::git::api::accounts))
         .routes(routes!(crate::git::api::projects))
         .routes(routes!(crate::git::api::branches))
+        .routes(routes!(crate::git::github::get_settings, crate::git::github::put_settings))
+        .routes(routes!(crate::git::github::installations))
+        .routes(routes!(crate::git::github::repositories))
 }
 
 /// Routes anyone may call. Each must say `security(())` in its annotation
@@ -136,11 +144,12 @@ fn public_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(auth::routes::login))
         .routes(routes!(openapi::document))
         // GitLab login, and webhooks that authenticate themselves
-        // (X-Gitlab-Token, an HMAC signature).
+        // (X-Gitlab-Token, an HMAC signature, GitHub's X-Hub-Signature-256).
         .routes(routes!(crate::git::oauth::login))
         .routes(routes!(crate::git::oauth::callback))
         .routes(routes!(crate::git::webhooks::gitlab))
         .routes(routes!(crate::git::webhooks::generic))
+        .routes(routes!(crate::git::github::webhook))
 }
 
 /// The router and the document, from one list.

@@ -31,6 +31,7 @@ pub const PUBLIC_OPERATIONS: &[&str] = &[
     "GET /api/auth/gitlab/callback",
     "POST /api/webhooks/gitlab",
     "POST /api/webhooks/generic/{app}",
+    "POST /api/webhooks/github",
 ];
 
 #[derive(utoipa::OpenApi)]
@@ -53,6 +54,7 @@ pub const PUBLIC_OPERATIONS: &[&str] = &[
         (name = "tasks", description = "Scheduled jobs and one-off runs of a command in an app's running image"),
         (name = "deployments", description = "Deployments and their logs"),
         (name = "nodes", description = "Nodes of the cluster"),
+        (name = "alerts", description = "What the control plane alerts on (failed deployments, crash loops, unreachable nodes, disks, certificates, backups) and the channels that carry alerts to people"),
         (name = "traffic", description = "The route table and request counts"),
         (name = "metrics", description = "Prometheus metrics"),
         (name = "meta", description = "The API itself"),

@@ -202,7 +202,7 @@ pub struct ServiceLogsQuery {
 }
 
 /// The recent output of the service's container, as its node uploads it
-/// (kept in memory like apps' runtime logs: 2,000 lines, 2 MiB).
+/// (kept like apps' runtime logs: live in memory, and in the log store).
 #[utoipa::path(get, path = "/api/services/{name}/logs", operation_id = "services_logs", tag = "services",
     params(("name" = String, Path, description = "The service's name"), ("lines" = Option<u32>, Query, description = "How many recent lines (default 100, at most 2000)")),
     responses(
@@ -222,7 +222,7 @@ pub async fn logs(
         Some(text) => text.parse::<usize>().ok().filter(|n| *n <= max).ok_or_else(|| ApiError::BadRequest(format!("lines must be 0 to {max}")))?,
     };
     load(&state, &name).await?;
-    let lines = state.runtime_logs.recent(&crate::services::logs_key(&name), 0, limit, None);
+    let lines = state.runtime_logs.tail(&crate::services::logs_key(&name), 0, limit, None).await;
     Ok(Json(ServiceLogsView {
         service: name,
         lines: lines

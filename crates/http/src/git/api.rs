@@ -201,7 +201,7 @@ pub struct AccountQuery {
 pub async fn branches(State(state): State<Arc<AppState>>, Extension(principal): Extension<Principal>, Path(project): Path<i64>, Query(query): Query<AccountQuery>) -> Result<Json<BranchList>, ApiError> {
     let account = account_for(&state, &principal, query.account).await?;
     let gitlab = super::gitlab_as(&state, account).await?;
-    let branches = gitlab.branches(project).await.map_err(super::provider_error)?;
+    let branches = gitlab.branches(super::Repo { id: project, path: "" }).await.map_err(super::provider_error)?;
     let branches = branches.into_iter().map(|b| Branch { name: b.name, commit: b.commit }).collect();
     Ok(Json(BranchList { branches }))
 }
@@ -211,7 +211,55 @@ pub use cloudweb_api_types::apps::ProjectRef;
 /// What app creation learned from the provider, to link once the app row exists.
 pub enum LinkPlan {
     Gitlab { account: i64, project: super::Project },
+    /// A repository of a GitHub App installation.
+    Github { installation: i64, project: super::Project },
     Generic,
+}
+
+/// What `POST /api/apps` asks of a provider: for an app from a GitLab
+/// project or a GitHub repository, the project looked up (its clone URL
+/// and default branch go into `request`) and the link to make once the app
+/// exists; for a generic webhook, its link; else `None`.
+pub async fn plan_for(state: &AppState, principal: &Principal, request: &mut cloudweb_api_types::apps::CreateApp) -> Result<Option<LinkPlan>, ApiError> {
+    if request.github_repository.is_some() && (request.gitlab_project.is_some() || request.gitlab_account.is_some()) {
+        return Err(ApiError::BadRequest("give github_repository or gitlab_project, not both".into()));
+    }
+    let plan = match (&request.gitlab_project, &request.github_repository) {
+        (None, Some(repository)) => {
+            if !request.repo_url.is_empty() || request.webhook {
+                return Err(ApiError::BadRequest("give github_repository or repo_url (with webhook), not both".into()));
+            }
+            if request.git_username.is_some() || request.git_ssh_key.is_some() {
+                return Err(ApiError::BadRequest("an app from a GitHub repository gets its clone credentials from the GitHub App; drop git_username, git_password and git_ssh_key".into()));
+            }
+            cloudweb_protocol::validate::node_name("name", &request.name)?;
+            let (installation, project) = super::github::resolve_repository(state, repository).await?;
+            request.repo_url = project.clone_url.clone();
+            if request.branch.is_none() {
+                request.branch = project.default_branch.clone();
+            }
+            Some(LinkPlan::Github { installation, project })
+        }
+        (Some(project), _) => {
+            if !request.repo_url.is_empty() || request.webhook {
+                return Err(ApiError::BadRequest("give gitlab_project or repo_url (with webhook), not both".into()));
+            }
+            if request.git_username.is_some() || request.git_ssh_key.is_some() {
+                return Err(ApiError::BadRequest("an app from a GitLab project gets its clone credentials from GitLab; drop git_username, git_password and git_ssh_key".into()));
+            }
+            cloudweb_protocol::validate::node_name("name", &request.name)?;
+            let (account, project) = resolve_project(state, principal, project, request.gitlab_account).await?;
+            request.repo_url = project.clone_url.clone();
+            if request.branch.is_none() {
+                request.branch = project.default_branch.clone();
+            }
+            Some(LinkPlan::Gitlab { account, project })
+        }
+        (None, None) if request.gitlab_account.is_some() => return Err(ApiError::BadRequest("gitlab_account only goes with gitlab_project".into())),
+        (None, None) if request.webhook => Some(LinkPlan::Generic),
+        (None, None) => None,
+    };
+    Ok(plan)
 }
 
 /// Looks up the GitLab project an app is created from.
@@ -242,7 +290,7 @@ pub async fn link_app(state: &AppState, app: &str, branch: &str, plan: LinkPlan)
         LinkPlan::Gitlab { account, project } => {
             let url = format!("{}/api/webhooks/gitlab", state.git.public_url());
             let gitlab = super::gitlab_as(state, account).await?;
-            let hook_id = gitlab.register_webhook(project.id, &url, &secret, branch).await.map_err(super::provider_error)?;
+            let hook_id = gitlab.register_webhook(super::Repo { id: project.id, path: &project.path }, &url, &secret, branch).await.map_err(super::provider_error)?;
             let link = AppGitLinkRow {
                 app: app.to_string(),
                 provider: "gitlab".into(),
@@ -256,11 +304,29 @@ pub async fn link_app(state: &AppState, app: &str, branch: &str, plan: LinkPlan)
             };
             if let Err(err) = state.store.insert_app_git_link(&link).await {
                 if let Some(hook) = hook_id {
-                    let _ = gitlab.remove_webhook(project.id, hook).await;
+                    let _ = gitlab.remove_webhook(super::Repo { id: project.id, path: &project.path }, hook).await;
                 }
                 return Err(err.into());
             }
             tracing::info!(app, project = %project.path, "registered the GitLab push webhook");
+            Ok(super::link_view(&link))
+        }
+        LinkPlan::Github { installation, project } => {
+            // The App's one webhook covers the repository; this link's
+            // secret digest is only there to keep the column unique.
+            let link = AppGitLinkRow {
+                app: app.to_string(),
+                provider: "github".into(),
+                project_id: Some(project.id),
+                project_path: Some(project.path.clone()),
+                account: Some(installation),
+                hook_id: None,
+                webhook_secret_sha256: sha256_hex(secret.as_bytes()),
+                webhook_secret_sealed: None,
+                created_at: now,
+            };
+            state.store.insert_app_git_link(&link).await?;
+            tracing::info!(app, repository = %project.path, installation, "linked the app to its GitHub repository");
             Ok(super::link_view(&link))
         }
         LinkPlan::Generic => {
@@ -292,20 +358,20 @@ pub async fn link_app(state: &AppState, app: &str, branch: &str, plan: LinkPlan)
     }
 }
 
-/// Before an app is deleted: removes its GitLab webhook (a failure is
-/// logged; the hook then answers 401 from here on).
+/// Before an app is deleted: removes the webhook its provider holds for
+/// it (a failure is logged; the hook then answers 401 from here on).
 pub async fn app_removed(state: &AppState, app: &str) {
     let Ok(Some(link)) = state.store.app_git_link(app).await else {
         return;
     };
-    if let (Some(project), Some(hook), Some(account)) = (link.project_id, link.hook_id, link.account) {
-        let result = match super::gitlab_as(state, account).await {
-            Ok(gitlab) => gitlab.remove_webhook(project, hook).await.map_err(super::provider_error),
-            Err(err) => Err(err),
-        };
-        match result {
-            Ok(()) => tracing::info!(app, "removed the GitLab webhook"),
-            Err(err) => tracing::warn!(app, error = %err, "could not remove the GitLab webhook"),
-        }
+    let Some(hook) = link.hook_id else { return };
+    let result = match super::linked::connect(state, &link).await {
+        Ok(Some(linked)) => linked.provider.remove_webhook(linked.repo(), hook).await.map_err(super::provider_error),
+        Ok(None) => Ok(()),
+        Err(err) => Err(err),
+    };
+    match result {
+        Ok(()) => tracing::info!(app, provider = %link.provider, "removed the webhook"),
+        Err(err) => tracing::warn!(app, provider = %link.provider, error = %err, "could not remove the webhook"),
     }
 }

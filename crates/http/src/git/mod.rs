@@ -2,10 +2,12 @@
 //! `webhooks.rs` (`POST /api/webhooks/gitlab` and
 //! `/api/webhooks/generic/{app}`), `api.rs` (the GitLab settings, accounts,
 //! projects and branches routes, and what app creation and deletion do
-//! with a provider). The providers and their glue are `cloudweb_core::git`,
+//! with a provider), `github.rs` (the GitHub App's settings, installations,
+//! repositories and its webhook, `POST /api/webhooks/github`). The providers and their glue are `cloudweb_core::git`,
 //! re-exported here.
 
 pub mod api;
+pub mod github;
 pub mod oauth;
 pub mod webhooks;
 

@@ -17,8 +17,10 @@
 //!   captured request is good for 5 minutes, and within them once (the
 //!   signed timestamp and body are its delivery id);
 //! - GitHub's and Gitea's `X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of
-//!   the body>`, which signs no time: the body is its delivery id, so a
-//!   captured one deploys once (kept 7 days).
+//!   the body>` (or Gitea's `X-Gitea-Signature` and Forgejo's
+//!   `X-Forgejo-Signature`, the same HMAC as bare hex), which signs no
+//!   time: the body is its delivery id, so a captured one deploys once
+//!   (kept 7 days).
 //!
 //! The body is JSON with `ref` (`refs/heads/<branch>`) and the commit in
 //! `after` (GitHub, Gitea, Forgejo, Gogs) or `commit`. Delivery id headers
@@ -37,7 +39,6 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use hmac::{Hmac, Mac};
 use cloudweb_api_types::git::{GenericPushEvent, GitlabPushEvent, WebhookAnswer, WebhookIgnored, WebhookQueued};
 use cloudweb_api_types::ErrorBody;
 use serde_json::Value;
@@ -48,21 +49,21 @@ use crate::deploy::Origin;
 use crate::error::{body_bytes, ApiError};
 use crate::AppState;
 
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(super) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
 }
 
-fn ignored(reason: &str) -> (StatusCode, Json<WebhookAnswer>) {
+pub(super) fn ignored(reason: &str) -> (StatusCode, Json<WebhookAnswer>) {
     (StatusCode::OK, Json(WebhookAnswer::Ignored(WebhookIgnored { ignored: reason.to_string(), deployment: None })))
 }
 
 /// A full commit id: 40 (SHA-1) or 64 (SHA-256) lowercase hex digits.
-fn commit_id(text: &str) -> bool {
+pub(super) fn commit_id(text: &str) -> bool {
     (text.len() == 40 || text.len() == 64) && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// The delivery id of a body that signs no time: its digest.
-fn body_delivery(body: &[u8]) -> String {
+pub(super) fn body_delivery(body: &[u8]) -> String {
     format!("body-sha256:{}", hex::encode(Sha256::digest(body)))
 }
 
@@ -93,19 +94,21 @@ fn check_generic_signature(secret: &[u8], headers: &HeaderMap, body: &[u8], now_
         }
         return Ok(format!("signed-sha256:{}", hex::encode(Sha256::digest(&signed))));
     }
-    let Some(signature) = header(headers, "x-hub-signature-256") else {
+    // Gitea's and Forgejo's own headers carry the same HMAC as bare hex.
+    let bare = header(headers, "x-gitea-signature").or_else(|| header(headers, "x-forgejo-signature")).map(|hex| format!("sha256={hex}"));
+    let Some(signature) = header(headers, "x-hub-signature-256").map(str::to_string).or(bare) else {
         return Err(ApiError::Unauthorized(
             "missing X-Cloudweb-Signature (sha256=<hex HMAC-SHA256 of \"<timestamp>.<body>\">, with X-Cloudweb-Timestamp)".into(),
         ));
     };
-    if !signature_valid(secret, body, signature) {
+    if !signature_valid(secret, body, &signature) {
         return Err(ApiError::Unauthorized("invalid signature".into()));
     }
     Ok(body_delivery(body))
 }
 
 /// Queues the deployment of `commit` once per delivery.
-async fn deploy_once(state: &AppState, app_name: &str, delivery: &str, commit: &str, received: std::time::Instant) -> Result<(StatusCode, Json<WebhookAnswer>), ApiError> {
+pub(super) async fn deploy_once(state: &AppState, app_name: &str, delivery: &str, commit: &str, received: std::time::Instant) -> Result<(StatusCode, Json<WebhookAnswer>), ApiError> {
     let now = state.clock.now_ms();
     if !state.store.claim_webhook_delivery(app_name, delivery, now).await? {
         let deployment = state.store.webhook_delivery_deployment(app_name, delivery).await?;
@@ -197,26 +200,7 @@ pub async fn gitlab(State(state): State<Arc<AppState>>, headers: HeaderMap, body
     deploy_once(&state, &app.name, &delivery, commit, received).await
 }
 
-/// Checks `sha256=<hex>` against the HMAC-SHA256 of `body` under `secret`,
-/// in constant time.
-pub fn signature_valid(secret: &[u8], body: &[u8], header_value: &str) -> bool {
-    let Some(hex_signature) = header_value.strip_prefix("sha256=") else {
-        return false;
-    };
-    let Ok(given) = hex::decode(hex_signature) else {
-        return false;
-    };
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
-    mac.update(body);
-    mac.verify_slice(&given).is_ok()
-}
-
-/// The signature header value for `body`, as a sender computes it.
-pub fn sign(secret: &[u8], body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
-    mac.update(body);
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
-}
+pub use cloudweb_core::signing::{sign, signature_valid};
 
 #[utoipa::path(post, path = "/api/webhooks/generic/{app}", operation_id = "webhooks_generic", tag = "git", security(()),
     params(("app" = String, Path, description = "The app's name"), ("X-Cloudweb-Signature" = Option<String>, Header, description = "sha256=<hex HMAC-SHA256 of \"<X-Cloudweb-Timestamp>.<raw body>\">"), ("X-Cloudweb-Timestamp" = Option<String>, Header, description = "Unix seconds, within 5 minutes of the server's clock; signed with the body"), ("X-Hub-Signature-256" = Option<String>, Header, description = "GitHub's and Gitea's sha256=<hex HMAC-SHA256 of the raw body>, instead of the two above; the body then deploys once")),
@@ -333,5 +317,11 @@ mod tests {
         let hub = headers(&[("x-hub-signature-256", sign(b"s", body))]);
         assert_eq!(check_generic_signature(b"s", &hub, body, now_ms).unwrap(), body_delivery(body));
         assert!(check_generic_signature(b"other", &hub, body, now_ms).is_err());
+        // Gitea's and Forgejo's: bare hex, the same delivery.
+        for name in ["x-gitea-signature", "x-forgejo-signature"] {
+            let bare = headers(&[(name, sign(b"s", body).trim_start_matches("sha256=").to_string())]);
+            assert_eq!(check_generic_signature(b"s", &bare, body, now_ms).unwrap(), body_delivery(body));
+            assert!(check_generic_signature(b"other", &bare, body, now_ms).is_err());
+        }
     }
 }

@@ -42,7 +42,7 @@ fn every_key_the_pages_use_is_in_the_catalogue() {
 fn catalogues_hold_plain_words_and_spanish_translates_them() {
     const SAME_IN_BOTH: &[&str] = &[
         "product", "nav.apps", "apps.title", "mon.apps", "nodes.cpu", "mon.cpu", "apps.url", "apps.strategy.dockerfile",
-        "apps.strategy.buildpacks", "deploy.commit", "deploy.error", "common.error", "common.no", "volumes.app", "planes.url", "term.title",
+        "apps.strategy.buildpacks", "deploy.commit", "deploy.error", "common.error", "common.no", "volumes.app", "planes.url", "term.title", "alerts.personal",
     ];
     for (key, value) in EN.iter().chain(ES) {
         assert!(!value.contains('`') && !value.contains('<'), "{key}: markup in {value:?}");

@@ -241,3 +241,25 @@ async fn usage_history_is_kept_then_downsampled() {
     assert_eq!(coarse[0].2, Some(20.0));
     assert_eq!(coarse[0].3, Some(100));
 }
+
+#[tokio::test]
+async fn an_outage_open_before_a_restart_stays_open_until_the_node_is_heard_from() {
+    let cp = InProcess::start().await;
+    let node = cp.join("n").await;
+    let state = &cp.server.state;
+    let id = state.nodes.all().pop().unwrap().id;
+    // An outage an earlier run opened; this run has not heard from the
+    // node yet (every node gets one unreachable period at start).
+    let raise = cloudweb_server::store::alerts::Raise { id: "alt_old", kind: "node_unreachable", subject: &id, severity: "critical", summary: "down", detail: None, now: 1 };
+    state.store.raise_alert(&raise).await.unwrap();
+    cloudweb_server::alerts::evaluate(state).await.unwrap();
+    assert_eq!(state.store.open_alerts_of("node_unreachable").await.unwrap().len(), 1, "the start's grace settles nothing");
+    // Its first heartbeat ends the outage: one alert, resolved once.
+    let body = json!({"cpu_cores": 2, "mem_bytes": 1, "disk_bytes": 1});
+    let (status, text) = node.send(Method::POST, &cp.agent_url("/agent/v1/heartbeat"), &[], Some(&body.to_string())).await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    cloudweb_server::alerts::evaluate(state).await.unwrap();
+    assert!(state.store.open_alerts_of("node_unreachable").await.unwrap().is_empty());
+    let all = state.store.alerts(false, 10).await.unwrap();
+    assert_eq!(all.iter().filter(|a| a.kind == "node_unreachable").map(|a| a.id.as_str()).collect::<Vec<_>>(), ["alt_old"]);
+}

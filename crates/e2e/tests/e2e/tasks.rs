@@ -206,6 +206,28 @@ async fn a_scheduled_job_runs_once_per_tick_across_a_control_plane_restart() {
     assert_eq!(status, 204);
     let (_, listed) = call(server, Method::GET, &runs_path, None).await;
     assert_eq!(listed["runs"].as_array().unwrap().len(), runs.len(), "the history stays after the job goes");
+
+    // A job whose run fails is an alert until the job is fixed or gone.
+    let (status, _) = call(server, Method::POST, &format!("/api/apps/{app}/cron"), Some(json!({"name": "broken", "schedule": "0 3 1 1 *", "command": ["sh", "-c", "exit 4"]}))).await;
+    assert_eq!(status, 201);
+    let (status, run) = call(server, Method::POST, &format!("/api/apps/{app}/cron/broken/run"), None).await;
+    assert!(status == 202 || status == 201, "{run}");
+    let subject = format!("{app}/broken");
+    let alert = wait_for(Duration::from_secs(60), "the job_failed alert", || async {
+        let (_, list) = server.call(Method::GET, "/api/alerts", None).await.ok()?;
+        list["alerts"].as_array()?.iter().find(|a| a["kind"] == "job_failed" && a["subject"] == subject.as_str()).cloned()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", agent.log_text()));
+    assert!(alert["summary"].as_str().unwrap().contains("failed"), "{alert}");
+    let (status, _) = call(server, Method::DELETE, &format!("/api/apps/{app}/cron/broken"), None).await;
+    assert_eq!(status, 204);
+    wait_for(Duration::from_secs(20), "the alert resolved with its job gone", || async {
+        let (_, list) = server.call(Method::GET, "/api/alerts", None).await.ok()?;
+        (!list["alerts"].as_array()?.iter().any(|a| a["subject"] == subject.as_str())).then_some(())
+    })
+    .await
+    .unwrap();
 }
 
 fn ms_of(text: &str) -> i64 {

@@ -387,6 +387,22 @@ async fn an_env_name_a_log_line_and_a_commit_holding_script_render_as_text() {
     let follow = dashboard.http.get(dashboard.url("/api/apps/web/logs?follow=1")).header(COOKIE, &cookie).send().await.unwrap();
     assert_eq!(follow.status(), 200);
     assert!(follow.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    // The search page: the stored line found by its words, as text, with
+    // the form filled in and a live follow of the same search; a bad
+    // pattern is a 400 that says why.
+    let found = cloudweb_e2e::wait_for(std::time::Duration::from_secs(10), "the line to be stored and found", || async {
+        let (status, page) = dashboard.get(&cookie, "/apps/web/logs?q=listening&grep=alert").await;
+        (status == 200 && page.contains("listening &lt;script&gt;alert(1)&lt;/script&gt;")).then_some(page)
+    })
+    .await
+    .unwrap();
+    assert!(!found.contains("<script>alert"), "{found}");
+    assert!(found.contains(r#"value="listening""#) && found.contains(r#"id="log-stored""#), "{found}");
+    assert!(found.contains(r#"data-follow="/api/apps/web/logs?q=listening&amp;grep=alert&amp;follow=1""#), "{found}");
+    let (status, bad) = dashboard.get(&cookie, "/apps/web/logs?grep=%28").await;
+    assert_eq!(status, 400);
+    assert!(bad.contains("grep is not a regular expression"), "{bad}");
+    assert!(app_page.contains(r#"id="log-search""#), "the app page has the search form");
 }
 
 #[tokio::test]
@@ -698,4 +714,47 @@ async fn the_data_page_rotates_passwords_and_changes_versions_through_the_api() 
     let (_, page) = dashboard.get(&cookie, "/services").await;
     assert!(page.contains("major version change"), "{page}");
     assert_eq!(state.store.service("db").await.unwrap().unwrap().generation, 2);
+}
+
+#[tokio::test]
+async fn the_bell_counts_open_alerts_and_the_alerts_page_adds_and_tests_a_channel() {
+    let dashboard = Dashboard::start().await;
+    let store = &dashboard.server.state.store;
+    let raise = cloudweb_server::store::alerts::Raise { id: "alt_1", kind: "deploy_failed", subject: "web", severity: "critical", summary: HOSTILE, detail: None, now: 1 };
+    store.raise_alert(&raise).await.unwrap();
+    let cookie = dashboard.login().await.unwrap();
+    let (_, nodes) = dashboard.get(&cookie, "/nodes").await;
+    let at = nodes.find("id=\"alerts-bell\"").expect("the bell");
+    let bell = &nodes[at..at + nodes[at..].find("</a>").unwrap()];
+    assert!(bell.contains("<span class=\"count\""), "{bell}");
+    let (status, page) = dashboard.get(&cookie, "/alerts").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("id=\"open-alerts\"") && page.contains("&lt;script&gt;alert(1)&lt;/script&gt;") && !page.contains(HOSTILE), "escaped");
+    assert!(page.contains("id=\"no-channels\""));
+    let csrf = Dashboard::csrf(&page);
+    let add = |form: Vec<(&'static str, &'static str)>| {
+        let mut form = form;
+        form.push(("csrf_token", csrf.as_str()));
+        dashboard.http.post(dashboard.url("/alerts/channels")).header(COOKIE, &cookie).form(&form).send()
+    };
+    // A plain-http URL is refused (this server allows no private targets);
+    // the page says why.
+    assert_eq!(add(vec![("name", "chat"), ("kind", "slack"), ("url", "http://127.0.0.1:9/x"), ("event.deploy_failed", "1")]).await.unwrap().status(), 303);
+    let (_, page) = dashboard.get(&cookie, "/alerts").await;
+    assert!(page.contains("must be https"), "the reason is shown");
+    assert!(store.alert_channels().await.unwrap().is_empty());
+    let done = add(vec![("name", "chat"), ("kind", "slack"), ("url", "https://hooks.example.com/services/T0/B0/SECRETPATH"), ("personal", "1"), ("event.deploy_failed", "1")]).await.unwrap();
+    assert_eq!(done.status(), 303);
+    let channels = store.alert_channels().await.unwrap();
+    assert_eq!(channels.len(), 1);
+    assert_eq!((channels[0].kind.as_str(), channels[0].events.as_str()), ("slack", "[\"deploy_failed\"]"));
+    assert!(!channels[0].owner.is_empty(), "personal: owned by the user");
+    let (_, page) = dashboard.get(&cookie, "/alerts").await;
+    assert!(page.contains("https://hooks.example.com") && !page.contains("SECRETPATH"), "the URL's path is never shown");
+    let test = dashboard.http.post(dashboard.url(&format!("/alerts/channels/{}/test", channels[0].id))).header(COOKIE, &cookie).form(&[("csrf_token", csrf.as_str())]).send().await.unwrap();
+    assert_eq!(test.status(), 303);
+    let queued = store.alert_deliveries_of(&channels[0].id, 10).await.unwrap();
+    assert_eq!((queued.len(), queued[0].event.as_str()), (1, "test"));
+    let (_, page) = dashboard.get(&cookie, "/alerts").await;
+    assert!(page.contains("class=\"delivery-pending\""), "the queued test shows");
 }

@@ -299,6 +299,17 @@ async fn a_volume_comes_back_identical_and_a_destination_that_went_away_fails_pr
     assert_ne!(failed["pruned"], true, "{failed}");
     let (_, overview) = call(&server, Method::GET, "/api/backups", None).await;
     assert!(overview["alerts"].as_array().unwrap().iter().any(|a| a.as_str().unwrap().contains(&format!("volume/{volume}"))), "{overview}");
+    // The same is an alert (what channels send; `cloudweb alerts`).
+    let subject = format!("volume/{volume}");
+    let backup_alert = |all: bool| {
+        let (server, subject) = (&server, subject.clone());
+        async move {
+            let (_, list) = server.call(Method::GET, if all { "/api/alerts?all=1" } else { "/api/alerts" }, None).await.ok()?;
+            list["alerts"].as_array()?.iter().find(|a| a["kind"] == "backup_failed" && a["subject"] == subject.as_str()).cloned()
+        }
+    };
+    let opened = wait_for(Duration::from_secs(20), "the backup_failed alert", || backup_alert(false)).await.unwrap();
+    assert!(opened["summary"].as_str().unwrap().contains("need attention"), "{opened}");
     // Scheduled every minute: the scheduled backup fails, and is retried
     // with back-off (2 s, then 8 s), failing again, never pruning.
     let plan_path = format!("/api/volumes/{volume}/backup-plan");
@@ -334,4 +345,6 @@ async fn a_volume_comes_back_identical_and_a_destination_that_went_away_fails_pr
     assert!((at(&again, "created_at") - at(&tries[2], "finished_at")).as_seconds_f64() >= 32.0, "{again}");
     let (_, overview) = call(&server, Method::GET, "/api/backups", None).await;
     assert!(!overview["alerts"].as_array().unwrap().iter().any(|a| a.as_str().unwrap().contains(&format!("volume/{volume}"))), "the success cleared it: {overview}");
+    let resolved = wait_for(Duration::from_secs(20), "the backup alert resolved", || async { backup_alert(true).await.filter(|a| a["resolved_at"].is_string()) }).await.unwrap();
+    assert_eq!(resolved["id"], opened["id"], "one alert for the whole outage: {resolved}");
 }

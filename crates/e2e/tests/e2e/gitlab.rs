@@ -15,9 +15,9 @@ use reqwest::Method;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n";
+pub(crate) const DOCKERFILE: &str = "FROM cloudweb-test/busybox:latest\nCOPY index.html /www/index.html\nCMD [\"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n";
 
-fn no_redirects() -> reqwest::Client {
+pub(crate) fn no_redirects() -> reqwest::Client {
     reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).timeout(Duration::from_secs(20)).build().unwrap()
 }
 
@@ -35,12 +35,12 @@ async fn configure(server: &ServerProcess, gitlab: &FakeGitlab, users: &[&str], 
 }
 
 /// The `Set-Cookie` line that sets cookie `name`, if any.
-fn set_cookie(headers: &reqwest::header::HeaderMap, name: &str) -> Option<String> {
+pub(crate) fn set_cookie(headers: &reqwest::header::HeaderMap, name: &str) -> Option<String> {
     headers.get_all("set-cookie").iter().filter_map(|v| v.to_str().ok()).find(|v| v.starts_with(&format!("{name}="))).map(str::to_string)
 }
 
 /// `name=value` of a `Set-Cookie` line, as a `Cookie` header sends it back.
-fn cookie_pair(set_cookie: &str) -> String {
+pub(crate) fn cookie_pair(set_cookie: &str) -> String {
     set_cookie.split(';').next().unwrap().to_string()
 }
 
@@ -101,7 +101,7 @@ async fn login(server: &ServerProcess) -> (u16, String) {
     (status, body)
 }
 
-fn grep_dir(dir: &Path, needle: &str) -> Vec<String> {
+pub(crate) fn grep_dir(dir: &Path, needle: &str) -> Vec<String> {
     let mut found = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(dir) = stack.pop() {
@@ -396,14 +396,14 @@ async fn gitlab_login_starts_a_session_for_a_user_linked_by_gitlab_id() {
 }
 
 /// A dashboard page (HTML) with these cookies: status and body.
-async fn page(server: &ServerProcess, path: &str, cookies: &[&str]) -> (u16, String) {
+pub(crate) async fn page(server: &ServerProcess, path: &str, cookies: &[&str]) -> (u16, String) {
     let response = no_redirects().get(server.api(path)).header("cookie", cookies.join("; ")).send().await.unwrap();
     let status = response.status().as_u16();
     (status, response.text().await.unwrap())
 }
 
 /// The CSRF token of a dashboard page's forms.
-fn page_csrf(page: &str) -> String {
+pub(crate) fn page_csrf(page: &str) -> String {
     let field = "name=\"csrf_token\" value=\"";
     let start = page.find(field).expect("a form with a CSRF field") + field.len();
     page[start..start + page[start..].find('"').unwrap()].to_string()
@@ -516,15 +516,15 @@ async fn the_dashboard_creates_an_app_from_the_users_own_gitlab_project() {
     assert_eq!(created["repo_url"], "https://example.com/team/site.git");
 }
 
-const AGENT_FLAGS: [&str; 6] = ["--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1"];
+pub(crate) const AGENT_FLAGS: [&str; 6] = ["--heartbeat-interval-seconds", "1", "--publish-ip", "127.0.0.1", "--advertise-host", "127.0.0.1"];
 
-async fn deployments(server: &ServerProcess, app: &str) -> Vec<Value> {
+pub(crate) async fn deployments(server: &ServerProcess, app: &str) -> Vec<Value> {
     let (status, body) = server.call(Method::GET, &format!("/api/apps/{app}/deployments"), None).await.unwrap();
     assert_eq!(status, 200, "{body}");
     body["deployments"].as_array().unwrap().clone()
 }
 
-async fn settle(server: &ServerProcess, agent: &AgentNode, id: &str) -> Value {
+pub(crate) async fn settle(server: &ServerProcess, agent: &AgentNode, id: &str) -> Value {
     let result = wait_for(Duration::from_secs(180), "the deployment to settle", || async {
         let (_, body) = server.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
         matches!(body["state"].as_str(), Some("running" | "failed")).then_some(body)
@@ -536,7 +536,7 @@ async fn settle(server: &ServerProcess, agent: &AgentNode, id: &str) -> Value {
     }
 }
 
-async fn post_webhook(server: &ServerProcess, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> (u16, Value) {
+pub(crate) async fn post_webhook(server: &ServerProcess, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> (u16, Value) {
     let mut request = reqwest::Client::new().post(server.api(path)).header("content-type", "application/json").body(body);
     for (name, value) in headers {
         request = request.header(*name, *value);
@@ -747,6 +747,13 @@ async fn a_push_deploys_its_checkout_sha_with_statuses_and_one_time_credentials(
     );
     let tag = serde_json::to_vec(&json!({"ref": "refs/tags/v1", "after": commit})).unwrap();
     let (status, answer) = post_webhook(&server, &path, &[("x-hub-signature-256", hmac_sha256(secret.as_bytes(), &tag).as_str())], tag).await;
+    assert_eq!((status, answer["ignored"].as_str()), (200, Some("tag push")));
+    // Forgejo's header (bare hex) is taken too; a wrong one is not.
+    let tag = serde_json::to_vec(&json!({"ref": "refs/tags/v2", "after": commit})).unwrap();
+    let bare = hmac_sha256(secret.as_bytes(), &tag).trim_start_matches("sha256=").to_string();
+    let (status, _) = post_webhook(&server, &path, &[("x-forgejo-signature", &bare[1..])], tag.clone()).await;
+    assert_eq!(status, 401);
+    let (status, answer) = post_webhook(&server, &path, &[("x-forgejo-signature", bare.as_str())], tag).await;
     assert_eq!((status, answer["ignored"].as_str()), (200, Some("tag push")));
     let deployment = settle(&server, &agent, &generic_id).await;
     assert_eq!(deployment["state"], "running", "{deployment}");
