@@ -301,7 +301,7 @@ async fn tls_alpn_01_answered_by_each_ingress_node() {
     for cert in <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(root_pem.as_bytes()) {
         roots.add(cert.unwrap()).unwrap();
     }
-    for (host, ip) in HOSTS {
+    for (index, (host, ip)) in HOSTS.into_iter().enumerate() {
         let leaf = wait_for(Duration::from_secs(90), "a pebble certificate through TLS-ALPN-01", || served_leaf_for(host, ip, https_port, &roots))
             .await
             .unwrap_or_else(|e| panic!("{host}: {e}\n{}", logs(&server, &nodes, &pebble)));
@@ -314,6 +314,21 @@ async fn tls_alpn_01_answered_by_each_ingress_node() {
             .await
             .unwrap_or_else(|e| panic!("{host}: {e}\n{}", logs(&server, &nodes, &pebble)));
         assert_eq!(leaf, there, "{host}: one certificate for the cluster");
+        // A certificate is served as soon as Caddy's new configuration
+        // starts, but the old one's listener closes only when the load
+        // ends, resetting a connection the kernel queued on it meanwhile
+        // (Caddy binds with SO_REUSEPORT). So the request below waits for
+        // each node's load to have ended.
+        let received = format!("ACME certificates received certificates={}", index + 1);
+        for (agent, node_ip) in &nodes {
+            wait_for(Duration::from_secs(30), "the ingress to finish loading the certificate", || async {
+                let log = agent.log_text();
+                let after = &log[log.rfind(&received)?..];
+                after.contains("reloaded=true").then_some(())
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{host} on {node_ip}: {e}\n{}", logs(&server, &nodes, &pebble)));
+        }
         // Over HTTPS with pebble's chain: no instance runs, so the
         // ingress's own "no healthy instance" comes back.
         let client = reqwest::Client::builder()
@@ -323,7 +338,7 @@ async fn tls_alpn_01_answered_by_each_ingress_node() {
             .timeout(Duration::from_secs(10))
             .build()
             .unwrap();
-        let response = client.get(format!("https://{host}:{https_port}/")).send().await.unwrap_or_else(|e| panic!("{host} over HTTPS: {e:?}"));
+        let response = client.get(format!("https://{host}:{https_port}/")).send().await.unwrap_or_else(|e| panic!("{host} over HTTPS: {e:?}\n{}", logs(&server, &nodes, &pebble)));
         assert_eq!(response.status(), 503, "{host}");
         assert_eq!(response.text().await.unwrap(), "no healthy instance\n", "{host}");
     }
