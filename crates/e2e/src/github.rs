@@ -11,6 +11,16 @@
 //! `x-access-token:<token>` only while the token lives, is not revoked and
 //! covers the repository. It records what the control plane sent, and
 //! sends push events signed as GitHub signs them.
+//!
+//! Logging in (the App's OAuth web flow): `/login/oauth/authorize` logs in
+//! as the user set with [`FakeGithub::login_as`] and sends the browser
+//! back with a one-use code (ten minutes) bound to the client, the
+//! redirect URI and the PKCE S256 challenge; `/login/oauth/access_token`
+//! answers a wrong client secret, code, redirect URI or verifier with
+//! `200` and an `error` field, as GitHub does, and a good one with a user
+//! token (`ghu_…`); with that token, `/user`,
+//! `/user/memberships/orgs/{org}` and
+//! `/orgs/{org}/teams/{team}/memberships/{login}` (404 for a non-member).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -57,8 +67,36 @@ pub struct Status {
     pub context: String,
 }
 
+/// A GitHub user who can log in.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub id: i64,
+    pub login: String,
+    /// Organization logins, with the membership's state (`active`, `pending`).
+    pub orgs: Vec<(String, String)>,
+    /// `org/team-slug`.
+    pub teams: Vec<String>,
+}
+
+struct Code {
+    user: i64,
+    client_id: String,
+    redirect_uri: String,
+    challenge: Option<String>,
+    expires_at_s: i64,
+}
+
 #[derive(Default)]
 struct Inner {
+    /// The App's OAuth client id and secret.
+    oauth_client: Option<(String, String)>,
+    users: Vec<User>,
+    logged_in: Option<i64>,
+    codes: std::collections::HashMap<String, Code>,
+    /// User tokens, to their user id.
+    user_tokens: std::collections::HashMap<String, i64>,
+    /// Each token request's outcome: `ok` or GitHub's error code.
+    token_requests: Vec<String>,
     installations: Vec<(i64, String)>,
     repositories: Vec<Repository>,
     tokens: Vec<Token>,
@@ -179,6 +217,30 @@ impl FakeGithub {
     /// Every API call answers 503 while `down` (git keeps serving).
     pub fn set_api_down(&self, down: bool) {
         self.inner.lock().unwrap().api_down = down;
+    }
+
+    /// The App's OAuth client id and secret.
+    pub fn set_oauth_client(&self, id: &str, secret: &str) {
+        self.inner.lock().unwrap().oauth_client = Some((id.into(), secret.into()));
+    }
+
+    pub fn add_user(&self, user: User) {
+        self.inner.lock().unwrap().users.push(user);
+    }
+
+    /// The user the authorize page logs in and approves as.
+    pub fn login_as(&self, id: i64) {
+        self.inner.lock().unwrap().logged_in = Some(id);
+    }
+
+    /// Each token request's outcome, in order: `ok` or GitHub's error.
+    pub fn token_requests(&self) -> Vec<String> {
+        self.inner.lock().unwrap().token_requests.clone()
+    }
+
+    /// The user tokens handed out.
+    pub fn user_tokens(&self) -> Vec<String> {
+        self.inner.lock().unwrap().user_tokens.keys().cloned().collect()
     }
 
     pub fn tokens(&self) -> Vec<Token> {
@@ -315,9 +377,15 @@ async fn handle(inner: &Mutex<Inner>, repos: &Path, public_der: &[u8], base: &st
     if inner.api_down {
         return message(StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable");
     }
+    if let Some(answer) = oauth_web(&mut inner, &method, &segments, &uri, &body) {
+        return answer;
+    }
     let Some(credential) = bearer(&headers) else {
         return message(StatusCode::UNAUTHORIZED, "Requires authentication");
     };
+    if let Some(&user) = inner.user_tokens.get(&credential) {
+        return as_user(&inner, user, &method, &segments);
+    }
     // The App's own endpoints take its JWT.
     let app_call = matches!((&method, segments.as_slice()), (&Method::GET, ["app", "installations"]) | (&Method::GET, ["repos", _, _, "installation"]) | (&Method::POST, ["app", "installations", _, "access_tokens"]));
     if app_call {
@@ -401,6 +469,89 @@ async fn handle(inner: &Mutex<Inner>, repos: &Path, public_der: &[u8], base: &st
             }
             inner.statuses.push(Status { repository: repo.full_name, sha: sha.to_string(), state, target_url: field("target_url"), description: field("description"), context: field("context") });
             json_response(StatusCode::CREATED, json!({"state": request["state"], "context": request["context"]}))
+        }
+        _ => message(StatusCode::NOT_FOUND, "Not Found"),
+    }
+}
+
+fn query_map(uri: &Uri) -> std::collections::HashMap<String, String> {
+    url::form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()).into_owned().collect()
+}
+
+/// GitHub's OAuth error answer: `200` with `error` (the documented codes).
+fn oauth_error(inner: &mut Inner, error: &str, description: &str) -> Response {
+    inner.token_requests.push(error.to_string());
+    json_response(StatusCode::OK, json!({"error": error, "error_description": description, "error_uri": "https://docs.github.com/apps/oauth"}))
+}
+
+/// The web flow's two endpoints; `None` for any other path.
+fn oauth_web(inner: &mut Inner, method: &Method, segments: &[&str], uri: &Uri, body: &[u8]) -> Option<Response> {
+    match (method, segments) {
+        (&Method::GET, ["login", "oauth", "authorize"]) => {
+            let query = query_map(uri);
+            let known = inner.oauth_client.as_ref().is_some_and(|(id, _)| query.get("client_id") == Some(id));
+            let (Some(redirect_uri), Some(state), true) = (query.get("redirect_uri"), query.get("state"), known) else {
+                return Some((StatusCode::BAD_REQUEST, "unknown client_id, or no redirect_uri or state").into_response());
+            };
+            let challenge = query.get("code_challenge").cloned();
+            if challenge.is_some() && query.get("code_challenge_method").map(String::as_str) != Some("S256") {
+                return Some((StatusCode::BAD_REQUEST, "code_challenge_method must be S256").into_response());
+            }
+            let Some(user) = inner.logged_in else {
+                return Some((StatusCode::UNAUTHORIZED, "nobody is logged in at the stand-in").into_response());
+            };
+            let code = format!("{:016x}{:04x}", rand_u64(), rand_u64() & 0xffff);
+            let client_id = query["client_id"].clone();
+            inner.codes.insert(code.clone(), Code { user, client_id, redirect_uri: redirect_uri.clone(), challenge, expires_at_s: now_s() + 600 });
+            let mut back = url::Url::parse(redirect_uri).ok()?;
+            back.query_pairs_mut().append_pair("code", &code).append_pair("state", state);
+            Some((StatusCode::FOUND, [(axum::http::header::LOCATION, back.to_string())]).into_response())
+        }
+        (&Method::POST, ["login", "oauth", "access_token"]) => {
+            let form: std::collections::HashMap<String, String> = url::form_urlencoded::parse(body).into_owned().collect();
+            let field = |name: &str| form.get(name).cloned().unwrap_or_default();
+            if inner.oauth_client.as_ref() != Some(&(field("client_id"), field("client_secret"))) {
+                return Some(oauth_error(inner, "incorrect_client_credentials", "The client_id and/or client_secret passed are incorrect."));
+            }
+            // A code is used once, whatever the outcome.
+            let Some(code) = inner.codes.remove(&field("code")).filter(|c| c.expires_at_s > now_s() && c.client_id == field("client_id")) else {
+                return Some(oauth_error(inner, "bad_verification_code", "The code passed is incorrect or expired."));
+            };
+            if form.get("redirect_uri").is_some_and(|uri| *uri != code.redirect_uri) {
+                return Some(oauth_error(inner, "redirect_uri_mismatch", "The redirect_uri MUST match the registered callback URL for this application."));
+            }
+            if let Some(challenge) = &code.challenge {
+                let digest = <sha2::Sha256 as sha2::Digest>::digest(field("code_verifier").as_bytes());
+                if base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest) != *challenge {
+                    return Some(oauth_error(inner, "bad_verification_code", "The code passed is incorrect or expired."));
+                }
+            }
+            let token = format!("ghu_{:016x}{:016x}", rand_u64(), rand_u64());
+            inner.user_tokens.insert(token.clone(), code.user);
+            inner.token_requests.push("ok".into());
+            Some(json_response(StatusCode::OK, json!({"access_token": token, "token_type": "bearer", "scope": ""})))
+        }
+        _ => None,
+    }
+}
+
+/// The API as a user, with a user token.
+fn as_user(inner: &Inner, id: i64, method: &Method, segments: &[&str]) -> Response {
+    let Some(user) = inner.users.iter().find(|u| u.id == id) else {
+        return message(StatusCode::UNAUTHORIZED, "Bad credentials");
+    };
+    match (method, segments) {
+        (&Method::GET, ["user"]) => json_response(StatusCode::OK, json!({"id": user.id, "login": user.login, "name": format!("{} (stand-in)", user.login), "type": "User"})),
+        (&Method::GET, ["user", "memberships", "orgs", org]) => match user.orgs.iter().find(|(o, _)| o.eq_ignore_ascii_case(org)) {
+            Some((org, state)) => json_response(StatusCode::OK, json!({"state": state, "role": "member", "organization": {"login": org}, "user": {"login": user.login}})),
+            None => message(StatusCode::NOT_FOUND, "Not Found"),
+        },
+        (&Method::GET, ["orgs", org, "teams", team, "memberships", login]) => {
+            let target = inner.users.iter().find(|u| u.login.eq_ignore_ascii_case(login));
+            match target.filter(|t| t.teams.iter().any(|x| x.eq_ignore_ascii_case(&format!("{org}/{team}")))) {
+                Some(_) => json_response(StatusCode::OK, json!({"state": "active", "role": "member"})),
+                None => message(StatusCode::NOT_FOUND, "Not Found"),
+            }
         }
         _ => message(StatusCode::NOT_FOUND, "Not Found"),
     }

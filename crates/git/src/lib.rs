@@ -2,8 +2,8 @@
 //! interface (what a deploy needs from a host: projects, branches, a push
 //! webhook, short-lived clone credentials, commit statuses) and its
 //! providers: GitLab's REST API v4 and OAuth endpoints (`gitlab`), GitHub
-//! as a GitHub App (`github`), and any git URL with no API behind it
-//! (`generic`).
+//! as a GitHub App (`github`, and its user login `github_login`), and any
+//! git URL with no API behind it (`generic`).
 //!
 //! This crate only speaks to git hosts. It must never touch the state
 //! database, the control plane's shared state or HTTP routing: the glue
@@ -13,6 +13,7 @@
 
 pub mod generic;
 pub mod github;
+pub mod github_login;
 pub mod gitlab;
 pub mod provider;
 

@@ -25,6 +25,7 @@ mod database_url;
 mod deployments;
 pub mod exec_sessions;
 mod git;
+mod git_logins;
 pub mod fence;
 mod idempotency;
 pub mod leader_lease;
@@ -70,6 +71,7 @@ pub use apps::{AppRefusal, AppRow};
 pub use certificates::{CertificateOrders, CertificateRow};
 pub use commands::{CommandRow, NewCommand};
 pub use deployments::{DeploymentRow, InstanceRow, InstanceUpdate, Rescheduled, Settled};
+pub use git_logins::{GitIdentityRow, GithubLoginRow};
 pub use git::{AppGitLinkRow, DeploymentGitRow, GithubSettingsRow, GitlabAccountRow, GitlabSettingsRow, TakenCredentials};
 pub use idempotency::IdempotencyClaim;
 pub use nodes::{

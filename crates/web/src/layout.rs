@@ -124,7 +124,14 @@ pub fn message(ctx: &Ctx, text: &str) -> Markup {
     }
 }
 
-pub fn login(lang: Lang, error: Option<&str>) -> Markup {
+/// A git host the login page offers ("Log in with GitHub"): its name and
+/// the API route that starts its login.
+pub struct LoginHost {
+    pub label: &'static str,
+    pub href: &'static str,
+}
+
+pub fn login(lang: Lang, error: Option<&str>, hosts: &[LoginHost]) -> Markup {
     html! {
         (DOCTYPE)
         html lang=(lang.code()) {
@@ -140,6 +147,13 @@ pub fn login(lang: Lang, error: Option<&str>) -> Markup {
                         input id="password" name="password" type="password" autocomplete="current-password" required;
                         p.help { (with_code(lang.t("login.help"), &[("{command}", "cloudweb-server admin create-user"), ("{api}", "POST /api/users")])) }
                         button type="submit" { (lang.t("login.submit")) }
+                    }
+                    @if !hosts.is_empty() {
+                        ul.login-hosts {
+                            @for host in hosts {
+                                li { a.button href=(host.href) { (lang.t("login.with").replace("{host}", host.label)) } }
+                            }
+                        }
                     }
                     form.lang method="post" action="/lang" {
                         input type="hidden" name="back" value="/login";
@@ -197,7 +211,7 @@ mod tests {
     #[test]
     fn the_doctype_comes_before_html() {
         for lang in [Lang::En, Lang::Es] {
-            let page = login(lang, Some("<b>")).into_string();
+            let page = login(lang, Some("<b>"), &[]).into_string();
             assert!(page.starts_with(&format!("<!DOCTYPE html><html lang=\"{}\"><head>", lang.code())), "{page}");
             assert!(page.contains("&lt;b&gt;"), "still escaped: {page}");
         }
@@ -206,7 +220,7 @@ mod tests {
     #[test]
     fn the_login_help_shows_code_not_backticks() {
         for lang in [Lang::En, Lang::Es] {
-            let page = login(lang, None).into_string();
+            let page = login(lang, None, &[]).into_string();
             assert!(!page.contains('`') && page.contains("<code>cloudweb-server admin create-user</code>") && page.contains("<code>POST /api/users</code>"), "{page}");
         }
         assert_eq!(with_code("a {x} b {y}{x}", &[("{x}", "<1>"), ("{y}", "2")]).into_string(), "a <code>&lt;1&gt;</code> b <code>2</code><code>&lt;1&gt;</code>");

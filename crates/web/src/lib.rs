@@ -276,8 +276,21 @@ impl<S: Send + Sync> FromRequestParts<S> for PublicLang {
     }
 }
 
-async fn login_page(PublicLang(lang): PublicLang) -> Markup {
-    layout::login(lang, None)
+async fn login_page(State(state): State<Arc<AppState>>, PublicLang(lang): PublicLang) -> Markup {
+    layout::login(lang, None, &login_hosts(&state).await)
+}
+
+/// The git hosts set up for logging in (a store error shows none: the
+/// password form still works).
+async fn login_hosts(state: &AppState) -> Vec<layout::LoginHost> {
+    let mut hosts = Vec::new();
+    if matches!(state.store.gitlab_settings().await, Ok(Some(_))) {
+        hosts.push(layout::LoginHost { label: "GitLab", href: "/api/auth/gitlab/login" });
+    }
+    if matches!(state.store.github_login().await, Ok(Some(_))) {
+        hosts.push(layout::LoginHost { label: "GitHub", href: "/api/auth/github/login" });
+    }
+    hosts
 }
 
 /// Logs a user in with a name and password: the accounts module's check
@@ -287,7 +300,8 @@ async fn login(State(state): State<Arc<AppState>>, PublicLang(lang): PublicLang,
     let address = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
-    let refuse = |status: StatusCode, text: &str| (status, layout::login(lang, Some(text))).into_response();
+    let hosts = login_hosts(&state).await;
+    let refuse = |status: StatusCode, text: &str| (status, layout::login(lang, Some(text), &hosts)).into_response();
     // A cross-site login would log a victim into the attacker's account.
     if auth::guard::same_origin(&headers).is_err() {
         return refuse(StatusCode::FORBIDDEN, lang.t("csrf.invalid"));

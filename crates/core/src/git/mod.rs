@@ -16,11 +16,12 @@
 //! while it builds. Tokens are refreshed before they expire.
 
 pub mod github;
+pub mod github_login;
 pub mod linked;
 pub mod login;
 pub mod settings;
 
-pub use cloudweb_git::{generic, github as github_api, gitlab, provider};
+pub use cloudweb_git::{generic, github as github_api, github_login as github_login_api, gitlab, provider};
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;

@@ -44,21 +44,41 @@ pub(crate) fn cookie_pair(set_cookie: &str) -> String {
     set_cookie.split(';').next().unwrap().to_string()
 }
 
-/// Starts a login at the control plane: the authorize URL it redirects
-/// to, and the login cookie it gave this browser (`name=value`).
-async fn start_login(server: &ServerProcess) -> (url::Url, String) {
-    let response = no_redirects().get(server.api("/api/auth/gitlab/login")).send().await.unwrap();
+/// Starts a login with `host` (`gitlab`, `github`) at the control plane:
+/// the authorize URL it redirects to, and the login cookie it gave this
+/// browser (`name=value`), checked for its flags.
+pub(crate) async fn start_login_with(server: &ServerProcess, host: &str) -> (url::Url, String) {
+    let response = no_redirects().get(server.api(&format!("/api/auth/{host}/login"))).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 302);
-    let line = set_cookie(response.headers(), "cloudweb_gitlab_login").expect("the login sets its cookie");
-    for flag in ["HttpOnly", "SameSite=Lax", "Path=/api/auth/gitlab", "Max-Age="] {
+    let line = set_cookie(response.headers(), &format!("cloudweb_{host}_login")).expect("the login sets its cookie");
+    for flag in ["HttpOnly", "SameSite=Lax", &format!("Path=/api/auth/{host}"), "Max-Age="] {
         assert!(line.contains(flag), "{line}");
     }
     let url = url::Url::parse(response.headers()["location"].to_str().unwrap()).unwrap();
     (url, cookie_pair(&line))
 }
 
+async fn start_login(server: &ServerProcess) -> (url::Url, String) {
+    start_login_with(server, "gitlab").await
+}
+
+/// The authorize URL with its PKCE challenge replaced by another (an
+/// attacker's): the code it yields does not match the server's verifier.
+pub(crate) fn with_other_challenge(authorize_url: &url::Url) -> url::Url {
+    let mut swapped = authorize_url.clone();
+    let pairs: Vec<(String, String)> = authorize_url
+        .query_pairs()
+        .map(|(k, v)| {
+            let value = if k == "code_challenge" { "A".repeat(43) } else { v.into_owned() };
+            (k.into_owned(), value)
+        })
+        .collect();
+    swapped.query_pairs_mut().clear().extend_pairs(pairs);
+    swapped
+}
+
 /// Calls a callback URL with these cookies: status, body, headers.
-async fn callback(url: &str, accept: &str, cookies: &[&str]) -> (u16, String, reqwest::header::HeaderMap) {
+pub(crate) async fn callback(url: &str, accept: &str, cookies: &[&str]) -> (u16, String, reqwest::header::HeaderMap) {
     let mut request = no_redirects().get(url).header("accept", accept);
     if !cookies.is_empty() {
         request = request.header("cookie", cookies.join("; "));
@@ -72,25 +92,30 @@ async fn callback(url: &str, accept: &str, cookies: &[&str]) -> (u16, String, re
 /// A whole login as the stand-in's current user, from a browser that
 /// sends these other cookies too: the callback's status, body, headers.
 async fn login_with(server: &ServerProcess, accept: &str, cookies: &[&str]) -> (u16, String, reqwest::header::HeaderMap) {
-    let (authorize_url, login_cookie) = start_login(server).await;
+    host_login(server, "gitlab", accept, cookies).await
+}
+
+/// A whole login with `host` as its stand-in's current user.
+pub(crate) async fn host_login(server: &ServerProcess, host: &str, accept: &str, cookies: &[&str]) -> (u16, String, reqwest::header::HeaderMap) {
+    let (authorize_url, login_cookie) = start_login_with(server, host).await;
     let callback_url = authorize(&authorize_url).await;
     let mut all = vec![login_cookie.as_str()];
     all.extend_from_slice(cookies);
     callback(&callback_url, accept, &all).await
 }
 
-fn param(url: &url::Url, name: &str) -> Option<String> {
+pub(crate) fn param(url: &url::Url, name: &str) -> Option<String> {
     url.query_pairs().find(|(k, _)| k == name).map(|(_, v)| v.into_owned())
 }
 
 /// Follows an authorize URL at the stand-in: the callback URL it sends the browser to.
-async fn authorize(authorize_url: &url::Url) -> String {
+pub(crate) async fn authorize(authorize_url: &url::Url) -> String {
     let response = no_redirects().get(authorize_url.as_str()).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 302, "{}", response.text().await.unwrap());
     response.headers()["location"].to_str().unwrap().to_string()
 }
 
-async fn get_json(url: &str, accept: &str) -> (u16, String) {
+pub(crate) async fn get_json(url: &str, accept: &str) -> (u16, String) {
     let response = no_redirects().get(url).header("accept", accept).send().await.unwrap();
     (response.status().as_u16(), response.text().await.unwrap())
 }
@@ -188,16 +213,8 @@ async fn oauth_login_with_state_pkce_and_allow_list() {
 
     // A code bound to another challenge (an attacker's): the server's
     // verifier does not match and GitLab's refusal is the answer.
-    let (mut swapped, swapped_cookie) = start_login(&server).await;
-    let pairs: Vec<(String, String)> = swapped
-        .query_pairs()
-        .map(|(k, v)| {
-            let value = if k == "code_challenge" { "A".repeat(43) } else { v.into_owned() };
-            (k.into_owned(), value)
-        })
-        .collect();
-    swapped.query_pairs_mut().clear().extend_pairs(pairs);
-    let (status, body, _) = callback(&authorize(&swapped).await, "application/json", &[&swapped_cookie]).await;
+    let (authorize_url, swapped_cookie) = start_login(&server).await;
+    let (status, body, _) = callback(&authorize(&with_other_challenge(&authorize_url)).await, "application/json", &[&swapped_cookie]).await;
     assert_eq!(status, 401, "{body}");
     assert_eq!(gitlab.token_requests().last().unwrap().outcome, "invalid_grant");
 

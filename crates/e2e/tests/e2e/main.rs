@@ -27,6 +27,7 @@ mod fixtures;
 mod fleet_reconnect;
 mod foundation;
 mod github;
+mod github_login;
 mod gitlab;
 mod gitlab_private_ca;
 mod in_process;

@@ -133,6 +133,7 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(crate::git::github::get_settings, crate::git::github::put_settings))
         .routes(routes!(crate::git::github::installations))
         .routes(routes!(crate::git::github::repositories))
+        .routes(routes!(crate::git::github_login::get_settings, crate::git::github_login::put_settings))
 }
 
 /// Routes anyone may call. Each must say `security(())` in its annotation
@@ -143,10 +144,13 @@ fn public_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(healthz))
         .routes(routes!(auth::routes::login))
         .routes(routes!(openapi::document))
-        // GitLab login, and webhooks that authenticate themselves
-        // (X-Gitlab-Token, an HMAC signature, GitHub's X-Hub-Signature-256).
+        // GitLab and GitHub logins, and webhooks that authenticate
+        // themselves (X-Gitlab-Token, an HMAC signature, GitHub's
+        // X-Hub-Signature-256).
         .routes(routes!(crate::git::oauth::login))
         .routes(routes!(crate::git::oauth::callback))
+        .routes(routes!(crate::git::github_login::login))
+        .routes(routes!(crate::git::github_login::callback))
         .routes(routes!(crate::git::webhooks::gitlab))
         .routes(routes!(crate::git::webhooks::generic))
         .routes(routes!(crate::git::github::webhook))

@@ -29,6 +29,8 @@ pub const PUBLIC_OPERATIONS: &[&str] = &[
     "GET /api/openapi.json",
     "GET /api/auth/gitlab/login",
     "GET /api/auth/gitlab/callback",
+    "GET /api/auth/github/login",
+    "GET /api/auth/github/callback",
     "POST /api/webhooks/gitlab",
     "POST /api/webhooks/generic/{app}",
     "POST /api/webhooks/github",

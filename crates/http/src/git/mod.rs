@@ -3,11 +3,15 @@
 //! `/api/webhooks/generic/{app}`), `api.rs` (the GitLab settings, accounts,
 //! projects and branches routes, and what app creation and deletion do
 //! with a provider), `github.rs` (the GitHub App's settings, installations,
-//! repositories and its webhook, `POST /api/webhooks/github`). The providers and their glue are `cloudweb_core::git`,
-//! re-exported here.
+//! repositories and its webhook, `POST /api/webhooks/github`),
+//! `github_login.rs` (`/api/auth/github/login` and `/callback`, and the
+//! login settings), `login_flow.rs` (what both logins share). The
+//! providers and their glue are `cloudweb_core::git`, re-exported here.
 
 pub mod api;
 pub mod github;
+pub mod github_login;
+pub mod login_flow;
 pub mod oauth;
 pub mod webhooks;
 

@@ -70,6 +70,7 @@ pub const EN: &[(&str, &str)] = &[
     ("login.password", "Password"),
     ("login.help", "The first user comes from {command}; more are added with {api}."),
     ("login.submit", "Log in"),
+    ("login.with", "Log in with {host}"),
     ("login.invalid", "Wrong name or password."),
     ("login.too_many", "Too many login attempts; try again later"),
     ("csrf.invalid", "The form expired; reload the page and try again."),

@@ -70,6 +70,7 @@ pub const ES: &[(&str, &str)] = &[
     ("login.password", "Contraseña"),
     ("login.help", "El primer usuario se crea con {command}; los demás, con {api}."),
     ("login.submit", "Entrar"),
+    ("login.with", "Entrar con {host}"),
     ("login.invalid", "Usuario o contraseña incorrectos."),
     ("login.too_many", "Demasiados intentos de inicio de sesión; vuelve a intentarlo más tarde"),
     ("csrf.invalid", "El formulario caducó; recarga la página e inténtalo de nuevo."),
