@@ -94,7 +94,8 @@ pub struct GithubLoginInput {
     /// Required the first time; kept when absent later.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_secret: Option<String>,
-    /// GitHub logins (or numeric user ids) allowed to log in.
+    /// GitHub logins allowed to log in, or `id:<number>` for a user id (a
+    /// bare number is a login).
     #[serde(default)]
     pub allowed_users: Vec<String>,
     /// Organizations whose active members may log in.

@@ -52,7 +52,8 @@ pub enum GithubCommand {
         /// first time, kept when left out later.
         #[arg(long, value_name = "FILE")]
         client_secret_file: Option<String>,
-        /// A GitHub login (or numeric user id) allowed to log in; repeatable.
+        /// A GitHub login allowed to log in, or id:NUMBER for a user id;
+        /// repeatable.
         #[arg(long = "allow-user", value_name = "LOGIN")]
         allowed_users: Vec<String>,
         /// An organization whose members may log in; repeatable.

@@ -15,12 +15,15 @@
 //! Logging in (the App's OAuth web flow): `/login/oauth/authorize` logs in
 //! as the user set with [`FakeGithub::login_as`] and sends the browser
 //! back with a one-use code (ten minutes) bound to the client, the
-//! redirect URI and the PKCE S256 challenge; `/login/oauth/access_token`
-//! answers a wrong client secret, code, redirect URI or verifier with
-//! `200` and an `error` field, as GitHub does, and a good one with a user
-//! token (`ghu_…`); with that token, `/user`,
-//! `/user/memberships/orgs/{org}` and
-//! `/orgs/{org}/teams/{team}/memberships/{login}` (404 for a non-member).
+//! redirect URI (which must be the App's registered callback URL) and the
+//! PKCE S256 challenge; `/login/oauth/access_token` answers only
+//! `Accept: application/json` in JSON (form encoding otherwise), a wrong
+//! client secret, code, redirect URI or verifier with `200` and an
+//! `error` field, as GitHub does, and a good one with a user token
+//! (`ghu_…`); with that token, `/user`, `/user/memberships/orgs/{org}`
+//! (404 for a non-member, 403 for an organization enforcing SAML SSO)
+//! and `/orgs/{org}/teams/{team}/memberships/{login}` (404 for a
+//! non-member, else the membership's state).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -72,10 +75,12 @@ pub struct Status {
 pub struct User {
     pub id: i64,
     pub login: String,
-    /// Organization logins, with the membership's state (`active`, `pending`).
+    /// Organization logins, with the membership's state (`active`,
+    /// `pending`), or `sso`: an organization enforcing SAML SSO the user
+    /// has not authorized this token for (GitHub answers 403).
     pub orgs: Vec<(String, String)>,
-    /// `org/team-slug`.
-    pub teams: Vec<String>,
+    /// `org/team-slug`, with the membership's state (`active`, `pending`).
+    pub teams: Vec<(String, String)>,
 }
 
 struct Code {
@@ -90,6 +95,9 @@ struct Code {
 struct Inner {
     /// The App's OAuth client id and secret.
     oauth_client: Option<(String, String)>,
+    /// The App's registered callback URL: an authorize request's
+    /// `redirect_uri` must start with it.
+    callback_url: Option<String>,
     users: Vec<User>,
     logged_in: Option<i64>,
     codes: std::collections::HashMap<String, Code>,
@@ -219,9 +227,11 @@ impl FakeGithub {
         self.inner.lock().unwrap().api_down = down;
     }
 
-    /// The App's OAuth client id and secret.
-    pub fn set_oauth_client(&self, id: &str, secret: &str) {
-        self.inner.lock().unwrap().oauth_client = Some((id.into(), secret.into()));
+    /// The App's OAuth client id and secret, and its registered callback URL.
+    pub fn set_oauth_client(&self, id: &str, secret: &str, callback_url: &str) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.oauth_client = Some((id.into(), secret.into()));
+        inner.callback_url = Some(callback_url.into());
     }
 
     pub fn add_user(&self, user: User) {
@@ -377,7 +387,7 @@ async fn handle(inner: &Mutex<Inner>, repos: &Path, public_der: &[u8], base: &st
     if inner.api_down {
         return message(StatusCode::SERVICE_UNAVAILABLE, "Service Unavailable");
     }
-    if let Some(answer) = oauth_web(&mut inner, &method, &segments, &uri, &body) {
+    if let Some(answer) = oauth_web(&mut inner, &method, &segments, &uri, &headers, &body) {
         return answer;
     }
     let Some(credential) = bearer(&headers) else {
@@ -485,7 +495,7 @@ fn oauth_error(inner: &mut Inner, error: &str, description: &str) -> Response {
 }
 
 /// The web flow's two endpoints; `None` for any other path.
-fn oauth_web(inner: &mut Inner, method: &Method, segments: &[&str], uri: &Uri, body: &[u8]) -> Option<Response> {
+fn oauth_web(inner: &mut Inner, method: &Method, segments: &[&str], uri: &Uri, headers: &HeaderMap, body: &[u8]) -> Option<Response> {
     match (method, segments) {
         (&Method::GET, ["login", "oauth", "authorize"]) => {
             let query = query_map(uri);
@@ -496,6 +506,11 @@ fn oauth_web(inner: &mut Inner, method: &Method, segments: &[&str], uri: &Uri, b
             let challenge = query.get("code_challenge").cloned();
             if challenge.is_some() && query.get("code_challenge_method").map(String::as_str) != Some("S256") {
                 return Some((StatusCode::BAD_REQUEST, "code_challenge_method must be S256").into_response());
+            }
+            // GitHub: the redirect_uri must be the registered callback URL
+            // (or a path below it).
+            if !inner.callback_url.as_ref().is_some_and(|registered| redirect_uri.starts_with(registered.as_str())) {
+                return Some((StatusCode::BAD_REQUEST, "The redirect_uri MUST match the registered callback URL for this application.").into_response());
             }
             let Some(user) = inner.logged_in else {
                 return Some((StatusCode::UNAUTHORIZED, "nobody is logged in at the stand-in").into_response());
@@ -508,6 +523,13 @@ fn oauth_web(inner: &mut Inner, method: &Method, segments: &[&str], uri: &Uri, b
             Some((StatusCode::FOUND, [(axum::http::header::LOCATION, back.to_string())]).into_response())
         }
         (&Method::POST, ["login", "oauth", "access_token"]) => {
+            // Without `Accept: application/json` GitHub answers in
+            // form encoding; a client that reads JSON then gets nothing.
+            let wants_json = headers.get("accept").and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("application/json"));
+            if !wants_json {
+                inner.token_requests.push("no json accept".into());
+                return Some((StatusCode::OK, [(axum::http::header::CONTENT_TYPE, "application/x-www-form-urlencoded")], "error=not_json&error_description=asked+without+Accept%3A+application%2Fjson").into_response());
+            }
             let form: std::collections::HashMap<String, String> = url::form_urlencoded::parse(body).into_owned().collect();
             let field = |name: &str| form.get(name).cloned().unwrap_or_default();
             if inner.oauth_client.as_ref() != Some(&(field("client_id"), field("client_secret"))) {
@@ -543,13 +565,17 @@ fn as_user(inner: &Inner, id: i64, method: &Method, segments: &[&str]) -> Respon
     match (method, segments) {
         (&Method::GET, ["user"]) => json_response(StatusCode::OK, json!({"id": user.id, "login": user.login, "name": format!("{} (stand-in)", user.login), "type": "User"})),
         (&Method::GET, ["user", "memberships", "orgs", org]) => match user.orgs.iter().find(|(o, _)| o.eq_ignore_ascii_case(org)) {
+            Some((_, state)) if state == "sso" => {
+                message(StatusCode::FORBIDDEN, "Resource protected by organization SAML enforcement. You must grant your Personal Access token access to this organization.")
+            }
             Some((org, state)) => json_response(StatusCode::OK, json!({"state": state, "role": "member", "organization": {"login": org}, "user": {"login": user.login}})),
             None => message(StatusCode::NOT_FOUND, "Not Found"),
         },
         (&Method::GET, ["orgs", org, "teams", team, "memberships", login]) => {
             let target = inner.users.iter().find(|u| u.login.eq_ignore_ascii_case(login));
-            match target.filter(|t| t.teams.iter().any(|x| x.eq_ignore_ascii_case(&format!("{org}/{team}")))) {
-                Some(_) => json_response(StatusCode::OK, json!({"state": "active", "role": "member"})),
+            let slug = format!("{org}/{team}");
+            match target.and_then(|t| t.teams.iter().find(|(x, _)| x.eq_ignore_ascii_case(&slug))) {
+                Some((_, state)) => json_response(StatusCode::OK, json!({"state": state, "role": "member", "url": format!("https://api.github.test/teams/{slug}/memberships/{login}")})),
                 None => message(StatusCode::NOT_FOUND, "Not Found"),
             }
         }

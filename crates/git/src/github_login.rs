@@ -10,8 +10,12 @@
 //! - An allowed organization is checked with
 //!   `GET /user/memberships/orgs/{org}` (`state: active`), an allowed team
 //!   with `GET /orgs/{org}/teams/{team}/memberships/{login}` (`state:
-//!   active`); `404` means "not a member". Each is one call per listed
-//!   org or team, never a listing of everything the user belongs to.
+//!   active`); `404` means "not a member", and so does `403` (GitHub's
+//!   answer when the token may not see that organization: SAML SSO not
+//!   authorized, or the App not installed there), reported as
+//!   [`Membership::Hidden`] so the caller can say so. Each is one call per
+//!   listed org or team, never a listing of everything the user belongs
+//!   to.
 //!
 //! The user token serves the login only: it is never stored.
 
@@ -37,8 +41,12 @@ pub fn valid_name(text: &str) -> bool {
     !text.is_empty() && text.len() <= 100 && text.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) && text != "." && text != ".."
 }
 
-/// A user's token from the code (`200` with an `error` field is GitHub's
-/// refusal, reported as a `400`).
+/// A user's token from the code. GitHub answers a refusal with `200` and
+/// an `error` field: a code that is wrong, expired or does not match the
+/// PKCE verifier (`bad_verification_code`) is reported as a `400`;
+/// `incorrect_client_credentials` and `redirect_uri_mismatch` are this
+/// control plane's settings, not the user's doing, and are reported as
+/// [`ProviderError::NotConfigured`].
 #[allow(clippy::too_many_arguments)]
 pub async fn exchange_code(
     http: &reqwest::Client,
@@ -63,6 +71,9 @@ pub async fn exchange_code(
     if let Some(error) = value.get("error").and_then(Value::as_str) {
         let mut message = value.get("error_description").and_then(Value::as_str).map(|d| format!("{error}: {d}")).unwrap_or_else(|| error.to_string());
         cloudweb_protocol::misc::truncate_on_char(&mut message, 300);
+        if matches!(error, "incorrect_client_credentials" | "redirect_uri_mismatch") {
+            return Err(ProviderError::NotConfigured(format!("GitHub refused this control plane's login settings (client id and secret, or the App's callback URL): {message}")));
+        }
         return Err(ProviderError::Status { provider: NAME, what: what.into(), status: 400, message });
     }
     match value.get("access_token").and_then(Value::as_str) {
@@ -88,17 +99,42 @@ pub struct UserClient {
     pub token: String,
 }
 
+/// What a membership check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Membership {
+    Active,
+    /// Not a member, or not yet (an invitation still pending).
+    No,
+    /// GitHub would not show it to this token (403): counted as no.
+    Hidden,
+}
+
 impl UserClient {
-    async fn get(&self, path: &str, what: &str) -> Result<Option<bytes::Bytes>, ProviderError> {
-        let response = self
-            .http
+    /// A membership answer: `404` no, `403` hidden, else `state`.
+    async fn membership(&self, path: &str, what: &str) -> Result<Membership, ProviderError> {
+        let response = self.request(path, what).await?;
+        match response.status() {
+            reqwest::StatusCode::NOT_FOUND => return Ok(Membership::No),
+            reqwest::StatusCode::FORBIDDEN => return Ok(Membership::Hidden),
+            _ => {}
+        }
+        let body = read_answer(NAME, what, response).await?.1;
+        Ok(if active(&parse::<Value>(what, &body)?) { Membership::Active } else { Membership::No })
+    }
+
+    async fn request(&self, path: &str, what: &str) -> Result<reqwest::Response, ProviderError> {
+        self.http
             .request(Method::GET, format!("{}{path}", self.api))
             .header("accept", "application/vnd.github+json")
             .header("x-github-api-version", "2022-11-28")
             .bearer_auth(&self.token)
             .send()
             .await
-            .map_err(|e| transport(NAME, what, e))?;
+            .map_err(|e| transport(NAME, what, e))
+    }
+
+    async fn get(&self, path: &str, what: &str) -> Result<Option<bytes::Bytes>, ProviderError> {
+        let response = self.request(path, what).await?;
         if response.status() == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
         }
@@ -111,28 +147,20 @@ impl UserClient {
         parse(what, &body)
     }
 
-    /// Whether the user is an active member of `org`.
-    pub async fn in_org(&self, org: &str) -> Result<bool, ProviderError> {
+    /// The user's membership of `org`.
+    pub async fn in_org(&self, org: &str) -> Result<Membership, ProviderError> {
         if !valid_name(org) {
-            return Ok(false);
+            return Ok(Membership::No);
         }
-        let what = "reading the user's organization membership";
-        Ok(match self.get(&format!("/user/memberships/orgs/{org}"), what).await? {
-            Some(body) => active(&parse::<Value>(what, &body)?),
-            None => false,
-        })
+        self.membership(&format!("/user/memberships/orgs/{org}"), "reading the user's organization membership").await
     }
 
-    /// Whether `login` is an active member of the team `org/team`.
-    pub async fn in_team(&self, org: &str, team: &str, login: &str) -> Result<bool, ProviderError> {
+    /// `login`'s membership of the team `org/team`.
+    pub async fn in_team(&self, org: &str, team: &str, login: &str) -> Result<Membership, ProviderError> {
         if !valid_name(org) || !valid_name(team) || !valid_name(login) {
-            return Ok(false);
+            return Ok(Membership::No);
         }
-        let what = "reading the user's team membership";
-        Ok(match self.get(&format!("/orgs/{org}/teams/{team}/memberships/{login}"), what).await? {
-            Some(body) => active(&parse::<Value>(what, &body)?),
-            None => false,
-        })
+        self.membership(&format!("/orgs/{org}/teams/{team}/memberships/{login}"), "reading the user's team membership").await
     }
 }
 

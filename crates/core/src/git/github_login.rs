@@ -5,7 +5,7 @@
 //! `cloudweb_git::github_login`.
 
 use cloudweb_api_types::github::{GithubLoginInput, GithubLoginSettingsView};
-use cloudweb_git::github_login::{self as api, GithubUser, UserClient};
+use cloudweb_git::github_login::{self as api, GithubUser, Membership, UserClient};
 
 use crate::error::ApiError;
 use crate::store::GithubLoginRow;
@@ -71,18 +71,36 @@ pub fn view(state: &AppState, row: &GithubLoginRow) -> GithubLoginSettingsView {
     }
 }
 
-/// Checks one allow-list: each entry a GitHub name (`org/team` for teams),
-/// no duplicates kept.
-fn clean(field: &str, entries: Vec<String>, team: bool) -> Result<Vec<String>, ApiError> {
+#[derive(Clone, Copy)]
+enum Kind {
+    User,
+    Org,
+    Team,
+}
+
+/// Checks one allow-list: each entry a GitHub name (`org/team` for teams,
+/// a login or `id:<number>` for users), no duplicates kept.
+fn clean(field: &str, entries: Vec<String>, kind: Kind) -> Result<Vec<String>, ApiError> {
     if entries.len() > MAX_ALLOWED {
         return Err(ApiError::BadRequest(format!("at most {MAX_ALLOWED} entries in {field}")));
     }
     let mut kept: Vec<String> = Vec::with_capacity(entries.len());
     for entry in entries {
         cloudweb_protocol::validate::bounded_text(field, &entry, 201)?;
-        let valid = if team { entry.split_once('/').is_some_and(|(org, slug)| api::valid_name(org) && api::valid_name(slug)) } else { api::valid_name(&entry) };
+        let valid = match kind {
+            Kind::Team => entry.split_once('/').is_some_and(|(org, slug)| api::valid_name(org) && api::valid_name(slug)),
+            Kind::User => match entry.strip_prefix("id:") {
+                Some(id) => !id.is_empty() && id.len() <= 19 && id.bytes().all(|b| b.is_ascii_digit()),
+                None => api::valid_name(&entry),
+            },
+            Kind::Org => api::valid_name(&entry),
+        };
         if !valid {
-            let shape = if team { "org/team-slug, each letters, digits, '-', '_' or '.'" } else { "letters, digits, '-', '_' or '.'" };
+            let shape = match kind {
+                Kind::Team => "org/team-slug, each letters, digits, '-', '_' or '.'",
+                Kind::User => "a login (letters, digits, '-', '_' or '.') or id:<number>",
+                Kind::Org => "letters, digits, '-', '_' or '.'",
+            };
             return Err(ApiError::BadRequest(format!("invalid {field} entry {entry:?}: {shape}")));
         }
         if !kept.iter().any(|k| k.eq_ignore_ascii_case(&entry)) {
@@ -102,9 +120,9 @@ pub async fn apply(state: &AppState, input: GithubLoginInput) -> Result<GithubLo
     if input.client_id.is_empty() || !input.client_id.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(ApiError::BadRequest("invalid client_id: the App's \"Client ID\" (printable, no spaces)".into()));
     }
-    let allowed_users = clean("allowed_users", input.allowed_users, false)?;
-    let allowed_orgs = clean("allowed_orgs", input.allowed_orgs, false)?;
-    let allowed_teams = clean("allowed_teams", input.allowed_teams, true)?;
+    let allowed_users = clean("allowed_users", input.allowed_users, Kind::User)?;
+    let allowed_orgs = clean("allowed_orgs", input.allowed_orgs, Kind::Org)?;
+    let allowed_teams = clean("allowed_teams", input.allowed_teams, Kind::Team)?;
     let client_secret_sealed = match input.client_secret {
         Some(secret) => {
             cloudweb_protocol::validate::bounded_text("client_secret", &secret, 1024)?;
@@ -134,22 +152,41 @@ pub async fn apply(state: &AppState, input: GithubLoginInput) -> Result<GithubLo
     Ok(row)
 }
 
-/// Whether the allow-list lets this user in: by login (any case) or
-/// numeric id, else as an active member of a listed organization, else of
-/// a listed team. An empty allow-list lets nobody in.
+/// Whether an `allowed_users` entry names this user: a login (any case),
+/// or `id:<number>` for the numeric id (a login may be all digits, so a
+/// bare number is a login, never an id).
+fn names(entry: &str, user: &GithubUser) -> bool {
+    match entry.strip_prefix("id:") {
+        Some(id) => id == user.id.to_string(),
+        None => entry.eq_ignore_ascii_case(&user.login),
+    }
+}
+
+/// Whether the allow-list lets this user in: by login or `id:<number>`,
+/// else as an active member of a listed organization, else of a listed
+/// team. A membership GitHub hides from the user's token (403) counts as
+/// none, is logged, and the next entry is tried. An empty allow-list lets
+/// nobody in.
 pub async fn allowed(client: &UserClient, user: &GithubUser, settings: &LoginSettings) -> Result<bool, cloudweb_git::ProviderError> {
-    if settings.allowed_users.iter().any(|a| a.eq_ignore_ascii_case(&user.login) || a == &user.id.to_string()) {
+    if settings.allowed_users.iter().any(|entry| names(entry, user)) {
         return Ok(true);
     }
+    let hidden = |what: &str, name: &str| {
+        tracing::warn!(login = %user.login, what, name, "GitHub would not show this membership to the user's token (SAML SSO not authorized, or the App not installed there); counted as none");
+    };
     for org in &settings.allowed_orgs {
-        if client.in_org(org).await? {
-            return Ok(true);
+        match client.in_org(org).await? {
+            Membership::Active => return Ok(true),
+            Membership::Hidden => hidden("organization", org),
+            Membership::No => {}
         }
     }
     for team in &settings.allowed_teams {
         let Some((org, slug)) = team.split_once('/') else { continue };
-        if client.in_team(org, slug, &user.login).await? {
-            return Ok(true);
+        match client.in_team(org, slug, &user.login).await? {
+            Membership::Active => return Ok(true),
+            Membership::Hidden => hidden("team", team),
+            Membership::No => {}
         }
     }
     Ok(false)
@@ -161,13 +198,26 @@ mod tests {
 
     #[test]
     fn allow_lists_are_checked_and_deduplicated() {
-        assert_eq!(clean("allowed_users", vec!["Alice".into(), "alice".into(), "42".into()], false).unwrap(), vec!["Alice", "42"]);
-        assert!(clean("allowed_users", vec!["a/b".into()], false).is_err());
-        assert!(clean("allowed_users", vec!["".into()], false).is_err());
-        assert_eq!(clean("allowed_teams", vec!["acme/web".into()], true).unwrap(), vec!["acme/web"]);
-        for bad in ["acme", "acme/", "/web", "acme/web/x", "acme/we b", "../x"] {
-            assert!(clean("allowed_teams", vec![bad.into()], true).is_err(), "{bad}");
+        assert_eq!(clean("allowed_users", vec!["Alice".into(), "alice".into(), "id:42".into(), "42".into()], Kind::User).unwrap(), vec!["Alice", "id:42", "42"]);
+        for bad in ["a/b", "", "id:", "id:x1", "id:-1"] {
+            assert!(clean("allowed_users", vec![bad.into()], Kind::User).is_err(), "{bad}");
         }
-        assert!(clean("allowed_orgs", vec!["x".into(); MAX_ALLOWED + 1], false).is_err());
+        assert!(clean("allowed_orgs", vec!["id:42".into()], Kind::Org).is_err());
+        assert_eq!(clean("allowed_teams", vec!["acme/web".into()], Kind::Team).unwrap(), vec!["acme/web"]);
+        for bad in ["acme", "acme/", "/web", "acme/web/x", "acme/we b", "../x"] {
+            assert!(clean("allowed_teams", vec![bad.into()], Kind::Team).is_err(), "{bad}");
+        }
+        assert!(clean("allowed_orgs", vec!["x".into(); MAX_ALLOWED + 1], Kind::Org).is_err());
+    }
+
+    #[test]
+    fn a_number_is_a_login_and_ids_are_written_id_colon() {
+        let user = GithubUser { id: 583231, login: "Octo".into(), name: None };
+        assert!(names("octo", &user));
+        assert!(names("id:583231", &user));
+        assert!(!names("583231", &user), "a bare number is a login");
+        let digits = GithubUser { id: 7, login: "583231".into(), name: None };
+        assert!(names("583231", &digits));
+        assert!(!names("id:583231", &digits), "an id entry never matches a login");
     }
 }

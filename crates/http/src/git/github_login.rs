@@ -81,10 +81,10 @@ pub async fn login(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
         (status = 303, description = "Logged in: session cookies set, to / (the dashboard)"),
         (status = 200, description = "Logged in (Accept: application/json): the session, cookies set", body = GithubLoginView),
         (status = 400, description = "Missing, unknown, expired or reused state, a state started in another browser (login cookie missing or wrong), or no code", body = ErrorBody),
-        (status = 401, description = "GitHub refused the code (wrong PKCE verifier, expired code)", body = ErrorBody),
+        (status = 401, description = "GitHub refused the code (wrong PKCE verifier, expired or used code)", body = ErrorBody),
         (status = 403, description = "Not on the allow-list, or the linked user is disabled (an HTML page for a browser)", body = ErrorBody),
         (status = 409, description = "The browser is logged in as another user than the one this GitHub identity is linked to", body = ErrorBody),
-        (status = 502, description = "GitHub failed", body = ErrorBody),
+        (status = 502, description = "GitHub failed, or refused the login settings (client id and secret, callback URL)", body = ErrorBody),
     ))]
 pub async fn callback(State(state): State<Arc<AppState>>, headers: HeaderMap, Query(query): Query<Callback>) -> Response {
     let response = match finish(&state, &headers, query).await {
@@ -115,6 +115,10 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
         Err(super::ProviderError::Status { status, message, .. }) if (400..500).contains(&status) => {
             tracing::warn!(status, %message, "GitHub refused the authorization code");
             return Ok(refusal(StatusCode::UNAUTHORIZED, &format!("GitHub refused the authorization code: {message}")));
+        }
+        Err(super::ProviderError::NotConfigured(message)) => {
+            tracing::error!(%message, "a GitHub login failed on the login settings");
+            return Err(ApiError::BadGateway(message));
         }
         Err(err) => return Err(ApiError::BadGateway(err.to_string())),
     };
