@@ -23,7 +23,9 @@
 //! (`ghu_…`); with that token, `/user`, `/user/memberships/orgs/{org}`
 //! (404 for a non-member, 403 for an organization enforcing SAML SSO)
 //! and `/orgs/{org}/teams/{team}/memberships/{login}` (404 for a
-//! non-member, else the membership's state).
+//! non-member, else the membership's state); `DELETE
+//! /applications/{client_id}/token` (Basic client id and secret) revokes
+//! a user token.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -105,6 +107,8 @@ struct Inner {
     user_tokens: std::collections::HashMap<String, i64>,
     /// Each token request's outcome: `ok` or GitHub's error code.
     token_requests: Vec<String>,
+    /// User tokens revoked through `DELETE /applications/{client_id}/token`.
+    revoked_user_tokens: Vec<String>,
     installations: Vec<(i64, String)>,
     repositories: Vec<Repository>,
     tokens: Vec<Token>,
@@ -246,6 +250,11 @@ impl FakeGithub {
     /// Each token request's outcome, in order: `ok` or GitHub's error.
     pub fn token_requests(&self) -> Vec<String> {
         self.inner.lock().unwrap().token_requests.clone()
+    }
+
+    /// The user tokens the App revoked.
+    pub fn revoked_user_tokens(&self) -> Vec<String> {
+        self.inner.lock().unwrap().revoked_user_tokens.clone()
     }
 
     /// The user tokens handed out.
@@ -552,6 +561,23 @@ fn oauth_web(inner: &mut Inner, method: &Method, segments: &[&str], uri: &Uri, h
             inner.user_tokens.insert(token.clone(), code.user);
             inner.token_requests.push("ok".into());
             Some(json_response(StatusCode::OK, json!({"access_token": token, "token_type": "bearer", "scope": ""})))
+        }
+        (&Method::DELETE, ["applications", client_id, "token"]) => {
+            // Basic client_id:client_secret, the token in the body.
+            let basic = headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Basic ")).map(str::to_string);
+            let pair = basic.and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok()).and_then(|b| String::from_utf8(b).ok());
+            let expected = inner.oauth_client.as_ref().map(|(id, secret)| format!("{id}:{secret}"));
+            if pair.is_none() || pair != expected || expected.as_deref().is_some_and(|e| !e.starts_with(&format!("{client_id}:"))) {
+                return Some(message(StatusCode::NOT_FOUND, "Not Found"));
+            }
+            let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            let Some(token) = request.get("access_token").and_then(Value::as_str).filter(|t| inner.user_tokens.contains_key(*t)) else {
+                return Some(message(StatusCode::UNPROCESSABLE_ENTITY, "Validation Failed"));
+            };
+            let token = token.to_string();
+            inner.user_tokens.remove(&token);
+            inner.revoked_user_tokens.push(token);
+            Some(StatusCode::NO_CONTENT.into_response())
         }
         _ => None,
     }

@@ -17,7 +17,8 @@
 //!   listed org or team, never a listing of everything the user belongs
 //!   to.
 //!
-//! The user token serves the login only: it is never stored.
+//! The user token serves the login only: it is never stored, and is
+//! revoked ([`revoke_token`]) once the login is decided.
 
 use reqwest::Method;
 use serde::Deserialize;
@@ -80,6 +81,26 @@ pub async fn exchange_code(
         Some(token) if !token.is_empty() => Ok(token.to_string()),
         _ => Err(transport(NAME, what, "the answer has no access_token")),
     }
+}
+
+/// Revokes a user token (`DELETE /applications/{client_id}/token`,
+/// authenticated as the App's OAuth client): the login is over, and the
+/// token must not outlive it on GitHub either.
+pub async fn revoke_token(http: &reqwest::Client, api: &str, client_id: &str, client_secret: &str, token: &str) -> Result<(), ProviderError> {
+    let what = "revoking the login's user token";
+    if !client_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+        return Err(ProviderError::Unsupported(format!("a client id GitHub would not have made: {client_id:?}")));
+    }
+    let response = http
+        .delete(format!("{api}/applications/{client_id}/token"))
+        .header("accept", "application/vnd.github+json")
+        .header("x-github-api-version", "2022-11-28")
+        .basic_auth(client_id, Some(client_secret))
+        .json(&serde_json::json!({ "access_token": token }))
+        .send()
+        .await
+        .map_err(|e| transport(NAME, what, e))?;
+    read_answer(NAME, what, response).await.map(|_| ())
 }
 
 /// The user a token belongs to.

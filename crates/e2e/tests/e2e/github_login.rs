@@ -5,10 +5,12 @@
 //! by `id:<number>`, by active organization membership (pending and
 //! hidden ones do not count) and by team; the identity linked by GitHub's
 //! user id only (a new user, or the logged-in one); a disabled user; the
-//! client secret sealed and the user tokens kept nowhere.
+//! client secret sealed and the user tokens kept nowhere and revoked.
 
 use cloudweb_e2e::github::{FakeGithub, User};
-use cloudweb_e2e::{start_platform, Platform, ServerProcess};
+use std::time::Duration;
+
+use cloudweb_e2e::{start_platform, wait_for, Platform, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -225,8 +227,10 @@ async fn logging_in_with_github_checks_state_pkce_and_the_allow_list_by_user_org
     assert_eq!(status, 409, "{body}");
 
     assert!(!server.process.log_text().contains(CLIENT_SECRET), "the client secret is in the log");
-    // The user tokens served the logins and were kept nowhere.
-    let tokens = github.user_tokens();
+    // The user tokens served the logins, were kept nowhere, and were
+    // revoked once each login was decided (in the background).
+    wait_for(Duration::from_secs(20), "every user token revoked", || async { github.user_tokens().is_empty().then_some(()) }).await.unwrap();
+    let tokens = github.revoked_user_tokens();
     assert!(tokens.len() >= 8, "{tokens:?}");
     for token in &tokens {
         assert!(grep_dir(&tmp.path().join("server"), token).is_empty(), "a user token is stored");

@@ -6,7 +6,8 @@
 //! users on the allow-list (by login or id, or as an active member of an
 //! allowed organization or team). The identity is kept by its GitHub user
 //! id, the only thing that links it to a local user ([`super::login`]);
-//! the user token is used for these checks and then dropped.
+//! the user token is used for these checks only, never stored, and
+//! revoked in the background once the login is decided.
 //!
 //! `GET`/`PUT /api/github/login` show and set the login settings.
 
@@ -94,6 +95,28 @@ pub async fn callback(State(state): State<Arc<AppState>>, headers: HeaderMap, Qu
     FLOW.seal_answer(&state, &headers, response)
 }
 
+/// The user, and whether the allow-list lets them in.
+async fn check(client: &UserClient, settings: &LoginSettings) -> Result<(api::GithubUser, bool), ApiError> {
+    let user = client.user().await.map_err(|e| ApiError::BadGateway(e.to_string()))?;
+    let allowed = settings_of::allowed(client, &user, settings).await.map_err(|e| ApiError::BadGateway(e.to_string()))?;
+    Ok((user, allowed))
+}
+
+/// Revokes the login's user token in the background (the login does not
+/// wait for it; a failure is logged, never retried: GitHub expires the
+/// token anyway).
+fn revoke_later(settings: &LoginSettings, client: UserClient) {
+    let (api, id, secret) = (settings.api_url.clone(), settings.client_id.clone(), settings.client_secret.clone());
+    tokio::spawn(async move {
+        let revoked = tokio::time::timeout(std::time::Duration::from_secs(30), api::revoke_token(&client.http, &api, &id, &secret, &client.token)).await;
+        match revoked {
+            Ok(Ok(())) => tracing::debug!("revoked the GitHub login's user token"),
+            Ok(Err(err)) => tracing::warn!(error = %err, "cannot revoke the GitHub login's user token; GitHub expires it"),
+            Err(_) => tracing::warn!("revoking the GitHub login's user token took over 30 s; GitHub expires it"),
+        }
+    });
+}
+
 async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Result<Response, ApiError> {
     let refusal = |status: StatusCode, message: &str| FLOW.refusal(headers, status, message);
     let pending = match FLOW.take(state, headers, query.state).await? {
@@ -123,8 +146,10 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
         Err(err) => return Err(ApiError::BadGateway(err.to_string())),
     };
     let client = UserClient { http: state.git.http.clone(), api: settings.api_url.clone(), token };
-    let user = client.user().await.map_err(|e| ApiError::BadGateway(e.to_string()))?;
-    if !settings_of::allowed(&client, &user, &settings).await.map_err(|e| ApiError::BadGateway(e.to_string()))? {
+    let checked = check(&client, &settings).await;
+    revoke_later(&settings, client);
+    let (user, allowed) = checked?;
+    if !allowed {
         tracing::warn!(github_user = user.id, login = %user.login, "refused a GitHub login outside the allow-list");
         return Ok(refusal(
             StatusCode::FORBIDDEN,
@@ -134,7 +159,6 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
             ),
         ));
     }
-    drop(client);
     state.store.saw_git_identity(Host::Github.key(), user.id, &user.login, state.clock.now_ms()).await?;
     let identity = Identity { host: Host::Github, id: user.id, username: &user.login };
     login_flow::log_in_identity(state, headers, &FLOW, identity, |local, session| {
