@@ -6,9 +6,13 @@
 //! and follows each container's output: one that just started from its
 //! start, one found running from its last [`TAIL_ON_FOLLOW`] lines on. Lines have the app's variable values redacted, are capped at
 //! 16 KiB and wait in one bounded buffer ([`MAX_BUFFER_LINES`] lines,
-//! [`MAX_BUFFER_BYTES`] bytes, [`MAX_CONTAINER_LINES`] per container):
-//! when it is full the oldest lines go and the next upload says how many
-//! were lost. Another task uploads the buffer about once a second, in
+//! [`MAX_BUFFER_BYTES`] bytes, [`MAX_CONTAINER_LINES`] per container).
+//! When it is full and uploads are not failing (the control plane is
+//! only slower than the app, e.g. on a busy machine), a follower stops
+//! reading for up to [`WAIT_FOR_ROOM`] until an upload makes room: the
+//! Engine keeps what the container prints meanwhile, so nothing is lost.
+//! When it is full otherwise, the oldest lines go and the next upload
+//! says how many were lost. Another task uploads the buffer about once a second, in
 //! batches of at most 1,000 lines and 256 KiB; a batch leaves the buffer
 //! only once the control plane took it, so an unreachable control plane
 //! costs the oldest lines, never unbounded memory.
@@ -38,6 +42,9 @@ pub const MAX_CONTAINER_LINES: usize = 5_000;
 pub const TAIL_ON_FOLLOW: usize = 200;
 /// Pause between two uploads.
 const UPLOAD_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a follower waits, per line, for an upload to make room in a
+/// full buffer, while uploads are going through.
+pub const WAIT_FOR_ROOM: Duration = Duration::from_secs(5);
 /// Longest pause after a failed upload or a lost Engine event stream.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -116,6 +123,12 @@ impl Buffer {
             }
         }
         true
+    }
+
+    /// Whether the next line of container `id` would push a line out.
+    fn full_for(&self, id: &str) -> bool {
+        let own = self.containers.get(id).is_some_and(|p| p.lines.len() - p.in_flight() >= MAX_CONTAINER_LINES);
+        own || self.lines >= MAX_BUFFER_LINES || self.bytes >= MAX_BUFFER_BYTES
     }
 
     /// Drops the container's oldest line that is not in flight.
@@ -231,6 +244,25 @@ struct Shared {
     last_ts: Mutex<HashMap<String, String>>,
     /// Containers being followed now.
     following: Mutex<std::collections::HashSet<String>>,
+    /// The last upload failed (the control plane is unreachable or
+    /// failing): a full buffer then drops its oldest lines at once.
+    stalled: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    /// Waits (bounded) until the buffer has room for container `id`'s next
+    /// line, as long as uploads are going through.
+    async fn room_for(&self, id: &str) {
+        let started = std::time::Instant::now();
+        loop {
+            let full = self.buffer.lock().expect("log buffer lock").full_for(id);
+            let stalled = self.stalled.load(std::sync::atomic::Ordering::Relaxed);
+            if !full || stalled || started.elapsed() >= WAIT_FOR_ROOM {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// Runs until aborted: the followers and the uploader.
@@ -240,6 +272,7 @@ pub async fn run(client: Arc<ControlPlane>, runtime: DockerRuntime) {
         lines: Notify::new(),
         last_ts: Mutex::new(HashMap::new()),
         following: Mutex::new(Default::default()),
+        stalled: std::sync::atomic::AtomicBool::new(false),
     });
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(upload_loop(client, shared.clone()));
@@ -345,6 +378,7 @@ async fn follow_one(runtime: &DockerRuntime, shared: &Shared, instance: &AppInst
         if seen.as_deref().is_some_and(|seen| ts.as_str() <= seen) {
             continue;
         }
+        shared.room_for(&instance.id).await;
         shared.last_ts.lock().expect("last ts lock").insert(instance.id.clone(), ts.clone());
         let kept = shared.buffer.lock().expect("log buffer lock").push(instance, stream, ts, redactor.apply(&text));
         if !kept {
@@ -380,6 +414,7 @@ async fn upload_loop(client: Arc<ControlPlane>, shared: Arc<Shared>) {
                     }
                     buffer.pressing()
                 };
+                shared.stalled.store(false, std::sync::atomic::Ordering::Relaxed);
                 backoff = UPLOAD_INTERVAL;
                 if !pressing {
                     tokio::time::sleep(UPLOAD_INTERVAL).await;
@@ -392,6 +427,7 @@ async fn upload_loop(client: Arc<ControlPlane>, shared: Arc<Shared>) {
             }
             Err(err) => {
                 tracing::debug!(error = %err, "runtime logs: upload failed; trying again");
+                shared.stalled.store(true, std::sync::atomic::Ordering::Relaxed);
                 shared.buffer.lock().expect("log buffer lock").release(&taken);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -406,6 +442,21 @@ mod tests {
 
     fn instance(id: &str) -> AppInstance {
         AppInstance { id: id.into(), name: format!("cw-{id}"), deployment: "dep_1".into(), instance: 1 }
+    }
+
+    #[test]
+    fn a_container_at_its_bound_is_full_and_an_upload_frees_it() {
+        let mut buffer = Buffer::default();
+        let chatty = instance("chatty");
+        for i in 0..MAX_CONTAINER_LINES {
+            assert!(!buffer.full_for(&chatty.id), "line {i}");
+            buffer.push(&chatty, "stdout", format!("{i:09}"), "x".into());
+        }
+        assert!(buffer.full_for(&chatty.id));
+        assert!(!buffer.full_for(&instance("quiet").id), "another container still has room");
+        let (_, taken) = buffer.take().unwrap();
+        buffer.settle(&taken);
+        assert!(!buffer.full_for(&chatty.id), "an upload made room");
     }
 
     #[test]
