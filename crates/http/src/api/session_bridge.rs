@@ -42,6 +42,9 @@ pub async fn bridge(state: Arc<AppState>, opened: Opened, mut socket: WebSocket)
     // The last frame the user gets when the session ends other than by
     // the process's exit or the node's own error.
     let mut farewell: Option<SessionFrame> = None;
+    // The node's own last frame (exit status or error), held until the
+    // end is recorded.
+    let mut last: Option<Vec<u8>> = None;
     loop {
         tokio::select! {
             got = from_node.read(&mut read) => {
@@ -56,7 +59,7 @@ pub async fn bridge(state: Arc<AppState>, opened: Opened, mut socket: WebSocket)
                 };
                 last_node = Instant::now();
                 pending.extend_from_slice(&read[..n]);
-                match to_user(&mut socket, &mut pending, &mut ended, &mut last_data).await {
+                match to_user(&mut socket, &mut pending, &mut ended, &mut last_data, &mut last).await {
                     Ok(Outcome::Continue) => {}
                     Ok(Outcome::Done) => break,
                     Err(why) => {
@@ -129,20 +132,26 @@ pub async fn bridge(state: Arc<AppState>, opened: Opened, mut socket: WebSocket)
     // The node ends the process once its dial-back closes.
     drop(from_node);
     drop(to_node);
+    // Recorded before the user is told: once a client sees its session
+    // end, the session's record says how it ended.
+    sessions::record_end(&state, &row.id, &ended).await;
     let closing = async {
-        if let Some(frame) = farewell {
+        if let Some(bytes) = last {
+            let _ = socket.send(Message::Binary(bytes.into())).await;
+        } else if let Some(frame) = farewell {
             let _ = socket.send(Message::Binary(frame.encode().into())).await;
         }
         let _ = socket.send(Message::Close(Some(CloseFrame { code: 1000, reason: "session ended".into() }))).await;
     };
     let _ = tokio::time::timeout(CLOSE_WAIT, closing).await;
-    sessions::record_end(&state, &row.id, &ended).await;
     drop(held);
 }
 
-/// Sends the whole frames in `pending` to the user, as they are; `Done`
-/// after the process's exit or the node's error.
-async fn to_user(socket: &mut WebSocket, pending: &mut Vec<u8>, ended: &mut Ended, last_data: &mut Instant) -> Result<Outcome, String> {
+/// Sends the whole frames in `pending` to the user, as they are, except
+/// the last one (the process's exit or the node's error): that goes into
+/// `last`, for the caller to send once the session's end is recorded, and
+/// the answer is `Done`.
+async fn to_user(socket: &mut WebSocket, pending: &mut Vec<u8>, ended: &mut Ended, last_data: &mut Instant, last: &mut Option<Vec<u8>>) -> Result<Outcome, String> {
     let mut at = 0;
     let mut outcome = Outcome::Continue;
     while let Some((frame, used)) = SessionFrame::decode(&pending[at..]).map_err(|e| format!("the node sent a bad frame: {e}"))? {
@@ -156,20 +165,21 @@ async fn to_user(socket: &mut WebSocket, pending: &mut Vec<u8>, ended: &mut Ende
             }
             SessionFrame::Exit(code) => {
                 ended.exit_code = Some(code);
+                *last = Some(bytes);
                 outcome = Outcome::Done;
+                break;
             }
             SessionFrame::Error(message) => {
                 ended.failure = Some(message);
+                *last = Some(bytes);
                 outcome = Outcome::Done;
+                break;
             }
         }
         if socket.send(Message::Binary(bytes.into())).await.is_err() {
             pending.drain(..at);
             ended.note = Some("the user's connection dropped".to_string());
             return Ok(Outcome::Done);
-        }
-        if matches!(outcome, Outcome::Done) {
-            break;
         }
     }
     pending.drain(..at);
