@@ -160,6 +160,21 @@ async fn logging_in_with_github_checks_state_pkce_and_the_allow_list_by_user_org
     settings["allowed_teams"] = json!(["other/web"]);
     assert_eq!(server.call(Method::PUT, "/api/github/login", Some(settings)).await.unwrap().0, 200);
 
+    // GitHub down at the callback: a 502 that says so, no session, and
+    // the next login works once it is back.
+    github.set_api_down(true);
+    github.login_as(21);
+    let (authorize_url, cookie) = start_login(&server).await;
+    github.set_api_down(false);
+    let callback_url = authorize(&authorize_url).await;
+    github.set_api_down(true);
+    let (status, body, headers) = callback(&callback_url, "application/json", &[&cookie]).await;
+    github.set_api_down(false);
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("GitHub"), "{body}");
+    assert!(set_cookie(&headers, "cloudweb_session").is_none());
+    assert_eq!(login(&server).await.0, 200);
+
     // Bob is in another organization and team: refused, with a page for a browser and no session.
     github.login_as(22);
     let (status, body, headers) = login_with(&server, "text/html", &[]).await;
