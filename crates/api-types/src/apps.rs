@@ -45,7 +45,8 @@ pub enum ProjectRef {
 }
 
 /// `POST /api/apps`: an app from a git URL (`repo_url`), a GitLab project
-/// (`gitlab_project`) or a GitHub repository (`github_repository`).
+/// (`gitlab_project`), a GitHub repository (`github_repository`) or a
+/// Gitea/Forgejo repository (`gitea_repository`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"name": "web", "repo_url": "https://git.example.com/acme/web.git", "port": 8080}))]
@@ -71,6 +72,15 @@ pub struct CreateApp {
     /// a repository-scoped token per deploy, commit statuses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub github_repository: Option<String>,
+    /// Make the app from this Gitea or Forgejo repository (`owner/name`),
+    /// through a logged-in Gitea identity: its clone URL, a push webhook
+    /// of its own, the identity's hour-long token per deploy, commit
+    /// statuses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gitea_repository: Option<String>,
+    /// Which logged-in Gitea identity acts for the app (when several).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gitea_account: Option<i64>,
     /// For an app from any other git URL: make a webhook URL and secret
     /// for the generic, HMAC-signed push webhook.
     #[serde(default, skip_serializing_if = "is_false")]

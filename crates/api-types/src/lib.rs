@@ -22,6 +22,7 @@ pub mod control_planes;
 pub mod deployments;
 pub mod error;
 pub mod git;
+pub mod gitea;
 pub mod github;
 pub mod nodes;
 pub mod scale;

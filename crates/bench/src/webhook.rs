@@ -5,7 +5,7 @@
 //! running commit starts nothing). Real control plane
 //! (with its registry), agent, Docker Engine and git; the git host is a
 //! test stand-in on loopback (`--provider gitlab`: `cloudweb_e2e::gitlab`,
-//! `github`: `cloudweb_e2e::github`), serving the repository over smart
+//! `github`: `cloudweb_e2e::github`, `gitea`: `cloudweb_e2e::gitea`), serving the repository over smart
 //! HTTP with the credentials it issued per deploy, so the webhook path
 //! includes everything a real push does: the signature or token check, the
 //! delivery record, clone credentials made at the host, commit statuses.
@@ -13,6 +13,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use cloudweb_e2e::gitea::FakeGitea;
 use cloudweb_e2e::github::{FakeGithub, APP_ID, WEBHOOK_SECRET};
 use cloudweb_e2e::gitlab::{FakeGitlab, CLIENT_ID, CLIENT_SECRET};
 use rand::Rng;
@@ -32,7 +33,7 @@ pub struct WebhookArgs {
     #[command(flatten)]
     pub cluster: crate::deploy::Args,
     /// The git host the pushes come from (a stand-in on loopback).
-    #[arg(long, value_parser = ["gitlab", "github"], default_value = "gitlab")]
+    #[arg(long, value_parser = ["gitlab", "github", "gitea"], default_value = "gitlab")]
     pub provider: String,
 }
 
@@ -74,6 +75,7 @@ pub async fn run(args: WebhookArgs) -> Result<Vec<Target>> {
 enum Host {
     Gitlab { gitlab: FakeGitlab, project: i64 },
     Github { github: FakeGithub, hook: String },
+    Gitea { gitea: FakeGitea },
 }
 
 impl Host {
@@ -93,12 +95,24 @@ impl Host {
             let hook = format!("{}/api/webhooks/github", cluster.server.api_url);
             return Ok((Host::Github { github, hook }, commit));
         }
+        if provider == "gitea" {
+            let gitea = FakeGitea::start(&dir.join("gitea")).await?;
+            gitea.add_user(1, "bench", &[]);
+            gitea.login_as(1);
+            gitea.add_repository("bench/app", &[1])?;
+            let commit = gitea.commit("bench/app", "main", &files, "bench app")?;
+            let settings = json!({"base_url": gitea.url(), "client_id": cloudweb_e2e::gitea::CLIENT_ID, "client_secret": cloudweb_e2e::gitea::CLIENT_SECRET, "allowed_users": ["bench"]});
+            oauth_login(cluster, "gitea", &settings).await?;
+            cluster.create_app_from(&json!({"name": cluster.app, "gitea_repository": "bench/app", "port": 8080, "health_timeout_seconds": 30})).await?;
+            return Ok((Host::Gitea { gitea }, commit));
+        }
         let gitlab = FakeGitlab::start(&dir.join("gitlab")).await?;
         gitlab.add_user(1, "bench", "bench@example.com", true, &[]);
         gitlab.login_as(1);
         let project = gitlab.add_project("bench/app")?;
         let commit = gitlab.commit("bench/app", "main", &files, "bench app")?;
-        login(cluster, &gitlab).await?;
+        let settings = json!({"base_url": gitlab.url(), "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET, "allowed_users": ["bench"]});
+        oauth_login(cluster, "gitlab", &settings).await?;
         cluster.create_app_from(&json!({"name": cluster.app, "gitlab_project": "bench/app", "port": 8080, "health_timeout_seconds": 30})).await?;
         Ok((Host::Gitlab { gitlab, project }, commit))
     }
@@ -116,6 +130,11 @@ impl Host {
                 let body = github.push_body("bench/app", "refs/heads/main", ZERO, commit);
                 github.deliver(hook, "push", &body, &guid, WEBHOOK_SECRET).await
             }
+            Host::Gitea { gitea } => {
+                let hook = gitea.live_hook("bench/app")?;
+                let body = gitea.push_body("bench/app", "refs/heads/main", ZERO, commit);
+                gitea.deliver(&hook.url, "push", &body, delivery, &hook.secret, false).await
+            }
         }
     }
 
@@ -126,6 +145,7 @@ impl Host {
         match self {
             Host::Gitlab { gitlab, .. } => gitlab.commit("bench/app", "main", &files, run),
             Host::Github { github, .. } => github.commit("bench/app", "main", &files, run),
+            Host::Gitea { gitea } => gitea.commit("bench/app", "main", &files, run),
         }
     }
 
@@ -133,6 +153,7 @@ impl Host {
         match self {
             Host::Gitlab { gitlab, .. } => gitlab.statuses(commit).len(),
             Host::Github { github, .. } => github.statuses(commit).len(),
+            Host::Gitea { gitea } => gitea.statuses(commit).len(),
         }
     }
 }
@@ -162,21 +183,22 @@ async fn location(http: &reqwest::Client, url: &str, cookie: Option<&str>) -> Re
     Ok((response.headers().get("location").context("no Location")?.to_str()?.to_string(), set.transpose()?))
 }
 
-/// Configures GitLab and logs in through the stand-in's OAuth flow.
-async fn login(cluster: &Cluster, gitlab: &FakeGitlab) -> Result<()> {
-    let settings = json!({"base_url": gitlab.url(), "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET, "allowed_users": ["bench"]});
-    let (status, body) = cluster.server.call(Method::PUT, "/api/gitlab/settings", Some(&settings)).await?;
+/// Configures `host` (`gitlab`, `gitea`) and logs in through its
+/// stand-in's OAuth flow.
+async fn oauth_login(cluster: &Cluster, host: &str, settings: &Value) -> Result<()> {
+    let (status, body) = cluster.server.call(Method::PUT, &format!("/api/{host}/settings"), Some(settings)).await?;
     if status != 200 {
-        bail!("PUT /api/gitlab/settings answered {status}: {body}");
+        bail!("PUT /api/{host}/settings answered {status}: {body}");
     }
     let http = no_redirects()?;
     // The login state is bound to the browser that started it by a cookie.
-    let (authorize, login_cookie) = location(&http, &format!("{}/api/auth/gitlab/login", cluster.server.api_url), Some("cloudweb_gitlab_login")).await?;
+    let cookie = format!("cloudweb_{host}_login");
+    let (authorize, login_cookie) = location(&http, &format!("{}/api/auth/{host}/login", cluster.server.api_url), Some(&cookie)).await?;
     let (callback, _) = location(&http, &authorize, None).await?;
     // As an API client: JSON instead of the browser's redirect.
     let response = http.get(&callback).header("cookie", login_cookie.unwrap_or_default()).header("accept", "application/json").send().await?;
     if !response.status().is_success() {
-        bail!("the GitLab login answered {}: {}", response.status(), response.text().await?);
+        bail!("the {host} login answered {}: {}", response.status(), response.text().await?);
     }
     Ok(())
 }

@@ -43,14 +43,22 @@ pub enum AppsCommand {
 pub struct CreateArgs {
     name: String,
     /// The git repository (https://, ssh:// or git@host:path).
-    #[arg(long, required_unless_present = "github")]
+    #[arg(long, required_unless_present_any = ["github", "gitea"])]
     repo: Option<String>,
     /// Make the app from this GitHub repository (OWNER/NAME) through the
     /// GitHub App (`cloudweb github setup`): it deploys on push, with a
     /// token for that one repository per deploy and commit statuses.
     #[arg(long, value_name = "OWNER/NAME", conflicts_with_all = ["repo", "git_username", "git_ssh_key"])]
     github: Option<String>,
-    /// The branch to deploy (main; with --github, the repository's default).
+    /// Make the app from this Gitea or Forgejo repository (OWNER/NAME)
+    /// through your Gitea identity (log in with Gitea first): it deploys
+    /// on push through a webhook of its own, with commit statuses.
+    #[arg(long, value_name = "OWNER/NAME", conflicts_with_all = ["repo", "github", "git_username", "git_ssh_key"])]
+    gitea: Option<String>,
+    /// With --gitea, which Gitea identity acts (its user id) when several could.
+    #[arg(long, value_name = "ID")]
+    gitea_account: Option<i64>,
+    /// The branch to deploy (main; with --github or --gitea, the repository's default).
     #[arg(long)]
     branch: Option<String>,
     /// The port the app listens on (it also gets PORT).
@@ -288,10 +296,15 @@ pub async fn run(api: &Api, command: AppsCommand, json: bool) -> Result<(), Fail
 }
 
 fn create_body(args: CreateArgs) -> Result<CreateApp, Failure> {
+    if args.gitea_account.is_some() && args.gitea.is_none() {
+        return Err(Failure::Usage("--gitea-account goes with --gitea".into()));
+    }
     let mut body = CreateApp {
         name: args.name,
         repo_url: args.repo.unwrap_or_default(),
         github_repository: args.github,
+        gitea_repository: args.gitea,
+        gitea_account: args.gitea_account,
         branch: args.branch,
         port: args.port,
         domains: args.domains,
@@ -461,6 +474,14 @@ mod tests {
         assert_eq!(body, json!({"name": "web", "github_repository": "acme/site", "branch": "prod", "port": 8080, "domains": []}));
         // One source only, and one is needed.
         assert!(Cli::try_parse_from(["cloudweb", "apps", "create", "web", "--github", "a/b", "--repo", "https://g/x.git", "--port", "80"]).is_err());
+        let args = ["cloudweb", "apps", "create", "web", "--gitea", "acme/site", "--gitea-account", "7", "--port", "8080"];
+        let Command::Apps { command: Some(AppsCommand::Create(args)) } = Cli::try_parse_from(args).unwrap().command else { unreachable!() };
+        let body = render::to_json(&create_body(args).unwrap());
+        assert_eq!(body, json!({"name": "web", "gitea_repository": "acme/site", "gitea_account": 7, "port": 8080, "domains": []}));
+        assert!(Cli::try_parse_from(["cloudweb", "apps", "create", "web", "--gitea", "a/b", "--github", "a/b", "--port", "80"]).is_err());
+        let args = ["cloudweb", "apps", "create", "web", "--gitea-account", "7", "--repo", "https://g/x.git", "--port", "80"];
+        let Command::Apps { command: Some(AppsCommand::Create(args)) } = Cli::try_parse_from(args).unwrap().command else { unreachable!() };
+        assert!(create_body(args).is_err());
         assert!(Cli::try_parse_from(["cloudweb", "apps", "create", "web", "--github", "a/b", "--git-username", "u", "--port", "80"]).is_err());
         assert!(Cli::try_parse_from(["cloudweb", "apps", "create", "web", "--port", "80"]).is_err());
     }

@@ -75,7 +75,7 @@ pub enum GithubCommand {
 }
 
 /// A secret from a file, or from stdin for "-", trimmed.
-fn read_secret(arg: &str, what: &str) -> Result<String, Failure> {
+pub(crate) fn read_secret(arg: &str, what: &str) -> Result<String, Failure> {
     if arg == "-" {
         let mut text = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(|e| Failure::Action(format!("cannot read stdin: {e}")))?;

@@ -20,6 +20,7 @@ mod duration;
 mod env;
 mod exec;
 mod follow;
+mod gitea;
 mod github;
 mod login;
 mod logs;
@@ -251,6 +252,13 @@ enum Command {
         #[command(subcommand)]
         command: github::GithubCommand,
     },
+    /// A Gitea or Forgejo instance (setup, show), who logged in with it,
+    /// and the repositories yours reaches, to make apps from (`apps
+    /// create NAME --gitea OWNER/NAME`).
+    Gitea {
+        #[command(subcommand)]
+        command: gitea::GiteaCommand,
+    },
 }
 
 fn main() -> ExitCode {
@@ -322,6 +330,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Logs(args) => logs::run(&api, args, json).await,
         Command::Alerts { all, command } => alerts::run(&api, command, all, json).await,
         Command::Github { command } => github::run(&api, command, json).await,
+        Command::Gitea { command } => gitea::run(&api, command, json).await,
         Command::Cron { command } => cron::run(&api, command, json).await,
         Command::Run(args) => run::one_off(&api, args, json).await,
         Command::Runs(args) => run::runs(&api, args, json).await,

@@ -158,7 +158,7 @@ impl axum::serve::Listener for TlsListener {
     }
 }
 
-fn random_token(prefix: &str) -> String {
+pub(crate) fn random_token(prefix: &str) -> String {
     let bytes: [u8; 16] = rand_bytes();
     format!("{prefix}{}", hex::encode(bytes))
 }
@@ -174,15 +174,15 @@ fn rand_bytes() -> [u8; 16] {
     out
 }
 
-fn s256(verifier: &str) -> String {
+pub(crate) fn s256(verifier: &str) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()))
 }
 
-fn json_response(status: StatusCode, value: Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, value: Value) -> Response {
     (status, axum::Json(value)).into_response()
 }
 
-fn query_map(uri: &Uri) -> HashMap<String, String> {
+pub(crate) fn query_map(uri: &Uri) -> HashMap<String, String> {
     url::form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()).into_owned().collect()
 }
 

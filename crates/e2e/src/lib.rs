@@ -15,6 +15,7 @@ pub mod control;
 pub mod docker;
 pub mod git_backend;
 pub mod git_server;
+pub mod gitea;
 pub mod github;
 pub mod gitlab;
 pub mod mesh_cluster;

@@ -50,14 +50,7 @@ pub fn base_url(text: &str, allow_http: bool) -> Result<String, String> {
 }
 
 /// Tokens from GitLab's `/oauth/token`.
-#[derive(Deserialize)]
-pub struct TokenAnswer {
-    pub access_token: String,
-    #[serde(default)]
-    pub refresh_token: Option<String>,
-    #[serde(default)]
-    pub expires_in: Option<i64>,
-}
+pub use crate::provider::TokenAnswer;
 
 /// The user behind a token (`/api/v4/user`).
 #[derive(Debug, Clone, Deserialize)]

@@ -2,7 +2,8 @@
 //! interface (what a deploy needs from a host: projects, branches, a push
 //! webhook, short-lived clone credentials, commit statuses) and its
 //! providers: GitLab's REST API v4 and OAuth endpoints (`gitlab`), GitHub
-//! as a GitHub App (`github`, and its user login `github_login`), and any
+//! as a GitHub App (`github`, and its user login `github_login`), Gitea and
+//! Forgejo through API v1 and their OAuth 2 provider (`gitea`), and any
 //! git URL with no API behind it (`generic`).
 //!
 //! This crate only speaks to git hosts. It must never touch the state
@@ -12,6 +13,7 @@
 //! webhooks, settings) are `cloudweb_http::git`.
 
 pub mod generic;
+pub mod gitea;
 pub mod github;
 pub mod github_login;
 pub mod gitlab;

@@ -79,6 +79,17 @@ pub fn service_url(what: &str, text: &str, allow_http: bool) -> Result<String, S
     Ok(url.as_str().trim_end_matches('/').to_string())
 }
 
+/// An OAuth 2 token endpoint's answer (RFC 6749, section 5.1).
+#[derive(serde::Deserialize)]
+pub struct TokenAnswer {
+    pub access_token: String,
+    #[serde(default)]
+    pub refresh_token: Option<String>,
+    /// Seconds.
+    #[serde(default)]
+    pub expires_in: Option<i64>,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ProviderError {
     /// The provider answered with an error status.

@@ -26,6 +26,7 @@ mod deployments;
 pub mod exec_sessions;
 mod git;
 mod git_logins;
+mod gitea;
 pub mod fence;
 mod idempotency;
 pub mod leader_lease;
@@ -72,6 +73,7 @@ pub use certificates::{CertificateOrders, CertificateRow};
 pub use commands::{CommandRow, NewCommand};
 pub use deployments::{DeploymentRow, InstanceRow, InstanceUpdate, Rescheduled, Settled};
 pub use git_logins::{GitIdentityRow, GithubLoginRow};
+pub use gitea::{GiteaSettingsRow, GiteaTokensRow};
 pub use git::{AppGitLinkRow, DeploymentGitRow, GithubSettingsRow, GitlabAccountRow, GitlabSettingsRow, TakenCredentials};
 pub use idempotency::IdempotencyClaim;
 pub use nodes::{

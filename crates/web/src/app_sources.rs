@@ -1,9 +1,11 @@
 //! Where a new app's code can come from, on the dashboard's create form:
 //! the logged-in user's own GitLab projects (through their linked GitLab
-//! identity) and the GitHub App's repositories, each offered when that
-//! provider is configured, besides a git URL. The form posts the choice
-//! as `gitlab_project` (a project id) or `github_repository`
-//! (`owner/name`); [`add_source`] turns it into the API's create body.
+//! identity), the GitHub App's repositories and the user's Gitea
+//! repositories (through their linked Gitea identity), each offered when
+//! that provider is configured, besides a git URL. The form posts the
+//! choice as `gitlab_project` (a project id), `github_repository` or
+//! `gitea_repository` (`owner/name`); [`add_source`] turns it into the
+//! API's create body.
 
 use std::collections::HashMap;
 
@@ -28,17 +30,20 @@ pub enum Offer<T> {
 pub struct Sources {
     pub gitlab: Offer<crate::git::Project>,
     pub github: Offer<Repository>,
+    pub gitea: Offer<crate::git::Project>,
 }
 
 impl Sources {
     /// Some provider lists something to pick (the git URL is then optional).
     pub fn offers_any(&self) -> bool {
-        matches!(&self.gitlab, Offer::Listed(l) if !l.is_empty()) || matches!(&self.github, Offer::Listed(l) if !l.is_empty())
+        matches!(&self.gitlab, Offer::Listed(l) if !l.is_empty())
+            || matches!(&self.github, Offer::Listed(l) if !l.is_empty())
+            || matches!(&self.gitea, Offer::Listed(l) if !l.is_empty())
     }
 
     /// The pickers, with what the user chose before a refusal kept.
-    pub fn fields(&self, ctx: &Ctx, gitlab_chosen: Option<&str>, github_chosen: Option<&str>) -> Markup {
-        let chosen = |key: &str, value: &str| if key == "gitlab_project" { gitlab_chosen == Some(value) } else { github_chosen == Some(value) };
+    pub fn fields(&self, ctx: &Ctx, chosen: &dyn Fn(&str) -> Option<String>) -> Markup {
+        let chosen = |key: &str, value: &str| chosen(key).as_deref() == Some(value);
         html! {
             @match &self.gitlab {
                 Offer::Off => {}
@@ -68,13 +73,27 @@ impl Sources {
                 }
                 Offer::Failed(reason) => { p.error id="github-repositories-error" role="alert" { (ctx.t("apps.github_failed")) ": " (reason) } }
             }
+            @match &self.gitea {
+                Offer::Off => {}
+                Offer::Listed(repositories) if repositories.is_empty() => { p.help id="gitea-repositories-none" { (ctx.t("apps.gitea_none")) } }
+                Offer::Listed(repositories) => {
+                    p.field { label for="gitea_repository" { (ctx.t("apps.gitea_repository")) }
+                        select id="gitea_repository" name="gitea_repository" {
+                            option value="" { (ctx.t("apps.gitlab_use_url")) }
+                            @for repository in repositories { option value=(repository.path) selected[chosen("gitea_repository", &repository.path)] { (repository.path) } }
+                        }
+                    }
+                    p.help { (ctx.t("apps.gitea_help")) }
+                }
+                Offer::Failed(reason) => { p.error id="gitea-repositories-error" role="alert" { (ctx.t("apps.gitea_failed")) ": " (reason) } }
+            }
         }
     }
 }
 
 /// What each configured provider offers the session's principal.
 pub async fn sources(ctx: &Ctx) -> Sources {
-    Sources { gitlab: gitlab(ctx).await, github: github(ctx).await }
+    Sources { gitlab: gitlab(ctx).await, github: github(ctx).await, gitea: gitea(ctx).await }
 }
 
 /// The user's GitLab projects, listed as `GET /api/gitlab/projects` does
@@ -109,6 +128,25 @@ async fn github(ctx: &Ctx) -> Offer<Repository> {
     }
 }
 
+/// The user's Gitea repositories, as `GET /api/gitea/repositories` lists
+/// them for the session's principal (through its linked identity).
+async fn gitea(ctx: &Ctx) -> Offer<crate::git::Project> {
+    let Some(user) = ctx.principal.user() else { return Offer::Off };
+    let linked = async {
+        let configured = ctx.state.store.gitea_settings().await?.is_some();
+        Ok::<bool, crate::store::StoreError>(configured && !ctx.state.store.git_identities_of_user("gitea", &user.id).await?.is_empty())
+    };
+    match linked.await {
+        Ok(false) => return Offer::Off,
+        Ok(true) => {}
+        Err(err) => return Offer::Failed(super::error_text(&err.into())),
+    }
+    match crate::git::gitea::list_repositories(&ctx.state, &ctx.principal, None, None).await {
+        Ok(repositories) => Offer::Listed(repositories),
+        Err(err) => Offer::Failed(super::error_text(&err)),
+    }
+}
+
 /// Where an app's pushes come from, for its page: the provider and the
 /// repository it was made from, or the generic webhook; nothing for an app
 /// deployed only on request.
@@ -118,6 +156,7 @@ pub async fn source_note(ctx: &Ctx, app: &str) -> Markup {
     let text = match link.provider.as_str() {
         "github" => format!("{} GitHub: {repository}", ctx.t("apps.source")),
         "gitlab" => format!("{} GitLab: {repository}", ctx.t("apps.source")),
+        "gitea" => format!("{} Gitea: {repository}", ctx.t("apps.source")),
         "generic" => ctx.t("apps.source_webhook").to_string(),
         _ => return html! {},
     };
@@ -128,8 +167,8 @@ fn non_empty<'a>(form: &'a HashMap<String, String>, key: &str) -> Option<&'a str
     form.get(key).map(|v| v.trim()).filter(|v| !v.is_empty())
 }
 
-/// The code's source in the create body: a GitLab project (its id) or a
-/// GitHub repository, else the git URL. A URL typed beside a picked
+/// The code's source in the create body: a GitLab project (its id), a
+/// GitHub or a Gitea repository, else the git URL. A URL typed beside a picked
 /// project goes along, so the API refuses the mix with its own words.
 pub fn add_source(form: &HashMap<String, String>, request: &mut Map<String, Value>) -> Result<(), ApiError> {
     let mut picked = false;
@@ -140,6 +179,10 @@ pub fn add_source(form: &HashMap<String, String>, request: &mut Map<String, Valu
     }
     if let Some(repository) = non_empty(form, "github_repository") {
         request.insert("github_repository".into(), json!(repository));
+        picked = true;
+    }
+    if let Some(repository) = non_empty(form, "gitea_repository") {
+        request.insert("gitea_repository".into(), json!(repository));
         picked = true;
     }
     match non_empty(form, "repo_url") {

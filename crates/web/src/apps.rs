@@ -139,7 +139,7 @@ fn create_form(ctx: &Ctx, sources: &Sources, refused: Option<&Refused>) -> Marku
             (csrf_field(ctx))
             (form_error(ctx, refused, FormId::Create))
             (field("name", ctx.t("apps.name"), html! { input id="name" name="name" required pattern="[a-z0-9]([a-z0-9-]*[a-z0-9])?" maxlength="63" value=[typed("name")] autofocus[failed]; }))
-            (sources.fields(ctx, typed("gitlab_project"), typed("github_repository")))
+            (sources.fields(ctx, &|key: &str| typed(key).map(str::to_string)))
             (field("repo_url", ctx.t("apps.repo"), html! { input id="repo_url" name="repo_url" required[!from_provider] placeholder="https://gitlab.example.com/team/app.git" value=[typed("repo_url")]; }))
             (field("branch", ctx.t("apps.branch"), html! { input id="branch" name="branch" placeholder=(if from_provider { ctx.t("apps.branch_default") } else { "main" }) value=[typed("branch").or((!from_provider).then_some("main"))]; }))
             (field("port", ctx.t("apps.port"), html! { input id="port" name="port" type="number" min="1" max="65535" value=(typed("port").unwrap_or("8080")) required; }))

@@ -290,6 +290,9 @@ async fn login_hosts(state: &AppState) -> Vec<layout::LoginHost> {
     if matches!(state.store.github_login().await, Ok(Some(_))) {
         hosts.push(layout::LoginHost { label: "GitHub", href: "/api/auth/github/login" });
     }
+    if matches!(state.store.gitea_settings().await, Ok(Some(_))) {
+        hosts.push(layout::LoginHost { label: "Gitea", href: "/api/auth/gitea/login" });
+    }
     hosts
 }
 

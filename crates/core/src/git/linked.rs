@@ -3,6 +3,7 @@
 //! knows which provider an app uses. Each provider's connection (its
 //! settings, identities, tokens) stays in its own module.
 
+use cloudweb_git::gitea::Gitea;
 use cloudweb_git::github::GitHub;
 use cloudweb_git::gitlab::GitLab;
 
@@ -15,6 +16,7 @@ use crate::AppState;
 pub enum Linked {
     Gitlab(GitLab),
     Github(GitHub),
+    Gitea(Gitea),
 }
 
 /// An app's repository at its provider, connected and ready to call.
@@ -38,6 +40,7 @@ pub async fn connect(state: &AppState, link: &AppGitLinkRow) -> Result<Option<Li
     let provider = match link.provider.as_str() {
         "gitlab" => Linked::Gitlab(super::gitlab_as(state, account).await?),
         "github" => Linked::Github(super::github::installation(state, account).await?),
+        "gitea" => Linked::Gitea(super::gitea::gitea_as(state, account).await?),
         _ => return Ok(None),
     };
     Ok(Some(LinkedRepo { provider, id, path }))
@@ -48,6 +51,7 @@ macro_rules! each {
         match $self {
             Linked::Gitlab($p) => $call,
             Linked::Github($p) => $call,
+            Linked::Gitea($p) => $call,
         }
     };
 }

@@ -1,4 +1,4 @@
-//! Which local user a login through a git host (GitLab, GitHub) is: the
+//! Which local user a login through a git host (GitLab, GitHub, Gitea) is: the
 //! link between the host's identity and a user of this control plane.
 //!
 //! The link is made only by the host's numeric user id (the `local_user`
@@ -22,6 +22,7 @@ use crate::AppState;
 pub enum Host {
     Gitlab,
     Github,
+    Gitea,
 }
 
 impl Host {
@@ -30,6 +31,7 @@ impl Host {
         match self {
             Host::Gitlab => "gitlab",
             Host::Github => "github",
+            Host::Gitea => "gitea",
         }
     }
 
@@ -37,6 +39,7 @@ impl Host {
         match self {
             Host::Gitlab => "GitLab",
             Host::Github => "GitHub",
+            Host::Gitea => "Gitea",
         }
     }
 
@@ -45,6 +48,7 @@ impl Host {
         match self {
             Host::Gitlab => "gl",
             Host::Github => "gh",
+            Host::Gitea => "gt",
         }
     }
 }
@@ -170,7 +174,7 @@ mod tests {
         assert_eq!(base_name(gl, "élan", 7), "lan");
         let long = "a".repeat(100);
         assert_eq!(base_name(gl, &long, 1).len(), users::MAX_NAME_CHARS);
-        for host in [Host::Gitlab, Host::Github] {
+        for host in [Host::Gitlab, Host::Github, Host::Gitea] {
             for name in candidates(host, &base_name(host, &long, 1), 123456789) {
                 assert!(users::validate_name(&name).is_ok(), "{name}");
             }

@@ -1,5 +1,6 @@
 //! Git providers: GitLab login (OAuth 2 with PKCE), push-to-deploy from
-//! GitLab projects, GitHub repositories (as a GitHub App) and any git host, short-lived clone credentials
+//! GitLab projects, GitHub repositories (as a GitHub App), Gitea and
+//! Forgejo repositories and any git host, short-lived clone credentials
 //! for each deploy, and commit statuses that follow the deployment.
 //!
 //! This module is the glue between providers and the control plane's
@@ -15,13 +16,14 @@
 //! generic webhook secrets, and the clone credentials of a deployment
 //! while it builds. Tokens are refreshed before they expire.
 
+pub mod gitea;
 pub mod github;
 pub mod github_login;
 pub mod linked;
 pub mod login;
 pub mod settings;
 
-pub use cloudweb_git::{generic, github as github_api, github_login as github_login_api, gitlab, provider};
+pub use cloudweb_git::{generic, gitea as gitea_api, github as github_api, github_login as github_login_api, gitlab, provider};
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;

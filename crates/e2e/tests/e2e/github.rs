@@ -28,7 +28,7 @@ async fn configure(server: &ServerProcess, github: &FakeGithub) {
     assert!(!body.to_string().contains(WEBHOOK_SECRET) && !body.to_string().contains("PRIVATE KEY"), "{body}");
 }
 
-async fn ready_agent(server: &ServerProcess, dir: &std::path::Path) -> AgentNode {
+pub(crate) async fn ready_agent(server: &ServerProcess, dir: &std::path::Path) -> AgentNode {
     let (token, ca) = server.join_token().await.unwrap();
     let mut agent = AgentNode::join(server, dir, "builder", &token, &ca, &[]).unwrap().unwrap();
     agent.start(&AGENT_FLAGS).unwrap();

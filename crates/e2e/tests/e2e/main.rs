@@ -26,6 +26,7 @@ mod faults;
 mod fixtures;
 mod fleet_reconnect;
 mod foundation;
+mod gitea;
 mod github;
 mod github_login;
 mod gitlab;

@@ -220,7 +220,7 @@ pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal
     // Made from a provider's repository: its clone URL and default branch.
     let plan = crate::git::api::plan_for(&state, principal, &mut request).await?;
     if request.repo_url.is_empty() {
-        return Err(ApiError::BadRequest("repo_url is required (or gitlab_project, or github_repository)".into()));
+        return Err(ApiError::BadRequest("repo_url is required (or gitlab_project, github_repository or gitea_repository)".into()));
     }
     let branch = request.branch.get_or_insert_with(|| "main".to_string()).clone();
     validate_create(&request, state.config.allow_file_repos, state.config.allows_private_git(&request.repo_url))?;

@@ -134,6 +134,9 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(crate::git::github::installations))
         .routes(routes!(crate::git::github::repositories))
         .routes(routes!(crate::git::github_login::get_settings, crate::git::github_login::put_settings))
+        .routes(routes!(crate::git::gitea::get_settings, crate::git::gitea::put_settings))
+        .routes(routes!(crate::git::gitea::accounts))
+        .routes(routes!(crate::git::gitea::repositories))
 }
 
 /// Routes anyone may call. Each must say `security(())` in its annotation
@@ -144,9 +147,9 @@ fn public_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(healthz))
         .routes(routes!(auth::routes::login))
         .routes(routes!(openapi::document))
-        // GitLab and GitHub logins, and webhooks that authenticate
+        // GitLab, GitHub and Gitea logins, and webhooks that authenticate
         // themselves (X-Gitlab-Token, an HMAC signature, GitHub's
-        // X-Hub-Signature-256).
+        // X-Hub-Signature-256, Gitea's X-Gitea-Signature).
         .routes(routes!(crate::git::oauth::login))
         .routes(routes!(crate::git::oauth::callback))
         .routes(routes!(crate::git::github_login::login))
@@ -154,6 +157,9 @@ fn public_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(crate::git::webhooks::gitlab))
         .routes(routes!(crate::git::webhooks::generic))
         .routes(routes!(crate::git::github::webhook))
+        .routes(routes!(crate::git::gitea_login::login))
+        .routes(routes!(crate::git::gitea_login::callback))
+        .routes(routes!(crate::git::gitea::webhook))
 }
 
 /// The router and the document, from one list.

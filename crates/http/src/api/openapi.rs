@@ -34,6 +34,9 @@ pub const PUBLIC_OPERATIONS: &[&str] = &[
     "POST /api/webhooks/gitlab",
     "POST /api/webhooks/generic/{app}",
     "POST /api/webhooks/github",
+    "GET /api/auth/gitea/login",
+    "GET /api/auth/gitea/callback",
+    "POST /api/webhooks/gitea/{app}",
 ];
 
 #[derive(utoipa::OpenApi)]

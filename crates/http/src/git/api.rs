@@ -213,16 +213,40 @@ pub enum LinkPlan {
     Gitlab { account: i64, project: super::Project },
     /// A repository of a GitHub App installation.
     Github { installation: i64, project: super::Project },
+    /// A Gitea or Forgejo repository, through a logged-in identity.
+    Gitea { account: i64, project: super::Project },
     Generic,
 }
 
 /// What `POST /api/apps` asks of a provider: for an app from a GitLab
-/// project or a GitHub repository, the project looked up (its clone URL
+/// project, a GitHub or a Gitea repository, the project looked up (its clone URL
 /// and default branch go into `request`) and the link to make once the app
 /// exists; for a generic webhook, its link; else `None`.
 pub async fn plan_for(state: &AppState, principal: &Principal, request: &mut cloudweb_api_types::apps::CreateApp) -> Result<Option<LinkPlan>, ApiError> {
-    if request.github_repository.is_some() && (request.gitlab_project.is_some() || request.gitlab_account.is_some()) {
-        return Err(ApiError::BadRequest("give github_repository or gitlab_project, not both".into()));
+    let sources = [request.gitlab_project.is_some(), request.github_repository.is_some(), request.gitea_repository.is_some()];
+    if sources.iter().filter(|s| **s).count() > 1 {
+        return Err(ApiError::BadRequest("give one of gitlab_project, github_repository and gitea_repository".into()));
+    }
+    if request.gitlab_account.is_some() && request.gitlab_project.is_none() {
+        return Err(ApiError::BadRequest("gitlab_account only goes with gitlab_project".into()));
+    }
+    if request.gitea_account.is_some() && request.gitea_repository.is_none() {
+        return Err(ApiError::BadRequest("gitea_account only goes with gitea_repository".into()));
+    }
+    if let Some(repository) = request.gitea_repository.clone() {
+        if !request.repo_url.is_empty() || request.webhook {
+            return Err(ApiError::BadRequest("give gitea_repository or repo_url (with webhook), not both".into()));
+        }
+        if request.git_username.is_some() || request.git_ssh_key.is_some() {
+            return Err(ApiError::BadRequest("an app from a Gitea repository clones with its Gitea identity's token; drop git_username, git_password and git_ssh_key".into()));
+        }
+        cloudweb_protocol::validate::node_name("name", &request.name)?;
+        let (account, project) = super::gitea::resolve_repository(state, principal, &repository, request.gitea_account).await?;
+        request.repo_url = project.clone_url.clone();
+        if request.branch.is_none() {
+            request.branch = project.default_branch.clone();
+        }
+        return Ok(Some(LinkPlan::Gitea { account, project }));
     }
     let plan = match (&request.gitlab_project, &request.github_repository) {
         (None, Some(repository)) => {
@@ -255,7 +279,6 @@ pub async fn plan_for(state: &AppState, principal: &Principal, request: &mut clo
             }
             Some(LinkPlan::Gitlab { account, project })
         }
-        (None, None) if request.gitlab_account.is_some() => return Err(ApiError::BadRequest("gitlab_account only goes with gitlab_project".into())),
         (None, None) if request.webhook => Some(LinkPlan::Generic),
         (None, None) => None,
     };
@@ -327,6 +350,33 @@ pub async fn link_app(state: &AppState, app: &str, branch: &str, plan: LinkPlan)
             };
             state.store.insert_app_git_link(&link).await?;
             tracing::info!(app, repository = %project.path, installation, "linked the app to its GitHub repository");
+            Ok(super::link_view(&link))
+        }
+        LinkPlan::Gitea { account, project } => {
+            // The hook's secret is kept sealed: Gitea signs each event
+            // with it, and the signature is checked against it.
+            let url = format!("{}/api/webhooks/gitea/{app}", state.git.public_url());
+            let gitea = cloudweb_core::git::gitea::gitea_as(state, account).await?;
+            let repo = super::Repo { id: project.id, path: &project.path };
+            let hook_id = gitea.register_webhook(repo, &url, &secret, branch).await.map_err(super::provider_error)?;
+            let link = AppGitLinkRow {
+                app: app.to_string(),
+                provider: "gitea".into(),
+                project_id: Some(project.id),
+                project_path: Some(project.path.clone()),
+                account: Some(account),
+                hook_id,
+                webhook_secret_sha256: sha256_hex(secret.as_bytes()),
+                webhook_secret_sealed: Some(state.sealer.seal(&super::webhook_context(app), secret.as_bytes())),
+                created_at: now,
+            };
+            if let Err(err) = state.store.insert_app_git_link(&link).await {
+                if let Some(hook) = hook_id {
+                    let _ = gitea.remove_webhook(repo, hook).await;
+                }
+                return Err(err.into());
+            }
+            tracing::info!(app, repository = %project.path, "registered the Gitea push webhook");
             Ok(super::link_view(&link))
         }
         LinkPlan::Generic => {

@@ -5,10 +5,15 @@
 //! with a provider), `github.rs` (the GitHub App's settings, installations,
 //! repositories and its webhook, `POST /api/webhooks/github`),
 //! `github_login.rs` (`/api/auth/github/login` and `/callback`, and the
-//! login settings), `login_flow.rs` (what both logins share). The
+//! login settings), `gitea.rs` (Gitea and Forgejo: settings, accounts, the
+//! repository picker and each app's webhook, `POST
+//! /api/webhooks/gitea/{app}`), `gitea_login.rs` (`/api/auth/gitea/login`
+//! and `/callback`), `login_flow.rs` (what the logins share). The
 //! providers and their glue are `cloudweb_core::git`, re-exported here.
 
 pub mod api;
+pub mod gitea;
+pub mod gitea_login;
 pub mod github;
 pub mod github_login;
 pub mod login_flow;
