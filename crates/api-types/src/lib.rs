@@ -25,6 +25,7 @@ pub mod git;
 pub mod gitea;
 pub mod github;
 pub mod nodes;
+pub mod previews;
 pub mod scale;
 pub mod services;
 pub mod sessions;

@@ -25,6 +25,7 @@ mod github;
 mod login;
 mod logs;
 mod nodes;
+mod previews;
 mod probes;
 mod render;
 mod run;
@@ -259,6 +260,13 @@ enum Command {
         #[command(subcommand)]
         command: gitea::GiteaCommand,
     },
+    /// An app's preview environments, one per pull or merge request: list,
+    /// set on/off with limits, approve a fork's, rm; and the variables
+    /// previews never get (`production-only`).
+    Previews {
+        #[command(subcommand)]
+        command: previews::PreviewsCommand,
+    },
 }
 
 fn main() -> ExitCode {
@@ -331,6 +339,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Alerts { all, command } => alerts::run(&api, command, all, json).await,
         Command::Github { command } => github::run(&api, command, json).await,
         Command::Gitea { command } => gitea::run(&api, command, json).await,
+        Command::Previews { command } => previews::run(&api, command, json).await,
         Command::Cron { command } => cron::run(&api, command, json).await,
         Command::Run(args) => run::one_off(&api, args, json).await,
         Command::Runs(args) => run::runs(&api, args, json).await,

@@ -30,6 +30,7 @@ pub mod event_relay;
 pub mod flash;
 pub mod follower;
 pub mod git;
+pub mod previews;
 pub mod heartbeats;
 pub mod hub;
 pub mod leader;

@@ -235,6 +235,26 @@ impl FakeGitea {
         })
     }
 
+    /// A `pull_request` event as Gitea sends it (GitHub's shape): request
+    /// `number` against main, its head `head_ref` at `head_sha` in the
+    /// same repository.
+    pub fn pull_request_body(&self, path: &str, number: i64, action: &str, head_ref: &str, head_sha: &str) -> Value {
+        let id = self.inner.lock().unwrap().repositories.iter().find(|r| r.path == path).map(|r| r.id).unwrap_or(0);
+        let repo = json!({"id": id, "full_name": path, "clone_url": format!("{}/{path}.git", self.url())});
+        json!({
+            "action": action,
+            "number": number,
+            "pull_request": {
+                "number": number,
+                "state": if action == "closed" { "closed" } else { "open" },
+                "head": {"ref": head_ref, "sha": head_sha, "repo_id": id, "repo": repo},
+                "base": {"ref": "main", "repo_id": id, "repo": repo},
+            },
+            "repository": repo,
+            "sender": {"id": 1, "login": "ann"},
+        })
+    }
+
     /// Delivers `body` to a hook URL as Gitea does (`X-Gitea-Event`,
     /// `X-Gitea-Delivery`, `X-Gitea-Signature`, and the GitHub-style
     /// headers Gitea also sends), or as Forgejo does (`X-Forgejo-*`)

@@ -120,6 +120,8 @@ struct Inner {
     scoped_ttl_s: i64,
     /// While set, every API call answers 503 (git still serves).
     api_down: bool,
+    /// Repositories anyone may clone (public forks).
+    public: Vec<String>,
     next_id: i64,
 }
 
@@ -224,6 +226,36 @@ impl FakeGithub {
         for repo in self.inner.lock().unwrap().repositories.iter_mut().filter(|r| r.full_name == full_name) {
             repo.installation = -1;
         }
+    }
+
+    /// Lets anyone clone `owner/name` with no credentials (a public
+    /// fork, say).
+    pub fn make_public(&self, full_name: &str) {
+        self.inner.lock().unwrap().public.push(full_name.to_string());
+    }
+
+    /// A `pull_request` event as GitHub sends it to an App: request
+    /// `number` against `main` of `base`, its head `head_ref` at
+    /// `head_sha` in `head_repo` (another repository for a fork).
+    pub fn pull_request_body(&self, base: &str, number: i64, action: &str, head_repo: &str, head_ref: &str, head_sha: &str) -> Value {
+        let inner = self.inner.lock().unwrap();
+        let repo = |name: &str| inner.repositories.iter().find(|r| r.full_name == name).cloned().expect("a repository of the stand-in");
+        let (base_repo, head) = (repo(base), repo(head_repo));
+        let repo_json = |r: &Repository| json!({"id": r.id, "full_name": r.full_name, "clone_url": format!("{}/{}.git", self.url(), r.full_name), "fork": r.full_name != base});
+        json!({
+            "action": action,
+            "number": number,
+            "pull_request": {
+                "number": number,
+                "state": if action == "closed" { "closed" } else { "open" },
+                "merged": false,
+                "head": {"ref": head_ref, "sha": head_sha, "repo": repo_json(&head)},
+                "base": {"ref": "main", "sha": "0000000000000000000000000000000000000000", "repo": repo_json(&base_repo)},
+            },
+            "repository": {"id": base_repo.id, "full_name": base, "clone_url": format!("{}/{base}.git", self.url())},
+            "sender": {"login": "octocat", "id": 1},
+            "installation": {"id": base_repo.installation},
+        })
     }
 
     /// Every API call answers 503 while `down` (git keeps serving).
@@ -628,10 +660,11 @@ async fn git_http(inner: &Mutex<Inner>, repos: &Path, method: Method, uri: &Uri,
         let repo = inner.repositories.iter().find(|r| r.full_name == full_name).cloned();
         let ok = match (&credentials, repo) {
             (Some((user, password)), Some(repo)) if user == "x-access-token" => live_token(&inner, password).is_some_and(|t| covers(&t, &repo)),
+            (None, Some(repo)) => inner.public.contains(&repo.full_name),
             _ => false,
         };
         if ok {
-            inner.git_clones.push(credentials.as_ref().map(|c| c.1.clone()).unwrap_or_default());
+            inner.git_clones.push(credentials.as_ref().map_or_else(|| format!("anonymous:{full_name}"), |c| c.1.clone()));
         }
         ok
     };

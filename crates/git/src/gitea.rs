@@ -201,14 +201,15 @@ impl GitProvider for Gitea {
         Ok(crate::provider::branches_from(&branches, "id"))
     }
 
-    /// A `gitea` hook on push events to `branch`, JSON, signed with `secret`.
+    /// A `gitea` hook on push events to `branch` and pull request events
+    /// (for previews), JSON, signed with `secret`.
     async fn register_webhook(&self, repo: Repo<'_>, url: &str, secret: &str, branch: &str) -> Result<Option<i64>, ProviderError> {
         let what = "registering the webhook";
         let path = repo_path(repo.path)?;
         let body = json!({
             "type": "gitea",
             "config": {"url": url, "content_type": "json", "secret": secret},
-            "events": ["push"],
+            "events": ["push", "pull_request"],
             "branch_filter": branch,
             "active": true,
         });

@@ -335,6 +335,7 @@ async fn serve(
             |state| Box::pin(acme::run(state)),
             |state| Box::pin(git::status_poster(state)),
             |state| Box::pin(git::refresher(state)),
+            |state| Box::pin(cloudweb_core::previews::sweeper(state)),
         ],
         first_claim,
     ));

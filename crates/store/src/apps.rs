@@ -275,6 +275,11 @@ impl Store {
             sqlx::query("DELETE FROM exec_sessions WHERE subject = 'app' AND name = $1").bind(name).execute(&mut *tx).await?;
             sqlx::query("DELETE FROM autoscale_decisions WHERE app = $1").bind(name).execute(&mut *tx).await?;
             sqlx::query("DELETE FROM app_hosts WHERE app = $1").bind(name).execute(&mut *tx).await?;
+            // Its previews' records (the preview apps are apps of their
+            // own, removed before), or its own record as a preview.
+            sqlx::query("DELETE FROM previews WHERE app = $1 OR preview_app = $1").bind(name).execute(&mut *tx).await?;
+            sqlx::query("DELETE FROM preview_settings WHERE app = $1").bind(name).execute(&mut *tx).await?;
+            sqlx::query("DELETE FROM env_production_only WHERE app = $1").bind(name).execute(&mut *tx).await?;
             // Its links go (the services stay); its volumes stay, detached:
             // data goes only on an explicit delete.
             sqlx::query("DELETE FROM service_links WHERE app = $1").bind(name).execute(&mut *tx).await?;

@@ -27,6 +27,7 @@ pub mod exec_sessions;
 mod git;
 mod git_logins;
 mod gitea;
+mod previews;
 pub mod fence;
 mod idempotency;
 pub mod leader_lease;
@@ -74,6 +75,7 @@ pub use commands::{CommandRow, NewCommand};
 pub use deployments::{DeploymentRow, InstanceRow, InstanceUpdate, Rescheduled, Settled};
 pub use git_logins::{GitIdentityRow, GithubLoginRow};
 pub use gitea::{GiteaSettingsRow, GiteaTokensRow};
+pub use previews::{PreviewRow, PreviewSettingsRow};
 pub use git::{AppGitLinkRow, DeploymentGitRow, GithubSettingsRow, GitlabAccountRow, GitlabSettingsRow, TakenCredentials};
 pub use idempotency::IdempotencyClaim;
 pub use nodes::{

@@ -250,8 +250,8 @@ mod tests {
                 &[Arg::Int(newest)],
             )
             .await;
-        // What the newest migration (0040, Gitea) added goes with its row.
-        for table in ["gitea_settings", "gitea_tokens"] {
+        // What the newest migration (0041, previews) added goes with its row.
+        for table in ["previews", "preview_settings", "env_production_only"] {
             store.test_execute(&format!("DROP TABLE {table}"), &[]).await;
         }
         let url = store.url.clone().unwrap();
@@ -260,7 +260,7 @@ mod tests {
         let dump = dir.path().join("backups").join("state-before.pgdump");
         let bytes = std::fs::read(&dump).unwrap();
         assert!(bytes.starts_with(b"PGDMP"), "a pg_dump archive");
-        again.test_execute("SELECT count(*) FROM gitea_tokens", &[]).await;
+        again.test_execute("SELECT count(*) FROM previews", &[]).await;
         assert_eq!(
             again.admin_token_digests().await.unwrap(),
             vec!["digest-1".to_string()]

@@ -582,13 +582,14 @@ pub async fn show(ctx: Ctx, Path(name): Path<String>, Query(range): Query<RangeQ
     let (instances, tasks) = (crate::instances::app_section(&ctx, &app.name).await, crate::tasks::app_section(&ctx, &app.name).await);
     let (sessions, autoscaling) = (crate::exec_sessions::app_section(&ctx, &app.name).await, crate::autoscaling::app_section(&ctx, &app.name).await);
     let logs = crate::app_logs::app_section(&ctx, &app.name).await;
+    let previews = crate::previews::app_section(&ctx, &app.name).await;
     let source = app_sources::source_note(&ctx, &app.name).await;
     let body = html! {
         (source)
         (app_body(&ctx, &app, &env_names, &deployments, None))
         (logs)
         (crate::volumes::app_section(&ctx, &app.name, &volumes, waiting.as_deref()))
-        (instances) (autoscaling) (tasks) (sessions)
+        (instances) (previews) (autoscaling) (tasks) (sessions)
         h2 id="charts" { (ctx.t("apps.charts")) }
         (usage_charts::range_nav(&ctx, &format!("/apps/{}", app.name), "#charts", range_name))
         p.help { (ctx.t("mon.gap_note")) }

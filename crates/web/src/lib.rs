@@ -34,6 +34,7 @@ mod monitoring;
 mod node_page;
 mod nodes;
 mod paging;
+mod previews;
 mod services;
 mod app_logs;
 mod autoscaling;
@@ -109,6 +110,8 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/apps/{name}/cron/{job}/run", post(tasks::run_now))
         .route("/apps/{name}/runs/{id}", get(tasks::run_page))
         .route("/apps/{name}/runs/{id}/cancel", post(tasks::cancel))
+        .route("/apps/{name}/previews/{number}/approve", post(previews::approve))
+        .route("/apps/{name}/previews/{number}/remove", post(previews::remove))
         .route("/apps/{name}/volumes", post(volumes::attach))
         .route("/apps/{name}/volumes/{volume}/detach", post(volumes::detach))
         .route("/services", get(services::page).post(services::create))

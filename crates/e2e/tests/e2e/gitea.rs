@@ -87,8 +87,11 @@ async fn a_gitea_login_makes_an_app_whose_pushes_deploy_with_statuses() {
     assert_eq!(status, 201, "{created}");
     assert_eq!((created["branch"].as_str(), created["git"]["provider"].as_str()), (Some("main"), Some("gitea")), "{created}");
     let hook = gitea.live_hook("acme/site").unwrap();
-    assert_eq!((hook.url.as_str(), hook.branch_filter.as_str(), hook.events.as_slice()), (server.api(&format!("/api/webhooks/gitea/{app}")).as_str(), "main", &["push".to_string()][..]));
+    assert_eq!((hook.url.as_str(), hook.branch_filter.as_str(), hook.events.as_slice()), (server.api(&format!("/api/webhooks/gitea/{app}")).as_str(), "main", &["push".to_string(), "pull_request".to_string()][..]));
     assert!(hook.secret.len() >= 32);
+    // The hook filters by branch: another branch needs another app.
+    let (status, body) = server.call(Method::PATCH, &format!("/api/apps/{app}"), Some(json!({"branch": "feature"}))).await.unwrap();
+    assert_eq!(status, 400, "{body}");
     assert!(grep_dir(&tmp.path().join("server"), &hook.secret).is_empty(), "the hook secret is stored in clear");
 
     // A push deploys its `after` commit.
@@ -146,6 +149,19 @@ async fn a_gitea_login_makes_an_app_whose_pushes_deploy_with_statuses() {
     assert!(gitea.statuses(&third).is_empty());
     gitea.set_api_down(false);
     wait_for(Duration::from_secs(40), "the statuses after Gitea came back", || async { gitea.statuses(&third).iter().any(|s| s.state == "success").then_some(()) }).await.unwrap();
+
+    // Previews: a pull request from a branch runs as <app>-pr-3 until closed.
+    let (status, body) = server.call(Method::PUT, &format!("/api/apps/{app}/previews/settings"), Some(json!({"enabled": true}))).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let proposal = gitea.commit("acme/site", "proposal", &[("index.html", "proposal\n")], "proposal").unwrap();
+    let (status, answer) = gitea.deliver(&hook.url, "pull_request", &gitea.pull_request_body("acme/site", 3, "opened", "proposal", &proposal), "5f0c1d2e-0000-4000-8000-000000000007", &hook.secret, false).await.unwrap();
+    assert_eq!(status, 202, "{answer}");
+    let preview = settle(&server, &agent, answer["deployment"].as_str().unwrap()).await;
+    assert_eq!((preview["state"].as_str(), preview["commit"].as_str()), (Some("running"), Some(proposal.as_str())), "{preview}");
+    let (status, answer) = gitea.deliver(&hook.url, "pull_request", &gitea.pull_request_body("acme/site", 3, "closed", "proposal", &proposal), "5f0c1d2e-0000-4000-8000-000000000008", &hook.secret, false).await.unwrap();
+    assert_eq!((status, answer["ignored"].as_str()), (200, Some("preview removed")), "{answer}");
+    let (status, _) = server.call(Method::GET, &format!("/api/apps/{app}-pr-3"), None).await.unwrap();
+    assert_eq!(status, 404);
 
     // ann loses access to the repository: the next deployment fails once,
     // saying why, and the one before keeps running.

@@ -20,7 +20,7 @@ use crate::gitlab::{cookie_pair, deployments, grep_dir, no_redirects, page, page
 
 const ZERO: &str = "0000000000000000000000000000000000000000";
 
-async fn configure(server: &ServerProcess, github: &FakeGithub) {
+pub(crate) async fn configure(server: &ServerProcess, github: &FakeGithub) {
     let settings = json!({"api_url": github.url(), "app_id": APP_ID, "private_key": github.private_key_pem, "webhook_secret": WEBHOOK_SECRET});
     let (status, body) = server.call(Method::PUT, "/api/github/settings", Some(settings)).await.unwrap();
     assert_eq!(status, 200, "{body}");

@@ -432,11 +432,11 @@ async fn update_settings(state: &AppState, name: &str, patch: AppPatch) -> Resul
     let _one_writer = SETTINGS_WRITES.lock().await;
     let mut app = load(state, name).await?;
     let link = state.store.app_git_link(name).await?;
-    if patch.branch.as_ref().is_some_and(|branch| *branch != app.branch) && link.as_ref().is_some_and(|l| l.provider == "gitlab") {
-        // GitLab filters the pushes it sends by the branch the webhook was
-        // registered with.
+    if patch.branch.as_ref().is_some_and(|branch| *branch != app.branch) && link.as_ref().is_some_and(|l| matches!(l.provider.as_str(), "gitlab" | "gitea")) {
+        // GitLab and Gitea filter the pushes they send by the branch the
+        // webhook was registered with.
         return Err(ApiError::BadRequest(
-            "the branch of an app made from a GitLab project is fixed by its webhook; make a new app for another branch".into(),
+            "the branch of an app made from a GitLab project or a Gitea repository is fixed by its webhook; make a new app for another branch".into(),
         ));
     }
     apply_patch(patch, &mut app)?;

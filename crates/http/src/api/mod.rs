@@ -16,6 +16,7 @@ pub mod listener;
 mod metrics;
 pub mod nodes;
 pub mod openapi;
+pub mod previews;
 pub mod runtime_logs;
 pub mod alerts;
 pub mod autoscale;
@@ -64,6 +65,11 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(apps::list, apps::create_as_caller))
         .routes(routes!(apps::show, apps::update, apps::remove))
         .routes(routes!(apps::set_env, apps::patch_env))
+        .routes(routes!(previews::put_production_only))
+        .routes(routes!(previews::list))
+        .routes(routes!(previews::put_settings))
+        .routes(routes!(previews::approve))
+        .routes(routes!(previews::remove))
         .routes(routes!(apps::set_domains))
         .routes(routes!(apps::certificates))
         .routes(routes!(volumes::list))

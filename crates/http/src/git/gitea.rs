@@ -11,7 +11,8 @@
 //! than the app's is refused with 403 and logged; a push to the app's
 //! branch queues one deployment of its `after` commit; the same body
 //! again (Gitea's redelivery resends it under a new delivery id, which is
-//! not signed) deploys nothing more.
+//! not signed) deploys nothing more. A `pull_request` event goes to the
+//! app's preview environments (`change_requests.rs`).
 
 use std::sync::Arc;
 
@@ -164,7 +165,7 @@ pub async fn webhook(State(state): State<Arc<AppState>>, Path(app_name): Path<St
         return Err(refused());
     }
     let event = header(&headers, "x-gitea-event").or_else(|| header(&headers, "x-forgejo-event")).unwrap_or_default();
-    if event != "push" {
+    if !matches!(event, "push" | "pull_request") {
         return Ok(ignored("not a push event"));
     }
     let payload: Value = parse_json(&body)?;
@@ -174,6 +175,13 @@ pub async fn webhook(State(state): State<Arc<AppState>>, Path(app_name): Path<St
         let full_name = repository.get("full_name").and_then(Value::as_str).unwrap_or("?");
         tracing::warn!(app = %app_name, repository = %full_name, repository_id = repo_id, "refused a Gitea push for another repository than the app's");
         return Err(ApiError::Forbidden(format!("the app {app_name} does not deploy the Gitea repository {full_name}")));
+    }
+    if event == "pull_request" {
+        // Gitea's pull request event has GitHub's shape.
+        let Some(request) = super::change_requests::from_pull_request(&payload)? else {
+            return Ok(ignored("a pull request change with no new code"));
+        };
+        return super::change_requests::dispatch(&state, std::slice::from_ref(&link), &request, &body_delivery(&body)).await;
     }
     let reference = payload.get("ref").and_then(Value::as_str).unwrap_or_default();
     if reference.starts_with("refs/tags/") {

@@ -10,7 +10,9 @@
 //! another installation than the one an app was made through, is refused
 //! with 403 and logged. A push to an app's branch queues one deployment of
 //! its `after` commit per app; the same delivery id, or the same signed
-//! body under another id (a replay), deploys nothing more. An
+//! body under another id (a replay), deploys nothing more. A
+//! `pull_request` event goes to the apps' preview environments
+//! (`change_requests.rs`). An
 //! `installation` or `installation_repositories` event drops the token
 //! cached for that installation.
 
@@ -160,14 +162,14 @@ pub async fn webhook(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
     }
     let delivery = header(&headers, "x-github-delivery").filter(|d| delivery_id(d)).ok_or_else(|| ApiError::BadRequest("missing or malformed X-GitHub-Delivery".into()))?;
     let event = header(&headers, "x-github-event").unwrap_or_default();
-    if !matches!(event, "push" | "ping" | "installation" | "installation_repositories") {
+    if !matches!(event, "push" | "pull_request" | "ping" | "installation" | "installation_repositories") {
         return Ok(ignored("not a push event"));
     }
     if event == "ping" {
         return Ok(ignored("ping"));
     }
     let payload: Value = parse_json(&body)?;
-    if event != "push" {
+    if !matches!(event, "push" | "pull_request") {
         // The App was removed, suspended or given other repositories: the
         // token cached for that installation may no longer be good.
         let installation = payload.get("installation").and_then(|i| i.get("id")).and_then(Value::as_i64);
@@ -191,6 +193,12 @@ pub async fn webhook(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
     if links.is_empty() {
         tracing::warn!(repository = %full_name, installation, delivery, "refused a GitHub push from another installation");
         return Err(ApiError::Forbidden(format!("the event for {full_name} comes from another installation of the App than its apps were made through")));
+    }
+    if event == "pull_request" {
+        let Some(request) = super::change_requests::from_pull_request(&payload)? else {
+            return Ok(ignored("a pull request change with no new code"));
+        };
+        return super::change_requests::dispatch(&state, &links, &request, &body_delivery(&body)).await;
     }
     let reference = payload.get("ref").and_then(Value::as_str).unwrap_or_default();
     if reference.starts_with("refs/tags/") {

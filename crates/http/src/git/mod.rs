@@ -12,6 +12,7 @@
 //! providers and their glue are `cloudweb_core::git`, re-exported here.
 
 pub mod api;
+pub mod change_requests;
 pub mod gitea;
 pub mod gitea_login;
 pub mod github;

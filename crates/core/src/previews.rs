@@ -1,0 +1,338 @@
+//! Preview environments: an app with previews on gets, for each pull or
+//! merge request against its branch, an app of its own,
+//! `<app>-pr-<number>`, made from its settings, serving
+//! `pr-<number>.<app>.<base domain>` and running the request's head.
+//!
+//! - Opened or pushed to: the preview app is made (or its branch moved)
+//!   and the head commit deployed; a push of the commit it already runs or
+//!   builds starts nothing.
+//! - From a fork: nothing is built until a user approves that head
+//!   (`approve`); a new push from the fork needs a new approval. A fork's
+//!   preview gets no variable of the app and no clone credentials: it is
+//!   someone else's code.
+//! - Otherwise it gets the app's variables except the production-only
+//!   ones, and clones as the app does.
+//! - Closed or merged: the preview app goes (its builds cancelled, its
+//!   instances stopped, its routes and record removed). One with no push
+//!   for the app's TTL goes too ([`sweeper`]), and when a new one would
+//!   pass the app's maximum, the one pushed to longest ago goes first.
+//!
+//! Which provider the request came from is the caller's business
+//! (`cloudweb_http::git`); this module sees a [`ChangeRequest`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::deploy::{self, Origin};
+use crate::deployment_state::DeploymentState;
+use crate::error::ApiError;
+use crate::store::{AppGitLinkRow, AppRow, DeploymentRow, PreviewRow, PreviewSettingsRow};
+use crate::AppState;
+
+pub const DEFAULT_MAX: i64 = 5;
+pub const MOST_MAX: i64 = 20;
+pub const DEFAULT_TTL_S: i64 = 7 * 86_400;
+pub const LEAST_TTL_S: i64 = 3600;
+pub const MOST_TTL_S: i64 = 90 * 86_400;
+
+pub const AWAITING_APPROVAL: &str = "awaiting-approval";
+pub const ACTIVE: &str = "active";
+
+/// What happened to a pull or merge request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Opened, reopened, or pushed to.
+    Updated,
+    /// Closed or merged.
+    Closed,
+}
+
+/// A pull or merge request, as the provider's event describes it.
+#[derive(Debug, Clone)]
+pub struct ChangeRequest {
+    pub number: i64,
+    pub action: Action,
+    /// The branch it would merge into.
+    pub base_ref: String,
+    pub head_ref: String,
+    pub head_sha: String,
+    /// Where the head can be cloned from (the fork's URL for a fork).
+    pub head_clone_url: String,
+    pub from_fork: bool,
+}
+
+/// What an event did.
+#[derive(Debug)]
+pub enum Outcome {
+    Ignored(String),
+    /// From a fork: waiting for a user's approval.
+    AwaitingApproval,
+    Deployed(DeploymentRow),
+    /// The preview already runs or builds this commit.
+    Already(String),
+    Removed,
+}
+
+/// The app's preview settings (off when never set).
+pub async fn settings(state: &AppState, app: &str) -> Result<PreviewSettingsRow, ApiError> {
+    Ok(state.store.preview_settings(app).await?.unwrap_or(PreviewSettingsRow {
+        app: app.to_string(),
+        enabled: false,
+        max_previews: DEFAULT_MAX,
+        ttl_s: DEFAULT_TTL_S,
+        updated_at: 0,
+    }))
+}
+
+/// Validates and stores an app's preview settings; what is not given keeps
+/// its value.
+pub async fn apply_settings(state: &AppState, app: &str, enabled: bool, max: Option<i64>, ttl_s: Option<i64>) -> Result<PreviewSettingsRow, ApiError> {
+    if state.store.preview_by_app(app).await?.is_some() {
+        return Err(ApiError::BadRequest(format!("{app} is a preview: previews have no previews")));
+    }
+    let mut row = settings(state, app).await?;
+    if let Some(max) = max {
+        if !(1..=MOST_MAX).contains(&max) {
+            return Err(ApiError::BadRequest(format!("invalid max: 1 to {MOST_MAX} previews at once")));
+        }
+        row.max_previews = max;
+    }
+    if let Some(ttl) = ttl_s {
+        if !(LEAST_TTL_S..=MOST_TTL_S).contains(&ttl) {
+            return Err(ApiError::BadRequest("invalid ttl: from an hour to 90 days".into()));
+        }
+        row.ttl_s = ttl;
+    }
+    row.enabled = enabled;
+    row.updated_at = state.clock.now_ms();
+    state.store.put_preview_settings(&row).await?;
+    tracing::info!(app, enabled, max = row.max_previews, ttl_s = row.ttl_s, "preview settings saved");
+    Ok(row)
+}
+
+/// The preview app's name, `<app>-pr-<number>` (at most 63 characters).
+pub fn preview_name(app: &str, number: i64) -> Result<String, ApiError> {
+    let name = format!("{app}-pr-{number}");
+    cloudweb_protocol::validate::node_name("preview", &name).map_err(|_| ApiError::BadRequest(format!("the preview name {name} is over 63 characters: a shorter app name is needed for previews")))?;
+    Ok(name)
+}
+
+/// The preview's host, `pr-<number>.<app>.<base domain>`.
+pub fn preview_host(state: &AppState, app: &str, number: i64) -> String {
+    format!("pr-{number}.{app}.{}", state.config.base_domain)
+}
+
+/// Acts on a pull or merge request against `app` (made from the
+/// repository of `link`).
+pub async fn on_change_request(state: &AppState, app: &AppRow, link: &AppGitLinkRow, request: &ChangeRequest) -> Result<Outcome, ApiError> {
+    if state.store.preview_by_app(&app.name).await?.is_some() {
+        return Ok(Outcome::Ignored("a preview has no previews".into()));
+    }
+    let existing = state.store.preview(&app.name, request.number).await?;
+    if request.action == Action::Closed {
+        if existing.is_none() {
+            return Ok(Outcome::Ignored("no preview to remove".into()));
+        }
+        remove(state, &app.name, request.number, "its request was closed").await?;
+        return Ok(Outcome::Removed);
+    }
+    let settings = settings(state, &app.name).await?;
+    if !settings.enabled {
+        return Ok(Outcome::Ignored("previews are off for this app".into()));
+    }
+    if request.base_ref != app.branch {
+        return Ok(Outcome::Ignored("a request against another branch".into()));
+    }
+    cloudweb_protocol::validate::bounded_text("head ref", &request.head_ref, 255)?;
+    if cloudweb_protocol::deploy::branch(&request.head_ref).is_err() {
+        return Err(ApiError::BadRequest(format!("the head branch {:?} is not a branch name cloud-web clones", request.head_ref)));
+    }
+    let now = state.clock.now_ms();
+    let same_head = existing.as_ref().is_some_and(|e| e.head_sha == request.head_sha);
+    let row = PreviewRow {
+        app: app.name.clone(),
+        number: request.number,
+        preview_app: preview_name(&app.name, request.number)?,
+        head_ref: request.head_ref.clone(),
+        head_sha: request.head_sha.clone(),
+        head_clone_url: request.head_clone_url.clone(),
+        from_fork: request.from_fork,
+        // An approval holds for the head it was given for.
+        approved_by: existing.as_ref().filter(|_| same_head).and_then(|e| e.approved_by.clone()),
+        state: String::new(),
+        created_at: existing.as_ref().map_or(now, |e| e.created_at),
+        updated_at: now,
+    };
+    if request.from_fork && row.approved_by.is_none() {
+        let waiting = PreviewRow { state: AWAITING_APPROVAL.into(), ..row };
+        state.store.put_preview(&waiting).await?;
+        tracing::info!(app = %app.name, number = request.number, "a request from a fork waits for approval before its preview is built");
+        return Ok(Outcome::AwaitingApproval);
+    }
+    if existing.is_none() {
+        make_room(state, &settings).await?;
+    }
+    deploy_preview(state, app, link, PreviewRow { state: ACTIVE.into(), ..row }).await
+}
+
+/// Approves the head a fork's request waits with, and deploys it.
+pub async fn approve(state: &AppState, app: &AppRow, number: i64, by: &str) -> Result<Outcome, ApiError> {
+    let Some(row) = state.store.preview(&app.name, number).await? else {
+        return Err(ApiError::NotFound(format!("{} has no preview of request {number}", app.name)));
+    };
+    if row.state != AWAITING_APPROVAL {
+        return Err(ApiError::Conflict(format!("the preview of request {number} waits for no approval")));
+    }
+    let link = state.store.app_git_link(&app.name).await?.ok_or_else(|| ApiError::Conflict(format!("{} is not linked to a git provider", app.name)))?;
+    let settings = settings(state, &app.name).await?;
+    if state.store.app(&row.preview_app).await?.is_none() {
+        make_room(state, &settings).await?;
+    }
+    tracing::info!(app = %app.name, number, by, commit = %row.head_sha, "approved a fork's preview");
+    let approved = PreviewRow { approved_by: Some(by.to_string()), state: ACTIVE.into(), updated_at: state.clock.now_ms(), ..row };
+    deploy_preview(state, app, &link, approved).await
+}
+
+/// Removes the preview pushed to longest ago while the app has its most.
+async fn make_room(state: &AppState, settings: &PreviewSettingsRow) -> Result<(), ApiError> {
+    let mut active: Vec<PreviewRow> = state.store.previews_of(&settings.app).await?.into_iter().filter(|p| p.state == ACTIVE).collect();
+    active.sort_by_key(|p| p.updated_at);
+    while active.len() as i64 >= settings.max_previews {
+        let oldest = active.remove(0);
+        let why = format!("the app keeps at most {} previews", settings.max_previews);
+        remove(state, &settings.app, oldest.number, &why).await?;
+    }
+    Ok(())
+}
+
+/// The preview's variables (sealed): none for a fork's, else the app's
+/// without the production-only ones.
+async fn preview_env(state: &AppState, app: &AppRow, row: &PreviewRow) -> Result<Option<String>, ApiError> {
+    if row.from_fork {
+        return Ok(None);
+    }
+    let mut vars = deploy::app_env(state, app)?;
+    for name in state.store.production_only_env(&app.name).await? {
+        vars.remove(&name);
+    }
+    Ok(Some(state.sealer.seal_json(&deploy::env_context(&row.preview_app), &vars)))
+}
+
+/// Makes the preview app (or moves its branch) and deploys the head.
+async fn deploy_preview(state: &AppState, app: &AppRow, link: &AppGitLinkRow, row: PreviewRow) -> Result<Outcome, ApiError> {
+    let env_sealed = preview_env(state, app, &row).await?;
+    let preview = match state.store.app(&row.preview_app).await? {
+        Some(mut preview) => {
+            preview.branch = row.head_ref.clone();
+            preview.env_sealed = env_sealed;
+            state.store.update_app_settings(&preview).await?;
+            let sealed = match &preview.env_sealed {
+                Some(sealed) => sealed.clone(),
+                None => state.sealer.seal_json(&deploy::env_context(&preview.name), &std::collections::BTreeMap::<String, String>::new()),
+            };
+            state.store.set_app_env(&preview.name, &sealed).await?;
+            preview
+        }
+        None => make_app(state, app, link, &row, env_sealed).await?,
+    };
+    state.store.put_preview(&row).await?;
+    if let Some(newest) = state.store.app_deployments(&preview.name).await?.into_iter().next() {
+        let live = DeploymentState::parse(&newest.state).is_some_and(|s| !s.is_terminal());
+        if live && newest.commit_sha.as_deref() == Some(row.head_sha.as_str()) {
+            return Ok(Outcome::Already(newest.id));
+        }
+    }
+    let deployment = deploy::create(state, &preview, Origin::Source { commit: Some(row.head_sha.clone()) }).await?;
+    tracing::info!(app = %app.name, preview = %preview.name, number = row.number, deployment = %deployment.id, commit = %row.head_sha, "deploying a preview");
+    Ok(Outcome::Deployed(deployment))
+}
+
+async fn make_app(state: &AppState, app: &AppRow, link: &AppGitLinkRow, row: &PreviewRow, env_sealed: Option<String>) -> Result<AppRow, ApiError> {
+    // The app's own clone credentials, sealed again under the preview's
+    // name; a fork's preview clones with none.
+    let git_credentials_sealed = match (&app.git_credentials_sealed, row.from_fork) {
+        (Some(sealed), false) => {
+            let git: deploy::GitAccess = state.sealer.open_json(&deploy::git_context(&app.name), sealed).map_err(|e| ApiError::Internal(format!("app {}: {e}", app.name)))?;
+            Some(state.sealer.seal_json(&deploy::git_context(&row.preview_app), &git))
+        }
+        _ => None,
+    };
+    let host = preview_host(state, &app.name, row.number);
+    let preview = AppRow {
+        name: row.preview_app.clone(),
+        repo_url: row.head_clone_url.clone(),
+        branch: row.head_ref.clone(),
+        domains: serde_json::to_string(&[&host]).expect("strings serialize"),
+        env_sealed,
+        git_credentials_sealed,
+        created_at: state.clock.now_ms(),
+        ..app.clone()
+    };
+    let default_host = format!("{}.{}", preview.name, state.config.base_domain);
+    match state.store.insert_app(&preview, &default_host).await? {
+        Ok(()) => {}
+        Err(refusal) => return Err(ApiError::Conflict(format!("cannot make the preview app {}: {refusal:?}", preview.name))),
+    }
+    if !row.from_fork {
+        // Clone credentials and statuses through the app's provider; no
+        // webhook of its own (the app's events reach it).
+        let preview_link = AppGitLinkRow {
+            app: preview.name.clone(),
+            hook_id: None,
+            webhook_secret_sha256: crate::ca::sha256_hex(crate::git::random_secret().as_bytes()),
+            webhook_secret_sealed: None,
+            created_at: state.clock.now_ms(),
+            ..link.clone()
+        };
+        state.store.insert_app_git_link(&preview_link).await?;
+    }
+    crate::routes::app_changed(state, &preview.name).await?;
+    tracing::info!(app = %app.name, preview = %preview.name, host, "made a preview app");
+    Ok(preview)
+}
+
+/// Removes a preview: cancels its builds, stops its instances, removes its
+/// app, routes and record. Whether there was one.
+pub async fn remove(state: &AppState, app: &str, number: i64, why: &str) -> Result<bool, ApiError> {
+    let Some(row) = state.store.preview(app, number).await? else { return Ok(false) };
+    if state.store.app(&row.preview_app).await?.is_some() {
+        for deployment in state.store.app_deployments(&row.preview_app).await? {
+            if DeploymentState::parse(&deployment.state).is_some_and(|s| !s.is_terminal()) {
+                deploy::cancel(state, &deployment).await?;
+            }
+        }
+        crate::tasks::app_deleting(state, &row.preview_app).await?;
+        deploy::stop_app(state, &row.preview_app).await?;
+        state.store.delete_app(&row.preview_app).await?;
+        state.runtime_logs.forget(&row.preview_app);
+        crate::routes::app_changed(state, &row.preview_app).await?;
+    }
+    state.store.delete_preview(app, number).await?;
+    tracing::info!(app, number, preview = %row.preview_app, why, "removed a preview");
+    Ok(true)
+}
+
+/// Removes, once a minute, the previews with no push for their app's TTL.
+pub async fn sweeper(state: Arc<AppState>) {
+    let mut interval = tokio::time::interval(Duration::from_secs(60));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        if let Err(err) = sweep(&state).await {
+            tracing::warn!(error = %err, "cannot sweep idle previews");
+        }
+    }
+}
+
+/// One pass of [`sweeper`]: the previews removed.
+pub async fn sweep(state: &AppState) -> Result<usize, ApiError> {
+    let now = state.clock.now_ms();
+    let mut removed = 0;
+    for preview in state.store.previews_idle_since(now - LEAST_TTL_S * 1000).await? {
+        let ttl_s = settings(state, &preview.app).await?.ttl_s;
+        if now - preview.updated_at > ttl_s * 1000 && remove(state, &preview.app, preview.number, "no push for its TTL").await? {
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}

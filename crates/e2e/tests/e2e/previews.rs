@@ -1,0 +1,153 @@
+//! Preview environments of GitHub pull requests, against the GitHub
+//! stand-in with real git, agent, Docker and registry: a request opened
+//! from a branch deploys its head as `<app>-pr-<n>` on
+//! `pr-<n>.<app>.<base domain>` with the app's variables except the
+//! production-only ones; a push to it deploys the new head; a request
+//! from a fork waits for approval, then runs with no variable of the app;
+//! a new one past the app's maximum removes the one pushed to longest
+//! ago; closing one (even while it builds) removes its app, containers
+//! and route, and the app itself is untouched.
+
+use std::time::Duration;
+
+use cloudweb_e2e::github::{FakeGithub, WEBHOOK_SECRET};
+use cloudweb_e2e::{start_platform, unique_name, wait_for, Platform, ServerProcess};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::github::{configure, ready_agent};
+use crate::gitlab::{cookie_pair, no_redirects, page, page_csrf, set_cookie, settle, DOCKERFILE};
+
+fn containers_of(app: &str) -> Vec<String> {
+    let out = std::process::Command::new("docker").args(["ps", "-aq", "--filter", &format!("label=cloudweb.app={app}")]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect()
+}
+
+async fn route_hosts(server: &ServerProcess) -> Vec<String> {
+    let (_, routes) = server.call(Method::GET, "/api/routes", None).await.unwrap();
+    routes["routes"].as_array().unwrap().iter().filter_map(|r| r["host"].as_str().map(str::to_string)).collect()
+}
+
+async fn previews(server: &ServerProcess, app: &str) -> Value {
+    let (status, body) = server.call(Method::GET, &format!("/api/apps/{app}/previews"), None).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+#[tokio::test]
+async fn pull_requests_get_previews_that_follow_pushes_wait_for_forks_and_go_when_closed() {
+    let Platform { tmp, server, .. } = start_platform(&[]).await.unwrap();
+    let github = FakeGithub::start(&tmp.path().join("github")).await.unwrap();
+    let installation = github.install("acme");
+    github.add_repository("acme/site", installation).unwrap();
+    github.add_repository("someone/site", installation + 100).unwrap();
+    github.make_public("someone/site");
+    let files = |text: &'static str| [("Dockerfile", DOCKERFILE), ("index.html", text)];
+    github.commit("acme/site", "main", &files("main\n"), "main").unwrap();
+    configure(&server, &github).await;
+    let agent = ready_agent(&server, &tmp.path().join("node")).await;
+    let app = unique_name("pv");
+    let (status, created) = server.call(Method::POST, "/api/apps", Some(json!({"name": app, "github_repository": "acme/site", "port": 8080}))).await.unwrap();
+    assert_eq!(status, 201, "{created}");
+    let (status, _) = server.call(Method::PUT, &format!("/api/apps/{app}/env"), Some(json!({"GREETING": "hello", "DATABASE_URL": "postgres://production"}))).await.unwrap();
+    assert_eq!(status, 200);
+    let (status, body) = server.call(Method::PUT, &format!("/api/apps/{app}/env/production-only"), Some(json!({"names": ["DATABASE_URL"]}))).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let hook = server.api("/api/webhooks/github");
+    let deliver = |body: Value, n: u32| {
+        let (github, hook) = (&github, hook.clone());
+        async move { github.deliver(&hook, "pull_request", &body, &format!("0000{n:04}-0000-4000-8000-000000000000"), WEBHOOK_SECRET).await.unwrap() }
+    };
+
+    // Off by default: a request does nothing.
+    let one = github.commit("acme/site", "feature", &files("feature one\n"), "one").unwrap();
+    let (status, answer) = deliver(github.pull_request_body("acme/site", 7, "opened", "acme/site", "feature", &one), 1).await;
+    assert_eq!((status, answer["ignored"].as_str()), (200, Some("previews are off for this app")), "{answer}");
+    for bad in [json!({"enabled": true, "max": 0}), json!({"enabled": true, "ttl_seconds": 60})] {
+        let (status, body) = server.call(Method::PUT, &format!("/api/apps/{app}/previews/settings"), Some(bad)).await.unwrap();
+        assert_eq!(status, 400, "{body}");
+    }
+    let (status, body) = server.call(Method::PUT, &format!("/api/apps/{app}/previews/settings"), Some(json!({"enabled": true, "max": 2}))).await.unwrap();
+    assert_eq!((status, body["max"].as_i64(), body["ttl_seconds"].as_i64()), (200, Some(2), Some(7 * 86_400)), "{body}");
+
+    // Opened: the head runs as <app>-pr-7 on pr-7.<app>.<base>, without
+    // the production-only variable.
+    let (status, answer) = deliver(github.pull_request_body("acme/site", 7, "reopened", "acme/site", "feature", &one), 2).await;
+    assert_eq!(status, 202, "{answer}");
+    let preview = format!("{app}-pr-7");
+    let running = settle(&server, &agent, answer["deployment"].as_str().unwrap()).await;
+    assert_eq!((running["state"].as_str(), running["commit"].as_str()), (Some("running"), Some(one.as_str())), "{running}");
+    let address = running["instances"][0]["address"].as_str().unwrap().to_string();
+    assert_eq!(reqwest::get(format!("http://{address}/index.html")).await.unwrap().text().await.unwrap(), "feature one\n");
+    let (_, view) = server.call(Method::GET, &format!("/api/apps/{preview}"), None).await.unwrap();
+    assert_eq!(view["env"], json!(["GREETING"]), "{view}");
+    let host = view["domains"][0].as_str().unwrap().to_string();
+    assert!(host.starts_with(&format!("pr-7.{app}.")), "{view}");
+    wait_for(Duration::from_secs(20), "the preview's route", || async { route_hosts(&server).await.contains(&host).then_some(()) }).await.unwrap();
+    let listed = previews(&server, &app).await;
+    assert_eq!((listed["previews"][0]["state"].as_str(), listed["previews"][0]["url"].as_str()), (Some("active"), Some(format!("https://{host}").as_str())), "{listed}");
+    assert_eq!(listed["production_only"], json!(["DATABASE_URL"]));
+
+    // A push to the request: its new head.
+    let two = github.commit("acme/site", "feature", &[("index.html", "feature two\n")], "two").unwrap();
+    let (status, answer) = deliver(github.pull_request_body("acme/site", 7, "synchronize", "acme/site", "feature", &two), 3).await;
+    assert_eq!(status, 202, "{answer}");
+    let running = settle(&server, &agent, answer["deployment"].as_str().unwrap()).await;
+    assert_eq!((running["state"].as_str(), running["commit"].as_str()), (Some("running"), Some(two.as_str())), "{running}");
+
+    // From a fork: nothing is built until approved; then no variable.
+    let fork = github.commit("someone/site", "patch", &files("from a fork\n"), "fork").unwrap();
+    let (status, answer) = deliver(github.pull_request_body("acme/site", 8, "opened", "someone/site", "patch", &fork), 4).await;
+    assert_eq!((status, answer["ignored"].as_str()), (200, Some("from a fork: waiting for approval")), "{answer}");
+    let (status, _) = server.call(Method::GET, &format!("/api/apps/{app}-pr-8"), None).await.unwrap();
+    assert_eq!(status, 404, "nothing made before the approval");
+    assert_eq!(previews(&server, &app).await["previews"][1]["state"], "awaiting-approval");
+    // Approved from the dashboard's button.
+    let (_, user) = server.call(Method::POST, "/api/users", Some(json!({"name": "rev", "password": "rev's own password"}))).await.unwrap();
+    assert!(user["id"].is_string(), "{user}");
+    let response = no_redirects().post(server.api("/login")).form(&[("name", "rev"), ("password", "rev's own password")]).send().await.unwrap();
+    let session = cookie_pair(&set_cookie(response.headers(), "cloudweb_session").unwrap());
+    let (status, page_html) = page(&server, &format!("/apps/{app}"), &[&session]).await;
+    assert_eq!(status, 200);
+    assert!(page_html.contains("data-preview=\"8\"") && page_html.contains(&format!("/apps/{app}/previews/8/approve")), "{page_html}");
+    let response = no_redirects()
+        .post(server.api(&format!("/apps/{app}/previews/8/approve")))
+        .header("cookie", &session)
+        .form(&[("csrf_token", page_csrf(&page_html))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 303);
+    let approved = &previews(&server, &app).await["previews"][1];
+    assert_eq!((approved["state"].as_str(), approved["approved_by"].as_str()), (Some("active"), Some("rev")), "{approved}");
+    let (status, again) = server.call(Method::POST, &format!("/api/apps/{app}/previews/8/approve"), None).await.unwrap();
+    assert_eq!(status, 409, "{again}");
+    let (_, deployments) = server.call(Method::GET, &format!("/api/apps/{app}-pr-8/deployments"), None).await.unwrap();
+    let running = settle(&server, &agent, deployments["deployments"][0]["id"].as_str().unwrap()).await;
+    assert_eq!((running["state"].as_str(), running["commit"].as_str()), (Some("running"), Some(fork.as_str())), "{running}");
+    let (_, view) = server.call(Method::GET, &format!("/api/apps/{app}-pr-8"), None).await.unwrap();
+    assert_eq!(view["env"], json!([]), "a fork's preview gets no variable: {view}");
+
+    // A third past the maximum of two: #7, pushed to longest ago, goes.
+    let three = github.commit("acme/site", "other", &files("other\n"), "other").unwrap();
+    let (status, answer) = deliver(github.pull_request_body("acme/site", 9, "opened", "acme/site", "other", &three), 5).await;
+    assert_eq!(status, 202, "{answer}");
+    let (status, _) = server.call(Method::GET, &format!("/api/apps/{preview}"), None).await.unwrap();
+    assert_eq!(status, 404, "the oldest preview was removed");
+    // Closed while it builds: cancelled, nothing left behind.
+    let (status, answer) = deliver(github.pull_request_body("acme/site", 9, "closed", "acme/site", "other", &three), 6).await;
+    assert_eq!((status, answer["ignored"].as_str()), (200, Some("preview removed")), "{answer}");
+    let (status, answer) = deliver(github.pull_request_body("acme/site", 8, "closed", "someone/site", "patch", &fork), 7).await;
+    assert_eq!(status, 200, "{answer}");
+    wait_for(Duration::from_secs(60), "no preview container left", || async {
+        ["7", "8", "9"].iter().all(|n| containers_of(&format!("{app}-pr-{n}")).is_empty()).then_some(())
+    })
+    .await
+    .unwrap();
+    let hosts = route_hosts(&server).await;
+    assert!(!hosts.iter().any(|h| h.starts_with("pr-")), "{hosts:?}");
+    assert_eq!(previews(&server, &app).await["previews"], json!([]));
+    let (_, parent) = server.call(Method::GET, &format!("/api/apps/{app}"), None).await.unwrap();
+    assert_eq!(parent["env"], json!(["DATABASE_URL", "GREETING"]), "the app is untouched: {parent}");
+    agent.remove_containers();
+}

@@ -1,0 +1,40 @@
+-- Preview environments (issue 27): an app's previews of its pull and
+-- merge requests, and the variables previews never get.
+--
+-- Per app: previews on or off, at most how many at once, and how long one
+-- may go without a push before it is removed.
+CREATE TABLE preview_settings (
+    app TEXT PRIMARY KEY REFERENCES apps(name) ON DELETE CASCADE,
+    enabled BOOLEAN NOT NULL,
+    max_previews BIGINT NOT NULL,
+    ttl_s BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL
+);
+
+-- One preview per change request of an app: the app that runs it (made
+-- from the app's settings, named <app>-pr-<number>), the head it runs,
+-- and where it stands: 'awaiting-approval' (from a fork: nothing is built
+-- until a user approves it) or 'active'.
+CREATE TABLE previews (
+    app TEXT NOT NULL REFERENCES apps(name) ON DELETE CASCADE,
+    number BIGINT NOT NULL,
+    preview_app TEXT NOT NULL,
+    head_ref TEXT NOT NULL,
+    head_sha TEXT NOT NULL,
+    head_clone_url TEXT NOT NULL,
+    from_fork BOOLEAN NOT NULL,
+    approved_by TEXT,
+    state TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    -- The last push (or approval): the TTL counts from here.
+    updated_at BIGINT NOT NULL,
+    PRIMARY KEY (app, number)
+);
+CREATE UNIQUE INDEX previews_preview_app ON previews (preview_app);
+
+-- Variables of an app that its previews never get (production-only).
+CREATE TABLE env_production_only (
+    app TEXT NOT NULL REFERENCES apps(name) ON DELETE CASCADE,
+    name TEXT NOT NULL,
+    PRIMARY KEY (app, name)
+);
