@@ -117,14 +117,11 @@ pub fn preview_name(app: &str, number: i64) -> Result<String, ApiError> {
     Ok(name)
 }
 
-/// The preview's host, `pr-<number>.<app>.<base domain>`.
-pub fn preview_host(state: &AppState, app: &str, number: i64) -> String {
-    format!("pr-{number}.{app}.{}", state.config.base_domain)
-}
+pub use crate::git::preview_notes::preview_host;
 
 /// Acts on a pull or merge request against `app` (made from the
 /// repository of `link`).
-pub async fn on_change_request(state: &AppState, app: &AppRow, link: &AppGitLinkRow, request: &ChangeRequest) -> Result<Outcome, ApiError> {
+pub async fn on_change_request(state: &Arc<AppState>, app: &AppRow, link: &AppGitLinkRow, request: &ChangeRequest) -> Result<Outcome, ApiError> {
     if state.store.preview_by_app(&app.name).await?.is_some() {
         return Ok(Outcome::Ignored("a preview has no previews".into()));
     }
@@ -133,7 +130,7 @@ pub async fn on_change_request(state: &AppState, app: &AppRow, link: &AppGitLink
         if existing.is_none() {
             return Ok(Outcome::Ignored("no preview to remove".into()));
         }
-        remove(state, &app.name, request.number, "its request was closed").await?;
+        remove(state, &app.name, request.number, "its request was closed", false).await?;
         return Ok(Outcome::Removed);
     }
     let settings = settings(state, &app.name).await?;
@@ -160,6 +157,7 @@ pub async fn on_change_request(state: &AppState, app: &AppRow, link: &AppGitLink
         // An approval holds for the head it was given for.
         approved_by: existing.as_ref().filter(|_| same_head).and_then(|e| e.approved_by.clone()),
         state: String::new(),
+        comment_id: existing.as_ref().and_then(|e| e.comment_id),
         created_at: existing.as_ref().map_or(now, |e| e.created_at),
         updated_at: now,
     };
@@ -176,7 +174,7 @@ pub async fn on_change_request(state: &AppState, app: &AppRow, link: &AppGitLink
 }
 
 /// Approves the head a fork's request waits with, and deploys it.
-pub async fn approve(state: &AppState, app: &AppRow, number: i64, by: &str) -> Result<Outcome, ApiError> {
+pub async fn approve(state: &Arc<AppState>, app: &AppRow, number: i64, by: &str) -> Result<Outcome, ApiError> {
     let Some(row) = state.store.preview(&app.name, number).await? else {
         return Err(ApiError::NotFound(format!("{} has no preview of request {number}", app.name)));
     };
@@ -194,13 +192,13 @@ pub async fn approve(state: &AppState, app: &AppRow, number: i64, by: &str) -> R
 }
 
 /// Removes the preview pushed to longest ago while the app has its most.
-async fn make_room(state: &AppState, settings: &PreviewSettingsRow) -> Result<(), ApiError> {
+async fn make_room(state: &Arc<AppState>, settings: &PreviewSettingsRow) -> Result<(), ApiError> {
     let mut active: Vec<PreviewRow> = state.store.previews_of(&settings.app).await?.into_iter().filter(|p| p.state == ACTIVE).collect();
     active.sort_by_key(|p| p.updated_at);
     while active.len() as i64 >= settings.max_previews {
         let oldest = active.remove(0);
         let why = format!("the app keeps at most {} previews", settings.max_previews);
-        remove(state, &settings.app, oldest.number, &why).await?;
+        remove(state, &settings.app, oldest.number, &why, true).await?;
     }
     Ok(())
 }
@@ -292,8 +290,9 @@ async fn make_app(state: &AppState, app: &AppRow, link: &AppGitLinkRow, row: &Pr
 }
 
 /// Removes a preview: cancels its builds, stops its instances, removes its
-/// app, routes and record. Whether there was one.
-pub async fn remove(state: &AppState, app: &str, number: i64, why: &str) -> Result<bool, ApiError> {
+/// app, routes and record, and (`tell`) says why on its request. Whether
+/// there was one.
+pub async fn remove(state: &Arc<AppState>, app: &str, number: i64, why: &str, tell: bool) -> Result<bool, ApiError> {
     let Some(row) = state.store.preview(app, number).await? else { return Ok(false) };
     if state.store.app(&row.preview_app).await?.is_some() {
         for deployment in state.store.app_deployments(&row.preview_app).await? {
@@ -309,7 +308,28 @@ pub async fn remove(state: &AppState, app: &str, number: i64, why: &str) -> Resu
     }
     state.store.delete_preview(app, number).await?;
     tracing::info!(app, number, preview = %row.preview_app, why, "removed a preview");
+    if tell {
+        tell_removed(state.clone(), row, why.to_string());
+    }
     Ok(true)
+}
+
+/// Tells the request why its preview went, in the background: tried three
+/// times, 5 and then 10 s apart, never holding up the removal.
+fn tell_removed(state: Arc<AppState>, row: PreviewRow, why: String) {
+    tokio::spawn(async move {
+        let text = format!("**cloud-web preview** removed: {why}. A new push to the request brings it back.");
+        let mut wait = Duration::from_secs(5);
+        for attempt in 1..=3 {
+            match crate::git::preview_notes::note(&state, &row, &text).await {
+                Ok(()) => return,
+                Err(err) if attempt == 3 => tracing::warn!(app = %row.app, number = row.number, error = %err, "gave up telling the request its preview was removed"),
+                Err(err) => tracing::warn!(app = %row.app, number = row.number, error = %err, attempt, "could not tell the request its preview was removed"),
+            }
+            tokio::time::sleep(wait).await;
+            wait *= 2;
+        }
+    });
 }
 
 /// Removes, once a minute, the previews with no push for their app's TTL.
@@ -325,12 +345,12 @@ pub async fn sweeper(state: Arc<AppState>) {
 }
 
 /// One pass of [`sweeper`]: the previews removed.
-pub async fn sweep(state: &AppState) -> Result<usize, ApiError> {
+pub async fn sweep(state: &Arc<AppState>) -> Result<usize, ApiError> {
     let now = state.clock.now_ms();
     let mut removed = 0;
     for preview in state.store.previews_idle_since(now - LEAST_TTL_S * 1000).await? {
         let ttl_s = settings(state, &preview.app).await?.ttl_s;
-        if now - preview.updated_at > ttl_s * 1000 && remove(state, &preview.app, preview.number, "no push for its TTL").await? {
+        if now - preview.updated_at > ttl_s * 1000 && remove(state, &preview.app, preview.number, "no push for its TTL", true).await? {
             removed += 1;
         }
     }

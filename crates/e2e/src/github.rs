@@ -72,6 +72,15 @@ pub struct Status {
     pub context: String,
 }
 
+/// A comment on a pull request: every text it had, oldest first.
+#[derive(Debug, Clone)]
+pub struct Comment {
+    pub id: i64,
+    pub repository: String,
+    pub number: i64,
+    pub bodies: Vec<String>,
+}
+
 /// A GitHub user who can log in.
 #[derive(Debug, Clone)]
 pub struct User {
@@ -122,6 +131,7 @@ struct Inner {
     api_down: bool,
     /// Repositories anyone may clone (public forks).
     public: Vec<String>,
+    comments: Vec<Comment>,
     next_id: i64,
 }
 
@@ -226,6 +236,11 @@ impl FakeGithub {
         for repo in self.inner.lock().unwrap().repositories.iter_mut().filter(|r| r.full_name == full_name) {
             repo.installation = -1;
         }
+    }
+
+    /// The comments written on pull requests.
+    pub fn comments(&self) -> Vec<Comment> {
+        self.inner.lock().unwrap().comments.clone()
     }
 
     /// Lets anyone clone `owner/name` with no credentials (a public
@@ -520,6 +535,27 @@ async fn handle(inner: &Mutex<Inner>, repos: &Path, public_der: &[u8], base: &st
             }
             inner.statuses.push(Status { repository: repo.full_name, sha: sha.to_string(), state, target_url: field("target_url"), description: field("description"), context: field("context") });
             json_response(StatusCode::CREATED, json!({"state": request["state"], "context": request["context"]}))
+        }
+        (&Method::POST, ["repos", owner, name, "issues", number, "comments"]) => {
+            let Some(repo) = repo_of(&inner, owner, name) else { return message(StatusCode::NOT_FOUND, "Not Found") };
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let (Some(text), Ok(number)) = (request["body"].as_str(), number.parse::<i64>()) else { return message(StatusCode::UNPROCESSABLE_ENTITY, "Validation Failed") };
+            inner.next_id += 1;
+            let comment = Comment { id: inner.next_id, repository: repo.full_name, number, bodies: vec![text.to_string()] };
+            inner.comments.push(comment.clone());
+            json_response(StatusCode::CREATED, json!({"id": comment.id, "body": text}))
+        }
+        (&Method::PATCH, ["repos", owner, name, "issues", "comments", id]) => {
+            let full_name = format!("{owner}/{name}");
+            let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let Some(text) = request["body"].as_str() else { return message(StatusCode::UNPROCESSABLE_ENTITY, "Validation Failed") };
+            match inner.comments.iter_mut().find(|c| c.id.to_string() == *id && c.repository == full_name) {
+                Some(comment) => {
+                    comment.bodies.push(text.to_string());
+                    json_response(StatusCode::OK, json!({"id": comment.id, "body": text}))
+                }
+                None => message(StatusCode::NOT_FOUND, "Not Found"),
+            }
         }
         _ => message(StatusCode::NOT_FOUND, "Not Found"),
     }

@@ -49,4 +49,8 @@ impl GitProvider for Generic {
     async fn post_status(&self, _repo: Repo<'_>, _status: &CommitStatus<'_>) -> Result<(), ProviderError> {
         Ok(())
     }
+
+    async fn upsert_comment(&self, _repo: Repo<'_>, _number: i64, _comment_id: Option<i64>, _body: &str) -> Result<i64, ProviderError> {
+        Err(unsupported("comment on a request"))
+    }
 }

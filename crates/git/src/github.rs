@@ -307,6 +307,22 @@ impl GitProvider for GitHub {
         self.call(Method::POST, &format!("/repos/{}/statuses/{}", repo_path(repo.path)?, status.sha), "posting the commit status", Some(body)).await?;
         Ok(())
     }
+
+    /// An issue comment on the pull request (`issues: write` or
+    /// `pull_requests: write`).
+    async fn upsert_comment(&self, repo: Repo<'_>, number: i64, comment_id: Option<i64>, body: &str) -> Result<i64, ProviderError> {
+        let path = repo_path(repo.path)?;
+        if let Some(id) = comment_id {
+            match self.call(Method::PATCH, &format!("/repos/{path}/issues/comments/{id}"), "updating the comment", Some(json!({"body": body}))).await {
+                Ok(_) => return Ok(id),
+                // Deleted by someone: write a new one.
+                Err(ProviderError::Status { status: 404, .. }) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        let answer = self.call(Method::POST, &format!("/repos/{path}/issues/{number}/comments"), "writing the comment", Some(json!({"body": body}))).await?;
+        crate::provider::comment_id(NAME, &answer)
+    }
 }
 
 #[cfg(test)]

@@ -268,6 +268,20 @@ impl GitProvider for GitLab {
         self.call(Method::POST, &format!("/projects/{}/statuses/{}", repo.id, status.sha), "posting the commit status", Some(body)).await?;
         Ok(())
     }
+
+    /// A note on merge request `number` (its iid).
+    async fn upsert_comment(&self, repo: Repo<'_>, number: i64, comment_id: Option<i64>, body: &str) -> Result<i64, ProviderError> {
+        let notes = format!("/projects/{}/merge_requests/{number}/notes", repo.id);
+        if let Some(id) = comment_id {
+            match self.call(Method::PUT, &format!("{notes}/{id}"), "updating the comment", Some(json!({"body": body}))).await {
+                Ok(_) => return Ok(id),
+                Err(ProviderError::Status { status: 404, .. }) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        let answer = self.call(Method::POST, &notes, "writing the comment", Some(json!({"body": body}))).await?;
+        crate::provider::comment_id("GitLab", &answer)
+    }
 }
 
 #[cfg(test)]

@@ -204,4 +204,14 @@ pub trait GitProvider {
     /// when it set `revoke_id`).
     async fn revoke_clone_credentials(&self, repo: Repo<'_>, credentials: &CloneCredentials) -> Result<(), ProviderError>;
     async fn post_status(&self, repo: Repo<'_>, status: &CommitStatus<'_>) -> Result<(), ProviderError>;
+    /// Writes `body` as the comment `comment_id` on pull (merge) request
+    /// `number`, or as a new comment when there is none yet (or it was
+    /// deleted); returns the comment's id, to update it the next time.
+    async fn upsert_comment(&self, repo: Repo<'_>, number: i64, comment_id: Option<i64>, body: &str) -> Result<i64, ProviderError>;
+}
+
+/// The id in a created comment's answer.
+pub(crate) fn comment_id(provider: &'static str, answer: &[u8]) -> Result<i64, ProviderError> {
+    let value: Value = parse_answer("writing the comment", answer)?;
+    value.get("id").and_then(Value::as_i64).ok_or_else(|| transport(provider, "writing the comment", "the answer has no comment id"))
 }

@@ -27,11 +27,13 @@ pub struct PreviewRow {
     pub approved_by: Option<String>,
     /// `awaiting-approval` or `active`.
     pub state: String,
+    /// The comment on the request that says where the preview stands.
+    pub comment_id: Option<i64>,
     pub created_at: i64,
     pub updated_at: i64,
 }
 
-const COLUMNS: &str = "app, number, preview_app, head_ref, head_sha, head_clone_url, from_fork, approved_by, state, created_at, updated_at";
+const COLUMNS: &str = "app, number, preview_app, head_ref, head_sha, head_clone_url, from_fork, approved_by, state, comment_id, created_at, updated_at";
 
 fn preview_from(row: &impl Cols) -> PreviewRow {
     PreviewRow {
@@ -44,6 +46,7 @@ fn preview_from(row: &impl Cols) -> PreviewRow {
         from_fork: row.col("from_fork"),
         approved_by: row.col("approved_by"),
         state: row.col("state"),
+        comment_id: row.col("comment_id"),
         created_at: row.col("created_at"),
         updated_at: row.col("updated_at"),
     }
@@ -115,7 +118,7 @@ impl Store {
     pub async fn put_preview(&self, preview: &PreviewRow) -> Result<(), StoreError> {
         on_db!(self, pool => {
             sqlx::query(&format!(
-                "INSERT INTO previews ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (app, number) DO UPDATE SET \
+                "INSERT INTO previews ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (app, number) DO UPDATE SET \
              preview_app = excluded.preview_app, head_ref = excluded.head_ref, head_sha = excluded.head_sha, head_clone_url = excluded.head_clone_url, \
              from_fork = excluded.from_fork, approved_by = excluded.approved_by, state = excluded.state, updated_at = excluded.updated_at"
             ))
@@ -128,10 +131,20 @@ impl Store {
             .bind(preview.from_fork)
             .bind(&preview.approved_by)
             .bind(&preview.state)
+            .bind(preview.comment_id)
             .bind(preview.created_at)
             .bind(preview.updated_at)
             .execute(pool)
             .await?;
+            self.count_commit().await;
+            Ok(())
+        })
+    }
+
+    /// Records the request's comment (the upsert above keeps it).
+    pub async fn set_preview_comment(&self, app: &str, number: i64, comment_id: i64) -> Result<(), StoreError> {
+        on_db!(self, pool => {
+            sqlx::query("UPDATE previews SET comment_id = $1 WHERE app = $2 AND number = $3").bind(comment_id).bind(app).bind(number).execute(pool).await?;
             self.count_commit().await;
             Ok(())
         })

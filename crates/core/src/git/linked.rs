@@ -92,4 +92,8 @@ impl GitProvider for Linked {
     async fn post_status(&self, repo: Repo<'_>, status: &CommitStatus<'_>) -> Result<(), ProviderError> {
         each!(self, p => p.post_status(repo, status).await)
     }
+
+    async fn upsert_comment(&self, repo: Repo<'_>, number: i64, comment_id: Option<i64>, body: &str) -> Result<i64, ProviderError> {
+        each!(self, p => p.upsert_comment(repo, number, comment_id, body).await)
+    }
 }

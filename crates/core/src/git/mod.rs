@@ -21,6 +21,7 @@ pub mod github;
 pub mod github_login;
 pub mod linked;
 pub mod login;
+pub mod preview_notes;
 pub mod settings;
 
 pub use cloudweb_git::{generic, gitea as gitea_api, github as github_api, github_login as github_login_api, gitlab, provider};
@@ -453,7 +454,15 @@ async fn retry_status(state: Arc<AppState>, event: Moved) {
     }
 }
 
+/// The commit status of a move, then what a preview tells its request
+/// (each done once: a retry skips a status already posted and updates the
+/// same comment).
 async fn on_moved(state: &AppState, event: &Moved) -> Result<(), ApiError> {
+    post_status(state, event).await?;
+    preview_notes::moved(state, event).await
+}
+
+async fn post_status(state: &AppState, event: &Moved) -> Result<(), ApiError> {
     let Some(link) = state.store.app_git_link(&event.app).await? else {
         return Ok(());
     };
@@ -481,9 +490,10 @@ async fn on_moved(state: &AppState, event: &Moved) -> Result<(), ApiError> {
     };
     let app = state.store.app(&event.app).await?;
     let branch = app.map(|a| a.branch).unwrap_or_default();
-    // The dashboard's page of the deployment: a person follows this link
-    // from the provider (the JSON stays at /api/deployments/{id}).
-    let target_url = format!("{}/deployments/{}", state.git.public_url(), event.deployment_id);
+    // The dashboard's page of the deployment (or a running preview
+    // itself): a person follows this link from the provider (the JSON
+    // stays at /api/deployments/{id}).
+    let target_url = preview_notes::target_url(state, event).await?;
     let mut description = match (event.to, error) {
         (DeploymentState::Failed, Some(error)) => format!("deployment {} failed: {error}", event.deployment_id),
         (to, _) => format!("deployment {} is {}", event.deployment_id, to.as_str()),

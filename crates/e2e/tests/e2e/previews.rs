@@ -88,12 +88,28 @@ async fn pull_requests_get_previews_that_follow_pushes_wait_for_forks_and_go_whe
     assert_eq!((listed["previews"][0]["state"].as_str(), listed["previews"][0]["url"].as_str()), (Some("active"), Some(format!("https://{host}").as_str())), "{listed}");
     assert_eq!(listed["production_only"], json!(["DATABASE_URL"]));
 
+    // The request is told: one comment with the URL, and the running
+    // status links to the preview.
+    let url = format!("https://{host}");
+    wait_for(Duration::from_secs(30), "the preview's comment", || async {
+        github.comments().iter().any(|c| c.number == 7 && c.bodies.last().is_some_and(|b| b.contains(&url) && b.contains(&one[..12]))).then_some(())
+    })
+    .await
+    .unwrap();
+    wait_for(Duration::from_secs(30), "the preview's success status", || async { github.statuses(&one).iter().any(|s| s.state == "success" && s.target_url == url).then_some(()) }).await.unwrap();
+
     // A push to the request: its new head.
     let two = github.commit("acme/site", "feature", &[("index.html", "feature two\n")], "two").unwrap();
     let (status, answer) = deliver(github.pull_request_body("acme/site", 7, "synchronize", "acme/site", "feature", &two), 3).await;
     assert_eq!(status, 202, "{answer}");
     let running = settle(&server, &agent, answer["deployment"].as_str().unwrap()).await;
     assert_eq!((running["state"].as_str(), running["commit"].as_str()), (Some("running"), Some(two.as_str())), "{running}");
+    wait_for(Duration::from_secs(30), "the comment updated", || async {
+        let comments: Vec<_> = github.comments().into_iter().filter(|c| c.number == 7).collect();
+        (comments.len() == 1 && comments[0].bodies.last().is_some_and(|b| b.contains(&two[..12]))).then_some(())
+    })
+    .await
+    .expect("one comment, updated for the new head");
 
     // From a fork: nothing is built until approved; then no variable.
     let fork = github.commit("someone/site", "patch", &files("from a fork\n"), "fork").unwrap();
@@ -134,6 +150,11 @@ async fn pull_requests_get_previews_that_follow_pushes_wait_for_forks_and_go_whe
     assert_eq!(status, 202, "{answer}");
     let (status, _) = server.call(Method::GET, &format!("/api/apps/{preview}"), None).await.unwrap();
     assert_eq!(status, 404, "the oldest preview was removed");
+    wait_for(Duration::from_secs(30), "the removal told", || async {
+        github.comments().iter().any(|c| c.number == 7 && c.bodies.last().is_some_and(|b| b.contains("removed: the app keeps at most 2 previews"))).then_some(())
+    })
+    .await
+    .unwrap();
     // Closed while it builds: cancelled, nothing left behind.
     let (status, answer) = deliver(github.pull_request_body("acme/site", 9, "closed", "acme/site", "other", &three), 6).await;
     assert_eq!((status, answer["ignored"].as_str()), (200, Some("preview removed")), "{answer}");

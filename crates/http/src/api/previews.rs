@@ -120,7 +120,7 @@ pub async fn approve(State(state): State<Arc<AppState>>, Extension(principal): E
     responses((status = 204, description = "Removed: builds cancelled, instances stopped, app and routes gone"), (status = 404, description = "No such app or preview", body = ErrorBody)))]
 pub async fn remove(State(state): State<Arc<AppState>>, Path((name, number)): Path<(String, i64)>) -> Result<StatusCode, ApiError> {
     load(&state, &name).await?;
-    if !previews::remove(&state, &name, number, "removed on request").await? {
+    if !previews::remove(&state, &name, number, "removed by a user", true).await? {
         return Err(ApiError::NotFound(format!("{name} has no preview of request {number}")));
     }
     Ok(StatusCode::NO_CONTENT)

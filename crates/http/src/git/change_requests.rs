@@ -53,7 +53,7 @@ pub fn from_pull_request(payload: &Value) -> Result<Option<ChangeRequest>, ApiEr
 
 /// Hands the request to each app's previews (once per signed body);
 /// the answer names the first deployment made, else what happened.
-pub async fn dispatch(state: &AppState, links: &[AppGitLinkRow], request: &ChangeRequest, body_key: &str) -> Result<(StatusCode, Json<WebhookAnswer>), ApiError> {
+pub async fn dispatch(state: &std::sync::Arc<AppState>, links: &[AppGitLinkRow], request: &ChangeRequest, body_key: &str) -> Result<(StatusCode, Json<WebhookAnswer>), ApiError> {
     let mut answer = None;
     let mut why = String::from("no app of the repository has previews");
     for link in links {

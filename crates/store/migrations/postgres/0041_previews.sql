@@ -26,6 +26,9 @@ CREATE TABLE previews (
     from_fork BOOLEAN NOT NULL,
     approved_by TEXT,
     state TEXT NOT NULL,
+    -- The one comment on the request that says where the preview stands
+    -- (updated, never a new one per push).
+    comment_id BIGINT,
     created_at BIGINT NOT NULL,
     -- The last push (or approval): the TTL counts from here.
     updated_at BIGINT NOT NULL,
