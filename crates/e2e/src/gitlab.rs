@@ -102,6 +102,8 @@ struct Inner {
     hooks: Vec<Hook>,
     statuses: Vec<Status>,
     deploy_tokens: Vec<DeployToken>,
+    /// Notes on merge requests: (id, iid, every text it had).
+    notes: Vec<(i64, i64, Vec<String>)>,
     /// Credentials (user name) git clones were made with.
     git_clones: Vec<String>,
     /// `Authorization` values of API calls, in order.
@@ -360,6 +362,34 @@ impl FakeGitlab {
         })
     }
 
+    /// A merge request event as GitLab sends it (webhook_events.md, "Merge
+    /// request events"): request `iid` from `source_branch` (same project)
+    /// into main, its head `sha`; `oldrev` set on an update that pushed.
+    pub fn merge_request_body(&self, project: i64, iid: i64, action: &str, source_branch: &str, sha: &str, oldrev: Option<&str>) -> Value {
+        let path = self.inner.lock().unwrap().projects.iter().find(|p| p.id == project).map(|p| p.path.clone()).unwrap_or_default();
+        let side = json!({"id": project, "path_with_namespace": path, "git_http_url": format!("{}/{path}.git", self.url())});
+        json!({
+            "object_kind": "merge_request",
+            "event_type": "merge_request",
+            "user": {"id": 4, "username": "jsmith"},
+            "project": {"id": project, "path_with_namespace": path, "git_http_url": format!("{}/{path}.git", self.url())},
+            "object_attributes": {
+                "id": 9000 + iid, "iid": iid, "action": action,
+                "state": match action { "close" => "closed", "merge" => "merged", _ => "opened" },
+                "source_branch": source_branch, "target_branch": "main",
+                "source_project_id": project, "target_project_id": project,
+                "source": side, "target": side,
+                "last_commit": {"id": sha, "message": "change"},
+                "oldrev": oldrev,
+            },
+        })
+    }
+
+    /// The notes written on merge requests: (iid, every text it had).
+    pub fn notes(&self) -> Vec<(i64, Vec<String>)> {
+        self.inner.lock().unwrap().notes.iter().map(|n| (n.1, n.2.clone())).collect()
+    }
+
     /// Delivers `body` to every live hook of `project` the way GitLab
     /// does (`X-Gitlab-Event`, `X-Gitlab-Token`, `X-Gitlab-Event-UUID`);
     /// returns each hook's answer.
@@ -368,7 +398,11 @@ impl FakeGitlab {
         if hooks.is_empty() {
             bail!("project {project} has no webhook");
         }
-        let event = if body["object_kind"] == "tag_push" { "Tag Push Hook" } else { "Push Hook" };
+        let event = match body["object_kind"].as_str() {
+            Some("tag_push") => "Tag Push Hook",
+            Some("merge_request") => "Merge Request Hook",
+            _ => "Push Hook",
+        };
         let http = reqwest::Client::new();
         let mut answers = Vec::new();
         for hook in hooks {
@@ -593,6 +627,25 @@ async fn handle(inner: &Mutex<Inner>, repos: &Path, scheme: &str, method: Method
                 reference: request["ref"].as_str().unwrap_or_default().into(),
             });
             json_response(StatusCode::CREATED, json!({"id": inner.statuses.len(), "sha": sha, "status": state, "name": request["name"]}))
+        }
+        (Method::POST, ["projects", key, "merge_requests", iid, "notes"]) => {
+            let (Some(_), Ok(iid), Some(text)) = (find(&inner, key), iid.parse::<i64>(), request["body"].as_str()) else {
+                return json_response(StatusCode::BAD_REQUEST, json!({"message": "body is missing"}));
+            };
+            inner.next_id += 1;
+            let id = inner.next_id;
+            inner.notes.push((id, iid, vec![text.to_string()]));
+            json_response(StatusCode::CREATED, json!({"id": id, "body": text, "noteable_iid": iid}))
+        }
+        (Method::PUT, ["projects", _key, "merge_requests", iid, "notes", id]) => {
+            let Some(text) = request["body"].as_str() else { return json_response(StatusCode::BAD_REQUEST, json!({"message": "body is missing"})) };
+            match inner.notes.iter_mut().find(|n| n.0.to_string() == *id && n.1.to_string() == *iid) {
+                Some(note) => {
+                    note.2.push(text.to_string());
+                    json_response(StatusCode::OK, json!({"id": note.0, "body": text}))
+                }
+                None => json_response(StatusCode::NOT_FOUND, json!({"message": "404 Not found"})),
+            }
         }
         _ => json_response(StatusCode::NOT_FOUND, json!({"message": format!("404 {method} {path} not handled by the stand-in")})),
     }

@@ -203,7 +203,8 @@ impl GitProvider for GitLab {
             "push_events": true,
             "push_events_branch_filter": branch,
             "tag_push_events": false,
-            "merge_requests_events": false,
+            // For preview environments (ignored while previews are off).
+            "merge_requests_events": true,
             "enable_ssl_verification": url.starts_with("https://"),
         });
         let answer = self.call(Method::POST, &format!("/projects/{}/hooks", repo.id), what, Some(body)).await?;

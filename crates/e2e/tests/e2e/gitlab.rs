@@ -21,7 +21,7 @@ pub(crate) fn no_redirects() -> reqwest::Client {
     reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).timeout(Duration::from_secs(20)).build().unwrap()
 }
 
-async fn configure(server: &ServerProcess, gitlab: &FakeGitlab, users: &[&str], groups: &[&str]) {
+pub(crate) async fn configure(server: &ServerProcess, gitlab: &FakeGitlab, users: &[&str], groups: &[&str]) {
     let (status, body) = server
         .call(
             Method::PUT,
@@ -121,7 +121,7 @@ pub(crate) async fn get_json(url: &str, accept: &str) -> (u16, String) {
 }
 
 /// A whole login as the stand-in's current user: the callback's answer.
-async fn login(server: &ServerProcess) -> (u16, String) {
+pub(crate) async fn login(server: &ServerProcess) -> (u16, String) {
     let (status, body, _) = login_with(server, "application/json", &[]).await;
     (status, body)
 }

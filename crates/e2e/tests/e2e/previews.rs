@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use cloudweb_e2e::github::{FakeGithub, WEBHOOK_SECRET};
+use cloudweb_e2e::gitlab::FakeGitlab;
 use cloudweb_e2e::{start_platform, unique_name, wait_for, Platform, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -170,5 +171,56 @@ async fn pull_requests_get_previews_that_follow_pushes_wait_for_forks_and_go_whe
     assert_eq!(previews(&server, &app).await["previews"], json!([]));
     let (_, parent) = server.call(Method::GET, &format!("/api/apps/{app}"), None).await.unwrap();
     assert_eq!(parent["env"], json!(["DATABASE_URL", "GREETING"]), "the app is untouched: {parent}");
+    agent.remove_containers();
+}
+
+/// A GitLab merge request gets a preview the same way, told by one note
+/// kept up to date; a title edit (an update with no new commit) does
+/// nothing; merging removes it.
+#[tokio::test]
+async fn a_gitlab_merge_request_gets_a_preview_and_a_note() {
+    let Platform { tmp, server, .. } = start_platform(&[]).await.unwrap();
+    let gitlab = FakeGitlab::start(&tmp.path().join("gitlab")).await.unwrap();
+    gitlab.add_user(21, "alice", "alice@example.com", true, &[]);
+    let project = gitlab.add_project("acme/site").unwrap();
+    gitlab.commit("acme/site", "main", &[("Dockerfile", DOCKERFILE), ("index.html", "main\n")], "main").unwrap();
+    crate::gitlab::configure(&server, &gitlab, &["alice"], &[]).await;
+    gitlab.login_as(21);
+    assert_eq!(crate::gitlab::login(&server).await.0, 200);
+    let agent = ready_agent(&server, &tmp.path().join("node")).await;
+    let app = unique_name("glpv");
+    let (status, created) = server.call(Method::POST, "/api/apps", Some(json!({"name": app, "gitlab_project": "acme/site", "port": 8080}))).await.unwrap();
+    assert_eq!(status, 201, "{created}");
+    let (status, _) = server.call(Method::PUT, &format!("/api/apps/{app}/previews/settings"), Some(json!({"enabled": true}))).await.unwrap();
+    assert_eq!(status, 200);
+
+    let one = gitlab.commit("acme/site", "topic", &[("index.html", "topic one\n")], "one").unwrap();
+    let answers = gitlab.deliver(project, &gitlab.merge_request_body(project, 3, "open", "topic", &one, None), "aa000000-0000-4000-8000-000000000001").await.unwrap();
+    assert_eq!(answers[0].0, 202, "{answers:?}");
+    let running = settle(&server, &agent, answers[0].1["deployment"].as_str().unwrap()).await;
+    assert_eq!((running["state"].as_str(), running["commit"].as_str()), (Some("running"), Some(one.as_str())), "{running}");
+    let url = format!("https://pr-3.{app}.");
+    wait_for(Duration::from_secs(30), "the merge request's note", || async {
+        gitlab.notes().iter().any(|(iid, bodies)| *iid == 3 && bodies.last().is_some_and(|b| b.contains(&url))).then_some(())
+    })
+    .await
+    .unwrap();
+    let answers = gitlab.deliver(project, &gitlab.merge_request_body(project, 3, "update", "topic", &one, None), "aa000000-0000-4000-8000-000000000002").await.unwrap();
+    assert_eq!((answers[0].0, answers[0].1["ignored"].as_str()), (200, Some("a merge request change with no new code")), "{answers:?}");
+    let two = gitlab.commit("acme/site", "topic", &[("index.html", "topic two\n")], "two").unwrap();
+    let answers = gitlab.deliver(project, &gitlab.merge_request_body(project, 3, "update", "topic", &two, Some(&one)), "aa000000-0000-4000-8000-000000000003").await.unwrap();
+    assert_eq!(answers[0].0, 202, "{answers:?}");
+    settle(&server, &agent, answers[0].1["deployment"].as_str().unwrap()).await;
+    wait_for(Duration::from_secs(30), "the note updated", || async {
+        let notes: Vec<_> = gitlab.notes().into_iter().filter(|(iid, _)| *iid == 3).collect();
+        (notes.len() == 1 && notes[0].1.last().is_some_and(|b| b.contains(&two[..12]))).then_some(())
+    })
+    .await
+    .expect("one note, updated");
+    let answers = gitlab.deliver(project, &gitlab.merge_request_body(project, 3, "merge", "topic", &two, None), "aa000000-0000-4000-8000-000000000004").await.unwrap();
+    assert_eq!((answers[0].0, answers[0].1["ignored"].as_str()), (200, Some("preview removed")), "{answers:?}");
+    let (status, _) = server.call(Method::GET, &format!("/api/apps/{app}-pr-3"), None).await.unwrap();
+    assert_eq!(status, 404);
+    wait_for(Duration::from_secs(60), "no preview container left", || async { containers_of(&format!("{app}-pr-3")).is_empty().then_some(()) }).await.unwrap();
     agent.remove_containers();
 }

@@ -9,7 +9,7 @@ use cloudweb_api_types::git::{WebhookAnswer, WebhookQueued};
 use cloudweb_core::previews::{self, Action, ChangeRequest, Outcome};
 use serde_json::Value;
 
-use super::webhooks::{commit_id, ignored};
+use super::events::{commit_id, ignored};
 use crate::error::ApiError;
 use crate::store::AppGitLinkRow;
 use crate::AppState;
@@ -48,6 +48,36 @@ pub fn from_pull_request(payload: &Value) -> Result<Option<ChangeRequest>, ApiEr
         head_sha,
         head_clone_url,
         from_fork,
+    }))
+}
+
+/// A GitLab merge request event (`object_kind: merge_request`); `None`
+/// for an action that brings no new code (an `update` with no `oldrev`
+/// changed the title or labels, not the commits).
+pub fn from_merge_request(payload: &Value) -> Result<Option<ChangeRequest>, ApiError> {
+    let bad = |what: &str| ApiError::BadRequest(format!("the merge request event has no {what}"));
+    let attributes = payload.get("object_attributes").ok_or_else(|| bad("object_attributes"))?;
+    let action = match attributes.get("action").and_then(Value::as_str).unwrap_or_default() {
+        "open" | "reopen" => Action::Updated,
+        "update" if attributes.get("oldrev").is_some_and(|v| !v.is_null()) => Action::Updated,
+        "close" | "merge" => Action::Closed,
+        _ => return Ok(None),
+    };
+    let text = |v: Option<&Value>, what: &str| v.and_then(Value::as_str).map(str::to_string).ok_or_else(|| bad(what));
+    let head_sha = text(attributes.get("last_commit").and_then(|c| c.get("id")), "object_attributes.last_commit.id")?;
+    if !commit_id(&head_sha) {
+        return Err(ApiError::BadRequest("last_commit.id is not a full commit id".into()));
+    }
+    let source = attributes.get("source_project_id").and_then(Value::as_i64);
+    let target = attributes.get("target_project_id").and_then(Value::as_i64);
+    Ok(Some(ChangeRequest {
+        number: attributes.get("iid").and_then(Value::as_i64).filter(|n| *n > 0).ok_or_else(|| bad("object_attributes.iid"))?,
+        action,
+        base_ref: text(attributes.get("target_branch"), "object_attributes.target_branch")?,
+        head_ref: text(attributes.get("source_branch"), "object_attributes.source_branch")?,
+        head_sha,
+        head_clone_url: text(attributes.get("source").and_then(|s| s.get("git_http_url")), "object_attributes.source.git_http_url")?,
+        from_fork: source.is_none() || source != target,
     }))
 }
 

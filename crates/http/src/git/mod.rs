@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod change_requests;
+mod events;
 pub mod gitea;
 pub mod gitea_login;
 pub mod github;

@@ -3,7 +3,8 @@
 //! `POST /api/webhooks/gitlab`: GitLab's push hook. The `X-Gitlab-Token`
 //! names the app (each app's hook has its own random secret, kept as a
 //! SHA-256 digest and compared in constant time); tag pushes, other
-//! events and pushes to other branches are acknowledged and ignored; a
+//! events and pushes to other branches are acknowledged and ignored (a
+//! merge request event goes to the app's preview environments); a
 //! redelivery (the same body: GitLab's event UUID is not signed, so a
 //! replay could carry any) deploys nothing more; a push queues exactly one
 //! deployment of its `checkout_sha` (the last commit of the push).
@@ -49,23 +50,7 @@ use crate::deploy::Origin;
 use crate::error::{body_bytes, ApiError};
 use crate::AppState;
 
-pub(super) fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim).filter(|v| !v.is_empty())
-}
-
-pub(super) fn ignored(reason: &str) -> (StatusCode, Json<WebhookAnswer>) {
-    (StatusCode::OK, Json(WebhookAnswer::Ignored(WebhookIgnored { ignored: reason.to_string(), deployment: None })))
-}
-
-/// A full commit id: 40 (SHA-1) or 64 (SHA-256) lowercase hex digits.
-pub(super) fn commit_id(text: &str) -> bool {
-    (text.len() == 40 || text.len() == 64) && text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
-/// The delivery id of a body that signs no time: its digest.
-pub(super) fn body_delivery(body: &[u8]) -> String {
-    format!("body-sha256:{}", hex::encode(Sha256::digest(body)))
-}
+pub(super) use super::events::{body_delivery, commit_id, header, ignored};
 
 /// How far a signed `X-Cloudweb-Timestamp` may be from the server's clock.
 pub const TIMESTAMP_TOLERANCE_S: i64 = 300;
@@ -174,12 +159,18 @@ pub async fn gitlab(State(state): State<Arc<AppState>>, headers: HeaderMap, body
     if kind == "tag_push" || header(&headers, "x-gitlab-event") == Some("Tag Push Hook") {
         return Ok(ignored("tag push"));
     }
-    if kind != "push" {
+    if kind != "push" && kind != "merge_request" {
         return Ok(ignored("not a push event"));
     }
     let project = payload.get("project_id").and_then(Value::as_i64).or_else(|| payload.get("project").and_then(|p| p.get("id")).and_then(Value::as_i64));
     if project != link.project_id {
         return Err(ApiError::Forbidden("the token belongs to another project".into()));
+    }
+    if kind == "merge_request" {
+        let Some(request) = super::change_requests::from_merge_request(&payload)? else {
+            return Ok(ignored("a merge request change with no new code"));
+        };
+        return super::change_requests::dispatch(&state, std::slice::from_ref(&link), &request, &body_delivery(&body)).await;
     }
     let reference = payload.get("ref").and_then(Value::as_str).unwrap_or_default();
     let app = state.store.app(&link.app).await?.ok_or_else(|| ApiError::NotFound(format!("no app {:?}", link.app)))?;
