@@ -293,7 +293,28 @@ async fn make_app(state: &AppState, app: &AppRow, link: &AppGitLinkRow, row: &Pr
 /// app, routes and record, and (`tell`) says why on its request. Whether
 /// there was one.
 pub async fn remove(state: &Arc<AppState>, app: &str, number: i64, why: &str, tell: bool) -> Result<bool, ApiError> {
-    let Some(row) = state.store.preview(app, number).await? else { return Ok(false) };
+    let Some(row) = remove_quietly(state, app, number, why).await? else { return Ok(false) };
+    if tell {
+        tell_removed(state.clone(), row, why.to_string());
+    }
+    Ok(true)
+}
+
+/// Removes every preview of an app that is being deleted (its previews
+/// would otherwise outlive it as apps of their own).
+pub async fn remove_all(state: &AppState, app: &str) -> Result<usize, ApiError> {
+    let mut removed = 0;
+    for preview in state.store.previews_of(app).await? {
+        if remove_quietly(state, app, preview.number, "its app was deleted").await?.is_some() {
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// [`remove`] without telling the request: the removed preview's record.
+async fn remove_quietly(state: &AppState, app: &str, number: i64, why: &str) -> Result<Option<PreviewRow>, ApiError> {
+    let Some(row) = state.store.preview(app, number).await? else { return Ok(None) };
     if state.store.app(&row.preview_app).await?.is_some() {
         for deployment in state.store.app_deployments(&row.preview_app).await? {
             if DeploymentState::parse(&deployment.state).is_some_and(|s| !s.is_terminal()) {
@@ -308,10 +329,7 @@ pub async fn remove(state: &Arc<AppState>, app: &str, number: i64, why: &str, te
     }
     state.store.delete_preview(app, number).await?;
     tracing::info!(app, number, preview = %row.preview_app, why, "removed a preview");
-    if tell {
-        tell_removed(state.clone(), row, why.to_string());
-    }
-    Ok(true)
+    Ok(Some(row))
 }
 
 /// Tells the request why its preview went, in the background: tried three

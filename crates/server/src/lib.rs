@@ -12,7 +12,7 @@
 // used (`cloudweb_server::config::Config`, `cloudweb_server::store`, ...).
 pub use cloudweb_core::{
     acme, alerts, ca, clock, config, deploy, deployment_state, heartbeats, hub, live, log_archive, mesh_endpoint, registry,
-    registry_credentials, routes, runtime_logs, secrets, services, store, volumes, AppState, ADMIN_TOKEN_FILE,
+    previews, registry_credentials, routes, runtime_logs, secrets, services, store, volumes, AppState, ADMIN_TOKEN_FILE,
 };
 pub use cloudweb_http::{agent_api, api, auth, error, git};
 pub use cloudweb_web as web;

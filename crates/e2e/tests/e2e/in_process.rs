@@ -263,3 +263,62 @@ async fn an_outage_open_before_a_restart_stays_open_until_the_node_is_heard_from
     let all = state.store.alerts(false, 10).await.unwrap();
     assert_eq!(all.iter().filter(|a| a.kind == "node_unreachable").map(|a| a.id.as_str()).collect::<Vec<_>>(), ["alt_old"]);
 }
+
+/// A preview with no push for its app's TTL is removed by the sweep (app,
+/// record and all), one pushed to within it stays, and the app is kept;
+/// deleting the app deletes its previews.
+#[tokio::test]
+async fn the_sweep_removes_previews_idle_past_their_ttl() {
+    use cloudweb_server::previews::{self, Action, ChangeRequest, Outcome};
+    use cloudweb_server::store::AppGitLinkRow;
+
+    let cp = InProcess::start().await;
+    let state = cp.server.state.clone();
+    let response = cp
+        .http
+        .post(format!("http://{}/api/apps", cp.server.api_addr))
+        .bearer_auth(&cp.admin)
+        .json(&json!({"name": "swept", "repo_url": "https://git.example.com/acme/swept.git", "port": 8080}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let link = AppGitLinkRow {
+        app: "swept".into(),
+        provider: "generic".into(),
+        project_id: None,
+        project_path: None,
+        account: None,
+        hook_id: None,
+        webhook_secret_sha256: "0".repeat(64),
+        webhook_secret_sealed: None,
+        created_at: 0,
+    };
+    state.store.insert_app_git_link(&link).await.unwrap();
+    previews::apply_settings(&state, "swept", true, None, Some(3600)).await.unwrap();
+    let app = state.store.app("swept").await.unwrap().unwrap();
+    let request = |number: i64| ChangeRequest {
+        number,
+        action: Action::Updated,
+        base_ref: "main".into(),
+        head_ref: format!("topic-{number}"),
+        head_sha: format!("{number:0>40}"),
+        head_clone_url: "https://git.example.com/acme/swept.git".into(),
+        from_fork: false,
+    };
+    assert!(matches!(previews::on_change_request(&state, &app, &link, &request(1)).await.unwrap(), Outcome::Deployed(_)));
+    cp.clock.advance(Duration::from_secs(3000));
+    assert!(matches!(previews::on_change_request(&state, &app, &link, &request(2)).await.unwrap(), Outcome::Deployed(_)));
+    assert_eq!(previews::sweep(&state).await.unwrap(), 0, "nothing is idle an hour yet");
+    cp.clock.advance(Duration::from_secs(700));
+    assert_eq!(previews::sweep(&state).await.unwrap(), 1, "the first is idle past its hour");
+    assert!(state.store.app("swept-pr-1").await.unwrap().is_none());
+    assert!(state.store.app("swept-pr-2").await.unwrap().is_some());
+    let left: Vec<i64> = state.store.previews_of("swept").await.unwrap().iter().map(|p| p.number).collect();
+    assert_eq!(left, [2]);
+    assert!(state.store.app("swept").await.unwrap().is_some());
+    // Deleting the app deletes its previews with it.
+    let response = cp.http.delete(format!("http://{}/api/apps/swept", cp.server.api_addr)).bearer_auth(&cp.admin).send().await.unwrap();
+    assert_eq!(response.status(), 204);
+    assert!(state.store.app("swept-pr-2").await.unwrap().is_none(), "no preview outlives its app");
+}

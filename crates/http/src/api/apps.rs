@@ -478,6 +478,7 @@ pub async fn delete_app(state: &AppState, name: &str, volumes: VolumesOnDelete) 
     load(state, name).await?;
     let doomed = super::volumes::before_app_delete(state, name, volumes).await?;
     crate::git::api::app_removed(state, name).await;
+    cloudweb_core::previews::remove_all(state, name).await?;
     cloudweb_core::tasks::app_deleting(state, name).await?;
     crate::deploy::stop_app(state, name).await?;
     state.store.delete_app(name).await?;
