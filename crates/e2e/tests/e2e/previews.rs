@@ -1,7 +1,8 @@
 //! Preview environments of GitHub pull requests, against the GitHub
 //! stand-in with real git, agent, Docker and registry: a request opened
 //! from a branch deploys its head as `<app>-pr-<n>` on
-//! `pr-<n>.<app>.<base domain>` with the app's variables except the
+//! `pr-<n>.<app>.<base domain>` (reached there through Caddy) with the
+//! app's variables except the
 //! production-only ones; a push to it deploys the new head; a request
 //! from a fork waits for approval, then runs with no variable of the app;
 //! a new one past the app's maximum removes the one pushed to longest
@@ -12,12 +13,12 @@ use std::time::Duration;
 
 use cloudweb_e2e::github::{FakeGithub, WEBHOOK_SECRET};
 use cloudweb_e2e::gitlab::FakeGitlab;
-use cloudweb_e2e::{start_platform, unique_name, wait_for, Platform, ServerProcess};
+use cloudweb_e2e::{caddy_bin, free_port, start_platform, unique_name, wait_for, AgentNode, Platform, ServerProcess};
 use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::github::{configure, ready_agent};
-use crate::gitlab::{cookie_pair, no_redirects, page, page_csrf, set_cookie, settle, DOCKERFILE};
+use crate::gitlab::{cookie_pair, no_redirects, page, page_csrf, set_cookie, settle, AGENT_FLAGS, DOCKERFILE};
 
 fn containers_of(app: &str) -> Vec<String> {
     let out = std::process::Command::new("docker").args(["ps", "-aq", "--filter", &format!("label=cloudweb.app={app}")]).output().unwrap();
@@ -37,7 +38,7 @@ async fn previews(server: &ServerProcess, app: &str) -> Value {
 
 #[tokio::test]
 async fn pull_requests_get_previews_that_follow_pushes_wait_for_forks_and_go_when_closed() {
-    let Platform { tmp, server, .. } = start_platform(&[]).await.unwrap();
+    let Platform { tmp, server, .. } = start_platform(&["--base-domain", "test"]).await.unwrap();
     let github = FakeGithub::start(&tmp.path().join("github")).await.unwrap();
     let installation = github.install("acme");
     github.add_repository("acme/site", installation).unwrap();
@@ -46,7 +47,20 @@ async fn pull_requests_get_previews_that_follow_pushes_wait_for_forks_and_go_whe
     let files = |text: &'static str| [("Dockerfile", DOCKERFILE), ("index.html", text)];
     github.commit("acme/site", "main", &files("main\n"), "main").unwrap();
     configure(&server, &github).await;
-    let agent = ready_agent(&server, &tmp.path().join("node")).await;
+    // One node that builds, runs and is the ingress (Caddy), to reach the
+    // preview on its host.
+    let (token, ca) = server.join_token().await.unwrap();
+    let mut agent = AgentNode::join(&server, &tmp.path().join("node"), "edge", &token, &ca, &["--ingress"]).unwrap().unwrap();
+    let (http_port, https_port) = (free_port().to_string(), free_port().to_string());
+    let caddy = caddy_bin().display().to_string();
+    agent.start(&[&AGENT_FLAGS[..], &["--http-port", &http_port, "--https-port", &https_port, "--caddy-bin", &caddy]].concat()).unwrap();
+    let node_id = agent.node_id.clone();
+    wait_for(Duration::from_secs(60), "the node and its ingress ready", || async {
+        let node = server.node(&node_id).await.ok()?;
+        (node["state"] == "ready" && node["features"].as_array()?.contains(&json!("traffic-metrics"))).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
     let app = unique_name("pv");
     let (status, created) = server.call(Method::POST, "/api/apps", Some(json!({"name": app, "github_repository": "acme/site", "port": 8080}))).await.unwrap();
     assert_eq!(status, 201, "{created}");
@@ -85,6 +99,21 @@ async fn pull_requests_get_previews_that_follow_pushes_wait_for_forks_and_go_whe
     let host = view["domains"][0].as_str().unwrap().to_string();
     assert!(host.starts_with(&format!("pr-7.{app}.")), "{view}");
     wait_for(Duration::from_secs(20), "the preview's route", || async { route_hosts(&server).await.contains(&host).then_some(()) }).await.unwrap();
+    // Reachable on its host, through the ingress, over HTTPS.
+    let root = wait_for(Duration::from_secs(30), "Caddy's local CA", || async { std::fs::read(agent.dir.join("caddy/data/caddy/pki/authorities/local/root.crt")).ok() }).await.unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&root).unwrap())
+        .resolve(&host, "127.0.0.1:0".parse().unwrap())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let preview_page = format!("https://{host}:{https_port}/index.html");
+    wait_for(Duration::from_secs(30), "the preview on its host", || async {
+        let response = client.get(&preview_page).send().await.ok()?;
+        (response.status() == 200).then_some(response.text().await.ok()?).filter(|t| t == "feature one\n")
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
     let listed = previews(&server, &app).await;
     assert_eq!((listed["previews"][0]["state"].as_str(), listed["previews"][0]["url"].as_str()), (Some("active"), Some(format!("https://{host}").as_str())), "{listed}");
     assert_eq!(listed["production_only"], json!(["DATABASE_URL"]));
