@@ -6,7 +6,7 @@ use utoipa::ToSchema;
 /// `PUT /api/apps/{name}/previews/settings`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"enabled": true, "max": 5, "ttl_seconds": 604800}))]
+#[schema(example = json!({"enabled": true, "max": 5, "ttl_seconds": 604800, "database": "empty"}))]
 pub struct PreviewSettingsInput {
     pub enabled: bool,
     /// At most this many previews at once, 1 to 20 (default 5): a new one
@@ -17,6 +17,14 @@ pub struct PreviewSettingsInput {
     /// days (default 7 days).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds: Option<i64>,
+    /// For each database service the app is linked to, a preview gets:
+    /// `none` (the default: no database link), `empty` (a new service of
+    /// the same kind and version) or `latest-backup` (a new service
+    /// restored from that service's newest backup; empty for a fork's
+    /// request). Deleted with the preview; their volumes are kept until
+    /// deleted by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -24,6 +32,8 @@ pub struct PreviewSettingsView {
     pub enabled: bool,
     pub max: i64,
     pub ttl_seconds: i64,
+    /// `none`, `empty` or `latest-backup`.
+    pub database: String,
 }
 
 /// One preview.
@@ -43,6 +53,8 @@ pub struct PreviewView {
     pub approved_by: Option<String>,
     /// The state of its newest deployment, if any.
     pub deployment: Option<String>,
+    /// The database services made for it.
+    pub services: Vec<String>,
     pub created_at: String,
     /// The last push (or approval): the TTL counts from here.
     pub updated_at: String,

@@ -30,6 +30,11 @@ pub enum PreviewsCommand {
         /// never set).
         #[arg(long, value_parser = crate::duration::parse)]
         ttl: Option<u32>,
+        /// For each database service the app is linked to: none (no link),
+        /// empty (a new one) or latest-backup (restored from its newest
+        /// backup; empty for a fork). Deleted with the preview; volumes kept.
+        #[arg(long, value_parser = ["none", "empty", "latest-backup"])]
+        database: Option<String>,
     },
     /// Build the head a fork's request waits with (it gets no variable of
     /// the app).
@@ -78,14 +83,14 @@ pub async fn run(api: &Api, command: PreviewsCommand, json: bool) -> Result<(), 
             }
             let s = &list.settings;
             let ttl = crate::duration::format(u32::try_from(s.ttl_seconds).unwrap_or(u32::MAX));
-            println!("previews {}: at most {}, removed after {ttl} with no push", if s.enabled { "on" } else { "off" }, s.max);
+            println!("previews {}: at most {}, removed after {ttl} with no push, databases: {}", if s.enabled { "on" } else { "off" }, s.max, s.database);
             if !list.production_only.is_empty() {
                 println!("production-only variables: {}", cell(&list.production_only.join(", ")));
             }
             print_previews(&list.previews);
         }
-        PreviewsCommand::Set { app, state, max, ttl } => {
-            let body = PreviewSettingsInput { enabled: state == "on", max, ttl_seconds: ttl.map(i64::from) };
+        PreviewsCommand::Set { app, state, max, ttl, database } => {
+            let body = PreviewSettingsInput { enabled: state == "on", max, ttl_seconds: ttl.map(i64::from), database };
             let view: PreviewSettingsView = api.call(Method::PUT, &format!("{}/previews/settings", app_path(&app)), Some(&body)).await?;
             if json {
                 render::json(&view);

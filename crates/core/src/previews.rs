@@ -12,8 +12,12 @@
 //!   someone else's code.
 //! - Otherwise it gets the app's variables except the production-only
 //!   ones, and clones as the app does.
+//! - With `database` set, each database service the app is linked to gets
+//!   a twin for the preview (empty, or restored from its newest backup),
+//!   linked under the same variable.
 //! - Closed or merged: the preview app goes (its builds cancelled, its
-//!   instances stopped, its routes and record removed). One with no push
+//!   instances stopped, its routes and record removed; its databases'
+//!   containers removed, their volumes kept until deleted by name). One with no push
 //!   for the app's TTL goes too ([`sweeper`]), and when a new one would
 //!   pass the app's maximum, the one pushed to longest ago goes first.
 //!
@@ -34,6 +38,9 @@ pub const MOST_MAX: i64 = 20;
 pub const DEFAULT_TTL_S: i64 = 7 * 86_400;
 pub const LEAST_TTL_S: i64 = 3600;
 pub const MOST_TTL_S: i64 = 90 * 86_400;
+
+/// What a preview gets for each database service its app is linked to.
+pub const DATABASE_MODES: [&str; 3] = ["none", "empty", "latest-backup"];
 
 pub const AWAITING_APPROVAL: &str = "awaiting-approval";
 pub const ACTIVE: &str = "active";
@@ -70,6 +77,8 @@ pub enum Outcome {
     Deployed(DeploymentRow),
     /// The preview already runs or builds this commit.
     Already(String),
+    /// Its new databases are starting: it deploys once they answer.
+    Starting,
     Removed,
 }
 
@@ -80,13 +89,14 @@ pub async fn settings(state: &AppState, app: &str) -> Result<PreviewSettingsRow,
         enabled: false,
         max_previews: DEFAULT_MAX,
         ttl_s: DEFAULT_TTL_S,
+        database: "none".into(),
         updated_at: 0,
     }))
 }
 
 /// Validates and stores an app's preview settings; what is not given keeps
 /// its value.
-pub async fn apply_settings(state: &AppState, app: &str, enabled: bool, max: Option<i64>, ttl_s: Option<i64>) -> Result<PreviewSettingsRow, ApiError> {
+pub async fn apply_settings(state: &AppState, app: &str, enabled: bool, max: Option<i64>, ttl_s: Option<i64>, database: Option<&str>) -> Result<PreviewSettingsRow, ApiError> {
     if state.store.preview_by_app(app).await?.is_some() {
         return Err(ApiError::BadRequest(format!("{app} is a preview: previews have no previews")));
     }
@@ -102,6 +112,12 @@ pub async fn apply_settings(state: &AppState, app: &str, enabled: bool, max: Opt
             return Err(ApiError::BadRequest("invalid ttl: from an hour to 90 days".into()));
         }
         row.ttl_s = ttl;
+    }
+    if let Some(database) = database {
+        if !DATABASE_MODES.contains(&database) {
+            return Err(ApiError::BadRequest(format!("invalid database {database:?}: none, empty or latest-backup")));
+        }
+        row.database = database.to_string();
     }
     row.enabled = enabled;
     row.updated_at = state.clock.now_ms();
@@ -158,6 +174,7 @@ pub async fn on_change_request(state: &Arc<AppState>, app: &AppRow, link: &AppGi
         approved_by: existing.as_ref().filter(|_| same_head).and_then(|e| e.approved_by.clone()),
         state: String::new(),
         comment_id: existing.as_ref().and_then(|e| e.comment_id),
+        services: existing.as_ref().map(|e| e.services.clone()).unwrap_or_default(),
         created_at: existing.as_ref().map_or(now, |e| e.created_at),
         updated_at: now,
     };
@@ -170,7 +187,7 @@ pub async fn on_change_request(state: &Arc<AppState>, app: &AppRow, link: &AppGi
     if existing.is_none() {
         make_room(state, &settings).await?;
     }
-    deploy_preview(state, app, link, PreviewRow { state: ACTIVE.into(), ..row }).await
+    deploy_preview(state, app, link, &settings, PreviewRow { state: ACTIVE.into(), ..row }).await
 }
 
 /// Approves the head a fork's request waits with, and deploys it.
@@ -188,7 +205,7 @@ pub async fn approve(state: &Arc<AppState>, app: &AppRow, number: i64, by: &str)
     }
     tracing::info!(app = %app.name, number, by, commit = %row.head_sha, "approved a fork's preview");
     let approved = PreviewRow { approved_by: Some(by.to_string()), state: ACTIVE.into(), updated_at: state.clock.now_ms(), ..row };
-    deploy_preview(state, app, &link, approved).await
+    deploy_preview(state, app, &link, &settings, approved).await
 }
 
 /// Removes the preview pushed to longest ago while the app has its most.
@@ -217,7 +234,7 @@ async fn preview_env(state: &AppState, app: &AppRow, row: &PreviewRow) -> Result
 }
 
 /// Makes the preview app (or moves its branch) and deploys the head.
-async fn deploy_preview(state: &AppState, app: &AppRow, link: &AppGitLinkRow, row: PreviewRow) -> Result<Outcome, ApiError> {
+async fn deploy_preview(state: &Arc<AppState>, app: &AppRow, link: &AppGitLinkRow, settings: &PreviewSettingsRow, mut row: PreviewRow) -> Result<Outcome, ApiError> {
     let env_sealed = preview_env(state, app, &row).await?;
     let preview = match state.store.app(&row.preview_app).await? {
         Some(mut preview) => {
@@ -231,7 +248,17 @@ async fn deploy_preview(state: &AppState, app: &AppRow, link: &AppGitLinkRow, ro
             state.store.set_app_env(&preview.name, &sealed).await?;
             preview
         }
-        None => make_app(state, app, link, &row, env_sealed).await?,
+        None => {
+            let preview = make_app(state, app, link, &row, env_sealed).await?;
+            state.store.put_preview(&row).await?;
+            make_databases(state, app, &settings.database, &mut row).await?;
+            if !row.services.is_empty() {
+                state.store.put_preview(&row).await?;
+                tokio::spawn(deploy_when_databases_answer(state.clone(), row));
+                return Ok(Outcome::Starting);
+            }
+            preview
+        }
     };
     state.store.put_preview(&row).await?;
     if let Some(newest) = state.store.app_deployments(&preview.name).await?.into_iter().next() {
@@ -289,6 +316,88 @@ async fn make_app(state: &AppState, app: &AppRow, link: &AppGitLinkRow, row: &Pr
     Ok(preview)
 }
 
+/// How long a new preview waits for its databases to report an address.
+const DATABASE_PATIENCE: Duration = Duration::from_secs(180);
+
+/// Deploys a new preview's head once its databases report an address (a
+/// deployment made before would fail at once, finding none), or says on
+/// the request that they did not start in time.
+async fn deploy_when_databases_answer(state: Arc<AppState>, row: PreviewRow) {
+    let started = tokio::time::Instant::now();
+    loop {
+        match crate::service_links::link_env(&state, &row.preview_app).await {
+            Ok(Ok(_)) => break,
+            Ok(Err(_)) if started.elapsed() < DATABASE_PATIENCE => tokio::time::sleep(Duration::from_secs(1)).await,
+            Ok(Err(why)) => {
+                tracing::warn!(preview = %row.preview_app, why, "a preview's database did not start in time");
+                let text = format!("**cloud-web preview** of `{}` did not start: {why} after {} s.", row.head_sha.get(..12).unwrap_or(&row.head_sha), DATABASE_PATIENCE.as_secs());
+                let _ = crate::git::preview_notes::note(&state, &row, &text).await;
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(preview = %row.preview_app, error = %err, "cannot read a preview's databases");
+                return;
+            }
+        }
+    }
+    // The newest head by now (a push may have come while waiting).
+    let (Ok(Some(current)), Ok(Some(preview))) = (state.store.preview(&row.app, row.number).await, state.store.app(&row.preview_app).await) else { return };
+    match deploy::create(&state, &preview, Origin::Source { commit: Some(current.head_sha.clone()) }).await {
+        Ok(deployment) => tracing::info!(preview = %preview.name, deployment = %deployment.id, commit = %current.head_sha, "deploying a preview once its databases answered"),
+        Err(err) => tracing::warn!(preview = %preview.name, error = %err, "could not deploy a preview once its databases answered"),
+    }
+}
+
+/// `pr<number>-<service>`, cut to a name's 63 characters.
+fn database_name(number: i64, service: &str) -> String {
+    let mut name = format!("pr{number}-{service}");
+    name.truncate(63);
+    name.trim_end_matches('-').to_string()
+}
+
+/// Makes, for each database service the app is linked to, one of the same
+/// kind and version for the preview (`mode` `empty`), or one restored from
+/// that service's newest successful backup (`latest-backup`; empty when
+/// there is none, and always for a fork's code), and links it under the
+/// same variable. Each one made is recorded on the preview at once, so a
+/// failure part way leaves none unaccounted for.
+async fn make_databases(state: &AppState, app: &AppRow, mode: &str, row: &mut PreviewRow) -> Result<(), ApiError> {
+    if mode == "none" {
+        return Ok(());
+    }
+    for link in state.store.app_links(&app.name).await? {
+        let Some(service) = state.store.service(&link.service).await? else { continue };
+        let name = database_name(row.number, &service.name);
+        let backup = match mode == "latest-backup" && !row.from_fork {
+            true => {
+                let key = crate::backups::Target::Service(service.name.clone()).key();
+                state.store.backup_jobs_of(&key, Some("backup"), 20).await?.into_iter().find(|j| j.state == "succeeded")
+            }
+            false => None,
+        };
+        match &backup {
+            Some(backup) => {
+                crate::backups::restore(state, &backup.id, Some(&name), None).await?;
+            }
+            None => {
+                let new = crate::services::NewService {
+                    name: name.clone(),
+                    kind: crate::service_links::kind_of(&service)?,
+                    version: service.version.clone(),
+                    node: None,
+                    memory_bytes: service.memory_bytes.map(|m| m.max(0) as u64),
+                };
+                crate::services::create(state, new).await?;
+            }
+        }
+        row.services.push(name.clone());
+        state.store.put_preview(row).await?;
+        crate::services::link(state, &name, &row.preview_app, Some(&link.variable)).await?;
+        tracing::info!(app = %app.name, preview = %row.preview_app, service = %name, from_backup = backup.as_ref().map(|b| b.id.as_str()), "made a database for a preview");
+    }
+    Ok(())
+}
+
 /// Removes a preview: cancels its builds, stops its instances, removes its
 /// app, routes and record, and (`tell`) says why on its request. Whether
 /// there was one.
@@ -326,6 +435,14 @@ async fn remove_quietly(state: &AppState, app: &str, number: i64, why: &str) -> 
         state.store.delete_app(&row.preview_app).await?;
         state.runtime_logs.forget(&row.preview_app);
         crate::routes::app_changed(state, &row.preview_app).await?;
+    }
+    // Its databases: their containers go; their volumes stay, detached,
+    // until deleted by name (data goes only on an explicit request).
+    for service in &row.services {
+        match crate::services::delete(state, service).await {
+            Ok(_) | Err(ApiError::NotFound(_)) => {}
+            Err(err) => tracing::warn!(app, number, service, error = %err, "could not delete a preview's database; delete it by name"),
+        }
     }
     state.store.delete_preview(app, number).await?;
     tracing::info!(app, number, preview = %row.preview_app, why, "removed a preview");

@@ -12,6 +12,8 @@ pub struct PreviewSettingsRow {
     pub enabled: bool,
     pub max_previews: i64,
     pub ttl_s: i64,
+    /// `none`, `empty` or `latest-backup`.
+    pub database: String,
     pub updated_at: i64,
 }
 
@@ -29,11 +31,13 @@ pub struct PreviewRow {
     pub state: String,
     /// The comment on the request that says where the preview stands.
     pub comment_id: Option<i64>,
+    /// The services made for this preview.
+    pub services: Vec<String>,
     pub created_at: i64,
     pub updated_at: i64,
 }
 
-const COLUMNS: &str = "app, number, preview_app, head_ref, head_sha, head_clone_url, from_fork, approved_by, state, comment_id, created_at, updated_at";
+const COLUMNS: &str = "app, number, preview_app, head_ref, head_sha, head_clone_url, from_fork, approved_by, state, comment_id, services, created_at, updated_at";
 
 fn preview_from(row: &impl Cols) -> PreviewRow {
     PreviewRow {
@@ -47,6 +51,7 @@ fn preview_from(row: &impl Cols) -> PreviewRow {
         approved_by: row.col("approved_by"),
         state: row.col("state"),
         comment_id: row.col("comment_id"),
+        services: serde_json::from_str(&row.col::<String>("services")).unwrap_or_default(),
         created_at: row.col("created_at"),
         updated_at: row.col("updated_at"),
     }
@@ -55,12 +60,13 @@ fn preview_from(row: &impl Cols) -> PreviewRow {
 impl Store {
     pub async fn preview_settings(&self, app: &str) -> Result<Option<PreviewSettingsRow>, StoreError> {
         on_db!(self, pool => {
-            let row = sqlx::query("SELECT app, enabled, max_previews, ttl_s, updated_at FROM preview_settings WHERE app = $1").bind(app).fetch_optional(pool).await?;
+            let row = sqlx::query("SELECT app, enabled, max_previews, ttl_s, database, updated_at FROM preview_settings WHERE app = $1").bind(app).fetch_optional(pool).await?;
             Ok(row.map(|row| PreviewSettingsRow {
                 app: row.col("app"),
                 enabled: row.col("enabled"),
                 max_previews: row.col("max_previews"),
                 ttl_s: row.col("ttl_s"),
+                database: row.col("database"),
                 updated_at: row.col("updated_at"),
             }))
         })
@@ -69,13 +75,15 @@ impl Store {
     pub async fn put_preview_settings(&self, settings: &PreviewSettingsRow) -> Result<(), StoreError> {
         on_db!(self, pool => {
             sqlx::query(
-                "INSERT INTO preview_settings (app, enabled, max_previews, ttl_s, updated_at) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (app) DO UPDATE SET enabled = excluded.enabled, max_previews = excluded.max_previews, ttl_s = excluded.ttl_s, updated_at = excluded.updated_at",
+                "INSERT INTO preview_settings (app, enabled, max_previews, ttl_s, database, updated_at) VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (app) DO UPDATE SET enabled = excluded.enabled, max_previews = excluded.max_previews, ttl_s = excluded.ttl_s, \
+             database = excluded.database, updated_at = excluded.updated_at",
             )
             .bind(&settings.app)
             .bind(settings.enabled)
             .bind(settings.max_previews)
             .bind(settings.ttl_s)
+            .bind(&settings.database)
             .bind(settings.updated_at)
             .execute(pool)
             .await?;
@@ -118,9 +126,9 @@ impl Store {
     pub async fn put_preview(&self, preview: &PreviewRow) -> Result<(), StoreError> {
         on_db!(self, pool => {
             sqlx::query(&format!(
-                "INSERT INTO previews ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (app, number) DO UPDATE SET \
+                "INSERT INTO previews ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (app, number) DO UPDATE SET \
              preview_app = excluded.preview_app, head_ref = excluded.head_ref, head_sha = excluded.head_sha, head_clone_url = excluded.head_clone_url, \
-             from_fork = excluded.from_fork, approved_by = excluded.approved_by, state = excluded.state, updated_at = excluded.updated_at"
+             from_fork = excluded.from_fork, approved_by = excluded.approved_by, state = excluded.state, services = excluded.services, updated_at = excluded.updated_at"
             ))
             .bind(&preview.app)
             .bind(preview.number)
@@ -132,6 +140,7 @@ impl Store {
             .bind(&preview.approved_by)
             .bind(&preview.state)
             .bind(preview.comment_id)
+            .bind(serde_json::to_string(&preview.services).expect("names serialize"))
             .bind(preview.created_at)
             .bind(preview.updated_at)
             .execute(pool)

@@ -253,3 +253,108 @@ async fn a_gitlab_merge_request_gets_a_preview_and_a_note() {
     wait_for(Duration::from_secs(60), "no preview container left", || async { containers_of(&format!("{app}-pr-3")).is_empty().then_some(()) }).await.unwrap();
     agent.remove_containers();
 }
+
+/// With `database: empty`, a preview of an app linked to a PostgreSQL
+/// service gets one of its own, linked under the same variable (not the
+/// app's); when the preview goes, that service goes and its volume stays,
+/// detached. With `latest-backup`, the preview's database holds the rows
+/// of the app's database's newest backup.
+#[tokio::test]
+async fn a_preview_gets_a_database_of_its_own() {
+    use cloudweb_e2e::services::{ensure_service_images, psql_in, service_ports, services_node};
+    const PG: &str = "cloudweb-test/postgres:15";
+    const SHOW_URL: &str = "FROM cloudweb-test/busybox:latest\n\
+CMD [\"sh\", \"-c\", \"mkdir -p /www && echo \\\"$DATABASE_URL\\\" > /www/url && exec httpd -f -p 8080 -h /www\"]\n";
+    ensure_service_images();
+    let ports = service_ports();
+    let Platform { tmp, server, .. } = start_platform(&["--service-image", &format!("postgres={PG}"), "--service-ports", &ports]).await.unwrap();
+    let github = FakeGithub::start(&tmp.path().join("github")).await.unwrap();
+    let installation = github.install("acme");
+    github.add_repository("acme/site", installation).unwrap();
+    github.commit("acme/site", "main", &[("Dockerfile", SHOW_URL)], "main").unwrap();
+    configure(&server, &github).await;
+    let agent = services_node(&server, tmp.path(), "db-node").await;
+    let app = unique_name("pvdb");
+    let (status, created) = server.call(Method::POST, "/api/apps", Some(json!({"name": app, "github_repository": "acme/site", "port": 8080}))).await.unwrap();
+    assert_eq!(status, 201, "{created}");
+    let db = unique_name("db");
+    let (status, body) = server.call(Method::POST, "/api/services", Some(json!({"name": db, "type": "postgres"}))).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = server.call(Method::POST, &format!("/api/services/{db}/links"), Some(json!({"app": app}))).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = server.call(Method::PUT, &format!("/api/apps/{app}/previews/settings"), Some(json!({"enabled": true, "database": "copy"}))).await.unwrap();
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = server.call(Method::PUT, &format!("/api/apps/{app}/previews/settings"), Some(json!({"enabled": true, "database": "empty"}))).await.unwrap();
+    assert_eq!((status, body["database"].as_str()), (200, Some("empty")), "{body}");
+
+    let head = github.commit("acme/site", "topic", &[("README", "topic\n")], "topic").unwrap();
+    let hook = server.api("/api/webhooks/github");
+    let (status, answer) = github.deliver(&hook, "pull_request", &github.pull_request_body("acme/site", 4, "opened", "acme/site", "topic", &head), "44444444-0000-4000-8000-000000000001", WEBHOOK_SECRET).await.unwrap();
+    assert_eq!((status, answer["ignored"].as_str()), (200, Some("deploying once the preview's databases answer")), "{answer}");
+    let own = format!("pr4-{db}");
+    let listed = previews(&server, &app).await;
+    assert_eq!(listed["previews"][0]["services"], json!([own]), "{listed}");
+    let service = wait_for(Duration::from_secs(120), "the preview's database healthy", || async {
+        let (_, view) = server.call(Method::GET, &format!("/api/services/{own}"), None).await.ok()?;
+        (view["state"] == "healthy").then_some(view)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.log_text()));
+    let deployment = wait_for(Duration::from_secs(30), "the preview's deployment", || async {
+        let (_, list) = server.call(Method::GET, &format!("/api/apps/{app}-pr-4/deployments"), None).await.ok()?;
+        list["deployments"][0]["id"].as_str().map(str::to_string)
+    })
+    .await
+    .unwrap();
+    let running = settle(&server, &agent, &deployment).await;
+    assert_eq!((running["state"].as_str(), running["commit"].as_str()), (Some("running"), Some(head.as_str())), "{running}");
+    let address = running["instances"][0]["address"].as_str().unwrap().to_string();
+    let url = reqwest::get(format!("http://{address}/url")).await.unwrap().text().await.unwrap();
+    let own_address = service["address"].as_str().unwrap();
+    assert!(url.contains(own_address), "the preview's DATABASE_URL is its own database's ({own_address}): {url}");
+    let (_, parent_db) = server.call(Method::GET, &format!("/api/services/{db}"), None).await.unwrap();
+    assert!(!url.contains(parent_db["address"].as_str().unwrap()), "never the app's database");
+
+    let (status, answer) = github.deliver(&hook, "pull_request", &github.pull_request_body("acme/site", 4, "closed", "acme/site", "topic", &head), "44444444-0000-4000-8000-000000000002", WEBHOOK_SECRET).await.unwrap();
+    assert_eq!((status, answer["ignored"].as_str()), (200, Some("preview removed")), "{answer}");
+    let (status, _) = server.call(Method::GET, &format!("/api/services/{own}"), None).await.unwrap();
+    assert_eq!(status, 404, "the preview's database went with it");
+    let (_, volumes) = server.call(Method::GET, "/api/volumes", None).await.unwrap();
+    assert!(volumes["volumes"].as_array().unwrap().iter().any(|v| v["name"] == format!("svc-{own}")), "its volume stays until deleted by name: {volumes}");
+    let (status, _) = server.call(Method::GET, &format!("/api/services/{db}"), None).await.unwrap();
+    assert_eq!(status, 200, "the app's database is untouched");
+
+    // `latest-backup`: the preview's database is restored from the app's
+    // database's newest backup.
+    let rows = wait_for(Duration::from_secs(60), "the app's database to answer", || async {
+        psql_in(&db, "CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 3); SELECT count(*) FROM items").ok()
+    })
+    .await
+    .unwrap();
+    assert!(rows.ends_with("\n3"), "{rows}");
+    let target = tmp.path().join("backups");
+    std::fs::create_dir_all(&target).unwrap();
+    let (status, body) = server.call(Method::POST, "/api/backup-destinations", Some(json!({"name": "local", "kind": "path", "path": target.to_string_lossy()}))).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let (status, job) = server.call(Method::POST, &format!("/api/services/{db}/backups"), None).await.unwrap();
+    assert!(status == 201 || status == 202, "{status} {job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    wait_for(Duration::from_secs(120), "the backup", || async {
+        let (_, job) = server.call(Method::GET, &format!("/api/backups/{id}"), None).await.ok()?;
+        (job["state"] == "succeeded").then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}
+{}", agent.log_text()));
+    let (status, body) = server.call(Method::PUT, &format!("/api/apps/{app}/previews/settings"), Some(json!({"enabled": true, "database": "latest-backup"}))).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (status, answer) = github.deliver(&hook, "pull_request", &github.pull_request_body("acme/site", 5, "opened", "acme/site", "topic", &head), "44444444-0000-4000-8000-000000000003", WEBHOOK_SECRET).await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let restored = format!("pr5-{db}");
+    let count = wait_for(Duration::from_secs(120), "the preview's database restored", || async { psql_in(&restored, "SELECT count(*) FROM items").ok() }).await.unwrap_or_else(|e| panic!("{e}
+{}", agent.log_text()));
+    assert_eq!(count, "3", "the app's rows, restored into the preview's own database");
+    let (status, _) = github.deliver(&hook, "pull_request", &github.pull_request_body("acme/site", 5, "closed", "acme/site", "topic", &head), "44444444-0000-4000-8000-000000000004", WEBHOOK_SECRET).await.unwrap();
+    assert_eq!(status, 200);
+    agent.remove_containers();
+}

@@ -28,7 +28,7 @@ async fn load(state: &AppState, name: &str) -> Result<AppRow, ApiError> {
 }
 
 fn settings_view(row: &PreviewSettingsRow) -> PreviewSettingsView {
-    PreviewSettingsView { enabled: row.enabled, max: row.max_previews, ttl_seconds: row.ttl_s }
+    PreviewSettingsView { enabled: row.enabled, max: row.max_previews, ttl_seconds: row.ttl_s, database: row.database.clone() }
 }
 
 async fn preview_view(state: &AppState, row: &PreviewRow) -> Result<PreviewView, ApiError> {
@@ -43,6 +43,7 @@ async fn preview_view(state: &AppState, row: &PreviewRow) -> Result<PreviewView,
         from_fork: row.from_fork,
         approved_by: row.approved_by.clone(),
         deployment,
+        services: row.services.clone(),
         created_at: rfc3339_ms(row.created_at),
         updated_at: rfc3339_ms(row.updated_at),
     })
@@ -69,7 +70,7 @@ pub async fn list(State(state): State<Arc<AppState>>, Path(name): Path<String>) 
 pub async fn put_settings(State(state): State<Arc<AppState>>, Path(name): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Json<PreviewSettingsView>, ApiError> {
     let input: PreviewSettingsInput = parse_json(&body_bytes(body)?)?;
     load(&state, &name).await?;
-    let row = previews::apply_settings(&state, &name, input.enabled, input.max, input.ttl_seconds).await?;
+    let row = previews::apply_settings(&state, &name, input.enabled, input.max, input.ttl_seconds, input.database.as_deref()).await?;
     Ok(Json(settings_view(&row)))
 }
 
@@ -100,7 +101,7 @@ pub async fn put_production_only(State(state): State<Arc<AppState>>, Path(name):
 #[utoipa::path(post, path = "/api/apps/{name}/previews/{number}/approve", operation_id = "previews_approve", tag = "apps",
     params(("name" = String, Path, description = "The app's name"), ("number" = i64, Path, description = "The pull or merge request's number")),
     responses(
-        (status = 202, description = "Approved: the head is deploying, with no variable of the app", body = PreviewView),
+        (status = 202, description = "Approved: the head is deploying (or will once its databases answer), with no variable of the app", body = PreviewView),
         (status = 404, description = "No such app or preview", body = ErrorBody),
         (status = 409, description = "The preview waits for no approval", body = ErrorBody),
     ))]
@@ -108,7 +109,7 @@ pub async fn approve(State(state): State<Arc<AppState>>, Extension(principal): E
     let app = load(&state, &name).await?;
     let by = principal.user().map_or_else(|| "admin".to_string(), |u| u.name.clone());
     match previews::approve(&state, &app, number, &by).await? {
-        Outcome::Deployed(_) | Outcome::Already(_) => {}
+        Outcome::Deployed(_) | Outcome::Already(_) | Outcome::Starting => {}
         other => return Err(ApiError::Internal(format!("approving preview {number} of {name}: {other:?}"))),
     }
     let row = state.store.preview(&name, number).await?.ok_or_else(|| ApiError::NotFound(format!("{name} has no preview of request {number}")))?;

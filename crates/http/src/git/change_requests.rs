@@ -116,6 +116,7 @@ pub async fn dispatch(state: &std::sync::Arc<AppState>, links: &[AppGitLinkRow],
                 why = "already deploying this commit".into();
             }
             Outcome::AwaitingApproval => why = "from a fork: waiting for approval".into(),
+            Outcome::Starting => why = "deploying once the preview's databases answer".into(),
             Outcome::Removed => why = "preview removed".into(),
             Outcome::Ignored(reason) => {
                 let _ = state.store.release_webhook_delivery(&app.name, body_key).await;

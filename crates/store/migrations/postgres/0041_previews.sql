@@ -9,6 +9,11 @@ CREATE TABLE preview_settings (
     enabled BOOLEAN NOT NULL,
     max_previews BIGINT NOT NULL,
     ttl_s BIGINT NOT NULL,
+    -- What a preview gets for each database service the app is linked to:
+    -- 'none', 'empty' (a new service of the same kind and version) or
+    -- 'latest-backup' (a new service restored from that service's newest
+    -- backup; a fork's preview gets an empty one).
+    database TEXT NOT NULL DEFAULT 'none',
     updated_at BIGINT NOT NULL
 );
 
@@ -29,6 +34,9 @@ CREATE TABLE previews (
     -- The one comment on the request that says where the preview stands
     -- (updated, never a new one per push).
     comment_id BIGINT,
+    -- JSON array: the services made for this preview (deleted with it;
+    -- their volumes stay, detached, until deleted by name).
+    services TEXT NOT NULL DEFAULT '[]',
     created_at BIGINT NOT NULL,
     -- The last push (or approval): the TTL counts from here.
     updated_at BIGINT NOT NULL,
