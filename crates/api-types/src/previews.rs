@@ -66,6 +66,8 @@ pub struct PreviewList {
     pub settings: PreviewSettingsView,
     /// The variables previews never get.
     pub production_only: Vec<String>,
+    /// The names of the variables previews get on top of the app's.
+    pub preview_env: Vec<String>,
     pub previews: Vec<PreviewView>,
 }
 

@@ -4,6 +4,7 @@
 //! previews never get.
 
 use clap::Subcommand;
+use cloudweb_api_types::apps::{EnvVars, EnvView};
 use cloudweb_api_types::previews::{PreviewList, PreviewSettingsInput, PreviewSettingsView, PreviewView, ProductionOnly};
 use reqwest::Method;
 
@@ -41,6 +42,10 @@ pub enum PreviewsCommand {
     Approve { app: String, number: i64 },
     /// Remove a preview now (its builds cancelled, its app and route gone).
     Rm { app: String, number: i64 },
+    /// The variables previews get on top of the app's, NAME=VALUE each
+    /// (replaces them all; none given: no overrides). A fork's preview
+    /// never gets them.
+    Env { app: String, vars: Vec<String> },
     /// The app's variables its previews never get (replaces the list; none
     /// given: previews get every variable).
     ProductionOnly { app: String, names: Vec<String> },
@@ -84,6 +89,9 @@ pub async fn run(api: &Api, command: PreviewsCommand, json: bool) -> Result<(), 
             let s = &list.settings;
             let ttl = crate::duration::format(u32::try_from(s.ttl_seconds).unwrap_or(u32::MAX));
             println!("previews {}: at most {}, removed after {ttl} with no push, databases: {}", if s.enabled { "on" } else { "off" }, s.max, s.database);
+            if !list.preview_env.is_empty() {
+                println!("preview variables: {}", cell(&list.preview_env.join(", ")));
+            }
             if !list.production_only.is_empty() {
                 println!("production-only variables: {}", cell(&list.production_only.join(", ")));
             }
@@ -110,6 +118,21 @@ pub async fn run(api: &Api, command: PreviewsCommand, json: bool) -> Result<(), 
             api.delete(&format!("{}/previews/{number}", app_path(&app))).await?;
             if !json {
                 println!("removed the preview of request {number} of {}", cell(&app));
+            }
+        }
+        PreviewsCommand::Env { app, vars } => {
+            let mut map = std::collections::BTreeMap::new();
+            for pair in vars {
+                let (name, value) = pair.split_once('=').ok_or_else(|| Failure::Usage(format!("{pair:?} is not NAME=VALUE")))?;
+                map.insert(name.to_string(), value.to_string());
+            }
+            let view: EnvView = api.call(Method::PUT, &format!("{}/previews/env", app_path(&app)), Some(&EnvVars(map))).await?;
+            if json {
+                render::json(&view);
+            } else if view.env.is_empty() {
+                println!("previews of {} get no variables on top of the app's", cell(&app));
+            } else {
+                println!("previews of {} get on top of the app's: {}", cell(&app), cell(&view.env.join(", ")));
             }
         }
         PreviewsCommand::ProductionOnly { app, names } => {

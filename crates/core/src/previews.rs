@@ -90,6 +90,7 @@ pub async fn settings(state: &AppState, app: &str) -> Result<PreviewSettingsRow,
         max_previews: DEFAULT_MAX,
         ttl_s: DEFAULT_TTL_S,
         database: "none".into(),
+        env_sealed: None,
         updated_at: 0,
     }))
 }
@@ -208,6 +209,30 @@ pub async fn approve(state: &Arc<AppState>, app: &AppRow, number: i64, by: &str)
     deploy_preview(state, app, &link, &settings, approved).await
 }
 
+fn overrides_context(app: &str) -> String {
+    format!("preview-env:{app}")
+}
+
+/// The variables previews get on top of the app's.
+pub fn overrides(state: &AppState, settings: &PreviewSettingsRow) -> Result<std::collections::BTreeMap<String, String>, ApiError> {
+    match &settings.env_sealed {
+        None => Ok(Default::default()),
+        Some(sealed) => state.sealer.open_json(&overrides_context(&settings.app), sealed).map_err(|e| ApiError::Internal(format!("preview variables of {}: {e}", settings.app))),
+    }
+}
+
+/// Replaces the variables previews get on top of the app's (from the next
+/// preview deployment on).
+pub async fn set_overrides(state: &AppState, app: &str, vars: &std::collections::BTreeMap<String, String>) -> Result<(), ApiError> {
+    cloudweb_protocol::deploy::env(vars)?;
+    let mut row = settings(state, app).await?;
+    row.env_sealed = (!vars.is_empty()).then(|| state.sealer.seal_json(&overrides_context(app), vars));
+    row.updated_at = state.clock.now_ms();
+    state.store.put_preview_settings(&row).await?;
+    tracing::info!(app, variables = vars.len(), "preview variables saved");
+    Ok(())
+}
+
 /// Removes the preview pushed to longest ago while the app has its most.
 async fn make_room(state: &Arc<AppState>, settings: &PreviewSettingsRow) -> Result<(), ApiError> {
     let mut active: Vec<PreviewRow> = state.store.previews_of(&settings.app).await?.into_iter().filter(|p| p.state == ACTIVE).collect();
@@ -221,7 +246,7 @@ async fn make_room(state: &Arc<AppState>, settings: &PreviewSettingsRow) -> Resu
 }
 
 /// The preview's variables (sealed): none for a fork's, else the app's
-/// without the production-only ones.
+/// without the production-only ones, with the preview overrides on top.
 async fn preview_env(state: &AppState, app: &AppRow, row: &PreviewRow) -> Result<Option<String>, ApiError> {
     if row.from_fork {
         return Ok(None);
@@ -230,6 +255,7 @@ async fn preview_env(state: &AppState, app: &AppRow, row: &PreviewRow) -> Result
     for name in state.store.production_only_env(&app.name).await? {
         vars.remove(&name);
     }
+    vars.extend(overrides(state, &settings(state, &app.name).await?)?);
     Ok(Some(state.sealer.seal_json(&deploy::env_context(&row.preview_app), &vars)))
 }
 

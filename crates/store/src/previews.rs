@@ -14,6 +14,8 @@ pub struct PreviewSettingsRow {
     pub ttl_s: i64,
     /// `none`, `empty` or `latest-backup`.
     pub database: String,
+    /// Variables previews get on top of the app's (sealed).
+    pub env_sealed: Option<String>,
     pub updated_at: i64,
 }
 
@@ -60,13 +62,14 @@ fn preview_from(row: &impl Cols) -> PreviewRow {
 impl Store {
     pub async fn preview_settings(&self, app: &str) -> Result<Option<PreviewSettingsRow>, StoreError> {
         on_db!(self, pool => {
-            let row = sqlx::query("SELECT app, enabled, max_previews, ttl_s, database, updated_at FROM preview_settings WHERE app = $1").bind(app).fetch_optional(pool).await?;
+            let row = sqlx::query("SELECT app, enabled, max_previews, ttl_s, database, env_sealed, updated_at FROM preview_settings WHERE app = $1").bind(app).fetch_optional(pool).await?;
             Ok(row.map(|row| PreviewSettingsRow {
                 app: row.col("app"),
                 enabled: row.col("enabled"),
                 max_previews: row.col("max_previews"),
                 ttl_s: row.col("ttl_s"),
                 database: row.col("database"),
+                env_sealed: row.col("env_sealed"),
                 updated_at: row.col("updated_at"),
             }))
         })
@@ -75,15 +78,16 @@ impl Store {
     pub async fn put_preview_settings(&self, settings: &PreviewSettingsRow) -> Result<(), StoreError> {
         on_db!(self, pool => {
             sqlx::query(
-                "INSERT INTO preview_settings (app, enabled, max_previews, ttl_s, database, updated_at) VALUES ($1, $2, $3, $4, $5, $6) \
+                "INSERT INTO preview_settings (app, enabled, max_previews, ttl_s, database, env_sealed, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
              ON CONFLICT (app) DO UPDATE SET enabled = excluded.enabled, max_previews = excluded.max_previews, ttl_s = excluded.ttl_s, \
-             database = excluded.database, updated_at = excluded.updated_at",
+             database = excluded.database, env_sealed = excluded.env_sealed, updated_at = excluded.updated_at",
             )
             .bind(&settings.app)
             .bind(settings.enabled)
             .bind(settings.max_previews)
             .bind(settings.ttl_s)
             .bind(&settings.database)
+            .bind(&settings.env_sealed)
             .bind(settings.updated_at)
             .execute(pool)
             .await?;

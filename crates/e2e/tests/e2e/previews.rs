@@ -68,6 +68,8 @@ async fn pull_requests_get_previews_that_follow_pushes_wait_for_forks_and_go_whe
     assert_eq!(status, 200);
     let (status, body) = server.call(Method::PUT, &format!("/api/apps/{app}/env/production-only"), Some(json!({"names": ["DATABASE_URL"]}))).await.unwrap();
     assert_eq!(status, 200, "{body}");
+    let (status, body) = server.call(Method::PUT, &format!("/api/apps/{app}/previews/env"), Some(json!({"API_URL": "https://staging.example"}))).await.unwrap();
+    assert_eq!(status, 200, "{body}");
     let hook = server.api("/api/webhooks/github");
     let deliver = |body: Value, n: u32| {
         let (github, hook) = (&github, hook.clone());
@@ -95,7 +97,7 @@ async fn pull_requests_get_previews_that_follow_pushes_wait_for_forks_and_go_whe
     let address = running["instances"][0]["address"].as_str().unwrap().to_string();
     assert_eq!(reqwest::get(format!("http://{address}/index.html")).await.unwrap().text().await.unwrap(), "feature one\n");
     let (_, view) = server.call(Method::GET, &format!("/api/apps/{preview}"), None).await.unwrap();
-    assert_eq!(view["env"], json!(["GREETING"]), "{view}");
+    assert_eq!(view["env"], json!(["API_URL", "GREETING"]), "the app's minus production-only, plus the preview's own: {view}");
     let host = view["domains"][0].as_str().unwrap().to_string();
     assert!(host.starts_with(&format!("pr-7.{app}.")), "{view}");
     wait_for(Duration::from_secs(20), "the preview's route", || async { route_hosts(&server).await.contains(&host).then_some(()) }).await.unwrap();
@@ -117,6 +119,7 @@ async fn pull_requests_get_previews_that_follow_pushes_wait_for_forks_and_go_whe
     let listed = previews(&server, &app).await;
     assert_eq!((listed["previews"][0]["state"].as_str(), listed["previews"][0]["url"].as_str()), (Some("active"), Some(format!("https://{host}").as_str())), "{listed}");
     assert_eq!(listed["production_only"], json!(["DATABASE_URL"]));
+    assert_eq!(listed["preview_env"], json!(["API_URL"]));
 
     // The request is told: one comment with the URL, and the running
     // status links to the preview.

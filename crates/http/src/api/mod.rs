@@ -68,6 +68,7 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(previews::put_production_only))
         .routes(routes!(previews::list))
         .routes(routes!(previews::put_settings))
+        .routes(routes!(previews::put_env))
         .routes(routes!(previews::approve))
         .routes(routes!(previews::remove))
         .routes(routes!(apps::set_domains))

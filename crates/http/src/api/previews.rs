@@ -9,6 +9,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
+use cloudweb_api_types::apps::{EnvVars, EnvView};
 use cloudweb_api_types::previews::{PreviewList, PreviewSettingsInput, PreviewSettingsView, PreviewView, ProductionOnly};
 use cloudweb_api_types::ErrorBody;
 use cloudweb_core::previews::{self, Outcome};
@@ -58,7 +59,8 @@ pub async fn list(State(state): State<Arc<AppState>>, Path(name): Path<String>) 
     for row in state.store.previews_of(&name).await? {
         list.push(preview_view(&state, &row).await?);
     }
-    Ok(Json(PreviewList { settings: settings_view(&settings), production_only: state.store.production_only_env(&name).await?, previews: list }))
+    let preview_env = previews::overrides(&state, &settings)?.into_keys().collect();
+    Ok(Json(PreviewList { settings: settings_view(&settings), production_only: state.store.production_only_env(&name).await?, preview_env, previews: list }))
 }
 
 #[utoipa::path(put, path = "/api/apps/{name}/previews/settings", operation_id = "previews_settings_replace", tag = "apps", params(("name" = String, Path, description = "The app's name")), request_body = PreviewSettingsInput,
@@ -96,6 +98,20 @@ pub async fn put_production_only(State(state): State<Arc<AppState>>, Path(name):
     load(&state, &name).await?;
     state.store.set_production_only_env(&name, &names).await?;
     Ok(Json(ProductionOnly { names }))
+}
+
+#[utoipa::path(put, path = "/api/apps/{name}/previews/env", operation_id = "previews_env_replace", tag = "apps", params(("name" = String, Path, description = "The app's name")),
+    request_body(content = EnvVars, description = "A JSON object of string values: every variable previews get on top of the app's (a fork's preview never does)"),
+    responses(
+        (status = 200, description = "The names now set", body = EnvView),
+        (status = 400, description = "Invalid variables", body = ErrorBody),
+        (status = 404, description = "No such app", body = ErrorBody),
+    ))]
+pub async fn put_env(State(state): State<Arc<AppState>>, Path(name): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Json<EnvView>, ApiError> {
+    let EnvVars(vars) = parse_json(&body_bytes(body)?).map_err(|_| ApiError::BadRequest("the body must be a JSON object of string values".into()))?;
+    load(&state, &name).await?;
+    previews::set_overrides(&state, &name, &vars).await?;
+    Ok(Json(EnvView { app: name, env: vars.into_keys().collect() }))
 }
 
 #[utoipa::path(post, path = "/api/apps/{name}/previews/{number}/approve", operation_id = "previews_approve", tag = "apps",

@@ -13,6 +13,9 @@ CREATE TABLE preview_settings (
     -- 'latest-backup' (a new service restored from that service's newest
     -- backup; a fork's preview gets an empty one).
     database TEXT NOT NULL DEFAULT 'none',
+    -- Variables previews get on top of the app's (sealed JSON object);
+    -- never given to a fork's preview.
+    env_sealed TEXT,
     updated_at BIGINT NOT NULL
 );
 
