@@ -10,6 +10,10 @@
 //! The cluster registry keeps every pushed image, so a rollback to a pruned
 //! one pulls it again.
 //!
+//! An app with no container on this node and no image newer than a day
+//! (deleted, a removed preview, or moved to other nodes) loses all its
+//! images here ([`idle_apps`]).
+//!
 //! It also removes untagged images that carry an app's label and are older
 //! than the longest build may run: the step images of a build that did not
 //! finish and whose cleanup could not run or came too early (the agent was
@@ -41,6 +45,31 @@ pub fn to_remove(images: &[AppImage], prefix: &str, in_use: &HashSet<String>, ke
         images.sort_by(|a, b| b.created.cmp(&a.created).then_with(|| b.id.cmp(&a.id)));
         for image in images.into_iter().skip(keep).filter(|i| !in_use.contains(&i.id)) {
             remove.extend(image.tags.iter().filter(|t| t.starts_with(prefix)).cloned());
+        }
+    }
+    remove
+}
+
+/// How long an app may go with no container on this node and no new
+/// image before all its images here go (a deleted app, a removed preview,
+/// an app whose instances moved to other nodes: the registry still has
+/// them, and a later start pulls them again).
+pub const IDLE_APP_IMAGES_AFTER_S: i64 = 86_400;
+
+/// The references of apps none of whose images a container uses and whose
+/// newest image is at least [`IDLE_APP_IMAGES_AFTER_S`] old at `now_s`:
+/// all their references in `prefix`.
+pub fn idle_apps(images: &[AppImage], prefix: &str, in_use: &HashSet<String>, now_s: i64) -> Vec<String> {
+    let mut by_app: BTreeMap<&str, Vec<&AppImage>> = BTreeMap::new();
+    for image in images.iter().filter(|i| !i.app.is_empty() && i.tags.iter().any(|t| t.starts_with(prefix))) {
+        by_app.entry(image.app.as_str()).or_default().push(image);
+    }
+    let mut remove = Vec::new();
+    for (_, images) in by_app {
+        let used = images.iter().any(|i| in_use.contains(&i.id));
+        let newest = images.iter().map(|i| i.created).max().unwrap_or(now_s);
+        if !used && now_s - newest >= IDLE_APP_IMAGES_AFTER_S {
+            remove.extend(images.iter().flat_map(|i| i.tags.iter().filter(|t| t.starts_with(prefix)).cloned()));
         }
     }
     remove
@@ -92,6 +121,12 @@ pub async fn pruner(client: Arc<ControlPlane>, runtime: DockerRuntime, interval:
                 Err(err) => tracing::debug!(image = %id, error = %err, "could not remove a leftover step image"),
             }
         }
+        for reference in idle_apps(&images, &prefix, &in_use, now_s) {
+            match runtime.remove_tag(&reference).await {
+                Ok(()) => tracing::info!(image = %reference, "pruned the image of an app with no container here for a day"),
+                Err(err) => tracing::debug!(image = %reference, error = %err, "could not prune an image"),
+            }
+        }
         for reference in to_remove(&images, &prefix, &in_use, keep) {
             match runtime.remove_tag(&reference).await {
                 Ok(()) => tracing::info!(image = %reference, keep, "pruned the image of a superseded deployment"),
@@ -108,6 +143,27 @@ mod tests {
 
     fn image(id: &str, app: &str, created: i64, tags: &[&str]) -> AppImage {
         AppImage { id: id.into(), app: app.into(), created, tags: tags.iter().map(|t| t.to_string()).collect() }
+    }
+
+    #[test]
+    fn an_app_with_no_container_here_for_a_day_loses_all_its_images() {
+        let r = "10.77.0.1:5000/";
+        let day = IDLE_APP_IMAGES_AFTER_S;
+        let now = 10 * day;
+        let images = vec![
+            // Gone a day: every image goes.
+            image("g1", "web-pr-7", now - 3 * day, &["10.77.0.1:5000/web-pr-7:dep_1"]),
+            image("g2", "web-pr-7", now - day, &["10.77.0.1:5000/web-pr-7:dep_2", "mine/web-pr-7:keep"]),
+            // Built an hour ago: kept.
+            image("y1", "fresh", now - 3600, &["10.77.0.1:5000/fresh:dep_1"]),
+            // One of its images runs: kept, old ones too (to_remove's business).
+            image("u1", "web", now - 5 * day, &["10.77.0.1:5000/web:dep_1"]),
+            image("u2", "web", now - 4 * day, &["10.77.0.1:5000/web:dep_2"]),
+            // Another cluster's: not ours.
+            image("o1", "other", now - 5 * day, &["127.0.0.1:9/other:dep_1"]),
+        ];
+        let in_use = HashSet::from(["u2".to_string()]);
+        assert_eq!(idle_apps(&images, r, &in_use, now), vec!["10.77.0.1:5000/web-pr-7:dep_1".to_string(), "10.77.0.1:5000/web-pr-7:dep_2".to_string()]);
     }
 
     #[test]

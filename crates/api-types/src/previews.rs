@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// `PUT /api/apps/{name}/previews/settings`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"enabled": true, "max": 5, "ttl_seconds": 604800, "database": "empty"}))]
 pub struct PreviewSettingsInput {
@@ -25,15 +25,31 @@ pub struct PreviewSettingsInput {
     /// deleted by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub database: Option<String>,
+    /// Instances of each preview (1 to 20; `null`: the app's own number).
+    #[serde(default, deserialize_with = "crate::present", skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<u32>)]
+    pub instances: Option<Option<u32>>,
+    /// CPU cores per preview instance (`null`: the app's).
+    #[serde(default, deserialize_with = "crate::present", skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<f64>)]
+    pub cpu: Option<Option<f64>>,
+    /// Memory in bytes per preview instance (`null`: the app's).
+    #[serde(default, deserialize_with = "crate::present", skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<u64>)]
+    pub memory: Option<Option<u64>>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct PreviewSettingsView {
     pub enabled: bool,
     pub max: i64,
     pub ttl_seconds: i64,
     /// `none`, `empty` or `latest-backup`.
     pub database: String,
+    /// `null`: the app's.
+    pub instances: Option<i64>,
+    pub cpu: Option<f64>,
+    pub memory: Option<i64>,
 }
 
 /// One preview.
@@ -61,7 +77,7 @@ pub struct PreviewView {
 }
 
 /// `GET /api/apps/{name}/previews`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct PreviewList {
     pub settings: PreviewSettingsView,
     /// The variables previews never get.

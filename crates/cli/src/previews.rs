@@ -36,6 +36,18 @@ pub enum PreviewsCommand {
         /// backup; empty for a fork). Deleted with the preview; volumes kept.
         #[arg(long, value_parser = ["none", "empty", "latest-backup"])]
         database: Option<String>,
+        /// Instances of each preview (1 to 20), smaller than the app's.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]
+        instances: Option<u32>,
+        /// CPU cores per preview instance.
+        #[arg(long)]
+        cpu: Option<f64>,
+        /// Memory per preview instance, in MiB.
+        #[arg(long, value_name = "MIB")]
+        memory_mib: Option<u64>,
+        /// Previews use the app's instances, CPU and memory again.
+        #[arg(long, conflicts_with_all = ["instances", "cpu", "memory_mib"])]
+        app_resources: bool,
     },
     /// Build the head a fork's request waits with (it gets no variable of
     /// the app).
@@ -97,8 +109,16 @@ pub async fn run(api: &Api, command: PreviewsCommand, json: bool) -> Result<(), 
             }
             print_previews(&list.previews);
         }
-        PreviewsCommand::Set { app, state, max, ttl, database } => {
-            let body = PreviewSettingsInput { enabled: state == "on", max, ttl_seconds: ttl.map(i64::from), database };
+        PreviewsCommand::Set { app, state, max, ttl, database, instances, cpu, memory_mib, app_resources } => {
+            let body = PreviewSettingsInput {
+                enabled: state == "on",
+                max,
+                ttl_seconds: ttl.map(i64::from),
+                database,
+                instances: instances.map(Some).or(app_resources.then_some(None)),
+                cpu: cpu.map(Some).or(app_resources.then_some(None)),
+                memory: memory_mib.map(|m| Some(m << 20)).or(app_resources.then_some(None)),
+            };
             let view: PreviewSettingsView = api.call(Method::PUT, &format!("{}/previews/settings", app_path(&app)), Some(&body)).await?;
             if json {
                 render::json(&view);

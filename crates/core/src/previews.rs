@@ -91,13 +91,29 @@ pub async fn settings(state: &AppState, app: &str) -> Result<PreviewSettingsRow,
         ttl_s: DEFAULT_TTL_S,
         database: "none".into(),
         env_sealed: None,
+        instances: None,
+        cpu: None,
+        memory_bytes: None,
         updated_at: 0,
     }))
 }
 
-/// Validates and stores an app's preview settings; what is not given keeps
-/// its value.
-pub async fn apply_settings(state: &AppState, app: &str, enabled: bool, max: Option<i64>, ttl_s: Option<i64>, database: Option<&str>) -> Result<PreviewSettingsRow, ApiError> {
+/// A change of an app's preview settings: what is `None` keeps its value;
+/// a resource given as `Some(None)` goes back to the app's.
+#[derive(Debug, Default)]
+pub struct SettingsChange<'a> {
+    pub enabled: bool,
+    pub max: Option<i64>,
+    pub ttl_s: Option<i64>,
+    pub database: Option<&'a str>,
+    pub instances: Option<Option<u32>>,
+    pub cpu: Option<Option<f64>>,
+    pub memory: Option<Option<u64>>,
+}
+
+/// Validates and stores an app's preview settings.
+pub async fn apply_settings(state: &AppState, app: &str, change: SettingsChange<'_>) -> Result<PreviewSettingsRow, ApiError> {
+    let SettingsChange { enabled, max, ttl_s, database, instances, cpu, memory } = change;
     if state.store.preview_by_app(app).await?.is_some() {
         return Err(ApiError::BadRequest(format!("{app} is a preview: previews have no previews")));
     }
@@ -119,6 +135,24 @@ pub async fn apply_settings(state: &AppState, app: &str, enabled: bool, max: Opt
             return Err(ApiError::BadRequest(format!("invalid database {database:?}: none, empty or latest-backup")));
         }
         row.database = database.to_string();
+    }
+    if let Some(instances) = instances {
+        if instances.is_some_and(|n| n == 0 || n > crate::deploy::scale::MAX_INSTANCES) {
+            return Err(ApiError::BadRequest(format!("invalid instances: 1 to {}", crate::deploy::scale::MAX_INSTANCES)));
+        }
+        row.instances = instances.map(i64::from);
+    }
+    if let Some(cpu) = cpu {
+        if cpu.is_some_and(|c| !(0.01..=64.0).contains(&c)) {
+            return Err(ApiError::BadRequest("invalid cpu: 0.01 to 64 cores".into()));
+        }
+        row.cpu = cpu;
+    }
+    if let Some(memory) = memory {
+        if memory.is_some_and(|m| !(16 << 20..=1 << 40).contains(&m)) {
+            return Err(ApiError::BadRequest("invalid memory: 16 MiB to 1 TiB, in bytes".into()));
+        }
+        row.memory_bytes = memory.map(|m| m as i64);
     }
     row.enabled = enabled;
     row.updated_at = state.clock.now_ms();
@@ -275,7 +309,7 @@ async fn deploy_preview(state: &Arc<AppState>, app: &AppRow, link: &AppGitLinkRo
             preview
         }
         None => {
-            let preview = make_app(state, app, link, &row, env_sealed).await?;
+            let preview = make_app(state, app, link, settings, &row, env_sealed).await?;
             state.store.put_preview(&row).await?;
             make_databases(state, app, &settings.database, &mut row).await?;
             if !row.services.is_empty() {
@@ -298,7 +332,7 @@ async fn deploy_preview(state: &Arc<AppState>, app: &AppRow, link: &AppGitLinkRo
     Ok(Outcome::Deployed(deployment))
 }
 
-async fn make_app(state: &AppState, app: &AppRow, link: &AppGitLinkRow, row: &PreviewRow, env_sealed: Option<String>) -> Result<AppRow, ApiError> {
+async fn make_app(state: &AppState, app: &AppRow, link: &AppGitLinkRow, settings: &PreviewSettingsRow, row: &PreviewRow, env_sealed: Option<String>) -> Result<AppRow, ApiError> {
     // The app's own clone credentials, sealed again under the preview's
     // name; a fork's preview clones with none.
     let git_credentials_sealed = match (&app.git_credentials_sealed, row.from_fork) {
@@ -317,6 +351,10 @@ async fn make_app(state: &AppState, app: &AppRow, link: &AppGitLinkRow, row: &Pr
         env_sealed,
         git_credentials_sealed,
         created_at: state.clock.now_ms(),
+        // Smaller than the app's when the settings say so.
+        instances: settings.instances.unwrap_or(app.instances),
+        cpu: settings.cpu.or(app.cpu),
+        memory_bytes: settings.memory_bytes.or(app.memory_bytes),
         ..app.clone()
     };
     let default_host = format!("{}.{}", preview.name, state.config.base_domain);

@@ -6,7 +6,7 @@ use crate::backend::Cols;
 
 use super::{Store, StoreError};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PreviewSettingsRow {
     pub app: String,
     pub enabled: bool,
@@ -16,6 +16,10 @@ pub struct PreviewSettingsRow {
     pub database: String,
     /// Variables previews get on top of the app's (sealed).
     pub env_sealed: Option<String>,
+    /// Each preview's resources (`None`: the app's).
+    pub instances: Option<i64>,
+    pub cpu: Option<f64>,
+    pub memory_bytes: Option<i64>,
     pub updated_at: i64,
 }
 
@@ -62,7 +66,7 @@ fn preview_from(row: &impl Cols) -> PreviewRow {
 impl Store {
     pub async fn preview_settings(&self, app: &str) -> Result<Option<PreviewSettingsRow>, StoreError> {
         on_db!(self, pool => {
-            let row = sqlx::query("SELECT app, enabled, max_previews, ttl_s, database, env_sealed, updated_at FROM preview_settings WHERE app = $1").bind(app).fetch_optional(pool).await?;
+            let row = sqlx::query("SELECT app, enabled, max_previews, ttl_s, database, env_sealed, instances, cpu, memory_bytes, updated_at FROM preview_settings WHERE app = $1").bind(app).fetch_optional(pool).await?;
             Ok(row.map(|row| PreviewSettingsRow {
                 app: row.col("app"),
                 enabled: row.col("enabled"),
@@ -70,6 +74,9 @@ impl Store {
                 ttl_s: row.col("ttl_s"),
                 database: row.col("database"),
                 env_sealed: row.col("env_sealed"),
+                instances: row.col("instances"),
+                cpu: row.col("cpu"),
+                memory_bytes: row.col("memory_bytes"),
                 updated_at: row.col("updated_at"),
             }))
         })
@@ -78,9 +85,11 @@ impl Store {
     pub async fn put_preview_settings(&self, settings: &PreviewSettingsRow) -> Result<(), StoreError> {
         on_db!(self, pool => {
             sqlx::query(
-                "INSERT INTO preview_settings (app, enabled, max_previews, ttl_s, database, env_sealed, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                "INSERT INTO preview_settings (app, enabled, max_previews, ttl_s, database, env_sealed, instances, cpu, memory_bytes, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
              ON CONFLICT (app) DO UPDATE SET enabled = excluded.enabled, max_previews = excluded.max_previews, ttl_s = excluded.ttl_s, \
-             database = excluded.database, env_sealed = excluded.env_sealed, updated_at = excluded.updated_at",
+             database = excluded.database, env_sealed = excluded.env_sealed, instances = excluded.instances, cpu = excluded.cpu, \
+             memory_bytes = excluded.memory_bytes, updated_at = excluded.updated_at",
             )
             .bind(&settings.app)
             .bind(settings.enabled)
@@ -88,6 +97,9 @@ impl Store {
             .bind(settings.ttl_s)
             .bind(&settings.database)
             .bind(&settings.env_sealed)
+            .bind(settings.instances)
+            .bind(settings.cpu)
+            .bind(settings.memory_bytes)
             .bind(settings.updated_at)
             .execute(pool)
             .await?;

@@ -295,7 +295,7 @@ async fn the_sweep_removes_previews_idle_past_their_ttl() {
         created_at: 0,
     };
     state.store.insert_app_git_link(&link).await.unwrap();
-    previews::apply_settings(&state, "swept", true, None, Some(3600), None).await.unwrap();
+    previews::apply_settings(&state, "swept", previews::SettingsChange { enabled: true, ttl_s: Some(3600), ..Default::default() }).await.unwrap();
     let app = state.store.app("swept").await.unwrap().unwrap();
     let request = |number: i64| ChangeRequest {
         number,

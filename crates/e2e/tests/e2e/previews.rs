@@ -80,12 +80,12 @@ async fn pull_requests_get_previews_that_follow_pushes_wait_for_forks_and_go_whe
     let one = github.commit("acme/site", "feature", &files("feature one\n"), "one").unwrap();
     let (status, answer) = deliver(github.pull_request_body("acme/site", 7, "opened", "acme/site", "feature", &one), 1).await;
     assert_eq!((status, answer["ignored"].as_str()), (200, Some("previews are off for this app")), "{answer}");
-    for bad in [json!({"enabled": true, "max": 0}), json!({"enabled": true, "ttl_seconds": 60})] {
+    for bad in [json!({"enabled": true, "max": 0}), json!({"enabled": true, "ttl_seconds": 60}), json!({"enabled": true, "instances": 0}), json!({"enabled": true, "memory": 1})] {
         let (status, body) = server.call(Method::PUT, &format!("/api/apps/{app}/previews/settings"), Some(bad)).await.unwrap();
         assert_eq!(status, 400, "{body}");
     }
-    let (status, body) = server.call(Method::PUT, &format!("/api/apps/{app}/previews/settings"), Some(json!({"enabled": true, "max": 2}))).await.unwrap();
-    assert_eq!((status, body["max"].as_i64(), body["ttl_seconds"].as_i64()), (200, Some(2), Some(7 * 86_400)), "{body}");
+    let (status, body) = server.call(Method::PUT, &format!("/api/apps/{app}/previews/settings"), Some(json!({"enabled": true, "max": 2, "memory": 134_217_728}))).await.unwrap();
+    assert_eq!((status, body["max"].as_i64(), body["ttl_seconds"].as_i64(), body["memory"].as_i64()), (200, Some(2), Some(7 * 86_400), Some(134_217_728)), "{body}");
 
     // Opened: the head runs as <app>-pr-7 on pr-7.<app>.<base>, without
     // the production-only variable.
@@ -98,6 +98,7 @@ async fn pull_requests_get_previews_that_follow_pushes_wait_for_forks_and_go_whe
     assert_eq!(reqwest::get(format!("http://{address}/index.html")).await.unwrap().text().await.unwrap(), "feature one\n");
     let (_, view) = server.call(Method::GET, &format!("/api/apps/{preview}"), None).await.unwrap();
     assert_eq!(view["env"], json!(["API_URL", "GREETING"]), "the app's minus production-only, plus the preview's own: {view}");
+    assert_eq!((view["memory"].as_i64(), view["instances"].as_i64()), (Some(134_217_728), Some(1)), "the preview's smaller resources: {view}");
     let host = view["domains"][0].as_str().unwrap().to_string();
     assert!(host.starts_with(&format!("pr-7.{app}.")), "{view}");
     wait_for(Duration::from_secs(20), "the preview's route", || async { route_hosts(&server).await.contains(&host).then_some(()) }).await.unwrap();

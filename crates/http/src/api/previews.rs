@@ -29,7 +29,15 @@ async fn load(state: &AppState, name: &str) -> Result<AppRow, ApiError> {
 }
 
 fn settings_view(row: &PreviewSettingsRow) -> PreviewSettingsView {
-    PreviewSettingsView { enabled: row.enabled, max: row.max_previews, ttl_seconds: row.ttl_s, database: row.database.clone() }
+    PreviewSettingsView {
+        enabled: row.enabled,
+        max: row.max_previews,
+        ttl_seconds: row.ttl_s,
+        database: row.database.clone(),
+        instances: row.instances,
+        cpu: row.cpu,
+        memory: row.memory_bytes,
+    }
 }
 
 async fn preview_view(state: &AppState, row: &PreviewRow) -> Result<PreviewView, ApiError> {
@@ -72,7 +80,16 @@ pub async fn list(State(state): State<Arc<AppState>>, Path(name): Path<String>) 
 pub async fn put_settings(State(state): State<Arc<AppState>>, Path(name): Path<String>, body: Result<Bytes, BytesRejection>) -> Result<Json<PreviewSettingsView>, ApiError> {
     let input: PreviewSettingsInput = parse_json(&body_bytes(body)?)?;
     load(&state, &name).await?;
-    let row = previews::apply_settings(&state, &name, input.enabled, input.max, input.ttl_seconds, input.database.as_deref()).await?;
+    let change = previews::SettingsChange {
+        enabled: input.enabled,
+        max: input.max,
+        ttl_s: input.ttl_seconds,
+        database: input.database.as_deref(),
+        instances: input.instances,
+        cpu: input.cpu,
+        memory: input.memory,
+    };
+    let row = previews::apply_settings(&state, &name, change).await?;
     Ok(Json(settings_view(&row)))
 }
 

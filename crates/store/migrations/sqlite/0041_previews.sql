@@ -16,6 +16,11 @@ CREATE TABLE preview_settings (
     -- Variables previews get on top of the app's (sealed JSON object);
     -- never given to a fork's preview.
     env_sealed TEXT,
+    -- Resources of each preview, when smaller than the app's are wanted
+    -- (NULL: the app's own).
+    instances BIGINT,
+    cpu DOUBLE PRECISION,
+    memory_bytes BIGINT,
     updated_at BIGINT NOT NULL
 );
 
