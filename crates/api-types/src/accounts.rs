@@ -26,6 +26,10 @@ pub struct UserView {
     /// Set once the user is disabled (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disabled_at: Option<String>,
+    /// `cluster-admin`, `cluster-viewer`, or absent: only what the user's
+    /// teams give.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_role: Option<String>,
 }
 
 /// A session just started (its id is only in the `cloudweb_session` cookie).
@@ -41,10 +45,10 @@ pub struct SessionView {
 }
 
 /// Who is calling.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"auth": "admin_token"}))]
 pub struct MeView {
-    /// `admin_token`, `session` or `api_token`.
+    /// `admin_token`, `session`, `api_token` or `deploy_token`.
     pub auth: String,
     /// Absent for the admin token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -55,14 +59,35 @@ pub struct MeView {
     /// Sessions only: the absolute end, RFC 3339.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_expires_at: Option<String>,
+    /// The caller's cluster role, if any (after its token's cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_role: Option<String>,
+    /// The teams the caller is in, and its role in each (after its
+    /// token's cap).
+    #[serde(default)]
+    pub teams: Vec<crate::teams::TeamRoleView>,
+    /// A token held to some apps: those apps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apps: Option<Vec<String>>,
 }
 
 /// `POST /api/tokens`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"name": "laptop"}))]
+#[schema(example = json!({"name": "ci", "role": "deployer", "apps": ["web"], "expires_at": "2027-01-01T00:00:00Z"}))]
 pub struct NewTokenRequest {
     pub name: String,
+    /// The most the token may do: `viewer`, `deployer`, `admin`, `owner`
+    /// (in the user's teams), `cluster-viewer` or `cluster-admin`; no
+    /// higher than the user's own. Absent: all the user may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// The only apps the token reaches. Absent: all the user reaches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apps: Option<Vec<String>>,
+    /// When the token stops working (RFC 3339). Absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
 }
 
 /// A personal API token, without the token itself.
@@ -76,6 +101,12 @@ pub struct TokenView {
     /// To the minute; `null` if never used.
     pub last_used_at: Option<String>,
     pub revoked_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apps: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
 }
 
 /// A token just created: the only time `token` is shown.
@@ -98,4 +129,8 @@ pub struct NewUserRequest {
     pub name: String,
     /// At least 10 characters; stored as an argon2id hash.
     pub password: String,
+    /// `cluster-admin` or `cluster-viewer`; absent: the user may do only
+    /// what their teams give them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_role: Option<String>,
 }

@@ -30,6 +30,7 @@ pub mod scale;
 pub mod services;
 pub mod sessions;
 pub mod tasks;
+pub mod teams;
 pub mod traffic;
 pub mod volumes;
 

@@ -60,7 +60,7 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
     let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).timeout(Duration::from_secs(60)).build()?;
     // The dashboard is for users: make one (the admin token may), log in as them.
     let password = "bench-dashboard-passphrase";
-    let (status, answer) = server.call(Method::POST, "/api/users", Some(&json!({"name": "bench", "password": password}))).await?;
+    let (status, answer) = server.call(Method::POST, "/api/users", Some(&json!({"name": "bench", "password": password, "cluster_role": "cluster-admin"}))).await?;
     if status != 201 {
         bail!("creating a user answered {status}: {answer}");
     }

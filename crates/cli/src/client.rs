@@ -21,6 +21,8 @@ pub struct Api {
     streaming: reqwest::Client,
     server: String,
     token: String,
+    /// Sent as `X-Cloudweb-Team` (the team new things go to).
+    team: Option<String>,
 }
 
 /// How a client times requests.
@@ -65,6 +67,7 @@ impl Api {
             sessions: build(Timing::Session)?,
             server: config.server.clone(),
             token: config.token.clone(),
+            team: config.team.clone(),
         })
     }
 
@@ -82,6 +85,9 @@ impl Api {
     async fn send<B: Serialize + ?Sized>(&self, method: Method, path: &str, body: Option<&B>) -> Result<(u16, bytes::Bytes), Refused> {
         let unreached = |failure| Refused { status: None, failure };
         let mut request = self.http.request(method, self.url(path)).bearer_auth(&self.token);
+        if let Some(team) = &self.team {
+            request = request.header("x-cloudweb-team", team);
+        }
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -116,6 +122,11 @@ impl Api {
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, Failure> {
         self.call(Method::GET, path, NO_BODY).await
+    }
+
+    /// A request answered with no body (204).
+    pub async fn call_no_answer<B: Serialize + ?Sized>(&self, method: Method, path: &str, body: Option<&B>) -> Result<(), Failure> {
+        self.send(method, path, body).await.map(drop).map_err(|refused| refused.failure)
     }
 
     /// `DELETE`, answered with no body (204).

@@ -23,11 +23,15 @@ pub struct Config {
     /// PEM file of the CA that signed an https server's certificate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
+    /// The current team (`cloudweb teams switch`): new apps, services and
+    /// destinations go to it. `CLOUDWEB_TEAM` overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
 }
 
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config").field("server", &self.server).field("token", &"<redacted>").field("ca_file", &self.ca_file).finish()
+        f.debug_struct("Config").field("server", &self.server).field("token", &"<redacted>").field("ca_file", &self.ca_file).field("team", &self.team).finish()
     }
 }
 
@@ -136,7 +140,8 @@ pub fn effective(server_flag: Option<&str>) -> Result<Config, Failure> {
         (None, None, Some(stored)) => stored.server.clone(),
         (None, None, None) => DEFAULT_SERVER.to_string(),
     };
-    Ok(Config { server, token: self::token(&token)?, ca_file: stored.and_then(|s| s.ca_file) })
+    let team = std::env::var("CLOUDWEB_TEAM").ok().filter(|t| !t.is_empty()).or_else(|| stored.as_ref().and_then(|s| s.team.clone()));
+    Ok(Config { server, token: self::token(&token)?, ca_file: stored.and_then(|s| s.ca_file), team })
 }
 
 #[cfg(test)]
@@ -158,7 +163,7 @@ mod tests {
         assert!(token("").is_err());
         let Err(Failure::Usage(message)) = token("with space") else { panic!() };
         assert!(!message.contains("with space"));
-        let config = Config { server: "http://x".into(), token: "secret-token".into(), ca_file: None };
+        let config = Config { server: "http://x".into(), token: "secret-token".into(), ca_file: None, team: None };
         assert!(!format!("{config:?}").contains("secret-token"));
     }
 }

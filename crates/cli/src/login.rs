@@ -89,7 +89,7 @@ pub async fn login(server_flag: Option<&str>, args: &LoginArgs) -> Result<(), Fa
     };
     let token = config::token(&token)?;
     let ca_file = args.ca_file.clone().map(|f| std::path::absolute(&f).unwrap_or(f)).or(stored.and_then(|s| s.ca_file));
-    let config = config::Config { server: server.clone(), token, ca_file };
+    let config = config::Config { server: server.clone(), token, ca_file, team: None };
     // Check the token before storing it.
     Api::new(&config)?.get::<AppList>("/api/apps").await?;
     let path = config::save(&config)?;

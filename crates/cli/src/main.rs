@@ -31,6 +31,7 @@ mod render;
 mod run;
 mod scale;
 mod services;
+mod teams;
 mod volumes;
 
 use std::process::ExitCode;
@@ -260,6 +261,22 @@ enum Command {
         #[command(subcommand)]
         command: gitea::GiteaCommand,
     },
+    /// Teams: list yours, switch the current one, make one, manage members
+    /// and roles (viewer, deployer, admin, owner) and users' cluster roles.
+    Teams {
+        #[command(subcommand)]
+        command: Option<teams::TeamsCommand>,
+    },
+    /// The audit log: who did what, when, from where, with what result
+    /// (`--since 24h --actor alice --action deploy`; `--json` prints JSON
+    /// lines); `cloudweb audit verify` checks its hash chain.
+    Audit(teams::AuditArgs),
+    /// An app's deploy tokens, for CI systems: they deploy and read that
+    /// app only.
+    DeployTokens {
+        #[command(subcommand)]
+        command: teams::DeployTokensCommand,
+    },
     /// An app's preview environments, one per pull or merge request: list,
     /// set on/off with limits, approve a fork's, rm; and the variables
     /// previews never get (`production-only`).
@@ -339,6 +356,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Alerts { all, command } => alerts::run(&api, command, all, json).await,
         Command::Github { command } => github::run(&api, command, json).await,
         Command::Gitea { command } => gitea::run(&api, command, json).await,
+        Command::Teams { command } => teams::run(&api, command.unwrap_or(teams::TeamsCommand::List), json).await,
+        Command::Audit(args) => teams::audit(&api, args, json).await,
+        Command::DeployTokens { command } => teams::deploy_tokens(&api, command, json).await,
         Command::Previews { command } => previews::run(&api, command, json).await,
         Command::Cron { command } => cron::run(&api, command, json).await,
         Command::Run(args) => run::one_off(&api, args, json).await,

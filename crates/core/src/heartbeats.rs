@@ -25,6 +25,7 @@ pub async fn heartbeat_writer(state: Arc<AppState>) {
                 Ok(ended) => tracing::debug!(ended, "deleted expired sessions"),
                 Err(err) => tracing::error!(error = ?err, "could not delete expired sessions"),
             }
+            crate::access::audit::prune(&state).await;
             match state.store.prune(state.clock.now_ms()).await {
                 Ok(pruned) => tracing::debug!(?pruned, "pruned old rows"),
                 Err(err) => tracing::error!(error = %err, "could not prune old rows"),

@@ -15,7 +15,9 @@
 //! the failure kinds every layer above answers with, which carries its own
 //! status and JSON body so that each route answers a failure the same way.
 
+pub mod access;
 pub mod acme;
+pub mod audit_policy;
 pub mod auth;
 pub mod backups;
 pub mod ca;
@@ -45,6 +47,7 @@ pub mod s3;
 pub mod alerts;
 pub mod log_archive;
 pub mod log_rate;
+pub mod roles;
 pub mod routes;
 pub mod runtime_log_relay;
 pub mod runtime_logs;

@@ -450,6 +450,7 @@ async fn make_databases(state: &AppState, app: &AppRow, mode: &str, row: &mut Pr
                     version: service.version.clone(),
                     node: None,
                     memory_bytes: service.memory_bytes.map(|m| m.max(0) as u64),
+                    team_id: app.team_id.clone(),
                 };
                 crate::services::create(state, new).await?;
             }

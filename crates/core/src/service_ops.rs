@@ -273,6 +273,7 @@ mod tests {
             image: "postgres:16".into(),
             node_id: "n".into(),
             host_port: 20000,
+            team_id: "team_default".into(),
             memory_bytes: None,
             volume: "svc-db".into(),
             secret_sealed: String::new(),

@@ -190,6 +190,8 @@ pub struct NewService {
     pub version: Option<String>,
     pub node: Option<String>,
     pub memory_bytes: Option<u64>,
+    /// The team that owns it.
+    pub team_id: String,
 }
 
 /// The volume that holds a service's data.
@@ -272,6 +274,7 @@ pub(crate) async fn create_unreserved(state: &AppState, new: NewService) -> Resu
         created_at: now,
         previous_secret_sealed: None,
         rotation_started_at: None,
+        team_id: new.team_id.clone(),
     };
     // The payload needs the port the store picks, inside its transaction.
     let mut failure = None;

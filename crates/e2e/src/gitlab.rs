@@ -261,6 +261,15 @@ impl FakeGitlab {
         });
     }
 
+    /// Replaces a user's groups (as when an administrator removes them
+    /// from one).
+    pub fn set_groups(&self, id: i64, groups: &[&str]) {
+        let mut inner = self.inner.lock().unwrap();
+        if let Some(user) = inner.users.iter_mut().find(|u| u.id == id) {
+            user.groups = groups.iter().map(|g| g.to_string()).collect();
+        }
+    }
+
     /// The user the authorize page logs in and approves as.
     pub fn login_as(&self, id: i64) {
         self.inner.lock().unwrap().login_as = Some(id);

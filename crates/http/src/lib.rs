@@ -20,7 +20,7 @@ pub mod whole_requests;
 // The domain under the paths these modules use (`crate::store`,
 // `crate::deploy`, ...): one crate below, re-exported.
 pub use cloudweb_core::{
-    acme, ca, clock, command_context, config, deploy, deployment_state, flash, hub, listener_cert,
+    access, acme, ca, clock, command_context, config, deploy, deployment_state, flash, hub, listener_cert,
     live, mesh_address, queue_command, registry, registry_credentials, remove_node, routes,
     runtime_logs, secrets, service_ops, services, store, volume_moves, volumes, AgentBinary, AppState,
 };

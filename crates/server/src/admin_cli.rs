@@ -48,7 +48,7 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
     users::validate_password(&password).map_err(|e| anyhow::anyhow!("{e}"))?;
     let store = open(&args.data_dir, args.database_url.as_ref()).await?;
     let result = if create {
-        users::create(&store, SystemClock.now_ms(), &args.name, Some(&password)).await.map(|user| {
+        users::create(&store, SystemClock.now_ms(), &args.name, Some(&password), Some(cloudweb_server::access::ClusterRole::Admin)).await.map(|user| {
             println!("created user {} ({})", user.name, user.id);
         })
     } else {

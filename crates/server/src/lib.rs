@@ -11,7 +11,7 @@
 // The layers below, under the paths the tests and tools have always
 // used (`cloudweb_server::config::Config`, `cloudweb_server::store`, ...).
 pub use cloudweb_core::{
-    acme, alerts, ca, clock, config, deploy, deployment_state, heartbeats, hub, live, log_archive, mesh_endpoint, registry,
+    access, acme, alerts, ca, clock, config, deploy, deployment_state, heartbeats, hub, live, log_archive, mesh_endpoint, registry,
     previews, registry_credentials, routes, runtime_logs, secrets, services, store, volumes, AppState, ADMIN_TOKEN_FILE,
 };
 pub use cloudweb_http::{agent_api, api, auth, error, git};
@@ -378,7 +378,7 @@ async fn serve(
     let agent_router = agent_api::router(state.clone());
     // The dashboard's pages share the listener but not the API's route list
     // (they are HTML, not in the OpenAPI document), so they are merged here.
-    let api_router = web::router()
+    let api_router = web::router(state.clone())
         .layer(axum::middleware::from_fn(api::run_to_completion))
         .layer(axum::extract::DefaultBodyLimit::max(error::MAX_BODY_BYTES))
         .with_state(state.clone())

@@ -331,6 +331,13 @@ struct ServeArgs {
     /// The window of those limits, in seconds.
     #[arg(long, default_value_t = 900, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     login_window_seconds: u64,
+    /// How long audit log entries are kept, in days.
+    #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u64).range(1..=36_500))]
+    audit_retention_days: u64,
+    /// What a change does when its audit entry cannot be written: refuse
+    /// (503) or warn (go ahead unaudited; for a single user's cluster).
+    #[arg(long, default_value = "refuse", value_parser = ["refuse", "warn"])]
+    audit_failure: String,
 }
 
 fn main() -> std::process::ExitCode {
@@ -431,6 +438,10 @@ fn real_main() -> anyhow::Result<()> {
                 per_address: args.login_attempts_per_address,
                 window: Duration::from_secs(args.login_window_seconds),
                 ..Limits::default()
+            },
+            audit: cloudweb_server::access::audit::AuditSettings {
+                retention: Duration::from_secs(args.audit_retention_days * 24 * 3600),
+                on_failure: cloudweb_server::access::audit::OnFailure::parse(&args.audit_failure).expect("clap checked it"),
             },
         },
         mesh_endpoints: cloudweb_server::mesh_endpoint::EndpointPolicy {

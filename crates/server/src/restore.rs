@@ -143,6 +143,7 @@ mod tests {
             rollout: "blue-green".into(),
             liveness: None,
             readiness: None,
+            team_id: "team_default".into(),
         };
         state.store.insert_app(&app, "web.localhost").await.unwrap().unwrap();
         let now = state.clock.now_ms();
@@ -161,7 +162,7 @@ mod tests {
         };
         state.store.insert_deployment(&deployment, 1, false).await.unwrap();
         let new = NewDestination { name: "local".into(), kind: "path".into(), path: Some(root.join("repo").display().to_string()), ..NewDestination::default() };
-        let (_, kit) = cloudweb_core::backups::add_destination(&state, &new).await.unwrap();
+        let (_, kit) = cloudweb_core::backups::add_destination(&state, &new, cloudweb_core::access::teams::DEFAULT_TEAM_ID).await.unwrap();
         let job = control_plane::run_now(&state).await.unwrap();
         let mut done = None;
         for _ in 0..600 {

@@ -246,6 +246,7 @@ impl Sim {
                 rollout: "blue-green".into(),
                 liveness: None,
                 readiness: None,
+                team_id: "team_default".into(),
             };
             state.store.insert_app(&row, &format!("{app}.localhost")).await.expect("store").expect("app created");
             let first = self.commit_id();

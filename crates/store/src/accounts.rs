@@ -15,6 +15,8 @@ pub struct UserRow {
     pub password_hash: Option<String>,
     pub created_at: i64,
     pub disabled_at: Option<i64>,
+    /// `cluster-admin`, `cluster-viewer` or `None`.
+    pub cluster_role: Option<String>,
 }
 
 fn user_from_row(row: &impl Cols) -> UserRow {
@@ -24,10 +26,11 @@ fn user_from_row(row: &impl Cols) -> UserRow {
         password_hash: row.col("password_hash"),
         created_at: row.col("created_at"),
         disabled_at: row.col("disabled_at"),
+        cluster_role: row.col("cluster_role"),
     }
 }
 
-const USER_COLUMNS: &str = "id, name, password_hash, created_at, disabled_at";
+const USER_COLUMNS: &str = "id, name, password_hash, created_at, disabled_at, cluster_role";
 
 /// A live session with its user.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +52,12 @@ pub struct ApiTokenRow {
     pub created_at: i64,
     pub last_used_at: Option<i64>,
     pub revoked_at: Option<i64>,
+    /// The most this token may do (a team or cluster role); `None`: all
+    /// its user may.
+    pub role: Option<String>,
+    /// The only apps it reaches; `None`: all its user reaches.
+    pub apps: Option<Vec<String>>,
+    pub expires_at: Option<i64>,
 }
 
 fn token_from_row(row: &impl Cols) -> ApiTokenRow {
@@ -60,10 +69,13 @@ fn token_from_row(row: &impl Cols) -> ApiTokenRow {
         created_at: row.col("created_at"),
         last_used_at: row.col("last_used_at"),
         revoked_at: row.col("revoked_at"),
+        role: row.col("role"),
+        apps: row.col::<Option<String>>("apps").and_then(|apps| serde_json::from_str(&apps).ok()),
+        expires_at: row.col("expires_at"),
     }
 }
 
-const TOKEN_COLUMNS: &str = "id, user_id, name, prefix, created_at, last_used_at, revoked_at";
+const TOKEN_COLUMNS: &str = "id, user_id, name, prefix, created_at, last_used_at, revoked_at, role, apps, expires_at";
 
 /// Whether a unique constraint refused the write.
 fn is_unique_violation(err: &sqlx::Error) -> bool {
@@ -75,12 +87,13 @@ impl Store {
     /// taken.
     pub async fn insert_user(&self, user: &UserRow) -> Result<bool, StoreError> {
         on_db!(self, pool => {
-            let result = sqlx::query("INSERT INTO users (id, name, password_hash, created_at, disabled_at) VALUES ($1, $2, $3, $4, $5)")
+            let result = sqlx::query("INSERT INTO users (id, name, password_hash, created_at, disabled_at, cluster_role) VALUES ($1, $2, $3, $4, $5, $6)")
                 .bind(&user.id)
                 .bind(&user.name)
                 .bind(&user.password_hash)
                 .bind(user.created_at)
                 .bind(user.disabled_at)
+                .bind(&user.cluster_role)
                 .execute(pool)
                 .await;
             match result {
@@ -141,6 +154,7 @@ impl Store {
             let row = sqlx::query(&format!("SELECT {USER_COLUMNS} FROM users WHERE id = $1")).bind(user_id).fetch_optional(&mut *tx).await?;
             sqlx::query("UPDATE users SET disabled_at = $1 WHERE id = $2 AND disabled_at IS NULL").bind(now_ms).bind(user_id).execute(&mut *tx).await?;
             sqlx::query("DELETE FROM sessions WHERE user_id = $1").bind(user_id).execute(&mut *tx).await?;
+            sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE user_id = $2 AND revoked_at IS NULL").bind(now_ms).bind(user_id).execute(&mut *tx).await?;
             tx.commit().await?;
             self.count_commit().await;
             Ok(row.as_ref().map(user_from_row))
@@ -170,7 +184,7 @@ impl Store {
         on_db!(self, pool => {
             let row = sqlx::query(
                 "SELECT s.id_sha256, s.csrf_token, s.created_at AS s_created_at, s.last_seen_at, s.expires_at, \
-             u.id, u.name, u.password_hash, u.created_at, u.disabled_at \
+             u.id, u.name, u.password_hash, u.created_at, u.disabled_at, u.cluster_role \
              FROM sessions s JOIN users u ON u.id = s.user_id WHERE s.id_sha256 = $1",
             )
             .bind(id_sha256)
@@ -227,8 +241,8 @@ impl Store {
     pub async fn insert_api_token(&self, token: &ApiTokenRow, token_sha256: &str) -> Result<(), StoreError> {
         on_db!(self, pool => {
             sqlx::query(
-                "INSERT INTO api_tokens (id, user_id, name, token_sha256, prefix, created_at, last_used_at, revoked_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, NULL, NULL)",
+                "INSERT INTO api_tokens (id, user_id, name, token_sha256, prefix, created_at, last_used_at, revoked_at, role, apps, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, NULL, NULL, $7, $8, $9)",
             )
             .bind(&token.id)
             .bind(&token.user_id)
@@ -236,6 +250,9 @@ impl Store {
             .bind(token_sha256)
             .bind(&token.prefix)
             .bind(token.created_at)
+            .bind(&token.role)
+            .bind(token.apps.as_ref().map(|apps| serde_json::to_string(apps).expect("a list of names")))
+            .bind(token.expires_at)
             .execute(pool)
             .await?;
             self.count_commit().await;
@@ -247,8 +264,8 @@ impl Store {
     pub async fn api_token_by_digest(&self, token_sha256: &str) -> Result<Option<(ApiTokenRow, UserRow)>, StoreError> {
         on_db!(self, pool => {
             let row = sqlx::query(
-                "SELECT t.id AS t_id, t.user_id, t.name AS t_name, t.prefix, t.created_at AS t_created_at, t.last_used_at, t.revoked_at, \
-             u.id, u.name, u.password_hash, u.created_at, u.disabled_at \
+                "SELECT t.id AS t_id, t.user_id, t.name AS t_name, t.prefix, t.created_at AS t_created_at, t.last_used_at, t.revoked_at, t.role AS t_role, t.apps AS t_apps, t.expires_at AS t_expires_at, \
+             u.id, u.name, u.password_hash, u.created_at, u.disabled_at, u.cluster_role \
              FROM api_tokens t JOIN users u ON u.id = t.user_id WHERE t.token_sha256 = $1 AND t.revoked_at IS NULL",
             )
             .bind(token_sha256)
@@ -263,6 +280,9 @@ impl Store {
                     created_at: row.get("t_created_at"),
                     last_used_at: row.get("last_used_at"),
                     revoked_at: row.get("revoked_at"),
+                    role: row.get("t_role"),
+                    apps: row.get::<Option<String>, _>("t_apps").and_then(|apps| serde_json::from_str(&apps).ok()),
+                    expires_at: row.get("t_expires_at"),
                 };
                 (token, user_from_row(&row))
             }))

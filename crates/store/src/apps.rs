@@ -34,10 +34,12 @@ pub struct AppRow {
     pub liveness: Option<String>,
     /// JSON readiness probe settings, when the app has one.
     pub readiness: Option<String>,
+    /// The team that owns it.
+    pub team_id: String,
 }
 
 const APP_COLUMNS: &str = "name, repo_url, branch, port, domains, build, strategy, instances, cpu, memory_bytes, health_path, \
-     health_timeout_s, env_sealed, git_credentials_sealed, created_at, build_timeout_s, rollout, liveness, readiness";
+     health_timeout_s, env_sealed, git_credentials_sealed, created_at, build_timeout_s, rollout, liveness, readiness, team_id";
 
 fn app_from_row(row: &impl Cols) -> AppRow {
     AppRow {
@@ -60,6 +62,7 @@ fn app_from_row(row: &impl Cols) -> AppRow {
         rollout: row.col("rollout"),
         liveness: row.col("liveness"),
         readiness: row.col("readiness"),
+        team_id: row.col("team_id"),
     }
 }
 
@@ -85,7 +88,7 @@ impl Store {
         on_db!(self, pool => {
             let mut tx = pool.begin_write().await?;
             let result = sqlx::query(&format!(
-                "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
+                "INSERT INTO apps ({APP_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
              ON CONFLICT (name) DO NOTHING"
             ))
             .bind(&app.name)
@@ -107,6 +110,7 @@ impl Store {
             .bind(&app.rollout)
             .bind(&app.liveness)
             .bind(&app.readiness)
+            .bind(&app.team_id)
             .execute(&mut *tx)
             .await?;
             if result.rows_affected() != 1 {

@@ -23,10 +23,12 @@ pub struct DestinationRow {
     pub keep_weekly: i64,
     pub keep_monthly: i64,
     pub created_at: i64,
+    /// The team that owns it.
+    pub team_id: String,
 }
 
 const DESTINATION_COLUMNS: &str =
-    "name, kind, base_url, region, access_key_id, secret_sealed, password_sealed, keep_daily, keep_weekly, keep_monthly, created_at";
+    "name, kind, base_url, region, access_key_id, secret_sealed, password_sealed, keep_daily, keep_weekly, keep_monthly, created_at, team_id";
 
 fn destination_from_row(row: &impl Cols) -> DestinationRow {
     DestinationRow {
@@ -41,6 +43,7 @@ fn destination_from_row(row: &impl Cols) -> DestinationRow {
         keep_weekly: row.col("keep_weekly"),
         keep_monthly: row.col("keep_monthly"),
         created_at: row.col("created_at"),
+        team_id: row.col("team_id"),
     }
 }
 
@@ -198,7 +201,7 @@ impl Store {
     pub async fn insert_destination(&self, row: &DestinationRow) -> Result<bool, StoreError> {
         on_db!(self, pool => {
             let result = sqlx::query(&format!(
-                "INSERT INTO backup_destinations ({DESTINATION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (name) DO NOTHING"
+                "INSERT INTO backup_destinations ({DESTINATION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (name) DO NOTHING"
             ))
             .bind(&row.name)
             .bind(&row.kind)
@@ -211,6 +214,7 @@ impl Store {
             .bind(row.keep_weekly)
             .bind(row.keep_monthly)
             .bind(row.created_at)
+            .bind(&row.team_id)
             .execute(pool)
             .await?;
             self.count_commit().await;
@@ -522,10 +526,17 @@ impl Store {
                 tx.rollback().await?;
                 return Ok(false);
             }
-            sqlx::query("INSERT INTO volumes (name, node_id, created_at) VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING")
+            // A restored volume belongs to the team of the destination its
+            // backup came from.
+            sqlx::query(
+                "INSERT INTO volumes (name, node_id, created_at, team_id) VALUES ($1, $2, $3, \
+                 COALESCE((SELECT d.team_id FROM backup_jobs j JOIN backup_destinations d ON d.name = j.destination WHERE j.id = $4), 'team_default')) \
+                 ON CONFLICT (name) DO NOTHING",
+            )
                 .bind(name)
                 .bind(node_id)
                 .bind(now_ms)
+                .bind(job_id)
                 .execute(&mut *tx)
                 .await?;
             tx.commit().await?;
@@ -593,6 +604,7 @@ mod tests {
                 keep_weekly: 4,
                 keep_monthly: 6,
                 created_at: 1,
+                team_id: "team_default".into(),
             };
             assert!(store.insert_destination(&destination).await.unwrap());
             assert!(!store.insert_destination(&destination).await.unwrap());

@@ -50,6 +50,10 @@ impl Value {
     }
 }
 
+/// Rows a migration writes into a new database, by table: the condition
+/// (` WHERE NOT …`) that leaves them out of the "is it empty" count.
+const SEEDED: &[(&str, &str)] = &[("teams", " WHERE NOT (id = 'team_default')")];
+
 /// The tables to copy, parents before children (by their foreign keys).
 async fn tables(source: &sqlx::SqlitePool) -> Result<Vec<(String, Vec<String>)>, StoreError> {
     let names: Vec<String> = sqlx::query(
@@ -161,12 +165,19 @@ impl Store {
         let tables = tables(source).await?;
         let mut tx = pg.begin_write().await?;
         for (table, _) in &tables {
-            let n: i64 = sqlx::query(&format!("SELECT COUNT(*) AS n FROM \"{table}\"")).fetch_one(&mut *tx).await?.get("n");
+            // Rows the migrations themselves wrote (the default team) do not
+            // count: the source has them too, and they are copied over.
+            let seeded = SEEDED.iter().find(|(t, _)| t == table).map_or("", |(_, except)| *except);
+            let n: i64 = sqlx::query(&format!("SELECT COUNT(*) AS n FROM \"{table}\"{seeded}")).fetch_one(&mut *tx).await?.get("n");
             if n > 0 {
                 return Err(StoreError::Invariant(format!(
                     "the target database is not empty ({table} holds {n} rows): copy into a new database"
                 )));
             }
+        }
+        for (table, except) in SEEDED {
+            let only_seeds = except.replacen(" WHERE NOT ", " WHERE ", 1);
+            sqlx::query(&format!("DELETE FROM \"{table}\"{only_seeds}")).execute(&mut *tx).await?;
         }
         // One read transaction on the source: every table as of one moment.
         let mut snapshot = source.begin().await?;

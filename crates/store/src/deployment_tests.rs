@@ -23,6 +23,7 @@ pub(crate) fn app() -> AppRow {
         rollout: "blue-green".into(),
         liveness: None,
         readiness: None,
+        team_id: "team_default".into(),
     }
 }
 

@@ -13,6 +13,7 @@
 #[macro_use]
 mod backend;
 mod accounts;
+pub mod audit;
 pub mod alert_delivery;
 pub mod alerts;
 mod backups;
@@ -50,6 +51,7 @@ mod service_upgrades;
 mod routes;
 mod snapshot;
 pub mod tasks;
+pub mod teams;
 pub mod steps;
 #[cfg(test)]
 mod deployment_tests;
@@ -68,6 +70,7 @@ pub use backend::Engine;
 use backend::Db;
 
 pub use accounts::{ApiTokenRow, SessionRow, UserRow};
+pub use teams::{DeployTokenRow, MappingRow, MemberRefusal, MemberRow, Owned, TeamHoldings, TeamRow};
 pub use backups::{BackupJobRow, DestinationRemoval, DestinationRow, JobOutcome, JobRefusal, PlanRow, Verified};
 pub use apps::{AppRefusal, AppRow};
 pub use certificates::{CertificateOrders, CertificateRow};

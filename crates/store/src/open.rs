@@ -250,9 +250,22 @@ mod tests {
                 &[Arg::Int(newest)],
             )
             .await;
-        // What the newest migration (0041, previews) added goes with its row.
-        for table in ["previews", "preview_settings", "env_production_only"] {
+        // What the newest migration (0042, teams and the audit log) added
+        // goes with its row.
+        for table in ["audit_anchor", "audit_log", "deploy_tokens", "team_mappings", "team_members", "teams"] {
             store.test_execute(&format!("DROP TABLE {table}"), &[]).await;
+        }
+        for (table, column) in [
+            ("users", "cluster_role"),
+            ("apps", "team_id"),
+            ("services", "team_id"),
+            ("volumes", "team_id"),
+            ("backup_destinations", "team_id"),
+            ("api_tokens", "role"),
+            ("api_tokens", "apps"),
+            ("api_tokens", "expires_at"),
+        ] {
+            store.test_execute(&format!("ALTER TABLE {table} DROP COLUMN {column}"), &[]).await;
         }
         let url = store.url.clone().unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -260,7 +273,7 @@ mod tests {
         let dump = dir.path().join("backups").join("state-before.pgdump");
         let bytes = std::fs::read(&dump).unwrap();
         assert!(bytes.starts_with(b"PGDMP"), "a pg_dump archive");
-        again.test_execute("SELECT count(*) FROM previews", &[]).await;
+        again.test_execute("SELECT count(*) FROM team_members", &[]).await;
         assert_eq!(
             again.admin_token_digests().await.unwrap(),
             vec!["digest-1".to_string()]

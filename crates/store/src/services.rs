@@ -29,12 +29,14 @@ pub struct ServiceRow {
     /// (sealed), which the database may still be the only one to accept.
     pub previous_secret_sealed: Option<String>,
     pub rotation_started_at: Option<i64>,
+    /// The team that owns it.
+    pub team_id: String,
 }
 
 /// The columns a new service is inserted with.
-const INSERT_COLUMNS: &str = "name, kind, version, image, node_id, host_port, memory_bytes, volume, secret_sealed, generation, created_at";
+const INSERT_COLUMNS: &str = "name, kind, version, image, node_id, host_port, memory_bytes, volume, secret_sealed, generation, created_at, team_id";
 const SERVICE_COLUMNS: &str =
-    "name, kind, version, image, node_id, host_port, memory_bytes, volume, secret_sealed, generation, created_at, previous_secret_sealed, rotation_started_at";
+    "name, kind, version, image, node_id, host_port, memory_bytes, volume, secret_sealed, generation, created_at, previous_secret_sealed, rotation_started_at, team_id";
 
 /// What a change of a service sets (a rotated password, another version).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +63,7 @@ fn service_from_row(row: &impl Cols) -> ServiceRow {
         created_at: row.col("created_at"),
         previous_secret_sealed: row.col("previous_secret_sealed"),
         rotation_started_at: row.col("rotation_started_at"),
+        team_id: row.col("team_id"),
     }
 }
 
@@ -142,7 +145,7 @@ impl Store {
                 return Ok(Err(ServiceRefusal::NoPort));
             };
             let row = sqlx::query(&format!(
-                "INSERT INTO services ({INSERT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING {SERVICE_COLUMNS}"
+                "INSERT INTO services ({INSERT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING {SERVICE_COLUMNS}"
             ))
             .bind(&service.name)
             .bind(&service.kind)
@@ -155,13 +158,15 @@ impl Store {
             .bind(&service.secret_sealed)
             .bind(service.generation)
             .bind(service.created_at)
+            .bind(&service.team_id)
             .fetch_one(&mut *tx)
             .await?;
-            sqlx::query("INSERT INTO volumes (name, node_id, service, created_at) VALUES ($1, $2, $3, $4)")
+            sqlx::query("INSERT INTO volumes (name, node_id, service, created_at, team_id) VALUES ($1, $2, $3, $4, $5)")
                 .bind(&service.volume)
                 .bind(&service.node_id)
                 .bind(&service.name)
                 .bind(now_ms)
+                .bind(&service.team_id)
                 .execute(&mut *tx)
                 .await?;
             tx.insert_command(&command(port), now_ms).await?;

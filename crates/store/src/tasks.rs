@@ -552,6 +552,7 @@ mod tests {
             rollout: "blue-green".into(),
             liveness: None,
             readiness: None,
+            team_id: "team_default".into(),
         }
     }
 

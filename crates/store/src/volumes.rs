@@ -178,7 +178,8 @@ impl Store {
                     // pinned at the next placement.
                     let node = mounted.iter().find_map(|v| v.node_id.clone());
                     let row = sqlx::query(&format!(
-                        "INSERT INTO volumes (name, app, mount_path, node_id, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING {VOLUME_COLUMNS}"
+                        "INSERT INTO volumes (name, app, mount_path, node_id, created_at, team_id) \
+                         VALUES ($1, $2, $3, $4, $5, COALESCE((SELECT team_id FROM apps WHERE name = $2), 'team_default')) RETURNING {VOLUME_COLUMNS}"
                     ))
                     .bind(name)
                     .bind(app)

@@ -171,9 +171,15 @@ fn create_form(ctx: &Ctx, sources: &Sources, refused: Option<&Refused>) -> Marku
 
 /// The apps of one page of the list (search and page from `query`), with
 /// their deployments: read for those apps only.
-async fn load_page(state: &AppState, query: &ListQuery) -> Result<AppPage, ApiError> {
+async fn load_page(state: &AppState, access: &cloudweb_core::access::Access, query: &ListQuery) -> Result<AppPage, ApiError> {
     let search = query.search();
-    let apps: Vec<AppRow> = state.store.apps().await?.into_iter().filter(|a| paging::matches(search.as_deref(), &[&a.name, &a.repo_url])).collect();
+    let apps: Vec<AppRow> = state
+        .store
+        .apps()
+        .await?
+        .into_iter()
+        .filter(|a| access.sees(&a.team_id, Some(&a.name)) && paging::matches(search.as_deref(), &[&a.name, &a.repo_url]))
+        .collect();
     let paged = paging::page_of(&apps, query.page());
     let mut rows = Vec::with_capacity(paged.rows.len());
     for app in paged.rows {
@@ -191,7 +197,7 @@ pub struct AppPage {
 }
 
 pub async fn list(ctx: Ctx, Query(query): Query<ListQuery>) -> Response {
-    match load_page(&ctx.state, &query).await {
+    match load_page(&ctx.state, &ctx.access, &query).await {
         Ok(apps) => {
             let sources = app_sources::sources(&ctx).await;
             let qs = query.at_page(apps.info.page);
@@ -275,7 +281,7 @@ pub async fn create(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Resp
     let result = match create_request(&form) {
         // As the logged-in user: a GitLab project is reached through their
         // own linked identity, never another user's.
-        Ok(request) => api::apps::create_for(ctx.state.clone(), &ctx.principal, Ok(Bytes::from(request.to_string()))).await,
+        Ok(request) => api::apps::create_for(ctx.state.clone(), &ctx.principal, &ctx.team.id(), Ok(Bytes::from(request.to_string()))).await,
         Err(err) => Err(err),
     };
     match result {
@@ -284,7 +290,7 @@ pub async fn create(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Resp
             ctx.outcome(Ok::<(), ApiError>(()), &format!("/apps/{name}")).await
         }
         Err(err) => {
-            let apps = match load_page(&ctx.state, &ListQuery::default()).await {
+            let apps = match load_page(&ctx.state, &ctx.access, &ListQuery::default()).await {
                 Ok(apps) => apps,
                 Err(err) => return err.into_response(),
             };

@@ -142,9 +142,16 @@ fn kit_section(ctx: &Ctx, kit: &RecoveryKit) -> Markup {
 }
 
 async fn body(ctx: &Ctx, kit: Option<&RecoveryKit>) -> Result<Markup, ApiError> {
-    let overview = cloudweb_core::backups::overview(&ctx.state).await?;
-    let destinations = cloudweb_core::backups::destinations(&ctx.state).await?;
-    let jobs: Vec<BackupJobView> = ctx.state.store.recent_backup_jobs(30).await?.iter().map(cloudweb_core::backups::job_view).collect();
+    // What the user's teams own only: the API's own lists.
+    let axum::Json(overview) = api::backups::overview(State(ctx.state.clone()), axum::Extension(ctx.access.clone())).await?;
+    let axum::Json(cloudweb_api_types::backups::DestinationList { destinations }) =
+        api::backups::list_destinations(State(ctx.state.clone()), axum::Extension(ctx.access.clone())).await?;
+    let mut jobs: Vec<BackupJobView> = Vec::new();
+    for job in ctx.state.store.recent_backup_jobs(30).await? {
+        if cloudweb_core::access::sees_owned(&ctx.state, &ctx.access, cloudweb_core::store::Owned::BackupJob, &job.id).await? {
+            jobs.push(cloudweb_core::backups::job_view(&job));
+        }
+    }
     Ok(html! {
         p.help { (ctx.t("backups.help")) }
         @if let Some(kit) = kit { (kit_section(ctx, kit)) }
@@ -183,7 +190,7 @@ pub async fn add_destination(ctx: Ctx, Form(form): Form<HashMap<String, String>>
         ..NewDestination::default()
     };
     let bytes = serde_json::to_vec(&body_json).expect("strings serialize");
-    match api::backups::create_destination(State(ctx.state.clone()), Ok(Bytes::from(bytes))).await {
+    match api::backups::create_destination(State(ctx.state.clone()), axum::Extension(ctx.team.clone()), Ok(Bytes::from(bytes))).await {
         Ok((_, created)) => match body(&ctx, Some(&created.0.recovery_kit)).await {
             Ok(markup) => layout::page(&ctx, ctx.t("backups.title"), Nav::Data, "/backups", markup).into_response(),
             Err(err) => err.into_response(),
@@ -195,6 +202,14 @@ pub async fn add_destination(ctx: Ctx, Form(form): Form<HashMap<String, String>>
 pub async fn run(ctx: Ctx, Path((kind, name)): Path<(String, String)>, Form(form): Form<HashMap<String, String>>) -> Response {
     if let Some(refused) = ctx.refusal(&form) {
         return refused;
+    }
+    let owned = match kind.as_str() {
+        "service" => cloudweb_core::store::Owned::Service,
+        _ => cloudweb_core::store::Owned::Volume,
+    };
+    let need = cloudweb_core::access::Need::Team(cloudweb_core::access::TeamRole::Admin, owned, "name");
+    if let Err(err) = cloudweb_core::access::check(&ctx.state, &ctx.access, need, &[("name".to_string(), name.clone())], None).await {
+        return ctx.outcome::<()>(Err(err), "/backups").await;
     }
     let result = match kind.as_str() {
         "service" => api::backups::run_service(State(ctx.state.clone()), Path(name)).await.map(|_| ()),

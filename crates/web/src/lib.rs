@@ -34,6 +34,7 @@ mod monitoring;
 mod node_page;
 mod nodes;
 mod paging;
+mod permissions;
 mod previews;
 mod services;
 mod app_logs;
@@ -79,9 +80,9 @@ const JS: &str = include_str!("assets/app.js");
 /// nothing inline, no framing.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-pub fn router() -> Router<Arc<AppState>> {
+pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
     Router::new()
-        .route("/", get(|| async { Redirect::to("/nodes") }))
+        .route("/", get(home))
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/lang", post(switch_language))
@@ -134,7 +135,17 @@ pub fn router() -> Router<Arc<AppState>> {
         .route("/alerts/channels", post(alerts::add))
         .route("/alerts/channels/{id}/test", post(alerts::test))
         .route("/alerts/channels/{id}/delete", post(alerts::delete))
+        .route_layer(middleware::from_fn_with_state(state, permissions::authorize))
         .layer(middleware::from_fn(security_headers))
+}
+
+/// The first page: the nodes for a cluster role, the apps for the rest.
+async fn home(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Redirect {
+    let cookie = sessions::session_cookie(&headers).unwrap_or("").to_string();
+    match sessions::lookup(&state, &cookie).await {
+        Ok(Some(session)) if session.user.cluster_role.is_none() => Redirect::to("/apps"),
+        _ => Redirect::to("/nodes"),
+    }
 }
 
 fn asset(body: &'static str, content_type: &'static str) -> Response {
@@ -189,6 +200,10 @@ pub struct Ctx {
     /// The logged-in user as the API sees them (their session), so forms
     /// act with the user's own rights and linked identities.
     pub principal: auth::Principal,
+    /// What the user may do (see `permissions`).
+    pub access: cloudweb_core::access::Access,
+    /// The team a new thing goes to (the checked `Create` need's).
+    pub team: cloudweb_http::auth::authorize::RequestTeam,
     pub flash: Option<Flash>,
     pub state: Arc<AppState>,
     /// Backups that need attention (the banner on every page).
@@ -254,15 +269,27 @@ impl FromRequestParts<Arc<AppState>> for Ctx {
         }
         let flash = crate::flash::take(state, &session.id_sha256).await;
         let via = auth::Via::Session { id_sha256: session.id_sha256.clone(), csrf_token: session.csrf_token.clone(), expires_at: session.expires_at };
+        let principal = auth::Principal::User { user: session.user.clone(), via };
+        // Checked pages carry the caller's access; the not-found page
+        // (outside the table) works it out.
+        let access = match parts.extensions.get::<cloudweb_core::access::Access>().cloned() {
+            Some(access) => access,
+            None => cloudweb_core::access::access_of(state, &principal).await.map_err(IntoResponse::into_response)?,
+        };
+        let team = parts.extensions.get::<cloudweb_http::auth::authorize::RequestTeam>().cloned().unwrap_or(cloudweb_http::auth::authorize::RequestTeam(None));
+        let sees_all = access.sees_all();
         Ok(Ctx {
             lang,
             session_key: session.id_sha256,
             csrf: session.csrf_token,
             user_name: session.user.name.clone(),
-            principal: auth::Principal::User { user: session.user, via },
+            principal,
+            access,
+            team,
             flash,
-            backup_alerts: backups::alerts(state).await,
-            open_alerts: alerts::open_count(state).await,
+            // The banner and the bell are the cluster's: for cluster roles.
+            backup_alerts: if sees_all { backups::alerts(state).await } else { Vec::new() },
+            open_alerts: if sees_all { alerts::open_count(state).await } else { 0 },
             state: state.clone(),
         })
     }

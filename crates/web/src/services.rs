@@ -103,7 +103,7 @@ fn list_body(ctx: &Ctx, list: &ServiceList) -> Markup {
 }
 
 pub async fn page(ctx: Ctx) -> Response {
-    match api::services::list(State(ctx.state.clone())).await {
+    match api::services::list(State(ctx.state.clone()), axum::Extension(ctx.access.clone())).await {
         Ok(list) => layout::page(&ctx, ctx.t("services.title"), Nav::Data, "/services", list_body(&ctx, &list.0)).into_response(),
         Err(err) => err.into_response(),
     }
@@ -119,7 +119,7 @@ pub async fn create(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Resp
         Some(kind) => {
             let body = CreateService { name: field("name").unwrap_or_default(), kind, version: field("version"), node: None, memory: None };
             let bytes = serde_json::to_vec(&body).expect("strings serialize");
-            api::services::create(State(ctx.state.clone()), Ok(Bytes::from(bytes))).await.map(|_| ())
+            api::services::create(State(ctx.state.clone()), axum::Extension(ctx.team.clone()), Ok(Bytes::from(bytes))).await.map(|_| ())
         }
     };
     ctx.outcome(result, "/services").await

@@ -122,6 +122,15 @@ pub async fn page(ctx: Ctx) -> Response {
         Ok(volumes) => volumes,
         Err(err) => return ApiError::from(err).into_response(),
     };
+    let mut visible = Vec::new();
+    for volume in volumes {
+        match cloudweb_core::access::sees_owned(&ctx.state, &ctx.access, cloudweb_core::store::Owned::Volume, &volume.name).await {
+            Ok(true) => visible.push(volume),
+            Ok(false) => {}
+            Err(err) => return err.into_response(),
+        }
+    }
+    let volumes = visible;
     let mut last_moves = HashMap::new();
     for volume in &volumes {
         if let Ok(moves) = ctx.state.store.volume_moves_of(&volume.name).await {

@@ -161,6 +161,7 @@ fn check_events(events: Option<&[String]>) -> Result<Vec<String>, String> {
 pub fn visible_to(channel: &ChannelRow, principal: &Principal) -> bool {
     match principal {
         Principal::Admin => true,
+        Principal::Deploy { .. } => false,
         Principal::User { user, .. } => channel.owner.is_empty() || channel.owner == user.id,
     }
 }

@@ -14,6 +14,7 @@
 //! are never logged and never stored in clear: the store holds argon2id
 //! hashes and SHA-256 digests.
 
+pub mod deploy_tokens;
 pub mod limiter;
 pub mod sessions;
 pub mod tokens;
@@ -33,6 +34,8 @@ pub struct AuthSettings {
     /// A session ends this long after login, used or not.
     pub session_absolute: Duration,
     pub login_limits: limiter::Limits,
+    /// The audit log's retention and what a failed write does.
+    pub audit: crate::audit_policy::AuditSettings,
 }
 
 impl Default for AuthSettings {
@@ -41,6 +44,7 @@ impl Default for AuthSettings {
             session_idle: Duration::from_secs(8 * 3600),
             session_absolute: Duration::from_secs(7 * 24 * 3600),
             login_limits: limiter::Limits::default(),
+            audit: crate::audit_policy::AuditSettings::default(),
         }
     }
 }
@@ -71,19 +75,30 @@ pub enum Principal {
     Admin,
     /// A user, by session or personal token.
     User { user: UserRow, via: Via },
+    /// An app's deploy token (a CI system): deploys and reads that app.
+    Deploy { token_id: String, app: String, team_id: String },
 }
 
 #[derive(Debug, Clone)]
 pub enum Via {
     Session { id_sha256: String, csrf_token: String, expires_at: i64 },
-    Token { id: String },
+    Token { id: String, scope: TokenScope },
+}
+
+/// What a personal token is held to (checked by `crate::access`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenScope {
+    /// At most this role; `None`: all its user may.
+    pub role: Option<crate::roles::Role>,
+    /// Only these apps; `None`: all its user reaches.
+    pub apps: Option<Vec<String>>,
 }
 
 impl Principal {
     /// The user behind the request; `None` for the admin token.
     pub fn user(&self) -> Option<&UserRow> {
         match self {
-            Principal::Admin => None,
+            Principal::Admin | Principal::Deploy { .. } => None,
             Principal::User { user, .. } => Some(user),
         }
     }

@@ -26,9 +26,18 @@ pub fn validate_name(name: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Creates a token for `user`; returns its row and the token itself, which
-/// exists nowhere else afterwards.
-pub async fn create(state: &AppState, user: &UserRow, name: &str) -> Result<(ApiTokenRow, String), ApiError> {
+/// What a new token is held to.
+#[derive(Debug, Clone, Default)]
+pub struct NewScope {
+    pub role: Option<crate::roles::Role>,
+    pub apps: Option<Vec<String>>,
+    pub expires_at: Option<i64>,
+}
+
+/// Creates a token for `user`, held to `scope` (which the caller checked:
+/// `access::teams::check_token_scope`); returns its row and the token
+/// itself, which exists nowhere else afterwards.
+pub async fn create(state: &AppState, user: &UserRow, name: &str, scope: NewScope) -> Result<(ApiTokenRow, String), ApiError> {
     validate_name(name)?;
     let existing = state.store.api_tokens_of(&user.id).await?;
     let active: Vec<&ApiTokenRow> = existing.iter().filter(|t| t.revoked_at.is_none()).collect();
@@ -47,6 +56,9 @@ pub async fn create(state: &AppState, user: &UserRow, name: &str) -> Result<(Api
         created_at: state.clock.now_ms(),
         last_used_at: None,
         revoked_at: None,
+        role: scope.role.map(|r| r.as_str().to_string()),
+        apps: scope.apps,
+        expires_at: scope.expires_at,
     };
     state.store.insert_api_token(&row, &sha256_hex(token.as_bytes())).await?;
     tracing::info!(user = %user.name, token_id = %row.id, "personal API token created");
@@ -59,7 +71,7 @@ pub async fn authenticate(state: &AppState, token: &str) -> Result<Option<(ApiTo
         return Ok(None);
     }
     let Some((row, user)) = state.store.api_token_by_digest(&sha256_hex(token.as_bytes())).await? else { return Ok(None) };
-    if user.disabled_at.is_some() {
+    if user.disabled_at.is_some() || row.expires_at.is_some_and(|end| end <= state.clock.now_ms()) {
         return Ok(None);
     }
     state.store.touch_api_token(&row.id, state.clock.now_ms(), TOUCH_GRANULARITY_MS).await?;

@@ -75,8 +75,10 @@ pub fn warm_up() {
 }
 
 /// Creates a user; `password` `None` makes a user who cannot log in with
-/// a password (one who logs in through GitLab). 409 when the name is taken.
-pub async fn create(store: &Store, now_ms: i64, name: &str, password: Option<&str>) -> Result<UserRow, ApiError> {
+/// a password (one who logs in through GitLab). `cluster_role`: what the
+/// user may do across the cluster (`None`: only what their teams give).
+/// 409 when the name is taken.
+pub async fn create(store: &Store, now_ms: i64, name: &str, password: Option<&str>, cluster_role: Option<crate::roles::ClusterRole>) -> Result<UserRow, ApiError> {
     validate_name(name)?;
     let password_hash = match password {
         Some(password) => {
@@ -86,7 +88,7 @@ pub async fn create(store: &Store, now_ms: i64, name: &str, password: Option<&st
         }
         None => None,
     };
-    let user = UserRow { id: format!("usr_{}", super::random_hex(12)), name: name.to_string(), password_hash, created_at: now_ms, disabled_at: None };
+    let user = UserRow { id: format!("usr_{}", super::random_hex(12)), name: name.to_string(), password_hash, created_at: now_ms, disabled_at: None, cluster_role: cluster_role.map(|r| r.as_str().to_string()) };
     if !store.insert_user(&user).await? {
         return Err(ApiError::Conflict(format!("a user named {name} already exists")));
     }

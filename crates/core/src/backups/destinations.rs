@@ -150,7 +150,7 @@ fn init_error(which: &str, err: ResticError) -> ApiError {
 /// Adds a destination: both repositories are created there first, so a
 /// destination cloud-web cannot write to is never recorded. Returns the
 /// recovery kit, which is never shown again.
-pub async fn add_destination(state: &AppState, new: &NewDestination) -> Result<(DestinationView, RecoveryKit), ApiError> {
+pub async fn add_destination(state: &AppState, new: &NewDestination, team_id: &str) -> Result<(DestinationView, RecoveryKit), ApiError> {
     cloudweb_protocol::validate::node_name("name", &new.name).map_err(|e| bad(e.to_string()))?;
     let (base, region, key_id, secret) = base_of(new)?;
     let retention = cloudweb_protocol::Retention {
@@ -178,6 +178,7 @@ pub async fn add_destination(state: &AppState, new: &NewDestination) -> Result<(
         keep_weekly: i64::from(retention.keep_weekly),
         keep_monthly: i64::from(retention.keep_monthly),
         created_at: state.clock.now_ms(),
+        team_id: team_id.to_string(),
     };
     for which in ["data", "control-plane"] {
         let repo = repository(state, &row, which)?;

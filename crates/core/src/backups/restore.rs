@@ -83,6 +83,7 @@ pub(crate) async fn restore_into(state: &AppState, backup_id: &str, to: Option<&
                 version: version.map(str::to_string).or_else(|| source_row.as_ref().and_then(|r| r.version.clone())),
                 node: node.map(str::to_string),
                 memory_bytes: source_row.as_ref().and_then(|r| r.memory_bytes).map(|m| m.max(0) as u64),
+                team_id: source_row.as_ref().map(|r| r.team_id.clone()).unwrap_or_else(|| destination.team_id.clone()),
             };
             // Nobody else can make a service of the name an unfinished
             // upgrade restores into (`services::create` refuses it), so

@@ -125,7 +125,7 @@ async fn linked_user(state: &AppState, identity: Identity<'_>, id: &str) -> Resu
 async fn create_user(state: &AppState, identity: Identity<'_>) -> Result<UserRow, ApiError> {
     let base = base_name(identity.host, identity.username, identity.id);
     for candidate in candidates(identity.host, &base, identity.id) {
-        match users::create(&state.store, state.clock.now_ms(), &candidate, None).await {
+        match users::create(&state.store, state.clock.now_ms(), &candidate, None, None).await {
             Ok(user) => return Ok(user),
             Err(ApiError::Conflict(_)) => continue,
             Err(err) => return Err(err),

@@ -258,8 +258,13 @@ async fn refresh_account(state: &AppState, account: &GitlabAccountRow) -> Result
 pub async fn refresher(state: Arc<AppState>) {
     let mut interval = tokio::time::interval(Duration::from_secs(60));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_groups_sync: Option<tokio::time::Instant> = None;
     loop {
         interval.tick().await;
+        if last_groups_sync.is_none_or(|at| at.elapsed() >= GROUPS_RESYNC) {
+            last_groups_sync = Some(tokio::time::Instant::now());
+            resync_groups(&state).await;
+        }
         let due = match state.store.gitlab_accounts_expiring(state.clock.now_ms() + REFRESH_MARGIN_MS).await {
             Ok(due) => due,
             Err(err) => {
@@ -272,6 +277,44 @@ pub async fn refresher(state: Arc<AppState>) {
             if let Err(err) = access_token(&state, account.gitlab_user_id).await {
                 tracing::warn!(gitlab_user = account.gitlab_user_id, error = %err, "could not refresh a GitLab token");
             }
+        }
+    }
+}
+
+/// How often memberships from GitLab group mappings are checked against
+/// the groups each linked identity is in now.
+const GROUPS_RESYNC: Duration = Duration::from_secs(3600);
+
+/// For each GitLab identity linked to a user: its groups now, applied to
+/// the user's mapped memberships (one call each; a failure is logged and
+/// waits for the next round).
+async fn resync_groups(state: &AppState) {
+    match crate::access::mapping::wanted(state, "gitlab").await {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(err) => return tracing::warn!(error = %err, "cannot read the team mappings"),
+    }
+    let accounts = match state.store.gitlab_accounts().await {
+        Ok(accounts) => accounts,
+        Err(err) => return tracing::warn!(error = %err, "cannot list GitLab identities to check their groups"),
+    };
+    for account in accounts {
+        let local = match state.store.git_identity("gitlab", account.gitlab_user_id).await {
+            Ok(Some(identity)) => identity.local_user,
+            _ => None,
+        };
+        let Some(local) = local else { continue };
+        let groups = match gitlab_as(state, account.gitlab_user_id).await {
+            Ok(api) => api.group_paths().await.map_err(|e| ApiError::BadGateway(e.to_string())),
+            Err(err) => Err(err),
+        };
+        match groups {
+            Ok(groups) => {
+                if let Err(err) = crate::access::mapping::apply(state, &local, "gitlab", &groups).await {
+                    tracing::warn!(gitlab_user = account.gitlab_user_id, error = %err, "cannot apply the team mappings");
+                }
+            }
+            Err(err) => tracing::warn!(gitlab_user = account.gitlab_user_id, error = %err, "cannot read a GitLab identity's groups; its memberships stay until the next check"),
         }
     }
 }

@@ -22,7 +22,7 @@ async fn control(tweak: impl FnOnce(&mut Config)) -> (tempfile::TempDir, Control
 
 async fn user(cp: &Control, name: &str) {
     let store = &cp.server.state.store;
-    cloudweb_server::auth::users::create(store, cp.server.state.clock.now_ms(), name, Some(PASSWORD)).await.unwrap();
+    cloudweb_server::auth::users::create(store, cp.server.state.clock.now_ms(), name, Some(PASSWORD), Some(cloudweb_server::access::ClusterRole::Admin)).await.unwrap();
 }
 
 fn url(cp: &Control, path: &str) -> String {
@@ -145,7 +145,7 @@ async fn login_sets_a_flagged_session_cookie_and_wrong_passwords_are_refused() {
     assert_eq!(me["csrf_token"], session.csrf.as_str());
     assert!(!me.to_string().contains(&session.cookie) && !me.to_string().contains(PASSWORD), "{me}");
     let (_, me) = cp.call(Method::GET, "/api/me", None).await;
-    assert_eq!(me, json!({"auth": "admin_token"}));
+    assert_eq!(me, json!({"auth": "admin_token", "cluster_role": "cluster-admin", "teams": []}));
 
     // A form login (the dashboard's) answers with a redirect to `next`.
     let response = reqwest::Client::builder()
@@ -190,7 +190,7 @@ async fn every_api_route_accepts_the_admin_token_a_personal_token_and_a_session(
     let metrics = cp.http.get(url(&cp, "/metrics")).bearer_auth(&token).send().await.unwrap();
     assert_eq!(metrics.status(), 200);
     // Users make users; the answer and the list never hold a password or hash.
-    let (status, bob) = with_session(&cp, &session, Method::POST, "/api/users", true, &[], Some(json!({"name": "bob", "password": PASSWORD}))).await;
+    let (status, bob) = with_session(&cp, &session, Method::POST, "/api/users", true, &[], Some(json!({"name": "bob", "password": PASSWORD, "cluster_role": "cluster-admin"}))).await;
     assert_eq!(status, 201, "{bob}");
     assert_eq!(bob["name"], "bob");
     assert_eq!(with_bearer(&cp, &token, Method::POST, "/api/users", Some(json!({"name": "BOB", "password": "another password"}))).await.0, 409);

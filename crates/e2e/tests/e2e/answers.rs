@@ -19,7 +19,7 @@ async fn start() -> (tempfile::TempDir, RunningServer, String, reqwest::Client) 
     let dir = tempfile::tempdir().unwrap();
     let server = cloudweb_server::start(Config::local(dir.path().to_path_buf()), Arc::new(ShiftedClock::default())).await.unwrap();
     let admin = std::fs::read_to_string(dir.path().join("admin-token")).unwrap().trim().to_string();
-    cloudweb_server::auth::users::create(&server.state.store, server.state.clock.now_ms(), USER, Some(PASSWORD)).await.unwrap();
+    cloudweb_server::auth::users::create(&server.state.store, server.state.clock.now_ms(), USER, Some(PASSWORD), Some(cloudweb_server::access::ClusterRole::Admin)).await.unwrap();
     let http = reqwest::Client::builder().redirect(Policy::none()).build().unwrap();
     (dir, server, admin, http)
 }

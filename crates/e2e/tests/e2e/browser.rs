@@ -122,7 +122,7 @@ async fn a_newcomer_joins_a_node_deploys_an_app_and_watches_it_in_the_browser() 
     let browser = Browser::start(format!("http://127.0.0.1:{}", server.api_port), tmp.path()).await;
 
     // A user (made through the API with the admin token) logs in.
-    let (status, user) = server.call(reqwest::Method::POST, "/api/users", Some(json!({"name": "ada", "password": "a long enough passphrase"}))).await.unwrap();
+    let (status, user) = server.call(reqwest::Method::POST, "/api/users", Some(json!({"name": "ada", "password": "a long enough passphrase", "cluster_role": "cluster-admin"}))).await.unwrap();
     assert_eq!(status, 201, "{user}");
     browser.goto("/nodes").await;
     assert!(browser.client.current_url().await.unwrap().path().ends_with("/login"), "pages need a session");

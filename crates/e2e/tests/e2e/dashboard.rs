@@ -37,7 +37,7 @@ impl Dashboard {
         let server = cloudweb_server::start(Config::local(dir.path().to_path_buf()), Arc::new(ShiftedClock::default())).await.unwrap();
         let admin = std::fs::read_to_string(dir.path().join("admin-token")).unwrap().trim().to_string();
         let http = reqwest::Client::builder().redirect(Policy::none()).build().unwrap();
-        cloudweb_server::auth::users::create(&server.state.store, server.state.clock.now_ms(), USER, Some(PASSWORD)).await.unwrap();
+        cloudweb_server::auth::users::create(&server.state.store, server.state.clock.now_ms(), USER, Some(PASSWORD), Some(cloudweb_server::access::ClusterRole::Admin)).await.unwrap();
         Dashboard { _dir: dir, server, admin, http }
     }
 
@@ -105,6 +105,7 @@ impl Dashboard {
             rollout: "blue-green".into(),
             liveness: None,
             readiness: None,
+            team_id: "team_default".into(),
         };
         self.server.state.store.insert_app(&app, &format!("{name}.localhost")).await.unwrap().unwrap();
     }
@@ -686,6 +687,7 @@ async fn the_data_page_rotates_passwords_and_changes_versions_through_the_api() 
         created_at: state.clock.now_ms(),
         previous_secret_sealed: None,
         rotation_started_at: None,
+        team_id: "team_default".into(),
     };
     let command = |_| cloudweb_server::store::NewCommand { node_id: node.clone(), kind: "service_run".into(), payload: "{}".into() };
     state.store.insert_service(&row, 20000..=20001, command, state.clock.now_ms()).await.unwrap().unwrap();

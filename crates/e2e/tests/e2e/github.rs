@@ -67,7 +67,7 @@ async fn a_push_deploys_through_the_github_app_with_statuses_and_a_one_repositor
     assert!(github.refused_jwts().is_empty(), "{:?}", github.refused_jwts());
 
     // The dashboard's create form offers the repository, and makes the app from it.
-    let (_, user) = server.call(Method::POST, "/api/users", Some(json!({"name": "lee", "password": "lee's own password"}))).await.unwrap();
+    let (_, user) = server.call(Method::POST, "/api/users", Some(json!({"name": "lee", "password": "lee's own password", "cluster_role": "cluster-admin"}))).await.unwrap();
     assert!(user["id"].is_string(), "{user}");
     let response = no_redirects().post(server.api("/login")).form(&[("name", "lee"), ("password", "lee's own password")]).send().await.unwrap();
     let session = cookie_pair(&set_cookie(response.headers(), "cloudweb_session").unwrap());

@@ -223,7 +223,7 @@ async fn logging_in_with_github_checks_state_pkce_and_the_allow_list_by_user_org
 
     // Lee, logged in with a password, connects his GitHub identity (frank):
     // linked by GitHub's user id, and frank's later logins are lee.
-    let (_, lee) = server.call(Method::POST, "/api/users", Some(json!({"name": "lee", "password": "lee's own password"}))).await.unwrap();
+    let (_, lee) = server.call(Method::POST, "/api/users", Some(json!({"name": "lee", "password": "lee's own password", "cluster_role": "cluster-admin"}))).await.unwrap();
     let response = no_redirects().post(server.api("/login")).form(&[("name", "lee"), ("password", "lee's own password")]).send().await.unwrap();
     let lee_session = cookie_pair(&set_cookie(response.headers(), "cloudweb_session").unwrap());
     github.login_as(26);

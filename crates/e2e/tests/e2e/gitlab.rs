@@ -165,7 +165,7 @@ async fn oauth_login_with_state_pkce_and_allow_list() {
     assert_eq!(status, 404, "{body}");
     configure(&server, &gitlab, &["alice"], &["acme/deployers"]).await;
     // A local user who happens to be called alice, made with a password.
-    let (status, local_alice) = server.call(Method::POST, "/api/users", Some(json!({"name": "alice", "password": "local alice's password"}))).await.unwrap();
+    let (status, local_alice) = server.call(Method::POST, "/api/users", Some(json!({"name": "alice", "password": "local alice's password", "cluster_role": "cluster-admin"}))).await.unwrap();
     assert_eq!(status, 201, "{local_alice}");
 
     // The redirect carries state and an S256 challenge.
@@ -298,15 +298,19 @@ async fn gitlab_login_starts_a_session_for_a_user_linked_by_gitlab_id() {
     let tmp = tempfile::tempdir().unwrap();
     let gitlab = FakeGitlab::start(&tmp.path().join("gitlab")).await.unwrap();
     gitlab.add_user(31, "erin", "erin@example.com", false, &[]);
-    gitlab.add_user(32, "frank", "frank@example.com", true, &[]);
+    gitlab.add_user(32, "frank", "frank@example.com", true, &["team/devs"]);
     gitlab.add_user(33, "gina", "gina@example.com", true, &[]);
     gitlab.add_user(34, "henry", "hank@example.com", true, &[]);
     let project = gitlab.add_project("team/app").unwrap();
     gitlab.commit("team/app", "main", &[("README", "hello")], "first").unwrap();
     let server = ServerProcess::start_with(tmp.path(), &["--allow-private-git-hosts"]).await.unwrap();
     configure(&server, &gitlab, &["erin", "frank", "henry"], &[]).await;
-    let (_, local_erin) = server.call(Method::POST, "/api/users", Some(json!({"name": "erin", "password": "local erin's password"}))).await.unwrap();
-    let (_, hank) = server.call(Method::POST, "/api/users", Some(json!({"name": "hank", "password": "hank's own password"}))).await.unwrap();
+    let (_, local_erin) = server.call(Method::POST, "/api/users", Some(json!({"name": "erin", "password": "local erin's password", "cluster_role": "cluster-admin"}))).await.unwrap();
+    let (_, hank) = server.call(Method::POST, "/api/users", Some(json!({"name": "hank", "password": "hank's own password", "cluster_role": "cluster-admin"}))).await.unwrap();
+    // Members of the GitLab group team/devs are admins of the default team.
+    let mapping = json!({"mappings": [{"provider": "gitlab", "group": "team/devs", "team": "default", "role": "admin"}]});
+    let (status, body) = server.call(Method::PUT, "/api/team-mappings", Some(mapping)).await.unwrap();
+    assert_eq!(status, 200, "{body}");
 
     // A browser: the callback sets the session and sends it to the dashboard.
     gitlab.login_as(32);
@@ -326,6 +330,7 @@ async fn gitlab_login_starts_a_session_for_a_user_linked_by_gitlab_id() {
     assert_eq!(status, 200, "{me}");
     assert_eq!(me["auth"], "session");
     assert_eq!(me["user"]["name"], "frank", "{me}");
+    assert_eq!(me["teams"], json!([{"team": "default", "role": "admin"}]), "the group's mapping: {me}");
     let frank_id = me["user"]["id"].clone();
 
     // Erin's GitLab email is unconfirmed and her name is a local user's:
@@ -355,13 +360,20 @@ async fn gitlab_login_starts_a_session_for_a_user_linked_by_gitlab_id() {
     let (status, _) = server.call(Method::GET, "/api/gitlab/projects", None).await.unwrap();
     assert_eq!(status, 400);
 
-    // A second login of the same GitLab id is the same user.
+    // A second login of the same GitLab id is the same user; out of the
+    // group by then, frank is out of the team.
+    gitlab.set_groups(32, &[]);
     gitlab.login_as(32);
-    let (status, body) = login(&server).await;
+    let (status, body, headers) = login_with(&server, "application/json", &[]).await;
     assert_eq!(status, 200, "{body}");
     let again: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(again["linked_user"], frank_id);
     assert_eq!(again["user"]["name"], "frank");
+    let later = cookie_pair(&set_cookie(&headers, "cloudweb_session").unwrap());
+    let (_, me) = with_cookies(&server, Method::GET, "/api/me", &[&later], None, None).await;
+    assert_eq!(me["teams"], json!([]), "{me}");
+    let (status, body) = with_cookies(&server, Method::GET, &format!("/api/apps/{app}"), &[&later], None, None).await;
+    assert_eq!(status, 404, "no longer frank's to see: {body}");
 
     // A state without its browser's cookie, or with another browser's, is
     // refused and starts no session.
@@ -430,7 +442,7 @@ pub(crate) fn page_csrf(page: &str) -> String {
 async fn the_dashboard_creates_an_app_from_the_users_own_gitlab_project() {
     let tmp = tempfile::tempdir().unwrap();
     let gitlab = FakeGitlab::start(&tmp.path().join("gitlab")).await.unwrap();
-    gitlab.add_user(41, "ivy", "ivy@example.com", true, &[]);
+    gitlab.add_user(41, "ivy", "ivy@example.com", true, &["ivy"]);
     gitlab.add_user(42, "jon", "jon@example.com", true, &[]);
     let project = gitlab.add_project("ivy/site").unwrap();
     gitlab.commit("ivy/site", "main", &[("index.html", "hello\n")], "first").unwrap();
@@ -438,7 +450,7 @@ async fn the_dashboard_creates_an_app_from_the_users_own_gitlab_project() {
     let accept = "text/html,application/xhtml+xml,*/*;q=0.8";
 
     // Before GitLab is configured, the form asks for a git URL only.
-    let (_, password_user) = server.call(Method::POST, "/api/users", Some(json!({"name": "kim", "password": "kim's own password"}))).await.unwrap();
+    let (_, password_user) = server.call(Method::POST, "/api/users", Some(json!({"name": "kim", "password": "kim's own password", "cluster_role": "cluster-admin"}))).await.unwrap();
     assert!(password_user["id"].is_string(), "{password_user}");
     let response = no_redirects().post(server.api("/login")).form(&[("name", "kim"), ("password", "kim's own password")]).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 303);
@@ -449,6 +461,8 @@ async fn the_dashboard_creates_an_app_from_the_users_own_gitlab_project() {
     assert!(body.contains("name=\"repo_url\" required"), "{body}");
 
     configure(&server, &gitlab, &["ivy", "jon"], &[]).await;
+    let mapping = json!({"mappings": [{"provider": "gitlab", "group": "ivy", "team": "default", "role": "admin"}]});
+    assert_eq!(server.call(Method::PUT, "/api/team-mappings", Some(mapping)).await.unwrap().0, 200);
     // Jon logs in with GitLab first: two identities exist, and ivy's page
     // must still list through ivy's own one.
     gitlab.login_as(42);

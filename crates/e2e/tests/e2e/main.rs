@@ -39,6 +39,7 @@ mod log_store;
 mod mesh;
 mod nodes;
 mod openapi;
+mod permissions;
 mod previews;
 mod probe_checks;
 mod readiness;

@@ -153,7 +153,7 @@ async fn pull_requests_get_previews_that_follow_pushes_wait_for_forks_and_go_whe
     assert_eq!(status, 404, "nothing made before the approval");
     assert_eq!(previews(&server, &app).await["previews"][1]["state"], "awaiting-approval");
     // Approved from the dashboard's button.
-    let (_, user) = server.call(Method::POST, "/api/users", Some(json!({"name": "rev", "password": "rev's own password"}))).await.unwrap();
+    let (_, user) = server.call(Method::POST, "/api/users", Some(json!({"name": "rev", "password": "rev's own password", "cluster_role": "cluster-admin"}))).await.unwrap();
     assert!(user["id"].is_string(), "{user}");
     let response = no_redirects().post(server.api("/login")).form(&[("name", "rev"), ("password", "rev's own password")]).send().await.unwrap();
     let session = cookie_pair(&set_cookie(response.headers(), "cloudweb_session").unwrap());

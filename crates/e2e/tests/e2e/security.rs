@@ -233,7 +233,7 @@ async fn a_password_spray_from_many_addresses_cannot_lock_the_user_out() {
     let tmp = tempfile::tempdir().unwrap();
     let server = ServerProcess::start(tmp.path()).await.unwrap();
     let password = "the real long password";
-    let (status, body) = server.call(Method::POST, "/api/users", Some(json!({"name": "erin", "password": password}))).await.unwrap();
+    let (status, body) = server.call(Method::POST, "/api/users", Some(json!({"name": "erin", "password": password, "cluster_role": "cluster-admin"}))).await.unwrap();
     assert_eq!(status, 201, "{body}");
     let from = |address: [u8; 4]| {
         reqwest::Client::builder().local_address(std::net::IpAddr::from(address)).timeout(std::time::Duration::from_secs(30)).build().unwrap()

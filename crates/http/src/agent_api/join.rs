@@ -84,6 +84,17 @@ pub async fn join(
         state.hub.notify_all(events::PEERS);
     }
     tracing::info!(node_id = %row.id, name = %row.name, ingress = row.ingress, "node joined");
+    let entry = crate::access::audit::Entry {
+        request_id: crate::access::audit::request_id(),
+        phase: "event",
+        actor: format!("node:{}", row.id),
+        source: request.endpoint.clone(),
+        action: "node join".to_string(),
+        target: Some(format!("node:{}", row.name)),
+        result: "ok".to_string(),
+        ..Default::default()
+    };
+    crate::access::audit::after(&state, entry).await;
     Ok(Json(answer_for(&state, row, certificate)))
 }
 

@@ -41,7 +41,7 @@ pub async fn list_alerts(state: &AppState, all: bool, limit: i64) -> Result<Aler
         (status = 200, description = "Alerts, newest first, and how many are open", body = AlertList),
         (status = 400, description = "Invalid query", body = ErrorBody),
     ))]
-pub async fn list(State(state): State<Arc<AppState>>, Query(query): Query<AlertsQuery>) -> Result<Json<AlertList>, ApiError> {
+pub async fn list(State(state): State<Arc<AppState>>, Extension(access): Extension<crate::access::Access>, Query(query): Query<AlertsQuery>) -> Result<Json<AlertList>, ApiError> {
     let all = match query.all.as_deref() {
         None | Some("0" | "false") => false,
         Some("1" | "true" | "") => true,
@@ -51,7 +51,23 @@ pub async fn list(State(state): State<Arc<AppState>>, Query(query): Query<Alerts
         None => 100,
         Some(text) => text.parse::<i64>().ok().filter(|n| (1..=MAX_LIMIT).contains(n)).ok_or_else(|| ApiError::BadRequest(format!("limit must be 1 to {MAX_LIMIT}")))?,
     };
-    Ok(Json(list_alerts(&state, all, limit).await?))
+    let mut list = list_alerts(&state, all, limit).await?;
+    if !access.sees_all() {
+        // Alerts about the caller's apps and services only (their subject
+        // starts with the app's or service's name); the cluster's own
+        // (nodes, certificates of the listener) need a cluster role.
+        let mut kept = Vec::new();
+        for alert in list.alerts {
+            let head = alert.subject.split(['#', '/']).next().unwrap_or_default().to_string();
+            let app = crate::access::sees_owned(&state, &access, crate::store::Owned::App, &head).await?;
+            if app || crate::access::sees_owned(&state, &access, crate::store::Owned::Service, &head).await? {
+                kept.push(alert);
+            }
+        }
+        list.open = kept.iter().filter(|a| a.resolved_at.is_none()).count() as u64;
+        list.alerts = kept;
+    }
+    Ok(Json(list))
 }
 
 /// `GET /api/alerts/channels`: the channels the caller sees.

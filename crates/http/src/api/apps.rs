@@ -208,14 +208,15 @@ fn waiting_reason(state: &AppState, app: &str) -> Option<String> {
 pub async fn create_as_caller(
     State(state): State<Arc<AppState>>,
     Extension(principal): Extension<crate::auth::Principal>,
+    Extension(team): Extension<crate::auth::authorize::RequestTeam>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<AppView>), ApiError> {
-    create_for(state, &principal, body).await
+    create_for(state, &principal, &team.id(), body).await
 }
 
 /// Creates an app for `principal`: an app from a GitLab project uses the
 /// caller's own linked GitLab identity by default.
-pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<AppView>), ApiError> {
+pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal, team_id: &str, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<AppView>), ApiError> {
     let mut request: CreateApp = parse_json(&body_bytes(body)?)?;
     // Made from a provider's repository: its clone URL and default branch.
     let plan = crate::git::api::plan_for(&state, principal, &mut request).await?;
@@ -257,6 +258,7 @@ pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal
         rollout: request.rollout.unwrap_or_default().as_str().to_string(),
         liveness: liveness_column(request.liveness.as_ref())?,
         readiness: readiness_column(request.readiness.as_ref())?,
+        team_id: team_id.to_string(),
     };
     let default_host = format!("{}.{}", app.name, state.config.base_domain);
     match state.store.insert_app(&app, &default_host).await? {
@@ -281,13 +283,14 @@ pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal
 }
 
 #[utoipa::path(get, path = "/api/apps", operation_id = "apps_list", tag = "apps", responses((status = 200, description = "Every app", body = AppList)))]
-pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<AppList>, ApiError> {
+pub async fn list(State(state): State<Arc<AppState>>, Extension(access): Extension<crate::access::Access>) -> Result<Json<AppList>, ApiError> {
     let looping = state.store.crash_looping_counts().await?;
     let apps = state
         .store
         .apps()
         .await?
         .iter()
+        .filter(|app| access.sees(&app.team_id, Some(&app.name)))
         .map(|app| {
             let mut view = view(&state, app);
             view.crash_looping = looping.get(&app.name).copied().unwrap_or(0);

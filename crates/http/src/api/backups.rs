@@ -20,8 +20,14 @@ use crate::AppState;
 
 #[utoipa::path(get, path = "/api/backup-destinations", operation_id = "backup_destinations_list", tag = "backups",
     responses((status = 200, description = "The destinations, oldest (the default) first; no secrets", body = DestinationList)))]
-pub async fn list_destinations(State(state): State<Arc<AppState>>) -> Result<Json<DestinationList>, ApiError> {
-    Ok(Json(DestinationList { destinations: backups::destinations(&state).await? }))
+pub async fn list_destinations(State(state): State<Arc<AppState>>, axum::Extension(access): axum::Extension<crate::access::Access>) -> Result<Json<DestinationList>, ApiError> {
+    let mut destinations = Vec::new();
+    for destination in backups::destinations(&state).await? {
+        if crate::access::sees_owned(&state, &access, crate::store::Owned::Destination, &destination.name).await? {
+            destinations.push(destination);
+        }
+    }
+    Ok(Json(DestinationList { destinations }))
 }
 
 /// Adds a destination. cloud-web creates its two restic repositories
@@ -37,9 +43,13 @@ pub async fn list_destinations(State(state): State<Arc<AppState>>) -> Result<Jso
         (status = 502, description = "The destination did not answer or refused (the reason says why); nothing was recorded", body = ErrorBody),
         (status = 503, description = "restic is not installed on the control plane's host", body = ErrorBody),
     ))]
-pub async fn create_destination(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<DestinationCreated>), ApiError> {
+pub async fn create_destination(
+    State(state): State<Arc<AppState>>,
+    axum::Extension(team): axum::Extension<crate::auth::authorize::RequestTeam>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<DestinationCreated>), ApiError> {
     let new: NewDestination = parse_json(&body_bytes(body)?)?;
-    let (destination, recovery_kit) = backups::add_destination(&state, &new).await?;
+    let (destination, recovery_kit) = backups::add_destination(&state, &new, &team.id()).await?;
     Ok((StatusCode::CREATED, Json(DestinationCreated { destination, recovery_kit })))
 }
 
@@ -58,8 +68,42 @@ pub async fn remove_destination(State(state): State<Arc<AppState>>, Path(name): 
 
 #[utoipa::path(get, path = "/api/backups", operation_id = "backups_overview", tag = "backups",
     responses((status = 200, description = "Every target's last success, and what needs attention", body = BackupOverview)))]
-pub async fn overview(State(state): State<Arc<AppState>>) -> Result<Json<BackupOverview>, ApiError> {
-    Ok(Json(backups::overview(&state).await?))
+pub async fn overview(State(state): State<Arc<AppState>>, axum::Extension(access): axum::Extension<crate::access::Access>) -> Result<Json<BackupOverview>, ApiError> {
+    let mut overview = backups::overview(&state).await?;
+    if !access.sees_all() {
+        let mut targets = Vec::new();
+        for target in overview.targets {
+            if sees_target(&state, &access, &target.target).await? {
+                targets.push(target);
+            }
+        }
+        let mut alerts = Vec::new();
+        for alert in overview.alerts {
+            let target = alert.split(':').next().unwrap_or_default();
+            if sees_target(&state, &access, target).await? {
+                alerts.push(alert);
+            }
+        }
+        let mut destinations = 0;
+        for destination in state.store.destinations().await? {
+            if access.sees(&destination.team_id, None) {
+                destinations += 1;
+            }
+        }
+        overview = BackupOverview { destinations, targets, alerts };
+    }
+    Ok(Json(overview))
+}
+
+/// Whether the caller sees a backup target (`service/<name>`,
+/// `volume/<name>`).
+async fn sees_target(state: &AppState, access: &crate::access::Access, target: &str) -> Result<bool, ApiError> {
+    let owned = match target.split_once('/') {
+        Some(("service", name)) => (crate::store::Owned::Service, name),
+        Some(("volume", name)) => (crate::store::Owned::Volume, name),
+        _ => return Ok(false),
+    };
+    crate::access::sees_owned(state, access, owned.0, owned.1).await
 }
 
 async fn list(state: &AppState, target: Target) -> Result<Json<BackupList>, ApiError> {

@@ -9,6 +9,7 @@
 //! `openapi` tests check that nothing is registered around it.
 
 pub mod apps;
+pub mod audit;
 pub mod control_planes;
 pub mod deployments;
 pub mod join_tokens;
@@ -16,6 +17,7 @@ pub mod listener;
 mod metrics;
 pub mod nodes;
 pub mod openapi;
+pub mod permissions;
 pub mod previews;
 pub mod runtime_logs;
 pub mod alerts;
@@ -25,6 +27,7 @@ mod session_bridge;
 pub mod sessions;
 pub mod services;
 pub mod tasks;
+pub mod teams;
 pub mod traffic;
 pub mod backups;
 pub mod control_plane_backups;
@@ -55,6 +58,16 @@ fn authenticated_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(auth::routes::revoke_token))
         .routes(routes!(auth::routes::list_users, auth::routes::create_user))
         .routes(routes!(auth::routes::disable_user))
+        .routes(routes!(teams::set_cluster_role))
+        .routes(routes!(teams::list, teams::create))
+        .routes(routes!(teams::show, teams::delete))
+        .routes(routes!(teams::members))
+        .routes(routes!(teams::mappings, teams::replace_mappings))
+        .routes(routes!(teams::set_member, teams::remove_member))
+        .routes(routes!(teams::deploy_tokens, teams::create_deploy_token))
+        .routes(routes!(teams::revoke_deploy_token))
+        .routes(routes!(audit::list))
+        .routes(routes!(audit::verify))
         .routes(routes!(join_tokens::create))
         .routes(routes!(nodes::list))
         .routes(routes!(control_planes::list))
@@ -172,11 +185,19 @@ fn public_routes() -> OpenApiRouter<Arc<AppState>> {
 /// The router and the document, from one list.
 pub fn parts(state: Option<Arc<AppState>>) -> (Router<Arc<AppState>>, utoipa::openapi::OpenApi) {
     let mut authenticated = authenticated_routes();
+    let mut public = public_routes();
     if let Some(state) = state {
-        authenticated = authenticated.route_layer(middleware::from_fn_with_state(state, auth::guard::require_principal));
+        // The guard (outer) finds who calls; the permissions (inner) check
+        // what they may do and write the audit log.
+        authenticated = authenticated
+            .route_layer(middleware::from_fn_with_state(state.clone(), permissions::authorize))
+            .route_layer(middleware::from_fn_with_state(state.clone(), auth::guard::require_principal));
+        public = public.route_layer(middleware::from_fn_with_state(state, auth::authorize::audit_public));
     }
-    let (router, document) = OpenApiRouter::with_openapi(openapi::base()).merge(public_routes()).merge(authenticated).split_for_parts();
-    (router, openapi::finish(document))
+    let (router, document) = OpenApiRouter::with_openapi(openapi::base()).merge(public).merge(authenticated).split_for_parts();
+    let mut document = openapi::finish(document);
+    permissions::annotate(&mut document);
+    (router, document)
 }
 
 /// The page that answers an unknown path outside `/api/` (the dashboard's

@@ -51,7 +51,9 @@ pub const PUBLIC_OPERATIONS: &[&str] = &[
     modifiers(&SecuritySchemes),
     security(("bearer" = []), ("session" = [])),
     tags(
-        (name = "accounts", description = "Login, sessions and personal API tokens"),
+        (name = "accounts", description = "Login, sessions, personal API tokens and users"),
+        (name = "teams", description = "Teams, their members and roles"),
+        (name = "audit", description = "The audit log: who did what, and its hash chain"),
         (name = "apps", description = "Apps and their deployments"),
         (name = "services", description = "Managed databases (PostgreSQL, Redis/Valkey, MariaDB) and the apps linked to them"),
         (name = "volumes", description = "Persistent volumes: mounted in apps, kept on one node, deleted only by name"),
@@ -177,6 +179,7 @@ pub fn finish(mut document: OpenApi) -> OpenApi {
                 add("401", "No credential, or an invalid, expired or revoked one");
                 add("403", "A cookie-authenticated change without the session's CSRF token, or from another origin");
             }
+            add("404", "No such thing among those the caller's teams own");
             add("500", "Internal error (details are logged, not returned)");
             add("503", "The control plane cannot take writes now (its disk is full)");
         }

@@ -59,9 +59,9 @@ async fn load(state: &AppState, name: &str) -> Result<ServiceRow, ApiError> {
 
 #[utoipa::path(get, path = "/api/services", operation_id = "services_list", tag = "services",
     responses((status = 200, description = "Every managed service", body = ServiceList)))]
-pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<ServiceList>, ApiError> {
+pub async fn list(State(state): State<Arc<AppState>>, axum::Extension(access): axum::Extension<crate::access::Access>) -> Result<Json<ServiceList>, ApiError> {
     let mut services = Vec::new();
-    for row in state.store.services().await? {
+    for row in state.store.services().await?.into_iter().filter(|row| access.sees(&row.team_id, None)) {
         services.push(view(&state, &row).await?);
     }
     Ok(Json(ServiceList { services }))
@@ -74,11 +74,15 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<ServiceList
         (status = 404, description = "No such node", body = ErrorBody),
         (status = 409, description = "The name is taken (by a service, or as the new service of an unfinished major upgrade), or no node can take it (the scheduler's reasons)", body = ErrorBody),
     ))]
-pub async fn create(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<(StatusCode, Json<ServiceView>), ApiError> {
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    axum::Extension(team): axum::Extension<crate::auth::authorize::RequestTeam>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<ServiceView>), ApiError> {
     let request: CreateService = parse_json(&body_bytes(body)?)?;
     let row = crate::services::create(
         &state,
-        NewService { name: request.name, kind: request.kind, version: request.version, node: request.node, memory_bytes: request.memory },
+        NewService { name: request.name, kind: request.kind, version: request.version, node: request.node, memory_bytes: request.memory, team_id: team.id() },
     )
     .await?;
     Ok((StatusCode::CREATED, Json(view(&state, &row).await?)))

@@ -57,9 +57,14 @@ pub fn view(state: &AppState, volume: &VolumeRow) -> VolumeView {
 
 #[utoipa::path(get, path = "/api/volumes", operation_id = "volumes_list", tag = "volumes",
     responses((status = 200, description = "Every volume, attached or detached", body = VolumeList)))]
-pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<VolumeList>, ApiError> {
-    let volumes = state.store.volumes().await?;
-    Ok(Json(VolumeList { volumes: volumes.iter().map(|v| view(&state, v)).collect() }))
+pub async fn list(State(state): State<Arc<AppState>>, axum::Extension(access): axum::Extension<crate::access::Access>) -> Result<Json<VolumeList>, ApiError> {
+    let mut volumes = Vec::new();
+    for volume in state.store.volumes().await? {
+        if crate::access::sees_owned(&state, &access, crate::store::Owned::Volume, &volume.name).await? {
+            volumes.push(view(&state, &volume));
+        }
+    }
+    Ok(Json(VolumeList { volumes }))
 }
 
 #[utoipa::path(get, path = "/api/apps/{name}/volumes", operation_id = "apps_volumes_list", tag = "volumes",

@@ -71,9 +71,17 @@ pub async fn bearer(state: &AppState, token: &str) -> Result<Principal, ApiError
     if state.admin_tokens.read().expect("admin token lock").contains(&sha256_hex(token.as_bytes())) {
         return Ok(Principal::Admin);
     }
+    if token.starts_with(super::deploy_tokens::PREFIX) {
+        return super::deploy_tokens::authenticate(state, token)
+            .await?
+            .ok_or_else(|| ApiError::Unauthorized("invalid, expired or revoked deploy token".to_string()));
+    }
     match tokens::authenticate(state, token).await? {
-        Some((row, user)) => Ok(Principal::User { user, via: Via::Token { id: row.id } }),
-        None => Err(ApiError::Unauthorized("invalid or revoked API token".to_string())),
+        Some((row, user)) => {
+            let scope = super::TokenScope { role: row.role.as_deref().and_then(crate::access::Role::parse), apps: row.apps.clone() };
+            Ok(Principal::User { user, via: Via::Token { id: row.id, scope } })
+        }
+        None => Err(ApiError::Unauthorized("invalid, expired or revoked API token".to_string())),
     }
 }
 

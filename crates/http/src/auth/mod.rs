@@ -3,6 +3,7 @@
 //! (`guard`). Users, sessions, tokens and login limits themselves are
 //! `cloudweb_core::auth`, re-exported here.
 
+pub mod authorize;
 pub mod guard;
 pub mod routes;
 

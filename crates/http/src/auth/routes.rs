@@ -26,6 +26,7 @@ pub fn user_view(user: &UserRow) -> UserView {
         name: user.name.clone(),
         created_at: rfc3339_ms(user.created_at),
         disabled_at: user.disabled_at.map(rfc3339_ms),
+        cluster_role: user.cluster_role.clone(),
     }
 }
 
@@ -38,6 +39,9 @@ pub fn token_view(row: &ApiTokenRow) -> TokenView {
         created_at: rfc3339_ms(row.created_at),
         last_used_at: row.last_used_at.map(rfc3339_ms),
         revoked_at: row.revoked_at.map(rfc3339_ms),
+        role: row.role.clone(),
+        apps: row.apps.clone(),
+        expires_at: row.expires_at.map(rfc3339_ms),
     }
 }
 
@@ -138,6 +142,7 @@ pub async fn check_login(state: &AppState, name: &str, password: &str, address: 
             // Names are not logged before they are known to be names: people
             // type passwords into the name field.
             tracing::warn!(address = ?address, "login refused: too many attempts");
+            login_entry(state, None, address, "password", "refused: too many attempts").await;
             return Err(ApiError::TooManyRequests {
                 message: format!("too many login attempts; try again in {} seconds", retry.0),
                 retry_after_s: retry.0,
@@ -152,14 +157,36 @@ pub async fn check_login(state: &AppState, name: &str, password: &str, address: 
     }
     let Some(user) = users::check_password(state, name, password).await? else {
         match state.store.user_by_name(name).await? {
-            Some(user) => tracing::info!(user = %user.name, address = ?address, "login failed"),
-            None => tracing::info!(address = ?address, "login failed: unknown name"),
+            Some(user) => {
+                tracing::info!(user = %user.name, address = ?address, "login failed");
+                login_entry(state, Some(&user.id), address, "password", "refused: wrong password").await;
+            }
+            None => {
+                tracing::info!(address = ?address, "login failed: unknown name");
+                login_entry(state, None, address, "password", "refused: unknown name").await;
+            }
         }
         return Err(ApiError::Unauthorized("wrong name or password".to_string()));
     };
     let changes = state.auth.limiter.succeeded(name, address, state.clock.now_ms());
     store_login_attempts(state, &changes).await;
+    login_entry(state, Some(&user.id), address, "password", "ok").await;
     Ok(user)
+}
+
+/// A login's audit entry. A name nobody has is not written down (people
+/// type passwords into the name field): the entry says `anonymous`.
+pub async fn login_entry(state: &AppState, user_id: Option<&str>, address: Option<std::net::IpAddr>, method: &str, result: &str) {
+    let entry = crate::access::audit::Entry {
+        request_id: crate::access::audit::request_id(),
+        phase: "event",
+        actor: user_id.map_or_else(|| "anonymous".to_string(), |id| format!("user:{id}")),
+        source: address.map(|a| a.to_string()),
+        action: format!("login ({method})"),
+        result: result.to_string(),
+        ..Default::default()
+    };
+    crate::access::audit::after(state, entry).await;
 }
 
 /// Writes the limiter's changes, so that a restart keeps the counts. The
@@ -203,19 +230,23 @@ pub async fn logout(State(state): State<Arc<AppState>>, Extension(principal): Ex
 
 /// Who is calling, and (for a session) its CSRF token.
 #[utoipa::path(get, path = "/api/me", operation_id = "auth_me", tag = "accounts", responses((status = 200, description = "The caller", body = MeView)))]
-pub async fn me(Extension(principal): Extension<Principal>) -> Json<MeView> {
-    Json(match principal {
-        Principal::Admin => MeView { auth: "admin_token".to_string(), user: None, csrf_token: None, session_expires_at: None },
-        Principal::User { user, via: Via::Token { .. } } => {
-            MeView { auth: "api_token".to_string(), user: Some(user_view(&user)), csrf_token: None, session_expires_at: None }
-        }
+pub async fn me(Extension(principal): Extension<Principal>, Extension(access): Extension<crate::access::Access>) -> Json<MeView> {
+    let mut me = match principal {
+        Principal::Admin => MeView { auth: "admin_token".to_string(), ..MeView::default() },
+        Principal::Deploy { .. } => MeView { auth: "deploy_token".to_string(), ..MeView::default() },
+        Principal::User { user, via: Via::Token { .. } } => MeView { auth: "api_token".to_string(), user: Some(user_view(&user)), ..MeView::default() },
         Principal::User { user, via: Via::Session { csrf_token, expires_at, .. } } => MeView {
             auth: "session".to_string(),
             user: Some(user_view(&user)),
             csrf_token: Some(csrf_token),
             session_expires_at: Some(rfc3339_ms(expires_at)),
+            ..MeView::default()
         },
-    })
+    };
+    me.cluster_role = access.cluster.map(|role| role.as_str().to_string());
+    me.teams = access.grants.iter().map(|g| cloudweb_api_types::teams::TeamRoleView { team: g.team_name.clone(), role: g.role.as_str().to_string() }).collect();
+    me.apps = access.apps.clone();
+    Json(me)
 }
 
 fn token_owner(principal: &Principal) -> Result<&UserRow, ApiError> {
@@ -250,7 +281,22 @@ pub async fn create_token(
 ) -> Result<(StatusCode, Json<CreatedTokenView>), ApiError> {
     let user = token_owner(&principal)?;
     let request: NewTokenRequest = parse_json(&crate::error::body_bytes(body)?)?;
-    let (row, token) = tokens::create(&state, user, &request.name).await?;
+    let role = match request.role.as_deref() {
+        None => None,
+        Some(text) => Some(crate::access::Role::parse(text).ok_or_else(|| {
+            ApiError::BadRequest(format!("role: unknown role {text:?} (viewer, deployer, admin, owner, cluster-viewer or cluster-admin)"))
+        })?),
+    };
+    let expires_at = expiry(request.expires_at.as_deref())?;
+    // A token made with a scoped token is held to that token's scope too.
+    if let Principal::User { via: Via::Token { scope, .. }, .. } = &principal {
+        if scope.role.is_some() || scope.apps.is_some() {
+            return Err(ApiError::Forbidden("a scoped token cannot make tokens; use a session or an unscoped token".to_string()));
+        }
+    }
+    let scope = tokens::NewScope { role, apps: request.apps, expires_at };
+    crate::access::teams::check_token_scope(&state, user, &scope).await?;
+    let (row, token) = tokens::create(&state, user, &request.name, scope).await?;
     Ok((
         StatusCode::CREATED,
         Json(CreatedTokenView { id: row.id, name: row.name, prefix: row.prefix, created_at: rfc3339_ms(row.created_at), token }),
@@ -295,7 +341,8 @@ pub async fn create_user(
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<UserView>), ApiError> {
     let request: NewUserRequest = parse_json(&crate::error::body_bytes(body)?)?;
-    let user = users::create(&state.store, state.clock.now_ms(), &request.name, Some(&request.password)).await?;
+    let cluster_role = parse_cluster_role(request.cluster_role.as_deref())?;
+    let user = users::create(&state.store, state.clock.now_ms(), &request.name, Some(&request.password), cluster_role).await?;
     let by = principal.user().map_or("the admin token", |u| u.name.as_str()).to_string();
     tracing::info!(user = %user.name, by = %by, "user created");
     Ok((StatusCode::CREATED, Json(user_view(&user))))
@@ -319,7 +366,27 @@ pub async fn disable_user(
     if principal.user().is_some_and(|u| u.id == id) {
         return Err(ApiError::Conflict("you cannot disable yourself".to_string()));
     }
+    let sole = state.store.teams_owned_only_by(&id).await?;
+    if !sole.is_empty() {
+        return Err(ApiError::Conflict(format!("the user is the only owner of team {}: make someone else owner first (a team always has an owner)", sole.join(", "))));
+    }
     let user = state.store.disable_user(&id, state.clock.now_ms()).await?.ok_or_else(|| ApiError::NotFound(format!("no user {id:?}")))?;
     tracing::info!(user = %user.name, "user disabled");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A cluster role as the API names it.
+pub fn parse_cluster_role(text: Option<&str>) -> Result<Option<crate::access::ClusterRole>, ApiError> {
+    match text {
+        None => Ok(None),
+        Some(text) => crate::access::ClusterRole::parse(text)
+            .map(Some)
+            .ok_or_else(|| ApiError::BadRequest(format!("cluster_role: unknown role {text:?} (cluster-admin or cluster-viewer)"))),
+    }
+}
+
+/// A token's end, from RFC 3339 (`None`: no end).
+pub fn expiry(text: Option<&str>) -> Result<Option<i64>, ApiError> {
+    text.map(|text| crate::clock::parse_rfc3339_ms(text).ok_or_else(|| ApiError::BadRequest("expires_at: use RFC 3339, e.g. 2027-01-31T00:00:00Z".to_string())))
+        .transpose()
 }

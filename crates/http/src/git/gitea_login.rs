@@ -108,7 +108,7 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
     state.store.saw_git_identity(Host::Gitea.key(), user.id, &user.login, state.clock.now_ms()).await?;
     core_gitea::save_tokens(state, user.id, &tokens).await?;
     let identity = Identity { host: Host::Gitea, id: user.id, username: &user.login };
-    login_flow::log_in_identity(state, headers, &FLOW, identity, |local, session| {
+    login_flow::log_in_identity(state, headers, &FLOW, identity, None, |local, session| {
         Json(GiteaLoginView {
             gitea_user: GiteaUserView { id: user.id, login: user.login.clone(), full_name: user.full_name.clone().filter(|n| !n.is_empty()) },
             linked_user: local.id.clone(),

@@ -161,7 +161,7 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
     }
     state.store.saw_git_identity(Host::Github.key(), user.id, &user.login, state.clock.now_ms()).await?;
     let identity = Identity { host: Host::Github, id: user.id, username: &user.login };
-    login_flow::log_in_identity(state, headers, &FLOW, identity, |local, session| {
+    login_flow::log_in_identity(state, headers, &FLOW, identity, None, |local, session| {
         Json(GithubLoginView {
             github_user: GithubUserView { id: user.id, login: user.login.clone(), name: user.name.clone() },
             linked_user: local.id.clone(),

@@ -188,6 +188,7 @@ pub async fn log_in_identity(
     headers: &HeaderMap,
     flow: &Flow,
     identity: Identity<'_>,
+    groups: Option<&[String]>,
     json: impl FnOnce(&UserRow, &crate::auth::sessions::NewSession) -> Response,
 ) -> Result<Response, ApiError> {
     let current = current_user(state, headers).await?;
@@ -203,9 +204,14 @@ pub async fn log_in_identity(
     };
     if local.disabled_at.is_some() {
         tracing::warn!(host = flow.label, host_user = identity.id, user = %local.name, "refused a login of a disabled user");
+        crate::auth::routes::login_entry(state, Some(&local.id), None, flow.label, "refused: the user is disabled").await;
         return Ok(flow.refusal(headers, StatusCode::FORBIDDEN, &format!("the user {} is disabled", local.name)));
     }
     tracing::info!(host = flow.label, host_user = identity.id, username = %identity.username, user = %local.name, "login with a git host");
+    if let Some(groups) = groups {
+        crate::access::mapping::apply(state, &local.id, &flow.label.to_ascii_lowercase(), groups).await?;
+    }
+    crate::auth::routes::login_entry(state, Some(&local.id), None, flow.label, "ok").await;
     log_in(state, headers, &local, |session| json(&local, session)).await
 }
 

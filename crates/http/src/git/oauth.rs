@@ -126,7 +126,8 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
     if user.state.as_deref().is_some_and(|s| s != "active") {
         return Ok(refusal(headers, StatusCode::FORBIDDEN, &format!("the GitLab account {} is not active", user.username)));
     }
-    let groups = if settings.allowed_groups.is_empty() { Vec::new() } else { api.group_paths().await.map_err(|e| ApiError::BadGateway(e.to_string()))? };
+    let mapped = crate::access::mapping::wanted(state, "gitlab").await?;
+    let groups = if settings.allowed_groups.is_empty() && !mapped { Vec::new() } else { api.group_paths().await.map_err(|e| ApiError::BadGateway(e.to_string()))? };
     if !allowed(&user, &groups, &settings.allowed_users, &settings.allowed_groups) {
         tracing::warn!(gitlab_user = user.id, username = %user.username, "refused a GitLab login outside the allow-list");
         return Ok(refusal(
@@ -138,7 +139,7 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
     super::save_tokens(state, user.id, &user.username, &tokens).await?;
     // A browser that is already logged in links the identity to its user.
     let identity = super::login::Identity { host: super::login::Host::Gitlab, id: user.id, username: &user.username };
-    login_flow::log_in_identity(state, headers, &FLOW, identity, |local, session| {
+    login_flow::log_in_identity(state, headers, &FLOW, identity, mapped.then_some(groups.as_slice()), |local, session| {
         Json(GitlabLoginView {
             gitlab_user: GitlabUserView { id: user.id, username: user.username.clone(), name: user.name.clone() },
             // Linked only by the GitLab user id, never by email.

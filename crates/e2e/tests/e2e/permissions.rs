@@ -1,0 +1,320 @@
+//! Teams and roles (issue 28), in-process: a matrix generated from the
+//! OpenAPI document (every operation × anonymous, viewer, deployer,
+//! admin, owner, cluster-admin, a token held to another app, a token of
+//! another team) whose expectations come from the roles' definitions, not
+//! from the permission table; a second team's user sees and reaches
+//! nothing of the first's; and the audit log records refusals and finds
+//! a row changed in the database.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cloudweb_server::access::{ClusterRole, Role, TeamRole};
+use cloudweb_server::auth::tokens::NewScope;
+use cloudweb_server::clock::ShiftedClock;
+use cloudweb_server::config::Config;
+use cloudweb_server::store::{AppRow, DeploymentRow, UserRow};
+use cloudweb_server::{AppState, RunningServer};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+struct Cluster {
+    _dir: tempfile::TempDir,
+    server: RunningServer,
+    admin: String,
+    http: reqwest::Client,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let server = cloudweb_server::start(Config::local(dir.path().to_path_buf()), Arc::new(ShiftedClock::default())).await.unwrap();
+        let admin = std::fs::read_to_string(dir.path().join("admin-token")).unwrap().trim().to_string();
+        Cluster { _dir: dir, server, admin, http: reqwest::Client::new() }
+    }
+
+    fn state(&self) -> &Arc<AppState> {
+        &self.server.state
+    }
+
+    async fn call(&self, token: Option<&str>, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut request = self.http.request(method, format!("http://{}{path}", self.server.api_addr));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    async fn user(&self, name: &str, cluster: Option<ClusterRole>) -> UserRow {
+        cloudweb_server::auth::users::create(&self.state().store, self.state().clock.now_ms(), name, Some("a long enough password"), cluster).await.unwrap()
+    }
+
+    async fn token(&self, user: &UserRow, scope: NewScope) -> String {
+        cloudweb_server::auth::tokens::create(self.state(), user, &format!("t{}", rand_suffix()), scope).await.unwrap().1
+    }
+
+    async fn app(&self, name: &str, team_id: &str) {
+        let app = AppRow {
+            name: name.into(),
+            repo_url: "https://git.example.com/web.git".into(),
+            branch: "main".into(),
+            port: 8080,
+            domains: "[]".into(),
+            build: None,
+            strategy: "auto".into(),
+            instances: 1,
+            cpu: None,
+            memory_bytes: None,
+            health_path: "/".into(),
+            health_timeout_s: 30,
+            build_timeout_s: None,
+            env_sealed: None,
+            git_credentials_sealed: None,
+            created_at: 1,
+            rollout: "blue-green".into(),
+            liveness: None,
+            readiness: None,
+            team_id: team_id.into(),
+        };
+        self.state().store.insert_app(&app, &format!("{name}.localhost")).await.unwrap().unwrap();
+    }
+}
+
+fn rand_suffix() -> String {
+    cloudweb_server::auth::random_hex(4)
+}
+
+/// Who calls, in the matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    Anonymous,
+    Member(TeamRole),
+    ClusterAdmin,
+    /// An admin of the team, with a token held to another app.
+    OtherApp,
+    /// The owner of another team, with their token.
+    OtherTeam,
+}
+
+/// What the roles' definitions say a caller may do, by the operation's
+/// path and method (not by the server's table): `None` for "anything but
+/// 2xx is wrong" checks we cannot make (public routes).
+fn allowed(caller: Caller, method: &str, path: &str) -> bool {
+    let member = |least: TeamRole| match caller {
+        Caller::Member(role) => role >= least,
+        Caller::ClusterAdmin => true,
+        _ => false,
+    };
+    let reads = method == "GET";
+    let own = ["/api/me", "/api/session", "/api/tokens", "/api/alerts/channels"];
+    if own.iter().any(|p| path == *p || path.starts_with(&format!("{p}/"))) || path.starts_with("/api/gitlab/accounts") || path.starts_with("/api/gitlab/projects") || path.starts_with("/api/gitea/accounts") || path.starts_with("/api/gitea/repositories") || path.starts_with("/api/github/installations") || path.starts_with("/api/github/repositories") {
+        return caller != Caller::Anonymous;
+    }
+    if reads && path == "/api/audit" {
+        // Cluster roles, and a team's owners (for their team).
+        return matches!(caller, Caller::ClusterAdmin | Caller::Member(TeamRole::Owner) | Caller::OtherTeam);
+    }
+    if reads && ["/api/apps", "/api/services", "/api/volumes", "/api/backup-destinations", "/api/backups", "/api/alerts", "/api/teams"].contains(&path) {
+        return caller != Caller::Anonymous;
+    }
+    if ["/api/apps", "/api/services", "/api/backup-destinations"].contains(&path) && method == "POST" {
+        // Made in the caller's own team: an admin's, an owner's, or
+        // another team's owner in theirs.
+        return member(TeamRole::Admin) || caller == Caller::OtherTeam;
+    }
+    let cluster_things = ["/api/team-mappings", "/api/nodes", "/api/join-tokens", "/api/users", "/api/control-planes", "/api/routes", "/api/traffic", "/metrics", "/api/control-plane", "/api/gitlab/settings", "/api/github/settings", "/api/github/login", "/api/gitea/settings", "/api/audit/verify"];
+    if cluster_things.iter().any(|p| path.starts_with(p)) || (path == "/api/teams" && method == "POST") {
+        return caller == Caller::ClusterAdmin;
+    }
+    if path.starts_with("/api/teams/{team}") {
+        let least = if reads { TeamRole::Viewer } else { TeamRole::Owner };
+        return member(least);
+    }
+    // Everything else belongs to the team's app, its volume, deployment,
+    // destination or backups.
+    let deployer_paths = ["/deploy", "/rollback", "/scale", "/autoscale", "/cancel", "/run"];
+    let least = if reads && !path.ends_with("/exec") && !path.ends_with("/port-forward") && !path.contains("/deploy-tokens") {
+        TeamRole::Viewer
+    } else if !reads && deployer_paths.iter().any(|p| path.ends_with(p)) && !path.contains("/previews/") && !(path == "/api/apps/{app}/runs" && method == "POST") {
+        TeamRole::Deployer
+    } else {
+        TeamRole::Admin
+    };
+    member(least)
+}
+
+/// A path with its parameters filled with the fixtures' names.
+fn fill(path: &str, ids: &HashMap<&str, String>) -> String {
+    let id = if path.starts_with("/api/deployments/") {
+        ids["deployment"].clone()
+    } else if path.starts_with("/api/users/") {
+        ids["user"].clone()
+    } else {
+        "x0".to_string()
+    };
+    path.replace("{name}", "web")
+        .replace("{app}", "web")
+        .replace("{team}", "acme")
+        .replace("{user}", &ids["user"])
+        .replace("{id}", &id)
+        .replace("{number}", "1")
+        .replace("{host}", "web.localhost")
+        .replace("{volume}", "web-data")
+        .replace("{job}", "j")
+        .replace(if path.starts_with("/api/volumes/") { "web" } else { "\u{0}" }, "web-data")
+        .replace(if path.starts_with("/api/backup-destinations/") { "web" } else { "\u{0}" }, "acme-offsite")
+}
+
+#[tokio::test]
+async fn every_operation_refuses_every_role_the_definitions_refuse() {
+    let cluster = Cluster::start().await;
+    let state = cluster.state().clone();
+    let root = cluster.user("root", Some(ClusterRole::Admin)).await;
+    let acme = cloudweb_server::access::teams::create(&state, "acme", &root).await.unwrap();
+    let globex = cloudweb_server::access::teams::create(&state, "globex", &root).await.unwrap();
+    cluster.app("web", &acme.id).await;
+    cluster.app("api", &acme.id).await;
+    cluster.app("shop", &globex.id).await;
+    state.store.attach_volume("web-data", "web", "/data", 1).await.unwrap().unwrap();
+    let now = state.clock.now_ms();
+    let deployment = DeploymentRow {
+        id: "dep_web".into(),
+        seq: 0,
+        app: "web".into(),
+        kind: "source".into(),
+        commit_sha: None,
+        rollback_of: None,
+        state: "queued".into(),
+        image: None,
+        error: None,
+        created_at: now,
+        updated_at: now,
+    };
+    state.store.insert_deployment(&deployment, 1, false).await.unwrap();
+
+    let mut tokens: Vec<(Caller, Option<String>)> = vec![(Caller::Anonymous, None)];
+    for role in TeamRole::ALL {
+        let user = cluster.user(role.as_str(), None).await;
+        cloudweb_server::access::teams::set_member(&state, &acme, &user, role, "manual").await.unwrap();
+        tokens.push((Caller::Member(role), Some(cluster.token(&user, NewScope::default()).await)));
+    }
+    tokens.push((Caller::ClusterAdmin, Some(cluster.token(&root, NewScope::default()).await)));
+    let scoped = cluster.user("scoped", None).await;
+    cloudweb_server::access::teams::set_member(&state, &acme, &scoped, TeamRole::Admin, "manual").await.unwrap();
+    let scope = NewScope { role: Some(Role::Team(TeamRole::Admin)), apps: Some(vec!["api".into()]), expires_at: None };
+    tokens.push((Caller::OtherApp, Some(cluster.token(&scoped, scope).await)));
+    let stranger = cluster.user("stranger", None).await;
+    cloudweb_server::access::teams::set_member(&state, &globex, &stranger, TeamRole::Owner, "manual").await.unwrap();
+    tokens.push((Caller::OtherTeam, Some(cluster.token(&stranger, NewScope::default()).await)));
+    let ids: HashMap<&str, String> = [("deployment", "dep_web".to_string()), ("user", stranger.id.clone())].into_iter().collect();
+
+    let (status, document) = cluster.call(None, Method::GET, "/api/openapi.json", None).await;
+    assert_eq!(status, 200);
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    // Refusals first: allowed calls may change what later calls see.
+    for want_allowed in [false, true] {
+        for (path, item) in document["paths"].as_object().unwrap() {
+            for (method, operation) in item.as_object().unwrap() {
+                let method = method.to_uppercase();
+                if operation["security"] == json!([{}]) {
+                    continue;
+                }
+                assert!(operation["x-permission"].is_string(), "{method} {path} shows no x-permission");
+                for (caller, token) in &tokens {
+                    let allow = *caller != Caller::Anonymous && allowed(*caller, &method, path);
+                    if allow != want_allowed || (allow && method == "DELETE") {
+                        continue;
+                    }
+                    let body = matches!(method.as_str(), "POST" | "PUT" | "PATCH").then(|| json!({}));
+                    let (status, answer) = cluster.call(token.as_deref(), method.parse().unwrap(), &fill(path, &ids), body).await;
+                    checked += 1;
+                    let ok = match (caller, allow) {
+                        (Caller::Anonymous, _) => status == 401,
+                        (_, false) => matches!(status, 403 | 404),
+                        (_, true) => !matches!(status, 401 | 403),
+                    };
+                    if !ok {
+                        failures.push(format!("{caller:?} {method} {path}: {status} {answer}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {checked} calls answered against the roles:\n{}", failures.len(), failures.join("\n"));
+    assert!(checked > 500, "{checked}");
+}
+
+#[tokio::test]
+async fn a_team_sees_only_its_own_and_the_audit_chain_finds_an_edited_row() {
+    let cluster = Cluster::start().await;
+    let state = cluster.state().clone();
+    let root = cluster.user("root", Some(ClusterRole::Admin)).await;
+    let acme = cloudweb_server::access::teams::create(&state, "acme", &root).await.unwrap();
+    let globex = cloudweb_server::access::teams::create(&state, "globex", &root).await.unwrap();
+    cluster.app("web", &acme.id).await;
+    cluster.app("shop", &globex.id).await;
+    let alice = cluster.user("alice", None).await;
+    let bob = cluster.user("bob", None).await;
+    let admin = cluster.admin.clone();
+    // Members through the API, as an owner would add them.
+    let (status, body) = cluster.call(Some(&admin), Method::PUT, &format!("/api/teams/acme/members/{}", alice.name), Some(json!({"role": "admin"}))).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = cluster.call(Some(&admin), Method::PUT, "/api/teams/globex/members/bob", Some(json!({"role": "owner"}))).await;
+    assert_eq!(status, 200, "{body}");
+    let alice_token = cluster.token(&alice, NewScope::default()).await;
+    let bob_token = cluster.token(&bob, NewScope::default()).await;
+
+    let (_, apps) = cluster.call(Some(&alice_token), Method::GET, "/api/apps", None).await;
+    let names: Vec<&str> = apps["apps"].as_array().unwrap().iter().map(|a| a["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["web"], "alice sees acme's apps only");
+    let (status, _) = cluster.call(Some(&alice_token), Method::GET, "/api/apps/shop", None).await;
+    assert_eq!(status, 404, "another team's app is as if it did not exist");
+    let (status, _) = cluster.call(Some(&alice_token), Method::POST, "/api/apps/shop/deploy", Some(json!({}))).await;
+    assert_eq!(status, 404);
+    let (status, _) = cluster.call(Some(&bob_token), Method::GET, "/api/apps/web/exec", None).await;
+    assert_eq!(status, 404, "nor can bob exec into acme's app");
+    let (_, me) = cluster.call(Some(&alice_token), Method::GET, "/api/me", None).await;
+    assert_eq!(me["teams"], json!([{"team": "acme", "role": "admin"}]), "{me}");
+
+    // A team always keeps an owner; removing a user revokes their tokens.
+    let (status, body) = cluster.call(Some(&admin), Method::DELETE, "/api/teams/globex/members/root", None).await;
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = cluster.call(Some(&admin), Method::PUT, "/api/teams/globex/members/bob", Some(json!({"role": "viewer"}))).await;
+    assert_eq!(status, 409, "{body}");
+    let (status, _) = cluster.call(Some(&admin), Method::DELETE, "/api/teams/globex/members/bob", None).await;
+    assert_eq!(status, 409);
+    let (status, body) = cluster.call(Some(&admin), Method::DELETE, &format!("/api/users/{}", alice.id), None).await;
+    assert_eq!(status, 204, "{body}");
+    let (status, _) = cluster.call(Some(&alice_token), Method::GET, "/api/me", None).await;
+    assert_eq!(status, 401, "a removed user's token stops at once");
+
+    // The refusals are in the audit log, with who and what.
+    let (status, audit) = cluster.call(Some(&admin), Method::GET, "/api/audit?since=1h&action=deploy", None).await;
+    assert_eq!(status, 200, "{audit}");
+    let refused = audit["entries"].as_array().unwrap().iter().find(|e| e["result"].as_str().unwrap().starts_with("refused")).cloned();
+    let refused = refused.unwrap_or_else(|| panic!("no refusal in {audit}"));
+    assert!(refused["actor"].as_str().unwrap().starts_with(&format!("user:{}/token:", alice.id)), "{refused}");
+    assert_eq!(refused["actor_name"], "alice");
+    let (status, owner_view) = cluster.call(Some(&bob_token), Method::GET, "/api/audit", None).await;
+    assert_eq!(status, 200, "an owner reads their team's entries");
+    assert!(owner_view["entries"].as_array().unwrap().iter().all(|e| e["team"] == "globex"), "{owner_view}");
+
+    let (_, verified) = cluster.call(Some(&admin), Method::POST, "/api/audit/verify", None).await;
+    assert_eq!(verified["intact"], true, "{verified}");
+    let entries = verified["entries"].as_i64().unwrap();
+    assert!(entries >= 6, "{verified}");
+    // Someone with the database edits an entry: verify finds it.
+    let seq = refused["seq"].as_i64().unwrap();
+    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", cluster._dir.path().join("state.db").display())).await.unwrap();
+    sqlx::query("UPDATE audit_log SET result = 'ok' WHERE seq = ?").bind(seq).execute(&db).await.unwrap();
+    let (_, verified) = cluster.call(Some(&admin), Method::POST, "/api/audit/verify", None).await;
+    assert_eq!(verified["intact"], false, "{verified}");
+    assert_eq!(verified["broken_at"], seq, "{verified}");
+}
