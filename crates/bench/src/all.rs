@@ -65,6 +65,7 @@ const STEPS: &[Step] = &[
     step("flood", &["--connections", "2000"], 45),
     step_as("flood-api", &["flood", "--target", "api"], &["--connections", "5000", "--slow", "300", "--nodes", "20"], 60),
     step("apps", &["--sizes", "10,1000,10000", "--samples", "100"], 60),
+    step("permissions", &["--teams", "50", "--apps", "2000", "--samples", "2000"], 60),
     step("dashboard", &["--nodes", "1000", "--apps", "1000", "--samples", "5"], 90),
     step("logs", &["--agents", "200", "--uploaders", "4", "--duration", "5", "--stored-lines", "300000", "--queries", "50"], 120),
     step("mesh", &["--seconds", "1", "--rounds", "1", "--pings", "500"], 45),

@@ -17,6 +17,7 @@ mod acme;
 mod agent_rss;
 mod all;
 mod apps;
+mod permissions;
 mod backups;
 mod dashboard;
 mod logs;
@@ -87,6 +88,10 @@ enum Commands {
     /// `POST /api/apps` answer times at growing route table sizes, against
     /// a real control plane on loopback.
     Apps(apps::Args),
+    /// What the permission step adds to a user API request (the caller's
+    /// access and the route's team check, on a state with many teams and
+    /// apps), and the audit write a change adds.
+    Permissions(permissions::Args),
     /// The dashboard's page weight per page, and the time to first byte of
     /// the Nodes page with 1,000 heartbeating nodes in the database.
     Dashboard(dashboard::Args),
@@ -148,6 +153,7 @@ fn main() -> std::process::ExitCode {
             Commands::Agent(args) => interruptible(agent_rss::run(args)).await,
             Commands::Flood(args) => interruptible(flood::run(args)).await,
             Commands::Apps(args) => interruptible(apps::run(args)).await,
+            Commands::Permissions(args) => interruptible(permissions::run(args)).await,
             Commands::Dashboard(args) => interruptible(dashboard::run(args)).await,
             Commands::Logs(args) => interruptible(logs::run(args)).await,
             Commands::Mesh(args) => interruptible(mesh::run(args)).await,

@@ -120,6 +120,8 @@ pub struct AppState {
     pub auth: auth::AuthState,
     /// The exec and port-forward sessions this replica holds.
     pub sessions: sessions::Sessions,
+    /// Memberships and apps' teams, for two seconds (see `access::cache`).
+    pub access_cache: access::cache::Cache,
 }
 
 /// The agent binary the control plane offers: the file as it was at start,

@@ -28,6 +28,7 @@ pub mod s3;
 pub mod services;
 pub mod state_db;
 pub mod pebble;
+pub mod rows;
 pub mod ports;
 pub mod tmpfs;
 

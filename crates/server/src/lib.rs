@@ -284,6 +284,7 @@ pub async fn open_state(config: Config, clock: Arc<dyn Clock>) -> Result<OpenedS
         git: git_state,
         auth: auth::AuthState::new(&config.auth, secrets::Sealer::load_or_create(&config.data_dir)?),
         sessions: Default::default(),
+        access_cache: Default::default(),
         config,
     });
     // Runtime logs: kept in the log store (`logs.db` beside a SQLite

@@ -46,14 +46,14 @@ pub fn page(ctx: &Ctx, title: &str, nav: Nav, here: &str, body: Markup) -> Marku
                 header.top {
                     strong.brand { (ctx.t("product")) }
                     nav {
-                        (link(Nav::Nodes, "/nodes", "nav.nodes"))
+                        @if ctx.access.cluster.is_some() { (link(Nav::Nodes, "/nodes", "nav.nodes")) }
                         (link(Nav::Apps, "/apps", "nav.apps"))
                         (link(Nav::Data, "/services", "nav.data"))
-                        (link(Nav::Monitoring, "/monitoring", "nav.monitoring"))
-                        a.bell href="/alerts" id="alerts-bell" aria-current=[(nav == Nav::Alerts).then_some("page")] title=(ctx.t("nav.alerts")) {
+                        @if ctx.access.cluster.is_some() { (link(Nav::Monitoring, "/monitoring", "nav.monitoring")) }
+                        @if ctx.access.cluster.is_some() { a.bell href="/alerts" id="alerts-bell" aria-current=[(nav == Nav::Alerts).then_some("page")] title=(ctx.t("nav.alerts")) {
                             "🔔 " (ctx.t("nav.alerts"))
                             @if ctx.open_alerts > 0 { " " span.count aria-label=(ctx.t("alerts.open")) { (ctx.open_alerts) } }
-                        }
+                        } }
                     }
                     // On a narrow screen the script folds these behind
                     // the button, so the header stays one row.
@@ -67,6 +67,19 @@ pub fn page(ctx: &Ctx, title: &str, nav: Nav, here: &str, body: Markup) -> Marku
                                 option value="es" selected[ctx.lang == Lang::Es] { "Español" }
                             }
                             button type="submit" { (ctx.t("nav.switch")) }
+                        }
+                        @if ctx.access.grants.len() > 1 {
+                            form.lang method="post" action="/team" {
+                                (csrf_field(ctx))
+                                input type="hidden" name="back" value=(here);
+                                label for="team-select" { (ctx.t("nav.team")) }
+                                select id="team-select" name="team" {
+                                    @for grant in &ctx.access.grants {
+                                        option value=(grant.team_name) selected[ctx.current_team.as_deref() == Some(grant.team_name.as_str())] { (grant.team_name) }
+                                    }
+                                }
+                                button type="submit" { (ctx.t("nav.switch")) }
+                            }
                         }
                         form.logout method="post" action="/logout" {
                             (csrf_field(ctx))

@@ -86,6 +86,7 @@ pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/login", get(login_page).post(login))
         .route("/logout", post(logout))
         .route("/lang", post(switch_language))
+        .route("/team", post(switch_team))
         .route("/assets/app.css", get(|| async { asset(CSS, "text/css; charset=utf-8") }))
         .route("/assets/app.js", get(|| async { asset(JS, "text/javascript; charset=utf-8") }))
         .route("/assets/terminal.js", get(|| async { asset(terminal::TERMINAL_JS, "text/javascript; charset=utf-8") }))
@@ -204,6 +205,8 @@ pub struct Ctx {
     pub access: cloudweb_core::access::Access,
     /// The team a new thing goes to (the checked `Create` need's).
     pub team: cloudweb_http::auth::authorize::RequestTeam,
+    /// The team chosen in the header's form (cookie `cloudweb_team`).
+    pub current_team: Option<String>,
     pub flash: Option<Flash>,
     pub state: Arc<AppState>,
     /// Backups that need attention (the banner on every page).
@@ -286,6 +289,7 @@ impl FromRequestParts<Arc<AppState>> for Ctx {
             principal,
             access,
             team,
+            current_team: permissions::team_cookie(&parts.headers),
             flash,
             // The banner and the bell are the cluster's: for cluster roles.
             backup_alerts: if sees_all { backups::alerts(state).await } else { Vec::new() },
@@ -404,6 +408,23 @@ async fn switch_language(headers: HeaderMap, Form(form): Form<HashMap<String, St
     let mut response = Redirect::to(&back).into_response();
     let cookie = format!("{LANG_COOKIE}={}; Path=/; SameSite=Lax; Max-Age=31536000", lang.code());
     response.headers_mut().insert(header::SET_COOKIE, HeaderValue::from_str(&cookie).expect("ascii cookie"));
+    response
+}
+
+/// The header's team form: new apps, services and destinations made in
+/// the dashboard go to this team (a cookie the checks read as the
+/// `X-Cloudweb-Team` header), which must be one of the user's.
+async fn switch_team(ctx: Ctx, Form(form): Form<HashMap<String, String>>) -> Response {
+    if let Some(refused) = ctx.refusal(&form) {
+        return refused;
+    }
+    let back = form.get("back").and_then(|b| local_path(b)).unwrap_or_else(|| "/apps".to_string());
+    let Some(grant) = form.get("team").and_then(|t| ctx.access.grants.iter().find(|g| &g.team_name == t)) else {
+        return ctx.outcome::<()>(Err(ApiError::NotFound("no such team among yours".to_string())), &back).await;
+    };
+    let mut response = Redirect::to(&back).into_response();
+    let cookie = format!("{}={}; Path=/; SameSite=Lax; HttpOnly; Max-Age=31536000", permissions::TEAM_COOKIE, grant.team_name);
+    response.headers_mut().insert(header::SET_COOKIE, HeaderValue::from_str(&cookie).expect("team names are ASCII"));
     response
 }
 

@@ -23,6 +23,7 @@ pub const TABLE: &[(&str, &str, Need)] = &[
     ("GET", "/login", Public),
     ("POST", "/login", Public),
     ("POST", "/lang", Public),
+    ("POST", "/team", Signed),
     ("GET", "/assets/app.css", Public),
     ("GET", "/assets/app.js", Public),
     ("GET", "/assets/terminal.js", Public),
@@ -82,6 +83,22 @@ pub const TABLE: &[(&str, &str, Need)] = &[
     ("GET", "/deployments/{id}/logs", Team(Viewer, Deployment, "id")),
 ];
 
+/// The cookie of the team the header's form chose.
+pub const TEAM_COOKIE: &str = "cloudweb_team";
+
+/// The team the header's form chose, if any (a team name's characters
+/// only).
+pub fn team_cookie(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().strip_prefix(TEAM_COOKIE).and_then(|rest| rest.strip_prefix('=')))
+        .find(|name| cloudweb_core::access::teams::validate_name(name).is_ok())
+        .map(str::to_string)
+}
+
 /// What a page needs.
 pub fn lookup(method: &str, template: &str) -> Option<(&'static str, Need)> {
     TABLE.iter().find(|(m, path, _)| *m == method && *path == template).map(|(_, path, need)| (*path, *need))
@@ -115,6 +132,12 @@ pub async fn authorize(State(state): State<Arc<AppState>>, mut request: Request,
     };
     let via = auth::Via::Session { id_sha256: session.id_sha256.clone(), csrf_token: session.csrf_token.clone(), expires_at: session.expires_at };
     request.extensions_mut().insert(auth::Principal::User { user: session.user, via });
+    // The team the header's form chose is where new things go.
+    if let Some(team) = team_cookie(request.headers()) {
+        if let Ok(value) = axum::http::HeaderValue::from_str(&team) {
+            request.headers_mut().entry(cloudweb_http::auth::authorize::TEAM_HEADER).or_insert(value);
+        }
+    }
     cloudweb_http::auth::authorize::authorize_by(&state, request, next, lookup, refuse).await
 }
 

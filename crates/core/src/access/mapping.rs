@@ -49,6 +49,7 @@ pub async fn apply(state: &AppState, user_id: &str, provider: &str, groups: &[St
     let grants: Vec<(String, String, String)> =
         grants(&mappings, provider, groups).into_iter().map(|(team, (role, source))| (team, role.as_str().to_string(), source)).collect();
     let removed = state.store.sync_mapped_memberships(user_id, provider, &grants, state.clock.now_ms()).await?;
+    state.access_cache.forget_user(user_id);
     tracing::info!(user = user_id, provider, granted = grants.len(), removed = removed.len(), "team memberships follow the login's groups");
     Ok(())
 }

@@ -15,6 +15,7 @@
 //! beside the router (`cloudweb_http::api::permissions`).
 
 pub mod audit;
+pub mod cache;
 pub mod mapping;
 pub mod teams;
 
@@ -148,7 +149,14 @@ pub async fn access_of(state: &AppState, principal: &Principal) -> Result<Access
             })
         }
         Principal::User { user, via } => {
-            let memberships = state.store.memberships(&user.id).await?;
+            let memberships = match state.access_cache.memberships(&user.id) {
+                Some(rows) => rows,
+                None => {
+                    let rows = state.store.memberships(&user.id).await?;
+                    state.access_cache.keep_memberships(&user.id, rows.clone());
+                    rows
+                }
+            };
             let mut cluster = user.cluster_role.as_deref().and_then(ClusterRole::parse);
             let mut grants: Vec<Grant> = memberships
                 .into_iter()
@@ -214,7 +222,7 @@ pub async fn check(state: &AppState, access: &Access, need: Need, params: &[(Str
                 return Err(ApiError::Internal(format!("the route has no path parameter {param}")));
             };
             let target = Some(format!("{}:{name}", owned_word(owned).replace(' ', "-")));
-            let Some(team_id) = state.store.team_of(owned, name).await? else {
+            let Some(team_id) = team_of(state, owned, name).await? else {
                 // Nothing there: a caller who sees every team gets the
                 // handler's own answer (which may say what is wrong with
                 // the name); anyone else learns no more than that.
@@ -254,9 +262,24 @@ pub async fn sees_owned(state: &AppState, access: &Access, owned: Owned, name: &
     if access.sees_all() {
         return Ok(true);
     }
-    let Some(team_id) = state.store.team_of(owned, name).await? else { return Ok(false) };
+    let Some(team_id) = team_of(state, owned, name).await? else { return Ok(false) };
     let app = app_of(state, owned, name).await?;
     Ok(access.sees(&team_id, app.as_deref()))
+}
+
+/// The team that owns a thing (an app's from the cache when fresh).
+async fn team_of(state: &AppState, owned: Owned, name: &str) -> Result<Option<String>, ApiError> {
+    if owned != Owned::App {
+        return Ok(state.store.team_of(owned, name).await?);
+    }
+    if let Some(team) = state.access_cache.app_team(name) {
+        return Ok(Some(team));
+    }
+    let team = state.store.team_of(owned, name).await?;
+    if let Some(team) = &team {
+        state.access_cache.keep_app_team(name, team.clone());
+    }
+    Ok(team)
 }
 
 /// The app a checked thing belongs to, for tokens held to some apps.

@@ -86,6 +86,7 @@ pub async fn check_token_scope(state: &AppState, user: &UserRow, scope: &NewScop
 pub async fn create(state: &AppState, name: &str, owner: &UserRow) -> Result<TeamRow, ApiError> {
     validate_name(name)?;
     let team = TeamRow { id: format!("team_{}", crate::auth::random_hex(8)), name: name.to_string(), created_at: state.clock.now_ms() };
+    state.access_cache.forget_user(&owner.id);
     if !state.store.insert_team(&team, &owner.id).await? {
         return Err(ApiError::Conflict(format!("a team named {name} already exists")));
     }
@@ -100,6 +101,7 @@ pub async fn delete(state: &AppState, team: &TeamRow) -> Result<(), ApiError> {
     }
     match state.store.delete_team(&team.id).await? {
         Ok(true) => {
+            state.access_cache.forget_all();
             tracing::info!(team = %team.name, "team deleted");
             Ok(())
         }
@@ -124,6 +126,7 @@ pub async fn set_member(state: &AppState, team: &TeamRow, user: &UserRow, role: 
         return Err(ApiError::Conflict(format!("user {} is disabled", user.name)));
     }
     state.store.set_member(&team.id, &user.id, role.as_str(), source, state.clock.now_ms()).await?.map_err(|r| refusal(team, r))?;
+    state.access_cache.forget_user(&user.id);
     tracing::info!(team = %team.name, user = %user.name, role = role.as_str(), "team member set");
     let members = state.store.team_members(&team.id).await?;
     members.into_iter().find(|m| m.user_id == user.id).ok_or_else(|| ApiError::Internal("the member just written is gone".to_string()))
@@ -132,6 +135,7 @@ pub async fn set_member(state: &AppState, team: &TeamRow, user: &UserRow, role: 
 /// Removes a member.
 pub async fn remove_member(state: &AppState, team: &TeamRow, user: &UserRow) -> Result<(), ApiError> {
     state.store.remove_member(&team.id, &user.id).await?.map_err(|r| refusal(team, r))?;
+    state.access_cache.forget_user(&user.id);
     tracing::info!(team = %team.name, user = %user.name, "team member removed");
     Ok(())
 }

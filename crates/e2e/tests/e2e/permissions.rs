@@ -13,7 +13,7 @@ use cloudweb_server::access::{ClusterRole, Role, TeamRole};
 use cloudweb_server::auth::tokens::NewScope;
 use cloudweb_server::clock::ShiftedClock;
 use cloudweb_server::config::Config;
-use cloudweb_server::store::{AppRow, DeploymentRow, UserRow};
+use cloudweb_server::store::UserRow;
 use cloudweb_server::{AppState, RunningServer};
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -60,28 +60,7 @@ impl Cluster {
     }
 
     async fn app(&self, name: &str, team_id: &str) {
-        let app = AppRow {
-            name: name.into(),
-            repo_url: "https://git.example.com/web.git".into(),
-            branch: "main".into(),
-            port: 8080,
-            domains: "[]".into(),
-            build: None,
-            strategy: "auto".into(),
-            instances: 1,
-            cpu: None,
-            memory_bytes: None,
-            health_path: "/".into(),
-            health_timeout_s: 30,
-            build_timeout_s: None,
-            env_sealed: None,
-            git_credentials_sealed: None,
-            created_at: 1,
-            rollout: "blue-green".into(),
-            liveness: None,
-            readiness: None,
-            team_id: team_id.into(),
-        };
+        let app = cloudweb_e2e::rows::app(name, team_id);
         self.state().store.insert_app(&app, &format!("{name}.localhost")).await.unwrap().unwrap();
     }
 }
@@ -183,19 +162,7 @@ async fn every_operation_refuses_every_role_the_definitions_refuse() {
     cluster.app("shop", &globex.id).await;
     state.store.attach_volume("web-data", "web", "/data", 1).await.unwrap().unwrap();
     let now = state.clock.now_ms();
-    let deployment = DeploymentRow {
-        id: "dep_web".into(),
-        seq: 0,
-        app: "web".into(),
-        kind: "source".into(),
-        commit_sha: None,
-        rollback_of: None,
-        state: "queued".into(),
-        image: None,
-        error: None,
-        created_at: now,
-        updated_at: now,
-    };
+    let deployment = cloudweb_e2e::rows::queued_deployment("dep_web", "web", now);
     state.store.insert_deployment(&deployment, 1, false).await.unwrap();
 
     let mut tokens: Vec<(Caller, Option<String>)> = vec![(Caller::Anonymous, None)];
@@ -283,6 +250,37 @@ async fn a_team_sees_only_its_own_and_the_audit_chain_finds_an_edited_row() {
     let (_, me) = cluster.call(Some(&alice_token), Method::GET, "/api/me", None).await;
     assert_eq!(me["teams"], json!([{"team": "acme", "role": "admin"}]), "{me}");
 
+    // The dashboard, as alice: her team's app only; another team's pages,
+    // streams and forms are as if they did not exist.
+    let now = state.clock.now_ms();
+    let shop_deployment = cloudweb_e2e::rows::queued_deployment("dep_shop", "shop", now);
+    state.store.insert_deployment(&shop_deployment, 1, false).await.unwrap();
+    let browser = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let page = |path: &str| format!("http://{}{path}", cluster.server.api_addr);
+    let login = browser.post(page("/login")).form(&[("name", "alice"), ("password", "a long enough password")]).send().await.unwrap();
+    assert_eq!(login.status(), 303);
+    let cookie: Vec<String> = login.headers().get_all("set-cookie").iter().map(|v| v.to_str().unwrap().split(';').next().unwrap().to_string()).collect();
+    let cookie = cookie.join("; ");
+    let get = |path: &'static str| {
+        let request = browser.get(page(path)).header("cookie", cookie.clone());
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.text().await.unwrap())
+        }
+    };
+    let (status, apps_page) = get("/apps").await;
+    assert_eq!(status, 200);
+    assert!(apps_page.contains("/apps/web") && !apps_page.contains("/apps/shop"), "{apps_page}");
+    for path in ["/apps/shop", "/apps/shop/logs", "/apps/shop/terminal", "/apps/shop/terminal/session", "/deployments/dep_shop", "/deployments/dep_shop/logs"] {
+        assert_eq!(get(path).await.0, 404, "{path}");
+    }
+    assert_eq!(get("/nodes").await.0, 403, "the nodes are the cluster's");
+    let csrf = apps_page.split("name=\"csrf_token\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_string();
+    let deploy = browser.post(page("/apps/shop/deploy")).header("cookie", cookie.clone()).form(&[("csrf_token", csrf.as_str())]).send().await.unwrap();
+    assert_eq!(deploy.status(), 404, "a form on another team's app");
+    assert_eq!(state.store.app_deployments("shop").await.unwrap().len(), 1, "nothing was queued");
+
     // A team always keeps an owner; removing a user revokes their tokens.
     let (status, body) = cluster.call(Some(&admin), Method::DELETE, "/api/teams/globex/members/root", None).await;
     assert_eq!(status, 204, "{body}");
@@ -317,4 +315,77 @@ async fn a_team_sees_only_its_own_and_the_audit_chain_finds_an_edited_row() {
     let (_, verified) = cluster.call(Some(&admin), Method::POST, "/api/audit/verify", None).await;
     assert_eq!(verified["intact"], false, "{verified}");
     assert_eq!(verified["broken_at"], seq, "{verified}");
+}
+
+/// `cloudweb` with its own config home, against this cluster: exit code
+/// and its output (stdout, then stderr). Run as a child the runtime waits
+/// for, since the control plane answers on this same runtime.
+async fn cloudweb(home: &std::path::Path, server: &str, token: Option<&str>, args: &[&str]) -> (i32, String) {
+    let mut command = tokio::process::Command::new(cloudweb_e2e::bin("cloudweb"));
+    command.args(args).env("XDG_CONFIG_HOME", home).env("HOME", home).env("CLOUDWEB_SERVER", server).env_remove("CLOUDWEB_TEAM");
+    match token {
+        Some(token) => command.env("CLOUDWEB_TOKEN", token),
+        None => command.env_remove("CLOUDWEB_TOKEN"),
+    };
+    let output = command.stdin(std::process::Stdio::null()).output().await.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output.status.code().unwrap_or(-1), format!("{stdout}{stderr}"))
+}
+
+#[tokio::test]
+async fn the_cli_manages_teams_switches_the_current_one_and_verifies_the_audit_log() {
+    let cluster = Cluster::start().await;
+    let state = cluster.state().clone();
+    let server = format!("http://{}", cluster.server.api_addr);
+    let home = tempfile::tempdir().unwrap();
+    let admin = cluster.admin.clone();
+    let root = cluster.user("root", Some(ClusterRole::Admin)).await;
+    let dana = cluster.user("dana", None).await;
+
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "create", "acme", "--owner", "root"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(cloudweb(home.path(), &server, Some(&admin), &["teams", "create", "globex", "--owner", "root"]).await.0, 0);
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "add", "acme", "dana", "--role", "admin"]).await;
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "add", "globex", "dana", "--role", "admin"]).await;
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["--json", "teams", "members", "acme"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"user\": \"dana\"") && out.contains("\"role\": \"admin\""), "{out}");
+    // Root is acme's only owner: the team keeps them.
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "remove", "acme", &root.name]).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("must keep an owner"), "{out}");
+
+    // Dana, in two teams, must say where a new app goes; the current team
+    // (stored by `teams switch`) says it.
+    let token = cluster.token(&dana, NewScope::default()).await;
+    let (code, out) = cloudweb(home.path(), &server, Some(&token), &["login"]).await;
+    assert_eq!(code, 0, "{out}");
+    let create = ["apps", "create", "site", "--repo", "https://git.example.com/site.git", "--port", "8080"];
+    let (code, out) = cloudweb(home.path(), &server, None, &create).await;
+    assert_ne!(code, 0, "two teams and none named: {out}");
+    assert!(out.contains("X-Cloudweb-Team"), "{out}");
+    let (code, out) = cloudweb(home.path(), &server, None, &["teams", "switch", "globex"]).await;
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cloudweb(home.path(), &server, None, &create).await;
+    assert_eq!(code, 0, "{out}");
+    let team = state.store.team("globex").await.unwrap().unwrap();
+    assert_eq!(state.store.app("site").await.unwrap().unwrap().team_id, team.id, "made in the current team");
+    let (code, out) = cloudweb(home.path(), &server, None, &["teams"]).await;
+    assert_eq!(code, 0);
+    assert!(out.lines().any(|l| l.starts_with('*') && l.contains("globex")), "{out}");
+
+    // The audit log: dana's creation is there; an edited row is found.
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["audit", "--actor", "dana", "--action", "POST /api/apps"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("dana") && out.contains("201"), "{out}");
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["audit", "verify"]).await;
+    assert_eq!(code, 0, "{out}");
+    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", cluster._dir.path().join("state.db").display())).await.unwrap();
+    sqlx::query("UPDATE audit_log SET actor = 'user:someone-else' WHERE seq = 2").execute(&db).await.unwrap();
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["audit", "verify"]).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("broken at entry 2"), "{out}");
 }

@@ -261,6 +261,7 @@ pub async fn create_for(state: Arc<AppState>, principal: &crate::auth::Principal
         team_id: team_id.to_string(),
     };
     let default_host = format!("{}.{}", app.name, state.config.base_domain);
+    state.access_cache.forget_app(&app.name);
     match state.store.insert_app(&app, &default_host).await? {
         Ok(()) => {}
         Err(AppRefusal::NameTaken) => return Err(ApiError::Conflict(format!("an app named {} already exists", app.name))),

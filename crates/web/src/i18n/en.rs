@@ -63,6 +63,7 @@ pub const EN: &[(&str, &str)] = &[
     ("nav.logout", "Log out"),
     ("nav.language", "Language"),
     ("nav.switch", "Switch"),
+    ("nav.team", "Team for new apps"),
     ("nav.skip", "Skip to content"),
     ("nav.menu", "Language and account"),
     ("login.title", "Log in"),

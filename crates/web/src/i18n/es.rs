@@ -63,6 +63,7 @@ pub const ES: &[(&str, &str)] = &[
     ("nav.logout", "Cerrar sesión"),
     ("nav.language", "Idioma"),
     ("nav.switch", "Cambiar"),
+    ("nav.team", "Equipo de las apps nuevas"),
     ("nav.skip", "Saltar al contenido"),
     ("nav.menu", "Idioma y cuenta"),
     ("login.title", "Iniciar sesión"),
