@@ -58,7 +58,13 @@ pub async fn before(state: &AppState, entry: Entry) -> Result<(), ApiError> {
         Err(err) => match state.config.auth.audit.on_failure {
             OnFailure::Refuse => {
                 tracing::error!(error = %err, action = %action, "cannot write the audit log; request refused");
-                Err(ApiError::Unavailable("the audit log cannot be written (is the disk full?); changes are refused until it can".to_string()))
+                // The answer the change's own write would have had (a
+                // full disk, the database out of reach, another leader),
+                // and 503 for anything else.
+                Err(match ApiError::from(err) {
+                    ApiError::Internal(_) => ApiError::Unavailable("the audit log cannot be written; changes are refused until it can".to_string()),
+                    known => known,
+                })
             }
             OnFailure::Warn => {
                 tracing::warn!(error = %err, action = %action, "cannot write the audit log; request goes ahead unaudited (--audit-failure warn)");

@@ -27,8 +27,14 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
+        Cluster::start_with(cloudweb_server::access::audit::OnFailure::Refuse).await
+    }
+
+    async fn start_with(on_failure: cloudweb_server::access::audit::OnFailure) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let server = cloudweb_server::start(Config::local(dir.path().to_path_buf()), Arc::new(ShiftedClock::default())).await.unwrap();
+        let mut config = Config::local(dir.path().to_path_buf());
+        config.auth.audit.on_failure = on_failure;
+        let server = cloudweb_server::start(config, Arc::new(ShiftedClock::default())).await.unwrap();
         let admin = std::fs::read_to_string(dir.path().join("admin-token")).unwrap().trim().to_string();
         Cluster { _dir: dir, server, admin, http: reqwest::Client::new() }
     }
@@ -388,4 +394,35 @@ async fn the_cli_manages_teams_switches_the_current_one_and_verifies_the_audit_l
     let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["audit", "verify"]).await;
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("broken at entry 2"), "{out}");
+}
+
+/// The audit log cannot be written (a trigger refuses its rows, as a full
+/// disk would): a change is refused with 503 and not made; reads go on;
+/// with `--audit-failure warn` the change is made.
+#[tokio::test]
+async fn a_change_that_cannot_be_audited_is_refused_unless_the_cluster_says_warn() {
+    for on_failure in [cloudweb_server::access::audit::OnFailure::Refuse, cloudweb_server::access::audit::OnFailure::Warn] {
+        let cluster = Cluster::start_with(on_failure).await;
+        let admin = cluster.admin.clone();
+        let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", cluster._dir.path().join("state.db").display())).await.unwrap();
+        sqlx::query("CREATE TRIGGER audit_refused BEFORE INSERT ON audit_log BEGIN SELECT RAISE(FAIL, 'no room for the audit log'); END")
+            .execute(&db)
+            .await
+            .unwrap();
+        let body = json!({"name": "web", "repo_url": "https://git.example.com/web.git", "port": 8080});
+        let (status, answer) = cluster.call(Some(&admin), Method::POST, "/api/apps", Some(body)).await;
+        let made = cluster.state().store.app("web").await.unwrap().is_some();
+        match on_failure {
+            cloudweb_server::access::audit::OnFailure::Refuse => {
+                assert_eq!(status, 503, "{answer}");
+                assert!(answer["error"].as_str().unwrap().contains("audit log"), "{answer}");
+                assert!(!made, "nothing is done unaudited");
+            }
+            cloudweb_server::access::audit::OnFailure::Warn => {
+                assert_eq!(status, 201, "{answer}");
+                assert!(made);
+            }
+        }
+        assert_eq!(cluster.call(Some(&admin), Method::GET, "/api/apps", None).await.0, 200, "reads are not audited");
+    }
 }
