@@ -375,6 +375,11 @@ pub async fn link(state: &AppState, service: &str, app: &str, variable: Option<&
     let row = state.store.service(service).await?.ok_or_else(|| ApiError::NotFound(format!("no service named {service}")))?;
     let variable = variable.unwrap_or(default_variable(kind_of(&row)?)).to_string();
     cloudweb_protocol::deploy::env_name(&variable)?;
+    // A link writes the service's credentials into the app: both must be
+    // one team's.
+    if state.store.team_of(crate::store::Owned::App, app).await?.is_some_and(|team| team != row.team_id) {
+        return Err(ApiError::NotFound(format!("no app named {app} in the team of service {service}")));
+    }
     match state.store.link_service(service, app, &variable, state.clock.now_ms()).await? {
         Ok(link) => {
             tracing::info!(service, app, variable = %link.variable, "service linked; the app's next deploy gets it");

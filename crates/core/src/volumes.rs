@@ -56,6 +56,14 @@ pub fn mounts(volumes: &[VolumeRow]) -> Vec<VolumeMount> {
 pub async fn attach(state: &AppState, app: &str, name: &str, path: &str) -> Result<Attached, ApiError> {
     cloudweb_protocol::volumes::name(name).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     cloudweb_protocol::volumes::mount_path(path).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    // A detached volume is mounted again only in an app of its own team.
+    let volume_team = state.store.team_of(crate::store::Owned::Volume, name).await?;
+    let app_team = state.store.team_of(crate::store::Owned::App, app).await?;
+    if let (Some(volume_team), Some(app_team)) = (&volume_team, &app_team) {
+        if volume_team != app_team {
+            return Err(ApiError::Conflict(format!("the volume name {name} is taken by another team; pick another")));
+        }
+    }
     match state.store.attach_volume(name, app, path, state.clock.now_ms()).await? {
         Ok(attached) => {
             let (what, volume) = match &attached {

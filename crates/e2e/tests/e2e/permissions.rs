@@ -256,6 +256,13 @@ async fn a_team_sees_only_its_own_and_the_audit_chain_finds_an_edited_row() {
     let (_, me) = cluster.call(Some(&alice_token), Method::GET, "/api/me", None).await;
     assert_eq!(me["teams"], json!([{"team": "acme", "role": "admin"}]), "{me}");
 
+    // A detached volume of globex cannot be mounted in acme's app.
+    state.store.attach_volume("shop-data", "shop", "/data", 1).await.unwrap().unwrap();
+    state.store.detach_volume("shop", "shop-data").await.unwrap();
+    let (status, body) = cluster.call(Some(&alice_token), Method::POST, "/api/apps/web/volumes", Some(json!({"name": "shop-data", "path": "/data"}))).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(state.store.app_volumes("web").await.unwrap().is_empty());
+
     // The dashboard, as alice: her team's app only; another team's pages,
     // streams and forms are as if they did not exist.
     let now = state.clock.now_ms();
