@@ -15,6 +15,7 @@ pub enum Nav {
     Data,
     Monitoring,
     Alerts,
+    Audit,
 }
 
 /// Every page's `<head>`. The doctype is not part of it: it must come
@@ -50,6 +51,9 @@ pub fn page(ctx: &Ctx, title: &str, nav: Nav, here: &str, body: Markup) -> Marku
                         (link(Nav::Apps, "/apps", "nav.apps"))
                         (link(Nav::Data, "/services", "nav.data"))
                         @if ctx.access.cluster.is_some() { (link(Nav::Monitoring, "/monitoring", "nav.monitoring")) }
+                        @if ctx.access.cluster.is_some() || ctx.access.grants.iter().any(|g| g.role == cloudweb_core::access::TeamRole::Owner) {
+                            (link(Nav::Audit, "/audit", "nav.audit"))
+                        }
                         @if ctx.access.cluster.is_some() { a.bell href="/alerts" id="alerts-bell" aria-current=[(nav == Nav::Alerts).then_some("page")] title=(ctx.t("nav.alerts")) {
                             "🔔 " (ctx.t("nav.alerts"))
                             @if ctx.open_alerts > 0 { " " span.count aria-label=(ctx.t("alerts.open")) { (ctx.open_alerts) } }

@@ -23,6 +23,7 @@
 
 mod alerts;
 mod app_sources;
+mod audit;
 mod apps;
 mod chart;
 mod deployments;
@@ -133,6 +134,7 @@ pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/deployments/{id}/logs", get(deployments::log_stream))
         .route("/monitoring", get(monitoring::page))
         .route("/alerts", get(alerts::page))
+        .route("/audit", get(audit::page))
         .route("/alerts/channels", post(alerts::add))
         .route("/alerts/channels/{id}/test", post(alerts::test))
         .route("/alerts/channels/{id}/delete", post(alerts::delete))

@@ -39,6 +39,8 @@ pub const TABLE: &[(&str, &str, Need)] = &[
     ("POST", "/nodes/{id}/{action}", Cluster(ClusterAdmin)),
     ("GET", "/monitoring", Cluster(ClusterViewer)),
     ("GET", "/alerts", Cluster(ClusterViewer)),
+    // Cluster roles, and teams' owners (their teams'): the handler says.
+    ("GET", "/audit", Listed),
     ("POST", "/alerts/channels", Signed),
     ("POST", "/alerts/channels/{id}/test", Signed),
     ("POST", "/alerts/channels/{id}/delete", Signed),

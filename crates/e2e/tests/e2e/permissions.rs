@@ -289,6 +289,7 @@ async fn a_team_sees_only_its_own_and_the_audit_chain_finds_an_edited_row() {
         assert_eq!(get(path).await.0, 404, "{path}");
     }
     assert_eq!(get("/nodes").await.0, 403, "the nodes are the cluster's");
+    assert_eq!(get("/audit").await.0, 403, "the audit log is for cluster roles and owners");
     let csrf = apps_page.split("name=\"csrf_token\" value=\"").nth(1).unwrap().split('"').next().unwrap().to_string();
     let deploy = browser.post(page("/apps/shop/deploy")).header("cookie", cookie.clone()).form(&[("csrf_token", csrf.as_str())]).send().await.unwrap();
     assert_eq!(deploy.status(), 404, "a form on another team's app");
@@ -316,6 +317,15 @@ async fn a_team_sees_only_its_own_and_the_audit_chain_finds_an_edited_row() {
     let (status, owner_view) = cluster.call(Some(&bob_token), Method::GET, "/api/audit", None).await;
     assert_eq!(status, 200, "an owner reads their team's entries");
     assert!(owner_view["entries"].as_array().unwrap().iter().all(|e| e["team"] == "globex"), "{owner_view}");
+
+    // The dashboard's audit page, as a cluster admin.
+    let login = browser.post(page("/login")).form(&[("name", "root"), ("password", "a long enough password")]).send().await.unwrap();
+    assert_eq!(login.status(), 303);
+    let root_cookie: Vec<String> = login.headers().get_all("set-cookie").iter().map(|v| v.to_str().unwrap().split(';').next().unwrap().to_string()).collect();
+    let audit_page = browser.get(page("/audit?since=1h&action=deploy")).header("cookie", root_cookie.join("; ")).send().await.unwrap();
+    assert_eq!(audit_page.status(), 200);
+    let audit_page = audit_page.text().await.unwrap();
+    assert!(audit_page.contains("alice") && audit_page.contains("refused"), "{audit_page}");
 
     let (_, verified) = cluster.call(Some(&admin), Method::POST, "/api/audit/verify", None).await;
     assert_eq!(verified["intact"], true, "{verified}");
