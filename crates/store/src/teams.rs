@@ -317,7 +317,14 @@ impl Store {
             Owned::Volume => "SELECT team_id FROM volumes WHERE name = $1",
             Owned::Destination => "SELECT team_id FROM backup_destinations WHERE name = $1",
             Owned::Deployment => "SELECT a.team_id FROM deployments d JOIN apps a ON a.name = d.app WHERE d.id = $1",
-            Owned::BackupJob => "SELECT d.team_id FROM backup_jobs j JOIN backup_destinations d ON d.name = j.destination WHERE j.id = $1",
+            // A job is its target's team's (not its destination's): a team
+            // that owns a destination does not own what others stored
+            // there. A job of a target that is gone is the destination's.
+            Owned::BackupJob => {
+                "SELECT COALESCE((SELECT s.team_id FROM services s WHERE 'service/' || s.name = j.target), \
+                 (SELECT v.team_id FROM volumes v WHERE 'volume/' || v.name = j.target), d.team_id) AS team_id \
+                 FROM backup_jobs j JOIN backup_destinations d ON d.name = j.destination WHERE j.id = $1"
+            }
             Owned::VolumeMove => "SELECT v.team_id FROM volume_moves m JOIN volumes v ON v.name = m.volume WHERE m.id = $1",
             Owned::TaskRun => "SELECT a.team_id FROM task_runs r JOIN apps a ON a.name = r.app WHERE r.id = $1",
             Owned::Team => "SELECT id AS team_id FROM teams WHERE id = $1 OR lower(name) = lower($1)",
@@ -505,5 +512,42 @@ impl Store {
             self.count_commit().await;
             Ok(removed)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::test_engines::Arg;
+    use crate::{DestinationRow, Owned};
+
+    crate::test_engines::both_engines! {
+        async fn a_backup_is_its_targets_teams_not_its_destinations(store) {
+            let destination = |name: &str, team: &str| DestinationRow {
+                name: name.into(),
+                kind: "path".into(),
+                base_url: format!("/srv/{name}"),
+                region: None,
+                access_key_id: None,
+                secret_sealed: None,
+                password_sealed: "sealed".into(),
+                keep_daily: 7,
+                keep_weekly: 4,
+                keep_monthly: 6,
+                created_at: 1,
+                team_id: team.into(),
+            };
+            assert!(store.insert_destination(&destination("theirs", "team_b")).await.unwrap());
+            store.test_execute("INSERT INTO volumes (name, created_at, team_id) VALUES ('data', 1, 'team_a')", &[]).await;
+            for (id, target) in [("bj_1", "volume/data"), ("bj_2", "volume/gone")] {
+                store
+                    .test_execute(
+                        "INSERT INTO backup_jobs (id, kind, target, destination, node_id, state, trigger, created_at, deadline) VALUES ($1, 'backup', $2, 'theirs', 'n', 'succeeded', 'manual', 1, 2)",
+                        &[Arg::Text(id), Arg::Text(target)],
+                    )
+                    .await;
+            }
+            assert_eq!(store.team_of(Owned::BackupJob, "bj_1").await.unwrap().as_deref(), Some("team_a"), "the data's team");
+            assert_eq!(store.team_of(Owned::BackupJob, "bj_2").await.unwrap().as_deref(), Some("team_b"), "a target gone: the destination's");
+        }
     }
 }

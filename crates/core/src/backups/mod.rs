@@ -148,6 +148,20 @@ pub struct Plan {
     pub default: bool,
 }
 
+/// The destinations a target may use: its team's (all of them for a
+/// target that is gone). Its default is the oldest of these, so one
+/// team's data never goes to another team's destination by default.
+pub async fn team_destinations(state: &AppState, target: &Target, all: &[DestinationRow]) -> Result<Vec<DestinationRow>, ApiError> {
+    let (owned, name) = match target {
+        Target::Service(name) => (crate::store::Owned::Service, name),
+        Target::Volume(name) => (crate::store::Owned::Volume, name),
+    };
+    Ok(match state.store.team_of(owned, name).await? {
+        Some(team) => all.iter().filter(|d| d.team_id == team).cloned().collect(),
+        None => all.to_vec(),
+    })
+}
+
 pub fn effective_plan(target: &Target, row: Option<&PlanRow>, destinations: &[DestinationRow]) -> Plan {
     let key = target.key();
     let default_destination = destinations.first().map(|d| d.name.clone());
@@ -232,7 +246,8 @@ pub(crate) async fn all_targets(state: &AppState) -> Result<Vec<(Target, i64)>, 
 /// Sets a target's plan (`reset` goes back to the defaults).
 pub async fn set_plan(state: &AppState, target: &Target, change: &cloudweb_api_types::backups::SetBackupPlan) -> Result<Plan, ApiError> {
     locate(state, target, false).await?;
-    let destinations = state.store.destinations().await?;
+    let all = state.store.destinations().await?;
+    let destinations = team_destinations(state, target, &all).await?;
     let old = if change.reset { None } else { state.store.backup_plan(&target.key()).await? };
     let mut row = old.unwrap_or(PlanRow {
         target: target.key(),
@@ -245,7 +260,7 @@ pub async fn set_plan(state: &AppState, target: &Target, change: &cloudweb_api_t
     });
     if let Some(destination) = &change.destination {
         if !destinations.iter().any(|d| &d.name == destination) {
-            return Err(ApiError::NotFound(format!("no backup destination named {destination}")));
+            return Err(ApiError::NotFound(format!("no backup destination named {destination} in the team of {}", target.key())));
         }
         row.destination = Some(destination.clone());
     }
@@ -270,7 +285,8 @@ pub async fn set_plan(state: &AppState, target: &Target, change: &cloudweb_api_t
 }
 
 pub async fn plan(state: &AppState, target: &Target) -> Result<Plan, ApiError> {
-    let destinations = state.store.destinations().await?;
+    let all = state.store.destinations().await?;
+    let destinations = team_destinations(state, target, &all).await?;
     let row = state.store.backup_plan(&target.key()).await?;
     Ok(effective_plan(target, row.as_ref(), &destinations))
 }

@@ -75,7 +75,7 @@ pub async fn figures(state: &AppState) -> Result<Vec<Figures>, ApiError> {
     let mut out = Vec::new();
     for (target, created) in all_targets(state).await? {
         let key = target.key();
-        let plan = effective_plan(&target, plans.get(&key), &destinations);
+        let plan = effective_plan(&target, plans.get(&key), &super::team_destinations(state, &target, &destinations).await?);
         let active = plan.enabled && plan.destination.is_some();
         let interval = if active { cron::Schedule::parse(&plan.schedule).ok().and_then(|s| s.interval_ms(now)) } else { None };
         let since = created.max(first_destination.unwrap_or(created));

@@ -207,7 +207,7 @@ pub async fn tick(state: &AppState) -> Result<(), ApiError> {
     let first_destination = destinations.iter().map(|d| d.created_at).min().unwrap_or(now);
     for (target, created) in all_targets(state).await? {
         let key = target.key();
-        let plan = effective_plan(&target, plans.get(&key), &destinations);
+        let plan = effective_plan(&target, plans.get(&key), &super::team_destinations(state, &target, &destinations).await?);
         let Some(destination) = plan.destination.clone().filter(|_| plan.enabled) else { continue };
         let newest = latest.get(&(key.clone(), "backup".to_string()));
         let unfinished = newest.is_some_and(|j| matches!(j.state.as_str(), "queued" | "running"));
