@@ -122,7 +122,8 @@ impl Drop for StepImages {
                 let options = bollard::query_parameters::ListImagesOptionsBuilder::new().all(true).build();
                 let all = docker.list_images(Some(options)).await.unwrap_or_default();
                 if !base {
-                    unfinished_leaves(&all.iter().map(|i| (i.id.as_str(), i.parent_id.as_str(), untagged(&i.repo_tags))).collect::<Vec<_>>(), &id)
+                    let images: Vec<(&str, &str, bool, i64)> = all.iter().map(|i| (i.id.as_str(), i.parent_id.as_str(), untagged(&i.repo_tags), i.created)).collect();
+                    unfinished_leaves(&images, &id, started)
                 } else {
                     // A base image: the build was cut off right after FROM,
                     // and the engine may still have committed the first
@@ -157,10 +158,14 @@ impl Drop for StepImages {
 /// The images to remove for an unfinished build whose last seen step image
 /// is `last`: the untagged images that descend from it (at most
 /// [`STEPS_PAST_LAST`] steps down, through untagged images only) and have
-/// no child, or `last` itself when nothing descends from it. `images` are
-/// (id, parent id, untagged) of every image on the engine; ids may be given
-/// short or with their `sha256:` prefix.
-fn unfinished_leaves(images: &[(&str, &str, bool)], last: &str) -> Vec<String> {
+/// no child, or `last` itself when nothing descends from it; of those, only
+/// the ones made at or after `since` (unix seconds, with a second of slack).
+/// An older one is the engine's cache from an earlier build, not this
+/// build's: another build may take it from the cache at any moment, and
+/// removing it under that build fails it ("failed to get digest").
+/// `images` are (id, parent id, untagged, created) of every image on the
+/// engine; ids may be given short or with their `sha256:` prefix.
+fn unfinished_leaves(images: &[(&str, &str, bool, i64)], last: &str, since: i64) -> Vec<String> {
     let same = |a: &str, b: &str| {
         let (a, b) = (a.trim_start_matches("sha256:"), b.trim_start_matches("sha256:"));
         !a.is_empty() && !b.is_empty() && (a.starts_with(b) || b.starts_with(a))
@@ -170,13 +175,14 @@ fn unfinished_leaves(images: &[(&str, &str, bool)], last: &str) -> Vec<String> {
     for depth in 0..=STEPS_PAST_LAST {
         let mut next = Vec::new();
         for parent in &frontier {
-            let children: Vec<&(&str, &str, bool)> = images.iter().filter(|(_, p, _)| same(p, parent)).collect();
-            if children.is_empty() || depth == STEPS_PAST_LAST {
+            let children: Vec<&(&str, &str, bool, i64)> = images.iter().filter(|(_, p, _, _)| same(p, parent)).collect();
+            let fresh = images.iter().find(|(id, _, _, _)| same(id, parent)).is_some_and(|(_, _, _, created)| *created >= since - 1);
+            if (children.is_empty() || depth == STEPS_PAST_LAST) && fresh {
                 leaves.push(parent.clone());
             }
             if depth < STEPS_PAST_LAST {
                 // A tagged child is a finished image: not this build's.
-                next.extend(children.iter().filter(|(_, _, untagged)| *untagged).map(|(id, _, _)| id.to_string()));
+                next.extend(children.iter().filter(|(_, _, untagged, _)| *untagged).map(|(id, _, _, _)| id.to_string()));
             }
         }
         if next.is_empty() {
@@ -328,14 +334,27 @@ mod tests {
     #[test]
     fn an_unfinished_build_removes_the_steps_committed_after_it_was_cut_off() {
         // base -> copy (last seen) -> cmd (committed after the cut): cmd goes.
-        let images = [("sha256:base", "", false), ("sha256:copy", "sha256:base", true), ("sha256:cmd", "sha256:copy", true)];
-        assert_eq!(unfinished_leaves(&images, "copy"), vec!["sha256:cmd".to_string()]);
+        let images = [("sha256:base", "", false, 100), ("sha256:copy", "sha256:base", true, 200), ("sha256:cmd", "sha256:copy", true, 201)];
+        assert_eq!(unfinished_leaves(&images, "copy", 200), vec!["sha256:cmd".to_string()]);
         // Nothing after the last seen step: that one goes.
-        assert_eq!(unfinished_leaves(&images, "cmd"), vec!["cmd".to_string()]);
+        assert_eq!(unfinished_leaves(&images, "cmd", 200), vec!["cmd".to_string()]);
         // A tagged child is a finished image (shared cache): only the last
         // seen step is tried, and the engine keeps it while the child lives.
-        let shared = [("sha256:copy", "sha256:base", true), ("sha256:done", "sha256:copy", false)];
-        assert_eq!(unfinished_leaves(&shared, "copy"), Vec::<String>::new());
+        let shared = [("sha256:copy", "sha256:base", true, 200), ("sha256:done", "sha256:copy", false, 201)];
+        assert_eq!(unfinished_leaves(&shared, "copy", 200), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_unfinished_build_leaves_the_cache_of_earlier_builds() {
+        // The last seen step came from the cache (made before this build
+        // started) and has no child: another build may be taking it from
+        // the cache right now, so it stays.
+        let images = [("sha256:base", "", false, 100), ("sha256:run", "sha256:base", true, 150)];
+        assert_eq!(unfinished_leaves(&images, "run", 200), Vec::<String>::new());
+        // A cached step followed by one this build committed: only the
+        // fresh one goes.
+        let images = [("sha256:base", "", false, 100), ("sha256:run", "sha256:base", true, 150), ("sha256:cmd", "sha256:run", true, 205)];
+        assert_eq!(unfinished_leaves(&images, "run", 200), vec!["sha256:cmd".to_string()]);
     }
 
     #[test]
