@@ -496,6 +496,15 @@ impl Store {
                 if manual {
                     continue;
                 }
+                // A mapped owner moved to a lower role stays owner while
+                // the team has no other: a team always keeps an owner.
+                let demoted = role != "owner" && held.iter().any(|(t, r, _)| t == team && r == "owner");
+                if demoted {
+                    let owners: i64 = sqlx::query("SELECT count(*) AS n FROM team_members WHERE team_id = $1 AND role = 'owner'").bind(team).fetch_one(&mut *tx).await?.get("n");
+                    if owners <= 1 {
+                        continue;
+                    }
+                }
                 sqlx::query(
                     "INSERT INTO team_members (team_id, user_id, role, source, added_at) VALUES ($1, $2, $3, $4, $5) \
                      ON CONFLICT (team_id, user_id) DO UPDATE SET role = excluded.role, source = excluded.source",
@@ -548,6 +557,27 @@ mod tests {
             }
             assert_eq!(store.team_of(Owned::BackupJob, "bj_1").await.unwrap().as_deref(), Some("team_a"), "the data's team");
             assert_eq!(store.team_of(Owned::BackupJob, "bj_2").await.unwrap().as_deref(), Some("team_b"), "a target gone: the destination's");
+        }
+
+        async fn a_mapping_never_leaves_a_team_without_an_owner(store) {
+            store.test_execute("INSERT INTO teams (id, name, created_at) VALUES ('t1', 'acme', 1)", &[]).await;
+            for user in ["u1", "u2"] {
+                store.test_execute("INSERT INTO users (id, name, created_at) VALUES ($1, $1, 1)", &[Arg::Text(user)]).await;
+            }
+            let grant = |role: &str| vec![("t1".to_string(), role.to_string(), "gitea:acme".to_string())];
+            store.sync_mapped_memberships("u1", "gitea", &grant("owner"), 1).await.unwrap();
+            // The only owner, moved down or out by the host's groups: kept.
+            store.sync_mapped_memberships("u1", "gitea", &grant("viewer"), 2).await.unwrap();
+            assert_eq!(store.team_members("t1").await.unwrap()[0].role, "owner");
+            assert!(store.sync_mapped_memberships("u1", "gitea", &[], 3).await.unwrap().is_empty());
+            assert_eq!(store.team_members("t1").await.unwrap().len(), 1);
+            // With another owner, the mapping has its way.
+            store.sync_mapped_memberships("u2", "gitea", &grant("owner"), 4).await.unwrap();
+            store.sync_mapped_memberships("u1", "gitea", &grant("viewer"), 5).await.unwrap();
+            let members = store.team_members("t1").await.unwrap();
+            let role = |user: &str| members.iter().find(|m| m.user_id == user).map(|m| m.role.clone());
+            assert_eq!((role("u1").as_deref(), role("u2").as_deref()), (Some("viewer"), Some("owner")));
+            assert_eq!(store.sync_mapped_memberships("u1", "gitea", &[], 6).await.unwrap(), vec!["t1".to_string()]);
         }
     }
 }
