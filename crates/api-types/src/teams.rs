@@ -45,7 +45,8 @@ pub struct MemberView {
     pub user_id: String,
     pub user: String,
     pub role: String,
-    /// `manual`, or the login mapping that granted it (`gitlab:<group>`).
+    /// `manual`, or the login mapping that granted it (`gitlab:<group>`,
+    /// `github:<org or org/team>`, `gitea:<org>`).
     pub source: String,
     pub added_at: String,
 }
@@ -169,9 +170,11 @@ pub struct AuditVerification {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"provider": "gitlab", "group": "acme/devs", "team": "acme", "role": "deployer"}))]
 pub struct TeamMapping {
-    /// `gitlab`.
+    /// `gitlab`, `github` or `gitea`.
     pub provider: String,
-    /// The group's full path (`acme/devs`), matched exactly, ignoring case.
+    /// GitLab: the group's full path (`acme/devs`); GitHub: an
+    /// organization (`acme`) or a team (`acme/team-slug`); Gitea: an
+    /// organization. Matched exactly, ignoring case.
     pub group: String,
     /// The team's name.
     pub team: String,

@@ -16,6 +16,7 @@ pub async fn heartbeat_writer(state: Arc<AppState>) {
     loop {
         interval.tick().await;
         flush_heartbeats(&state).await;
+        crate::access::audit::flush_suppressed(&state).await;
         if last_downsample.elapsed() >= std::time::Duration::from_secs(600) {
             last_downsample = tokio::time::Instant::now();
             if let Err(err) = state.store.downsample_usage(state.clock.now_ms()).await {

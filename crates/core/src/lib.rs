@@ -30,6 +30,7 @@ pub mod deployment_state;
 pub mod error;
 pub mod event_relay;
 pub mod flash;
+pub mod forward;
 pub mod follower;
 pub mod git;
 pub mod previews;

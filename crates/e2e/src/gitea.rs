@@ -149,6 +149,13 @@ impl FakeGitea {
     }
 
     /// The user the authorize page logs in and approves as.
+    /// Replaces user `id`'s organizations.
+    pub fn set_orgs(&self, id: i64, orgs: &[&str]) {
+        if let Some(user) = self.inner.lock().unwrap().users.iter_mut().find(|u| u.id == id) {
+            user.orgs = orgs.iter().map(|o| o.to_string()).collect();
+        }
+    }
+
     pub fn login_as(&self, id: i64) {
         self.inner.lock().unwrap().login_as = Some(id);
     }

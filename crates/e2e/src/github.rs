@@ -133,6 +133,9 @@ struct Inner {
     public: Vec<String>,
     comments: Vec<Comment>,
     next_id: i64,
+    /// Installations without the organization permission "Members: read"
+    /// (membership checks answer 403).
+    no_members_read: Vec<i64>,
 }
 
 /// The running stand-in; stops when dropped.
@@ -287,6 +290,20 @@ impl FakeGithub {
 
     pub fn add_user(&self, user: User) {
         self.inner.lock().unwrap().users.push(user);
+    }
+
+    /// Replaces user `id`'s organization and team memberships.
+    pub fn set_memberships(&self, id: i64, orgs: &[(&str, &str)], teams: &[(&str, &str)]) {
+        let pairs = |list: &[(&str, &str)]| list.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        if let Some(user) = self.inner.lock().unwrap().users.iter_mut().find(|u| u.id == id) {
+            user.orgs = pairs(orgs);
+            user.teams = pairs(teams);
+        }
+    }
+
+    /// Takes "Members: read" from an installation.
+    pub fn deny_members_read(&self, installation: i64) {
+        self.inner.lock().unwrap().no_members_read.push(installation);
     }
 
     /// The user the authorize page logs in and approves as.
@@ -499,7 +516,33 @@ async fn handle(inner: &Mutex<Inner>, repos: &Path, public_der: &[u8], base: &st
         return message(StatusCode::UNAUTHORIZED, "Bad credentials");
     };
     let repo_of = |inner: &Inner, owner: &str, name: &str| inner.repositories.iter().find(|r| r.full_name == format!("{owner}/{name}") && covers(&token, r)).cloned();
+    let on_org = |inner: &Inner, org: &str| inner.installations.iter().any(|(id, login)| *id == token.installation && login.eq_ignore_ascii_case(org));
     match (&method, segments.as_slice()) {
+        // Membership checks: the installation must be on the organization
+        // and hold "Members: read".
+        (&Method::GET, ["orgs", org, "members", login]) | (&Method::GET, ["orgs", org, "teams", _, "memberships", login]) => {
+            if !on_org(&inner, org) {
+                return message(StatusCode::NOT_FOUND, "Not Found");
+            }
+            if inner.no_members_read.contains(&token.installation) {
+                return message(StatusCode::FORBIDDEN, "Resource not accessible by integration");
+            }
+            let Some(user) = inner.users.iter().find(|u| u.login.eq_ignore_ascii_case(login)) else { return message(StatusCode::NOT_FOUND, "Not Found") };
+            match segments.as_slice() {
+                [_, _, "members", _] => match user.orgs.iter().any(|(o, state)| o.eq_ignore_ascii_case(org) && state == "active") {
+                    true => StatusCode::NO_CONTENT.into_response(),
+                    false => message(StatusCode::NOT_FOUND, "Not Found"),
+                },
+                [_, _, _, team, _, _] => {
+                    let slug = format!("{org}/{team}");
+                    match user.teams.iter().find(|(t, _)| t.eq_ignore_ascii_case(&slug)) {
+                        Some((_, state)) => json_response(StatusCode::OK, json!({"state": state, "role": "member"})),
+                        None => message(StatusCode::NOT_FOUND, "Not Found"),
+                    }
+                }
+                _ => message(StatusCode::NOT_FOUND, "Not Found"),
+            }
+        }
         (&Method::DELETE, ["installation", "token"]) => {
             if let Some(t) = inner.tokens.iter_mut().find(|t| t.token == token.token) {
                 t.revoked = true;

@@ -237,6 +237,29 @@ impl GitHub {
         let response = request.send().await.map_err(|e| transport(NAME, what, e))?;
         Ok(read_answer(NAME, what, response).await?.1)
     }
+
+    /// Whether `login` is an active member of `group`, an organization
+    /// (`acme`) or a team (`acme/team-slug`), as this installation sees it
+    /// (the App needs the organization permission "Members: read"):
+    /// `None` when GitHub will not say (403).
+    pub async fn member(&self, group: &str, login: &str) -> Result<Option<bool>, ProviderError> {
+        let valid = |name: &str| crate::github_login::valid_name(name);
+        let (path, what) = match group.split_once('/') {
+            None if valid(group) && valid(login) => (format!("/orgs/{group}/members/{login}"), "checking an organization membership"),
+            Some((org, team)) if valid(org) && valid(team) && valid(login) => {
+                (format!("/orgs/{org}/teams/{team}/memberships/{login}"), "checking a team membership")
+            }
+            _ => return Ok(Some(false)),
+        };
+        match self.call(Method::GET, &path, what, None).await {
+            // An organization answers 204; a team, its membership.
+            Ok(body) if body.is_empty() => Ok(Some(true)),
+            Ok(body) => Ok(Some(parse::<Value>(what, &body)?.get("state").and_then(Value::as_str) == Some("active"))),
+            Err(ProviderError::Status { status: 404, .. }) => Ok(Some(false)),
+            Err(ProviderError::Status { status: 403, .. }) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
 }
 
 impl GitProvider for GitHub {

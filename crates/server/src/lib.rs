@@ -353,6 +353,9 @@ async fn serve(
 
     // On PostgreSQL, what the hubs are told reaches the other replicas.
     let mut tasks = vec![leader, tokio::spawn(cloudweb_core::event_relay::run(state.clone()))];
+    if let Some(shipping) = cloudweb_core::access::audit::start_forwarding(&state) {
+        tasks.push(tokio::spawn(shipping));
+    }
     if let Some(archive) = state.runtime_logs.archive() {
         if let Some(shipping) = archive.start_forwarding() {
             tasks.push(tokio::spawn(shipping));

@@ -338,6 +338,24 @@ struct ServeArgs {
     /// (503) or warn (go ahead unaudited; for a single user's cluster).
     #[arg(long, default_value = "refuse", value_parser = ["refuse", "warn"])]
     audit_failure: String,
+    /// Also ship every audit entry this control plane writes to a log
+    /// system (the forms of --log-forward; syslog facility 13, log
+    /// audit). Entries it cannot take are counted and stay stored here.
+    #[arg(long, value_name = "URL", value_parser = parse_log_forward)]
+    audit_forward: Option<cloudweb_core::log_archive::forward::ForwardTarget>,
+    /// Anonymous requests (webhooks and other public endpoints) written to
+    /// the audit log one by one per minute; past it, only those that
+    /// changed something are, and refused ones are summed up in one entry
+    /// a minute.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    audit_anonymous_per_minute: u32,
+    /// The share of those one address may take.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    audit_anonymous_per_address: u32,
+    /// How often, in seconds, team memberships granted by login mappings
+    /// are checked against the git host's groups between logins.
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(5..=86_400))]
+    team_mapping_check_seconds: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -442,7 +460,13 @@ fn real_main() -> anyhow::Result<()> {
             audit: cloudweb_server::access::audit::AuditSettings {
                 retention: Duration::from_secs(args.audit_retention_days * 24 * 3600),
                 on_failure: cloudweb_server::access::audit::OnFailure::parse(&args.audit_failure).expect("clap checked it"),
+                forward: args.audit_forward,
+                anonymous: cloudweb_core::audit_policy::AnonymousLimits {
+                    per_minute: args.audit_anonymous_per_minute,
+                    per_address_per_minute: args.audit_anonymous_per_address,
+                },
             },
+            mapping_check: Duration::from_secs(args.team_mapping_check_seconds),
         },
         mesh_endpoints: cloudweb_server::mesh_endpoint::EndpointPolicy {
             allowed: args.mesh_allow_endpoint,

@@ -101,6 +101,19 @@ impl Store {
         })
     }
 
+    /// Every identity of `provider` linked to some local user.
+    pub async fn linked_git_identities(&self, provider: &str) -> Result<Vec<GitIdentityRow>, StoreError> {
+        on_db!(self, pool => {
+            let rows = sqlx::query(&format!(
+                "SELECT {IDENTITY_COLUMNS} FROM git_identities WHERE provider = $1 AND local_user IS NOT NULL ORDER BY provider_user_id"
+            ))
+            .bind(provider)
+            .fetch_all(pool)
+            .await?;
+            Ok(rows.iter().map(identity_from).collect())
+        })
+    }
+
     /// The identities of `provider` linked to a local user.
     pub async fn git_identities_of_user(&self, provider: &str, local_user: &str) -> Result<Vec<GitIdentityRow>, StoreError> {
         on_db!(self, pool => {

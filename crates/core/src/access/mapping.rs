@@ -12,7 +12,39 @@ use crate::store::MappingRow;
 use crate::AppState;
 
 /// The hosts a mapping may name.
-pub const PROVIDERS: &[&str] = &["gitlab"];
+pub const PROVIDERS: &[&str] = &["gitlab", "github", "gitea"];
+
+/// Checks a mapping's group for its host: on GitLab a group's full path
+/// (`acme/devs`), on GitHub an organization (`acme`) or one of its teams
+/// by slug (`acme/devs`), on Gitea an organization (`acme`).
+pub fn check_group(provider: &str, group: &str) -> Result<(), String> {
+    if group.is_empty() || group.len() > 255 || group.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err("group: give the group's full path (1 to 255 characters, no spaces)".to_string());
+    }
+    let name = cloudweb_git::github_login::valid_name;
+    match provider {
+        "github" => match group.split_once('/') {
+            None if name(group) => Ok(()),
+            Some((org, team)) if name(org) && name(team) => Ok(()),
+            _ => Err(format!("group: {group:?} is not a GitHub organization (acme) or team (acme/team-slug)")),
+        },
+        "gitea" if name(group) => Ok(()),
+        "gitea" => Err(format!("group: {group:?} is not a Gitea organization name (letters, digits, '-', '_' or '.')")),
+        _ if group.split('/').any(str::is_empty) => Err(format!("group: {group:?} is not a GitLab group path (acme/devs)")),
+        _ => Ok(()),
+    }
+}
+
+/// The groups `provider`'s mappings name (each once, any case).
+pub fn mapped_groups(mappings: &[MappingRow], provider: &str) -> Vec<String> {
+    let mut groups: Vec<String> = Vec::new();
+    for mapping in mappings.iter().filter(|m| m.provider == provider) {
+        if !groups.iter().any(|g| g.eq_ignore_ascii_case(&mapping.external_group)) {
+            groups.push(mapping.external_group.clone());
+        }
+    }
+    groups
+}
 
 /// Whether any mapping names `provider` (no need to ask for groups else).
 pub async fn wanted(state: &AppState, provider: &str) -> Result<bool, ApiError> {
@@ -70,5 +102,18 @@ mod tests {
         assert_eq!(got["t1"], (TeamRole::Admin, "gitlab:acme/leads".to_string()));
         assert!(grants(&mappings, "gitlab", &["acme".into(), "acme/devs-2".into()]).is_empty(), "exact group paths only");
         assert!(grants(&mappings, "gitea", &["acme/devs".into()]).is_empty(), "another host's groups are not these");
+    }
+
+    #[test]
+    fn each_host_names_its_groups_its_own_way() {
+        for (provider, group) in [("gitlab", "acme/devs/web"), ("github", "acme"), ("github", "acme/web-team"), ("gitea", "acme.org")] {
+            assert_eq!(check_group(provider, group), Ok(()), "{provider} {group}");
+        }
+        for (provider, group) in [("gitlab", "acme//devs"), ("gitlab", ""), ("github", "acme/web/x"), ("github", "ac me"), ("gitea", "acme/devs"), ("gitea", "../x")] {
+            assert!(check_group(provider, group).is_err(), "{provider} {group:?}");
+        }
+        let mappings = [mapping("Acme", "t1", "viewer"), mapping("acme", "t2", "admin"), mapping("ops", "t2", "viewer")];
+        assert_eq!(mapped_groups(&mappings, "gitlab"), vec!["Acme".to_string(), "ops".to_string()]);
+        assert!(mapped_groups(&mappings, "github").is_empty());
     }
 }

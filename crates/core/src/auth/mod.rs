@@ -36,6 +36,9 @@ pub struct AuthSettings {
     pub login_limits: limiter::Limits,
     /// The audit log's retention and what a failed write does.
     pub audit: crate::audit_policy::AuditSettings,
+    /// How often team memberships granted by login mappings are checked
+    /// against the git host's groups between logins.
+    pub mapping_check: Duration,
 }
 
 impl Default for AuthSettings {
@@ -45,6 +48,7 @@ impl Default for AuthSettings {
             session_absolute: Duration::from_secs(7 * 24 * 3600),
             login_limits: limiter::Limits::default(),
             audit: crate::audit_policy::AuditSettings::default(),
+            mapping_check: Duration::from_secs(3600),
         }
     }
 }
@@ -55,6 +59,8 @@ pub struct AuthState {
     /// Bounds the argon2 computations running at once (each takes 19 MiB
     /// and a core for a while).
     hashing: tokio::sync::Semaphore,
+    /// The audit log's forwarder and anonymous-request budget.
+    pub audit: crate::audit_policy::AuditRuntime,
 }
 
 impl AuthState {
@@ -64,7 +70,7 @@ impl AuthState {
         let limiter = limiter::LoginLimiter::keyed(settings.login_limits.clone(), move |kind, key| {
             sealer.digest(&format!("login-attempts/{}", kind.as_str()), key.as_bytes())
         });
-        AuthState { limiter, hashing: tokio::sync::Semaphore::new(2) }
+        AuthState { limiter, hashing: tokio::sync::Semaphore::new(2), audit: Default::default() }
     }
 }
 

@@ -192,6 +192,27 @@ pub async fn allowed(client: &UserClient, user: &GithubUser, settings: &LoginSet
     Ok(false)
 }
 
+/// Which of `groups` (organizations, or teams as `org/team-slug`) the
+/// user is an active member of, as the login's token sees them: for the
+/// team mappings (`access::mapping`). A membership GitHub hides from the
+/// token counts as none, as on the allow-list.
+pub async fn member_of(client: &UserClient, user: &GithubUser, groups: &[String]) -> Result<Vec<String>, cloudweb_git::ProviderError> {
+    let mut found = Vec::new();
+    for group in groups {
+        let membership = match group.split_once('/') {
+            None => client.in_org(group).await?,
+            Some((org, slug)) => client.in_team(org, slug, &user.login).await?,
+        };
+        if membership == Membership::Hidden {
+            tracing::warn!(login = %user.login, group = %group, "GitHub would not show this membership to the user's token; a team mapping counts it as none");
+        }
+        if membership == Membership::Active {
+            found.push(group.clone());
+        }
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -255,13 +255,16 @@ async fn refresh_account(state: &AppState, account: &GitlabAccountRow) -> Result
 }
 
 /// Refreshes, once a minute, every token that expires within the margin.
+/// Also checks, every `--team-mapping-check-seconds` (an hour), the
+/// groups of linked identities against the team mappings.
 pub async fn refresher(state: Arc<AppState>) {
-    let mut interval = tokio::time::interval(Duration::from_secs(60));
+    let resync = state.config.auth.mapping_check;
+    let mut interval = tokio::time::interval(resync.min(Duration::from_secs(60)));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_groups_sync: Option<tokio::time::Instant> = None;
     loop {
         interval.tick().await;
-        if last_groups_sync.is_none_or(|at| at.elapsed() >= GROUPS_RESYNC) {
+        if last_groups_sync.is_none_or(|at| at.elapsed() >= resync) {
             last_groups_sync = Some(tokio::time::Instant::now());
             resync_groups(&state).await;
         }
@@ -281,18 +284,119 @@ pub async fn refresher(state: Arc<AppState>) {
     }
 }
 
-/// How often memberships from GitLab group mappings are checked against
-/// the groups each linked identity is in now.
-const GROUPS_RESYNC: Duration = Duration::from_secs(3600);
+/// Checks memberships from team mappings against the groups each linked
+/// identity is in now: GitLab groups and Gitea organizations with the
+/// identity's stored token, GitHub organizations and teams through the
+/// App's installations.
+async fn resync_groups(state: &AppState) {
+    resync_gitlab_groups(state).await;
+    resync_gitea_orgs(state).await;
+    resync_github_groups(state).await;
+}
+
+/// For each GitHub identity linked to a user: the mapped organizations
+/// and teams it is in now, asked through the App's installation on each
+/// organization (the login's own token is revoked right after the login).
+/// A user any of whose groups cannot be checked (the App not installed
+/// there, or without "Members: read") keeps its memberships until the
+/// next login.
+async fn resync_github_groups(state: &AppState) {
+    let groups = match state.store.team_mappings().await {
+        Ok(mappings) => crate::access::mapping::mapped_groups(&mappings, "github"),
+        Err(err) => return tracing::warn!(error = %err, "cannot read the team mappings"),
+    };
+    if groups.is_empty() {
+        return;
+    }
+    let installations = match github::app(state).await {
+        Ok(app) => match app.installations().await {
+            Ok(list) => list,
+            Err(err) => return tracing::warn!(error = %err, "cannot list the GitHub App's installations to check team mappings"),
+        },
+        Err(_) => return tracing::debug!("no GitHub App: GitHub team mappings follow each login only"),
+    };
+    let identities = match state.store.linked_git_identities("github").await {
+        Ok(identities) => identities,
+        Err(err) => return tracing::warn!(error = %err, "cannot list GitHub identities to check their groups"),
+    };
+    for identity in identities {
+        let Some(local) = identity.local_user.clone() else { continue };
+        let mut member_of = Vec::new();
+        let mut unknown = None;
+        for group in &groups {
+            let org = group.split_once('/').map_or(group.as_str(), |(org, _)| org);
+            let Some(installation) = installations.iter().find(|i| i.account.eq_ignore_ascii_case(org)) else {
+                unknown = Some(format!("the App is not installed on {org}"));
+                break;
+            };
+            let answer = match github::installation(state, installation.id).await {
+                Ok(api) => api.member(group, &identity.username).await.map_err(|e| e.to_string()),
+                Err(err) => Err(err.to_string()),
+            };
+            match answer {
+                Ok(Some(true)) => member_of.push(group.clone()),
+                Ok(Some(false)) => {}
+                Ok(None) => {
+                    unknown = Some(format!("the App may not read {org}'s members"));
+                    break;
+                }
+                Err(err) => {
+                    unknown = Some(err);
+                    break;
+                }
+            }
+        }
+        if let Some(reason) = unknown {
+            tracing::warn!(login = %identity.username, %reason, "cannot check a GitHub identity's groups; its memberships stay until its next login");
+            continue;
+        }
+        if let Err(err) = crate::access::mapping::apply(state, &local, "github", &member_of).await {
+            tracing::warn!(login = %identity.username, error = %err, "cannot apply the team mappings");
+        }
+    }
+}
+
+/// Whether any team mapping names `provider` (logged when unknown).
+async fn mapped(state: &AppState, provider: &str) -> bool {
+    crate::access::mapping::wanted(state, provider).await.unwrap_or_else(|err| {
+        tracing::warn!(error = %err, "cannot read the team mappings");
+        false
+    })
+}
+
+/// For each Gitea identity with tokens linked to a user: its
+/// organizations now, applied to the user's mapped memberships.
+async fn resync_gitea_orgs(state: &AppState) {
+    if !mapped(state, "gitea").await {
+        return;
+    }
+    let holders = match state.store.gitea_token_holders().await {
+        Ok(holders) => holders,
+        Err(err) => return tracing::warn!(error = %err, "cannot list Gitea identities to check their organizations"),
+    };
+    for id in holders {
+        let Ok(Some(local)) = state.store.git_identity("gitea", id).await.map(|i| i.and_then(|i| i.local_user)) else { continue };
+        let orgs = match gitea::gitea_as(state, id).await {
+            Ok(api) => api.org_names().await.map_err(|e| ApiError::BadGateway(e.to_string())),
+            Err(err) => Err(err),
+        };
+        match orgs {
+            Ok(orgs) => {
+                if let Err(err) = crate::access::mapping::apply(state, &local, "gitea", &orgs).await {
+                    tracing::warn!(gitea_user = id, error = %err, "cannot apply the team mappings");
+                }
+            }
+            Err(err) => tracing::warn!(gitea_user = id, error = %err, "cannot read a Gitea identity's organizations; its memberships stay until the next check"),
+        }
+    }
+}
 
 /// For each GitLab identity linked to a user: its groups now, applied to
 /// the user's mapped memberships (one call each; a failure is logged and
 /// waits for the next round).
-async fn resync_groups(state: &AppState) {
-    match crate::access::mapping::wanted(state, "gitlab").await {
-        Ok(true) => {}
-        Ok(false) => return,
-        Err(err) => return tracing::warn!(error = %err, "cannot read the team mappings"),
+async fn resync_gitlab_groups(state: &AppState) {
+    if !mapped(state, "gitlab").await {
+        return;
     }
     let accounts = match state.store.gitlab_accounts().await {
         Ok(accounts) => accounts,

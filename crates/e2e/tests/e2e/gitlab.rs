@@ -578,7 +578,7 @@ pub(crate) async fn post_webhook(server: &ServerProcess, path: &str, headers: &[
     (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
-fn hmac_sha256(key: &[u8], body: &[u8]) -> String {
+pub(crate) fn hmac_sha256(key: &[u8], body: &[u8]) -> String {
     // HMAC (RFC 2104) over SHA-256, written out so the test does not share
     // the server's implementation.
     let mut block = [0u8; 64];

@@ -231,11 +231,12 @@ pub async fn mappings(State(state): State<Arc<AppState>>) -> Result<Json<cloudwe
 }
 
 /// Replaces every login mapping. Memberships follow at each user's next
-/// login through the host, and within the hour for linked identities.
+/// login through the host, and within `--team-mapping-check-seconds` (an
+/// hour) for linked identities.
 #[utoipa::path(put, path = "/api/team-mappings", operation_id = "team_mappings_replace", tag = "teams", request_body = cloudweb_api_types::teams::TeamMappings,
     responses(
         (status = 200, description = "Saved", body = cloudweb_api_types::teams::TeamMappings),
-        (status = 400, description = "An unknown host or role, an empty or overlong group, or more than 200 mappings", body = ErrorBody),
+        (status = 400, description = "An unknown host or role, a group not in its host's form (GitLab acme/devs, GitHub acme or acme/team-slug, Gitea acme), or more than 200 mappings", body = ErrorBody),
         (status = 404, description = "No such team", body = ErrorBody),
     ))]
 pub async fn replace_mappings(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Json<cloudweb_api_types::teams::TeamMappings>, ApiError> {
@@ -248,9 +249,7 @@ pub async fn replace_mappings(State(state): State<Arc<AppState>>, body: Result<B
         if !crate::access::mapping::PROVIDERS.contains(&m.provider.as_str()) {
             return Err(ApiError::BadRequest(format!("provider: {:?} is not one of {}", m.provider, crate::access::mapping::PROVIDERS.join(", "))));
         }
-        if m.group.trim().is_empty() || m.group.len() > 255 || m.group.chars().any(char::is_control) {
-            return Err(ApiError::BadRequest("group: give the group's full path (1 to 255 characters)".to_string()));
-        }
+        crate::access::mapping::check_group(&m.provider, m.group.trim()).map_err(ApiError::BadRequest)?;
         let role = TeamRole::parse(&m.role).ok_or_else(|| ApiError::BadRequest(format!("role: unknown role {:?} (viewer, deployer, admin or owner)", m.role)))?;
         let team = team(&state, &m.team).await?;
         rows.push(crate::store::MappingRow { provider: m.provider.clone(), external_group: m.group.trim().to_string(), team_id: team.id, role: role.as_str().to_string() });

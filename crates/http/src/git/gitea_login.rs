@@ -97,7 +97,8 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
     if !user.active || user.prohibit_login {
         return Ok(refusal(StatusCode::FORBIDDEN, &format!("the Gitea account {} is not active", user.login)));
     }
-    let orgs = if settings.allowed_orgs.is_empty() { Vec::new() } else { client.org_names().await.map_err(|e| ApiError::BadGateway(e.to_string()))? };
+    let mapped = crate::access::mapping::wanted(state, "gitea").await?;
+    let orgs = if settings.allowed_orgs.is_empty() && !mapped { Vec::new() } else { client.org_names().await.map_err(|e| ApiError::BadGateway(e.to_string()))? };
     if !core_gitea::allowed(&user, &orgs, &settings) {
         tracing::warn!(gitea_user = user.id, login = %user.login, "refused a Gitea login outside the allow-list");
         return Ok(refusal(
@@ -108,7 +109,7 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
     state.store.saw_git_identity(Host::Gitea.key(), user.id, &user.login, state.clock.now_ms()).await?;
     core_gitea::save_tokens(state, user.id, &tokens).await?;
     let identity = Identity { host: Host::Gitea, id: user.id, username: &user.login };
-    login_flow::log_in_identity(state, headers, &FLOW, identity, None, |local, session| {
+    login_flow::log_in_identity(state, headers, &FLOW, identity, mapped.then_some(orgs.as_slice()), |local, session| {
         Json(GiteaLoginView {
             gitea_user: GiteaUserView { id: user.id, login: user.login.clone(), full_name: user.full_name.clone().filter(|n| !n.is_empty()) },
             linked_user: local.id.clone(),

@@ -95,11 +95,17 @@ pub async fn callback(State(state): State<Arc<AppState>>, headers: HeaderMap, Qu
     FLOW.seal_answer(&state, &headers, response)
 }
 
-/// The user, and whether the allow-list lets them in.
-async fn check(client: &UserClient, settings: &LoginSettings) -> Result<(api::GithubUser, bool), ApiError> {
+/// The user, whether the allow-list lets them in, and, when team
+/// mappings name GitHub groups, those the user is in.
+async fn check(state: &AppState, client: &UserClient, settings: &LoginSettings) -> Result<(api::GithubUser, bool, Option<Vec<String>>), ApiError> {
     let user = client.user().await.map_err(|e| ApiError::BadGateway(e.to_string()))?;
     let allowed = settings_of::allowed(client, &user, settings).await.map_err(|e| ApiError::BadGateway(e.to_string()))?;
-    Ok((user, allowed))
+    let groups = crate::access::mapping::mapped_groups(&state.store.team_mappings().await?, "github");
+    if !allowed || groups.is_empty() {
+        return Ok((user, allowed, None));
+    }
+    let groups = settings_of::member_of(client, &user, &groups).await.map_err(|e| ApiError::BadGateway(e.to_string()))?;
+    Ok((user, allowed, Some(groups)))
 }
 
 /// Revokes the login's user token in the background (the login does not
@@ -146,9 +152,9 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
         Err(err) => return Err(ApiError::BadGateway(err.to_string())),
     };
     let client = UserClient { http: state.git.http.clone(), api: settings.api_url.clone(), token };
-    let checked = check(&client, &settings).await;
+    let checked = check(state, &client, &settings).await;
     revoke_later(&settings, client);
-    let (user, allowed) = checked?;
+    let (user, allowed, groups) = checked?;
     if !allowed {
         tracing::warn!(github_user = user.id, login = %user.login, "refused a GitHub login outside the allow-list");
         return Ok(refusal(
@@ -161,7 +167,7 @@ async fn finish(state: &AppState, headers: &HeaderMap, query: Callback) -> Resul
     }
     state.store.saw_git_identity(Host::Github.key(), user.id, &user.login, state.clock.now_ms()).await?;
     let identity = Identity { host: Host::Github, id: user.id, username: &user.login };
-    login_flow::log_in_identity(state, headers, &FLOW, identity, None, |local, session| {
+    login_flow::log_in_identity(state, headers, &FLOW, identity, groups.as_deref(), |local, session| {
         Json(GithubLoginView {
             github_user: GithubUserView { id: user.id, login: user.login.clone(), name: user.name.clone() },
             linked_user: local.id.clone(),
