@@ -47,6 +47,12 @@ pub struct Args {
     /// Skip the kill -9 and restart of the control plane at the end.
     #[arg(long)]
     no_restart: bool,
+    /// Changes a second made through the user API (each written to the
+    /// audit log before and after it runs) in a second window as long as
+    /// the first (issue 28: audit writes do not lower heartbeat
+    /// throughput); 0 skips that window.
+    #[arg(long, default_value_t = 20)]
+    audited_changes: u32,
     /// The control plane binary (default: next to this one).
     #[arg(long)]
     server_bin: Option<std::path::PathBuf>,
@@ -237,6 +243,40 @@ pub async fn run(args: Args) -> Result<Vec<Target>> {
             Some(cpu_after.rss_bytes as f64 / MIB),
         ),
     ];
+    if args.audited_changes > 0 {
+        // The same window again, with changes going through the user API
+        // beside it: each writes two audit entries to the same database.
+        let sent_before = stats.sent.load(Ordering::Relaxed);
+        let failed_before = stats.failed.load(Ordering::Relaxed);
+        let beats_before = server.metric("cloudweb_heartbeats_total").await?;
+        stats.latencies.lock().expect("latency lock").clear();
+        let start = Instant::now();
+        stats.recording.store(true, Ordering::Relaxed);
+        let changes = ChangeLoad::start(&server, args.audited_changes);
+        tokio::time::sleep(Duration::from_secs(args.duration)).await;
+        stats.recording.store(false, Ordering::Relaxed);
+        let (made, refused) = changes.stop().await;
+        let elapsed = start.elapsed().as_secs_f64();
+        let beats = server.metric("cloudweb_heartbeats_total").await? - beats_before;
+        let failed = stats.failed.load(Ordering::Relaxed) - failed_before;
+        let sent = stats.sent.load(Ordering::Relaxed) - sent_before;
+        let audited = summarize(std::mem::take(&mut *stats.latencies.lock().expect("latency lock")));
+        println!(
+            "with {made} audited changes beside ({:.1}/s, {refused} failed): heartbeats accepted {beats:.0} ({:.0}/s); sent {sent}, failed {failed}; latency p50 {}  p99 {}",
+            made as f64 / elapsed,
+            beats / elapsed,
+            ms(audited.p50),
+            ms(audited.p99)
+        );
+        targets.push(Target::new(
+            format!("heartbeats accepted/s with {} audited changes/s beside", args.audited_changes),
+            Cmp::AtLeast,
+            0.95 * offered,
+            "/s",
+            (refused == 0).then_some(beats / elapsed),
+        ));
+        targets.push(Target::below("heartbeat latency p99 with audited changes beside", 50.0, "ms", (audited.count > 0).then_some(audited.p99.as_secs_f64() * 1000.0)));
+    }
     if let Some(busiest) = followers_cpu.iter().copied().reduce(f64::max) {
         // No issue set a figure; a follower costing a tenth of a core
         // with a fleet this size would be a defect of the mirror.
@@ -345,6 +385,57 @@ impl ApiSampler {
             .ok()
             .and_then(Result::ok)
             .unwrap_or(ApiSamples { latencies: Vec::new(), errors: 1 })
+    }
+}
+
+/// Changes through the user API at a steady rate (a team made, then
+/// deleted: each change is audited before and after it runs), on a thread
+/// and runtime of its own like [`ApiSampler`].
+struct ChangeLoad {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(u64, u64)>,
+}
+
+impl ChangeLoad {
+    fn start(server: &Server, per_second: u32) -> ChangeLoad {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (base, token, done) = (server.api_url.clone(), server.admin_token.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("change runtime");
+            runtime.block_on(async move {
+                let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client");
+                let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(per_second.max(1))));
+                let (mut made, mut refused) = (0u64, 0u64);
+                // The teams' owner (the admin token is no user).
+                let user = serde_json::json!({ "name": "audit-load", "password": "audit load's long password" });
+                if !http.post(format!("{base}/api/users")).bearer_auth(&token).json(&user).send().await.is_ok_and(|r| r.status().is_success()) {
+                    return (0, 1);
+                }
+                let mut n = 0u64;
+                while !done.load(Ordering::Relaxed) {
+                    ticks.tick().await;
+                    let name = format!("audit-load-{}", n / 2);
+                    let request = if n.is_multiple_of(2) {
+                        http.post(format!("{base}/api/teams")).json(&serde_json::json!({ "name": name, "owner": "audit-load" }))
+                    } else {
+                        http.delete(format!("{base}/api/teams/{name}"))
+                    };
+                    n += 1;
+                    match request.bearer_auth(&token).send().await {
+                        Ok(response) if response.status().is_success() => made += 1,
+                        _ => refused += 1,
+                    }
+                }
+                (made, refused)
+            })
+        });
+        ChangeLoad { stop, thread }
+    }
+
+    async fn stop(self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        let thread = self.thread;
+        tokio::task::spawn_blocking(move || thread.join()).await.ok().and_then(Result::ok).unwrap_or((0, 1))
     }
 }
 
