@@ -5,7 +5,7 @@
 use clap::{Args, Subcommand};
 use cloudweb_api_types::teams::{
     AuditList, AuditVerification, CreatedDeployToken, DeployTokenList, MemberList, MemberView, NewDeployToken, NewTeam, SetClusterRole, SetMember,
-    TeamList, TeamView,
+    TeamList, TeamMapping, TeamMappings, TeamView,
 };
 use reqwest::Method;
 
@@ -49,6 +49,21 @@ pub enum TeamsCommand {
         #[arg(long)]
         none: bool,
     },
+    /// The login mappings: which git host groups grant which team roles
+    /// (cluster admins).
+    Mappings,
+    /// Map a git host's group to a team role, or change the role of an
+    /// existing mapping: PROVIDER is gitlab (a group path), github (an
+    /// organization, or org/team-slug) or gitea (an organization).
+    Map {
+        provider: String,
+        group: String,
+        team: String,
+        #[arg(long, default_value = "viewer")]
+        role: String,
+    },
+    /// Remove a mapping; memberships it granted go at the next check.
+    Unmap { provider: String, group: String, team: String },
 }
 
 pub async fn run(api: &Api, command: TeamsCommand, json: bool) -> Result<(), Failure> {
@@ -118,8 +133,39 @@ pub async fn run(api: &Api, command: TeamsCommand, json: bool) -> Result<(), Fai
             api.call_no_answer(Method::PUT, &format!("/api/users/{}/cluster-role", segment(&user)), Some(&body)).await?;
             println!("cluster role of {} set", cell(&user));
         }
+        TeamsCommand::Mappings => {
+            let list: TeamMappings = api.get("/api/team-mappings").await?;
+            if json {
+                render::json(&list);
+                return Ok(());
+            }
+            let rows = list.mappings.iter().map(|m| vec![cell(&m.provider), cell(&m.group), cell(&m.team), cell(&m.role)]).collect::<Vec<_>>();
+            table(&["PROVIDER", "GROUP", "TEAM", "ROLE"], &rows);
+        }
+        TeamsCommand::Map { provider, group, team, role } => {
+            let mut list: TeamMappings = api.get("/api/team-mappings").await?;
+            list.mappings.retain(|m| !same_mapping(m, &provider, &group, &team));
+            list.mappings.push(TeamMapping { provider, group, team, role });
+            let saved: TeamMappings = api.call(Method::PUT, "/api/team-mappings", Some(&list)).await?;
+            println!("{} mappings", saved.mappings.len());
+        }
+        TeamsCommand::Unmap { provider, group, team } => {
+            let mut list: TeamMappings = api.get("/api/team-mappings").await?;
+            let before = list.mappings.len();
+            list.mappings.retain(|m| !same_mapping(m, &provider, &group, &team));
+            if list.mappings.len() == before {
+                return Err(Failure::Action(format!("no mapping of {provider} group {group} to team {team}")));
+            }
+            let saved: TeamMappings = api.call(Method::PUT, "/api/team-mappings", Some(&list)).await?;
+            println!("{} mappings", saved.mappings.len());
+        }
     }
     Ok(())
+}
+
+/// Whether `mapping` maps `group` at `provider` to `team` (names ignore case).
+fn same_mapping(mapping: &TeamMapping, provider: &str, group: &str, team: &str) -> bool {
+    mapping.provider == provider && mapping.group.eq_ignore_ascii_case(group) && mapping.team.eq_ignore_ascii_case(team)
 }
 
 #[derive(Args)]

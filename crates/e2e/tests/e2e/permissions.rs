@@ -376,6 +376,24 @@ async fn the_cli_manages_teams_switches_the_current_one_and_verifies_the_audit_l
     let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["--json", "teams", "members", "acme"]).await;
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("\"user\": \"dana\"") && out.contains("\"role\": \"admin\""), "{out}");
+    // Login mappings: added, changed, listed, removed; a group in another
+    // host's form is refused with the server's reason.
+    for args in [["teams", "map", "github", "acme-org/web", "acme", "--role", "viewer"], ["teams", "map", "github", "acme-org/web", "acme", "--role", "deployer"], ["teams", "map", "gitea", "ops", "globex", "--role", "admin"]] {
+        let (code, out) = cloudweb(home.path(), &server, Some(&admin), &args).await;
+        assert_eq!(code, 0, "{args:?}: {out}");
+    }
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "map", "gitea", "ops/devs", "globex"]).await;
+    assert!(code != 0 && out.contains("not a Gitea organization"), "{out}");
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "unmap", "gitea", "ops", "globex"]).await;
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "mappings"]).await;
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<&str> = out.lines().filter(|l| l.contains("acme-org") || l.contains("ops")).collect();
+    assert_eq!(lines.len(), 1, "{out}");
+    assert!(lines[0].contains("github") && lines[0].contains("deployer"), "{out}");
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "unmap", "gitea", "ops", "globex"]).await;
+    assert!(code != 0 && out.contains("no mapping"), "{out}");
+
     // Root is acme's only owner: the team keeps them.
     let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "remove", "acme", &root.name]).await;
     assert_eq!(code, 1, "{out}");
