@@ -123,7 +123,10 @@ fn allowed(caller: Caller, method: &str, path: &str) -> bool {
     }
     // Everything else belongs to the team's app, its volume, deployment,
     // destination or backups.
+    // A service's major upgrade, and cancelling it, change its data:
+    // admin, like the upgrade itself.
     let deployer_paths = ["/deploy", "/rollback", "/scale", "/autoscale", "/cancel", "/run"];
+    let deployer_paths: Vec<&str> = if path.contains("/upgrade/") { Vec::new() } else { deployer_paths.to_vec() };
     let least = if reads && !path.ends_with("/exec") && !path.ends_with("/port-forward") && !path.contains("/deploy-tokens") {
         TeamRole::Viewer
     } else if !reads && deployer_paths.iter().any(|p| path.ends_with(p)) && !path.contains("/previews/") && !(path == "/api/apps/{app}/runs" && method == "POST") {
@@ -170,6 +173,23 @@ async fn every_operation_refuses_every_role_the_definitions_refuse() {
     let now = state.clock.now_ms();
     let deployment = cloudweb_e2e::rows::queued_deployment("dep_web", "web", now);
     state.store.insert_deployment(&deployment, 1, false).await.unwrap();
+    // A service of acme's (on a node that has gone: the matrix is about
+    // who may ask, not what the node answers), so service routes meet a
+    // real row and its team instead of "no such service".
+    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", cluster._dir.path().join("state.db").display())).await.unwrap();
+    let secret = state.sealer.seal_json("service:web", &json!({"password": "matrix-password"}));
+    sqlx::query(
+        "INSERT INTO services (name, kind, version, image, node_id, host_port, volume, secret_sealed, generation, created_at, team_id) \
+         VALUES ('web', 'postgres', '15', 'cloudweb-test/postgres:15', 'n-gone', 15432, 'web-pg', $1, 1, $2, $3)",
+    )
+    .bind(&secret)
+    .bind(now)
+    .bind(&acme.id)
+    .execute(&db)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO volumes (name, created_at, team_id) VALUES ('web-pg', $1, $2)").bind(now).bind(&acme.id).execute(&db).await.unwrap();
+    db.close().await;
 
     let mut tokens: Vec<(Caller, Option<String>)> = vec![(Caller::Anonymous, None)];
     for role in TeamRole::ALL {
