@@ -155,7 +155,11 @@ async fn gitea_orgs_grant_teams_and_the_stored_token_takes_them_back_but_never_t
     let (status, body) = server.call(Method::DELETE, "/api/teams/ops/members/root", None).await.unwrap();
     assert_eq!(status, 204, "{body}");
     gitea.set_orgs(7, &["acme"]);
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    // Two rounds of the check after the change (each applies both
+    // identities' organizations and says so).
+    let rounds = || server.process.log_text().matches("team memberships follow the login's groups").count();
+    let before = rounds();
+    wait_for(Duration::from_secs(60), "two rounds of the check", || async { (rounds() >= before + 4).then_some(()) }).await.unwrap();
     assert_eq!(role_of(&members(&server, "ops").await, "ann").as_deref(), Some("owner"), "the last owner stays");
     assert_eq!(role_of(&members(&server, "default").await, "ann").as_deref(), Some("deployer"));
 }
