@@ -31,6 +31,9 @@ pub enum CaddyError {
     Spawn { binary: PathBuf, source: std::io::Error },
     #[error("caddy's admin socket did not come up within 10 s")]
     NoAdmin,
+    /// The same, for a container, with what became of it.
+    #[error("caddy's admin socket did not come up within 10 s: {0}")]
+    NoAdminIn(String),
     #[error("caddy admin request failed: {0}")]
     Admin(String),
     #[error("caddy refused the configuration: {0}")]
@@ -91,7 +94,52 @@ impl Caddy {
         }
         let started_at = runtime.started_at(&id).await.ok().flatten();
         let caddy = Caddy { runner: Runner::Container { runtime, id, started_at }, admin_socket, adopted };
-        caddy.wait_for_admin().await
+        match caddy.wait_for_admin().await {
+            Err(CaddyError::NoAdmin) => {
+                // Say why. A fresh container may only be slow (a loaded
+                // machine): the next try adopts it and waits again. One
+                // adopted that still does not answer is stuck: it goes, and
+                // the next try starts a fresh one.
+                let report = caddy.container_report().await;
+                if let (true, Runner::Container { runtime, id, .. }) = (caddy.adopted, &caddy.runner) {
+                    match runtime.kill_and_remove(id).await {
+                        Ok(()) => tracing::warn!("removed a caddy container that did not answer; the next try starts a fresh one"),
+                        Err(err) => tracing::warn!(error = %err, "cannot remove the caddy container that did not answer"),
+                    }
+                }
+                Err(CaddyError::NoAdminIn(report))
+            }
+            Err(err) => Err(err),
+            Ok(()) => Ok(caddy),
+        }
+    }
+
+    /// What became of the container, for an error that needs a reason:
+    /// its state, restarts, exit code and last lines of output.
+    async fn container_report(&self) -> String {
+        let Runner::Container { runtime, id, .. } = &self.runner else { return String::new() };
+        let state = match runtime.container_state(id).await {
+            Ok(state) => format!(
+                "the container is {}, restarted {} times, last exit code {}",
+                if state.running { "running" } else { "not running" },
+                state.restart_count,
+                state.exit_code.map_or_else(|| "none".to_string(), |c| c.to_string())
+            ),
+            Err(err) => format!("the container cannot be inspected ({err})"),
+        };
+        let output = match runtime.logs(id, 5).await {
+            Ok(lines) if lines.is_empty() => "no output".to_string(),
+            Ok(lines) => lines
+                .into_iter()
+                .map(|(_, mut line)| {
+                    cloudweb_protocol::misc::truncate_on_char(&mut line, 300);
+                    line
+                })
+                .collect::<Vec<_>>()
+                .join(" | "),
+            Err(err) => format!("its output cannot be read ({err})"),
+        };
+        format!("{state}; its last output: {output}")
     }
 
     /// Starts `binary run` with only the admin socket configured; routes
@@ -130,15 +178,15 @@ impl Caddy {
             pid_file.record(pid).map_err(|source| CaddyError::Io { path: pid_file.path().to_path_buf(), source })?;
         }
         let caddy = Caddy { runner: Runner::Child { child, pid_file }, admin_socket, adopted: false };
-        caddy.wait_for_admin().await
+        caddy.wait_for_admin().await?;
+        Ok(caddy)
     }
 
-    async fn wait_for_admin(self) -> Result<Caddy, CaddyError> {
-        let caddy = self;
+    async fn wait_for_admin(&self) -> Result<(), CaddyError> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while tokio::time::Instant::now() < deadline {
-            if UnixStream::connect(&caddy.admin_socket).await.is_ok() {
-                return Ok(caddy);
+            if UnixStream::connect(&self.admin_socket).await.is_ok() {
+                return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
