@@ -62,7 +62,8 @@ pub enum TeamsCommand {
         #[arg(long, default_value = "viewer")]
         role: String,
     },
-    /// Remove a mapping; memberships it granted go at the next check.
+    /// Remove a mapping; memberships it granted go at once (a team's
+    /// last owner stays).
     Unmap { provider: String, group: String, team: String },
 }
 

@@ -455,6 +455,17 @@ impl Store {
                     .execute(&mut *tx)
                     .await?;
             }
+            // Memberships granted by a mapping that is gone go with it
+            // (a team's last owner stays): otherwise removing a host's last
+            // mapping would leave them for good, since logins and the
+            // periodic check only look at hosts that have mappings.
+            sqlx::query(
+                "DELETE FROM team_members WHERE source <> 'manual' \
+                 AND NOT EXISTS (SELECT 1 FROM team_mappings m WHERE m.team_id = team_members.team_id AND m.provider || ':' || m.external_group = team_members.source) \
+                 AND NOT (role = 'owner' AND (SELECT count(*) FROM team_members o WHERE o.team_id = team_members.team_id AND o.role = 'owner') <= 1)",
+            )
+            .execute(&mut *tx)
+            .await?;
             tx.commit().await?;
             self.count_commit().await;
             Ok(())
@@ -578,6 +589,17 @@ mod tests {
             let role = |user: &str| members.iter().find(|m| m.user_id == user).map(|m| m.role.clone());
             assert_eq!((role("u1").as_deref(), role("u2").as_deref()), (Some("viewer"), Some("owner")));
             assert_eq!(store.sync_mapped_memberships("u1", "gitea", &[], 6).await.unwrap(), vec!["t1".to_string()]);
+
+            // The host's last mapping removed: what it granted goes, but
+            // not the team's only owner.
+            let mapping = |group: &str, role: &str| crate::MappingRow { provider: "gitea".into(), external_group: group.into(), team_id: "t1".into(), role: role.into() };
+            store.replace_team_mappings(&[mapping("acme", "owner"), mapping("ops", "viewer")]).await.unwrap();
+            store.sync_mapped_memberships("u1", "gitea", &[("t1".into(), "viewer".into(), "gitea:ops".into())], 7).await.unwrap();
+            store.replace_team_mappings(&[mapping("acme", "owner")]).await.unwrap();
+            let members = store.team_members("t1").await.unwrap();
+            assert_eq!(members.iter().map(|m| m.user_id.as_str()).collect::<Vec<_>>(), vec!["u2"], "u1's mapping is gone, and so is u1");
+            store.replace_team_mappings(&[]).await.unwrap();
+            assert_eq!(store.team_members("t1").await.unwrap().len(), 1, "the only owner stays");
         }
     }
 }

@@ -232,7 +232,8 @@ pub async fn mappings(State(state): State<Arc<AppState>>) -> Result<Json<cloudwe
 
 /// Replaces every login mapping. Memberships follow at each user's next
 /// login through the host, and within `--team-mapping-check-seconds` (an
-/// hour) for linked identities.
+/// hour) for linked identities; those granted by a mapping no longer
+/// listed go at once (a team's last owner stays).
 #[utoipa::path(put, path = "/api/team-mappings", operation_id = "team_mappings_replace", tag = "teams", request_body = cloudweb_api_types::teams::TeamMappings,
     responses(
         (status = 200, description = "Saved", body = cloudweb_api_types::teams::TeamMappings),
@@ -255,6 +256,8 @@ pub async fn replace_mappings(State(state): State<Arc<AppState>>, body: Result<B
         rows.push(crate::store::MappingRow { provider: m.provider.clone(), external_group: m.group.trim().to_string(), team_id: team.id, role: role.as_str().to_string() });
     }
     state.store.replace_team_mappings(&rows).await?;
+    // Memberships of mappings that are gone went with them.
+    state.access_cache.forget_all();
     tracing::info!(mappings = rows.len(), "team mappings replaced");
     mappings(State(state)).await
 }
