@@ -210,6 +210,23 @@ fn first_steps_since(images: &[(&str, &str, bool, i64)], base: &str, since: i64)
         .collect()
 }
 
+/// Whether a build failed because an image it had taken from the cache
+/// was removed under it (by another build's cleanup, a prune, or `docker
+/// rmi` on the same engine): the engine then cannot read the image it
+/// just found ("failed to get digest sha256:…: no such file or directory",
+/// or "No such image: sha256:…"). Such a failure says nothing about the
+/// app, and a second build succeeds.
+fn lost_cached_step(err: &RuntimeError) -> bool {
+    let message = match err {
+        RuntimeError::Failed(message) => message.as_str(),
+        RuntimeError::Engine(bollard::errors::Error::DockerResponseServerError { message, .. }) => message.as_str(),
+        RuntimeError::Engine(bollard::errors::Error::DockerStreamError { error }) => error.as_str(),
+        _ => return false,
+    };
+    let message = message.to_ascii_lowercase();
+    message.contains("failed to get digest sha256:") || message.contains("no such image: sha256:")
+}
+
 /// Splits `repo:tag` (the tag after the last ':' that follows the last '/').
 fn split_reference(image: &str) -> (&str, &str) {
     match image.rfind(':') {
@@ -223,7 +240,24 @@ impl DockerRuntime {
     /// `tag`, passing every output line to `log`.
     /// Builds `tag` from a context archive; `labels` go on the image (the
     /// agent sets `cloudweb.commit`, the commit it was built from).
+    ///
+    /// A build that lost a cached step to an image removal running beside
+    /// it (the engine found the step in its cache, then the image was gone:
+    /// see [`lost_cached_step`]) is built once more; the second build does
+    /// not find that step in the cache and makes it again.
     pub async fn build_image(&self, context: Vec<u8>, tag: &str, labels: &[(&str, &str)], mut log: impl FnMut(String)) -> Result<(), RuntimeError> {
+        let context = Bytes::from(context);
+        match self.build_once(context.clone(), tag, labels, &mut log).await {
+            Err(err) if lost_cached_step(&err) => {
+                tracing::info!(image = %tag, error = %err, "a cached build step was removed during the build; building again");
+                log("the engine lost a cached step to an image removal during the build; building again".to_string());
+                self.build_once(context, tag, labels, &mut log).await
+            }
+            result => result,
+        }
+    }
+
+    async fn build_once(&self, context: Bytes, tag: &str, labels: &[(&str, &str)], log: &mut impl FnMut(String)) -> Result<(), RuntimeError> {
         let docker = self.docker()?;
         // RUN steps go on the build network, like static site builds.
         let network = self.build_network().await?;
@@ -235,24 +269,35 @@ impl DockerRuntime {
         labels.insert(LABEL_APP, app);
         labels.insert(LABEL_BUILT_BY, &self.node_id);
         let options = BuildImageOptionsBuilder::new().t(tag).rm(true).forcerm(true).networkmode(&network).labels(&labels).build();
-        let mut stream = docker.build_image(options, None, Some(bollard::body_full(Bytes::from(context))));
+        let mut stream = docker.build_image(options, None, Some(bollard::body_full(context)));
         // Until the build completes, the images of its finished steps are
         // removed when it ends in any other way (see `StepImages`).
         let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
         let mut steps = StepImages { docker: docker.clone(), last: None, done: false, started };
         while let Some(item) = stream.next().await {
-            let info = item?;
-            if let Some(error) = info.error.or(info.error_detail.and_then(|d| d.message)) {
-                log(error.clone());
-                return Err(RuntimeError::Failed(format!("image build failed: {error}")));
-            }
-            if let Some(text) = info.stream {
-                for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                    if let Some(id) = step_image(line) {
-                        steps.last = Some(id.to_string());
+            let failed = match item {
+                Err(err) => Some(RuntimeError::from(err)),
+                Ok(info) => match info.error.or(info.error_detail.and_then(|d| d.message)) {
+                    Some(error) => {
+                        log(error.clone());
+                        Some(RuntimeError::Failed(format!("image build failed: {error}")))
                     }
-                    log(line.to_string());
-                }
+                    None => {
+                        for line in info.stream.iter().flat_map(|text| text.lines()).filter(|l| !l.trim().is_empty()) {
+                            if let Some(id) = step_image(line) {
+                                steps.last = Some(id.to_string());
+                            }
+                            log(line.to_string());
+                        }
+                        None
+                    }
+                },
+            };
+            if let Some(err) = failed {
+                // The steps made so far are the cache the second build
+                // (see `build_image`) starts from: they stay.
+                steps.done = lost_cached_step(&err);
+                return Err(err);
             }
         }
         steps.done = true;
@@ -342,6 +387,53 @@ mod tests {
         // seen step is tried, and the engine keeps it while the child lives.
         let shared = [("sha256:copy", "sha256:base", true, 200), ("sha256:done", "sha256:copy", false, 201)];
         assert_eq!(unfinished_leaves(&shared, "copy", 200), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_cached_step_removed_under_a_build_is_told_from_a_failing_build() {
+        let stream = |error: &str| RuntimeError::Engine(bollard::errors::Error::DockerStreamError { error: error.to_string() });
+        let lost = "failed to get digest sha256:a6bc46: open /var/lib/docker/image/overlay2/imagedb/content/sha256/a6bc46: no such file or directory";
+        assert!(lost_cached_step(&stream(lost)));
+        assert!(lost_cached_step(&RuntimeError::Failed("image build failed: No such image: sha256:0123abcd".into())));
+        // The app's own failures are not retried.
+        assert!(!lost_cached_step(&RuntimeError::Failed("image build failed: The command '/bin/sh -c exit 7' returned a non-zero code: 7".into())));
+        assert!(!lost_cached_step(&stream("pull access denied for nosuch, repository does not exist")));
+        assert!(!lost_cached_step(&RuntimeError::Failed("image build failed: No such image: nosuch:latest".into())));
+    }
+
+    /// A stand-in engine whose first build loses a cached step and whose
+    /// second succeeds: the build is tried once more and succeeds, and the
+    /// app's log says why it was built twice. A third build is never asked.
+    #[tokio::test]
+    async fn a_build_that_lost_a_cached_step_is_built_once_more() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("docker.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let builds = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = builds.clone();
+        let (_requests, _task) = cloudweb_test_support::serve_json(listener, move |request| {
+            if request.path.contains("/networks/") {
+                return ("200 OK", r#"{"Name":"cloudweb-build"}"#.to_string());
+            }
+            if !request.path.contains("/build") {
+                return ("500 Internal Server Error", r#"{"message":"unexpected request"}"#.to_string());
+            }
+            let body = match counted.fetch_add(1, Ordering::SeqCst) {
+                0 => concat!(
+                    r#"{"stream":"Step 1/2 : FROM base\n"}"#, "\n",
+                    r#"{"errorDetail":{"message":"failed to get digest sha256:a6bc: no such file or directory"},"error":"failed to get digest sha256:a6bc: no such file or directory"}"#, "\n",
+                ),
+                _ => concat!(r#"{"stream":"Successfully built 0123456789ab\n"}"#, "\n"),
+            };
+            ("200 OK", body.to_string())
+        });
+        let runtime = DockerRuntime::new(&format!("unix://{}", socket.display()), "n-test").unwrap();
+        let mut lines = Vec::new();
+        runtime.build_image(Vec::new(), "web:1", &[], |line| lines.push(line)).await.unwrap();
+        assert_eq!(builds.load(Ordering::SeqCst), 2, "{lines:?}");
+        assert!(lines.iter().any(|l| l.contains("building again")), "{lines:?}");
+        assert!(lines.iter().any(|l| l.contains("Successfully built")), "{lines:?}");
     }
 
     #[test]
