@@ -50,15 +50,7 @@ impl RegistryAuth {
 /// within seconds and are worth a few more tries; anything else (a
 /// refused login, an unknown image, a full disk) fails at once.
 pub fn is_transient_registry_error(err: &RuntimeError) -> bool {
-    let message = match err {
-        RuntimeError::Failed(message) => message.as_str(),
-        RuntimeError::Engine(bollard::errors::Error::DockerResponseServerError { message, .. }) => message.as_str(),
-        // A push or pull reports the registry's failure in its progress
-        // stream (`Put "https://…/v2/…": connection refused`).
-        RuntimeError::Engine(bollard::errors::Error::DockerStreamError { error }) => error.as_str(),
-        _ => return false,
-    };
-    let message = message.to_ascii_lowercase();
+    let Some(message) = engine_message(err) else { return false };
     let connection = ["connection refused", "connection reset", "broken pipe", "unexpected eof"].iter().any(|m| message.contains(m));
     // Go's net/http says a bare "EOF" after the request, e.g.
     // `Head "http://…/v2/…": EOF`.
@@ -67,6 +59,20 @@ pub fn is_transient_registry_error(err: &RuntimeError) -> bool {
         .iter()
         .any(|m| message.contains(m));
     connection || eof || unavailable
+}
+
+/// What the engine (or the agent) said went wrong, lowercased: a failure
+/// message, an engine error's message, or the error a progress stream
+/// reported (a push or pull reports the registry's failure there, `Put
+/// "https://…/v2/…": connection refused`; a build its step's).
+fn engine_message(err: &RuntimeError) -> Option<String> {
+    let message = match err {
+        RuntimeError::Failed(message) => message.as_str(),
+        RuntimeError::Engine(bollard::errors::Error::DockerResponseServerError { message, .. }) => message.as_str(),
+        RuntimeError::Engine(bollard::errors::Error::DockerStreamError { error }) => error.as_str(),
+        _ => return None,
+    };
+    Some(message.to_ascii_lowercase())
 }
 
 /// The image a build step made, from the classic builder's ` ---> <id>`
@@ -217,13 +223,7 @@ fn first_steps_since(images: &[(&str, &str, bool, i64)], base: &str, since: i64)
 /// or "No such image: sha256:…"). Such a failure says nothing about the
 /// app, and a second build succeeds.
 fn lost_cached_step(err: &RuntimeError) -> bool {
-    let message = match err {
-        RuntimeError::Failed(message) => message.as_str(),
-        RuntimeError::Engine(bollard::errors::Error::DockerResponseServerError { message, .. }) => message.as_str(),
-        RuntimeError::Engine(bollard::errors::Error::DockerStreamError { error }) => error.as_str(),
-        _ => return false,
-    };
-    let message = message.to_ascii_lowercase();
+    let Some(message) = engine_message(err) else { return false };
     message.contains("failed to get digest sha256:") || message.contains("no such image: sha256:")
 }
 
