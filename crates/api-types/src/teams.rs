@@ -187,4 +187,10 @@ pub struct TeamMapping {
 #[serde(deny_unknown_fields)]
 pub struct TeamMappings {
     pub mappings: Vec<TeamMapping>,
+    /// Read: the list's revision. Replace: when given, the list is
+    /// replaced only while it is still at this revision (409 otherwise),
+    /// so two edits made at once cannot lose one; without it, the list is
+    /// replaced whatever it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
 }

@@ -144,24 +144,48 @@ pub async fn run(api: &Api, command: TeamsCommand, json: bool) -> Result<(), Fai
             table(&["PROVIDER", "GROUP", "TEAM", "ROLE"], &rows);
         }
         TeamsCommand::Map { provider, group, team, role } => {
-            let mut list: TeamMappings = api.get("/api/team-mappings").await?;
-            list.mappings.retain(|m| !same_mapping(m, &provider, &group, &team));
-            list.mappings.push(TeamMapping { provider, group, team, role });
-            let saved: TeamMappings = api.call(Method::PUT, "/api/team-mappings", Some(&list)).await?;
+            let saved = edit_mappings(api, |list| {
+                list.mappings.retain(|m| !same_mapping(m, &provider, &group, &team));
+                list.mappings.push(TeamMapping { provider: provider.clone(), group: group.clone(), team: team.clone(), role: role.clone() });
+                Ok(())
+            })
+            .await?;
             println!("{} mappings", saved.mappings.len());
         }
         TeamsCommand::Unmap { provider, group, team } => {
-            let mut list: TeamMappings = api.get("/api/team-mappings").await?;
-            let before = list.mappings.len();
-            list.mappings.retain(|m| !same_mapping(m, &provider, &group, &team));
-            if list.mappings.len() == before {
-                return Err(Failure::Action(format!("no mapping of {provider} group {group} to team {team}")));
-            }
-            let saved: TeamMappings = api.call(Method::PUT, "/api/team-mappings", Some(&list)).await?;
+            let saved = edit_mappings(api, |list| {
+                let before = list.mappings.len();
+                list.mappings.retain(|m| !same_mapping(m, &provider, &group, &team));
+                if list.mappings.len() == before {
+                    return Err(Failure::Action(format!("no mapping of {provider} group {group} to team {team}")));
+                }
+                Ok(())
+            })
+            .await?;
             println!("{} mappings", saved.mappings.len());
         }
     }
     Ok(())
+}
+
+/// How many times a mapping edit is made again on a list another edit
+/// changed in between.
+const MAPPING_EDIT_TRIES: usize = 5;
+
+/// Reads the mappings, applies `edit`, and saves them at the revision read;
+/// when another edit saved in between (409), reads and applies again, a
+/// few times at most. The saved list.
+async fn edit_mappings(api: &Api, edit: impl Fn(&mut TeamMappings) -> Result<(), Failure>) -> Result<TeamMappings, Failure> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let mut list: TeamMappings = api.get("/api/team-mappings").await?;
+        edit(&mut list)?;
+        match api.try_call(Method::PUT, "/api/team-mappings", Some(&list)).await {
+            Err(refused) if refused.status == Some(409) && tries < MAPPING_EDIT_TRIES => continue,
+            saved => return saved.map_err(|refused| refused.failure),
+        }
+    }
 }
 
 /// Whether `mapping` maps `group` at `provider` to `team` (names ignore case).

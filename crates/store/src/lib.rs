@@ -70,7 +70,7 @@ pub use backend::Engine;
 use backend::Db;
 
 pub use accounts::{ApiTokenRow, SessionRow, UserRow};
-pub use teams::{DeployTokenRow, MappingRow, MemberRefusal, MemberRow, Owned, TeamHoldings, TeamRow};
+pub use teams::{mappings_revision, DeployTokenRow, MappingRow, MemberRefusal, MemberRow, Owned, TeamHoldings, TeamRow};
 pub use backups::{BackupJobRow, DestinationRemoval, DestinationRow, JobOutcome, JobRefusal, PlanRow, Verified};
 pub use apps::{AppRefusal, AppRow};
 pub use certificates::{CertificateOrders, CertificateRow};

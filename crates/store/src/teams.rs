@@ -428,6 +428,23 @@ pub struct MappingRow {
     pub role: String,
 }
 
+/// The revision of a list of mappings as [`Store::team_mappings`] reads
+/// it: a short hash of its rows, in their order. A writer that read the
+/// list at one revision replaces it only while it is still at that one
+/// ([`Store::replace_team_mappings`]).
+pub fn mappings_revision(rows: &[MappingRow]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for row in rows {
+        // Each field with its length, so no two lists hash alike.
+        for field in [&row.provider, &row.external_group, &row.team_id, &row.role] {
+            hasher.update(field.len().to_le_bytes());
+            hasher.update(field.as_bytes());
+        }
+    }
+    hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
 impl Store {
     pub async fn team_mappings(&self) -> Result<Vec<MappingRow>, StoreError> {
         on_db!(self, pool => {
@@ -441,10 +458,24 @@ impl Store {
         })
     }
 
-    /// Replaces every mapping with `mappings`.
-    pub async fn replace_team_mappings(&self, mappings: &[MappingRow]) -> Result<(), StoreError> {
+    /// Replaces every mapping with `mappings`; with `expected`, only if
+    /// the list is still at that revision ([`mappings_revision`]), checked
+    /// under the write lock. Whether it was replaced.
+    pub async fn replace_team_mappings(&self, mappings: &[MappingRow], expected: Option<&str>) -> Result<bool, StoreError> {
         on_db!(self, pool => {
             let mut tx = pool.begin_write().await?;
+            if let Some(expected) = expected {
+                let rows = sqlx::query("SELECT provider, external_group, team_id, role FROM team_mappings ORDER BY provider, external_group, team_id")
+                    .fetch_all(&mut *tx)
+                    .await?;
+                let current: Vec<MappingRow> = rows
+                    .iter()
+                    .map(|r| MappingRow { provider: r.get("provider"), external_group: r.get("external_group"), team_id: r.get("team_id"), role: r.get("role") })
+                    .collect();
+                if mappings_revision(&current) != expected {
+                    return Ok(false);
+                }
+            }
             sqlx::query("DELETE FROM team_mappings").execute(&mut *tx).await?;
             for m in mappings {
                 sqlx::query("INSERT INTO team_mappings (provider, external_group, team_id, role) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING")
@@ -468,7 +499,7 @@ impl Store {
             .await?;
             tx.commit().await?;
             self.count_commit().await;
-            Ok(())
+            Ok(true)
         })
     }
 
@@ -593,12 +624,17 @@ mod tests {
             // The host's last mapping removed: what it granted goes, but
             // not the team's only owner.
             let mapping = |group: &str, role: &str| crate::MappingRow { provider: "gitea".into(), external_group: group.into(), team_id: "t1".into(), role: role.into() };
-            store.replace_team_mappings(&[mapping("acme", "owner"), mapping("ops", "viewer")]).await.unwrap();
+            store.replace_team_mappings(&[mapping("acme", "owner"), mapping("ops", "viewer")], None).await.unwrap();
             store.sync_mapped_memberships("u1", "gitea", &[("t1".into(), "viewer".into(), "gitea:ops".into())], 7).await.unwrap();
-            store.replace_team_mappings(&[mapping("acme", "owner")]).await.unwrap();
+            // A writer that read an older list changes nothing.
+            let read = crate::mappings_revision(&store.team_mappings().await.unwrap());
+            assert!(!store.replace_team_mappings(&[mapping("ops", "owner")], Some("0123456789abcdef")).await.unwrap());
+            assert_eq!(crate::mappings_revision(&store.team_mappings().await.unwrap()), read, "the stale write changed nothing");
+            assert!(store.replace_team_mappings(&[mapping("acme", "owner")], Some(&read)).await.unwrap());
+            assert_ne!(crate::mappings_revision(&store.team_mappings().await.unwrap()), read);
             let members = store.team_members("t1").await.unwrap();
             assert_eq!(members.iter().map(|m| m.user_id.as_str()).collect::<Vec<_>>(), vec!["u2"], "u1's mapping is gone, and so is u1");
-            store.replace_team_mappings(&[]).await.unwrap();
+            store.replace_team_mappings(&[], None).await.unwrap();
             assert_eq!(store.team_members("t1").await.unwrap().len(), 1, "the only owner stays");
         }
     }

@@ -413,6 +413,33 @@ async fn the_cli_manages_teams_switches_the_current_one_and_verifies_the_audit_l
     assert!(lines[0].contains("github") && lines[0].contains("deployer"), "{out}");
     let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "unmap", "gitea", "ops", "globex"]).await;
     assert!(code != 0 && out.contains("no mapping"), "{out}");
+    // Edits made at the same moment all land: each saves at the revision
+    // it read, and one that lost the race reads again and redoes its edit.
+    let orgs = ["org-a", "org-b", "org-c", "org-d"];
+    let edits = orgs.map(|org| {
+        let (home, server, admin) = (home.path().to_path_buf(), server.clone(), admin.clone());
+        tokio::spawn(async move { cloudweb(&home, &server, Some(&admin), &["teams", "map", "gitea", org, "globex", "--role", "viewer"]).await })
+    });
+    for edit in edits {
+        let (code, out) = edit.await.unwrap();
+        assert_eq!(code, 0, "{out}");
+    }
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "mappings"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(orgs.iter().all(|org| out.contains(org)), "no edit is lost: {out}");
+    // Through the API: a write at a revision that is no longer current
+    // saves nothing and says why.
+    let http = reqwest::Client::new();
+    let read: serde_json::Value = http.get(format!("{server}/api/team-mappings")).bearer_auth(&admin).send().await.unwrap().json().await.unwrap();
+    let revision = read["revision"].as_str().expect("a revision").to_string();
+    let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "unmap", "gitea", "org-d", "globex"]).await;
+    assert_eq!(code, 0, "{out}");
+    let stale = serde_json::json!({"mappings": [], "revision": revision});
+    let answer = http.put(format!("{server}/api/team-mappings")).bearer_auth(&admin).json(&stale).send().await.unwrap();
+    assert_eq!(answer.status().as_u16(), 409);
+    assert!(answer.text().await.unwrap().contains("changed since they were read"));
+    let (_, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "mappings"]).await;
+    assert!(out.contains("org-a") && out.contains("acme-org"), "the stale write emptied nothing: {out}");
 
     // Root is acme's only owner: the team keeps them.
     let (code, out) = cloudweb(home.path(), &server, Some(&admin), &["teams", "remove", "acme", &root.name]).await;

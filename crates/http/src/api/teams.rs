@@ -220,14 +220,13 @@ pub async fn revoke_deploy_token(State(state): State<Arc<AppState>>, Path((name,
 pub async fn mappings(State(state): State<Arc<AppState>>) -> Result<Json<cloudweb_api_types::teams::TeamMappings>, ApiError> {
     let teams = state.store.teams().await?;
     let name = |id: &str| teams.iter().find(|t| t.id == id).map_or_else(|| id.to_string(), |t| t.name.clone());
-    let mappings = state
-        .store
-        .team_mappings()
-        .await?
+    let rows = state.store.team_mappings().await?;
+    let revision = Some(crate::store::mappings_revision(&rows));
+    let mappings = rows
         .into_iter()
         .map(|m| cloudweb_api_types::teams::TeamMapping { provider: m.provider, group: m.external_group, team: name(&m.team_id), role: m.role })
         .collect();
-    Ok(Json(cloudweb_api_types::teams::TeamMappings { mappings }))
+    Ok(Json(cloudweb_api_types::teams::TeamMappings { mappings, revision }))
 }
 
 /// Replaces every login mapping. Memberships follow at each user's next
@@ -239,6 +238,7 @@ pub async fn mappings(State(state): State<Arc<AppState>>) -> Result<Json<cloudwe
         (status = 200, description = "Saved", body = cloudweb_api_types::teams::TeamMappings),
         (status = 400, description = "An unknown host or role, a group not in its host's form (GitLab acme/devs, GitHub acme or acme/team-slug, Gitea acme), or more than 200 mappings", body = ErrorBody),
         (status = 404, description = "No such team", body = ErrorBody),
+        (status = 409, description = "`revision` was given and the list has changed since it was read at that revision: nothing was saved", body = ErrorBody),
     ))]
 pub async fn replace_mappings(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Json<cloudweb_api_types::teams::TeamMappings>, ApiError> {
     let request: cloudweb_api_types::teams::TeamMappings = parse_json(&body_bytes(body)?)?;
@@ -255,7 +255,17 @@ pub async fn replace_mappings(State(state): State<Arc<AppState>>, body: Result<B
         let team = team(&state, &m.team).await?;
         rows.push(crate::store::MappingRow { provider: m.provider.clone(), external_group: m.group.trim().to_string(), team_id: team.id, role: role.as_str().to_string() });
     }
-    state.store.replace_team_mappings(&rows).await?;
+    if let Some(revision) = &request.revision {
+        if revision.len() > 64 {
+            return Err(ApiError::BadRequest("revision: at most 64 characters (the one a GET answered)".to_string()));
+        }
+    }
+    if !state.store.replace_team_mappings(&rows, request.revision.as_deref()).await? {
+        return Err(ApiError::Conflict(format!(
+            "the mappings changed since they were read at revision {}: nothing was saved; read them again and make the change on what they are now",
+            request.revision.as_deref().unwrap_or_default()
+        )));
+    }
     // Memberships of mappings that are gone went with them.
     state.access_cache.forget_all();
     tracing::info!(mappings = rows.len(), "team mappings replaced");
