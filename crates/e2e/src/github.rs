@@ -301,6 +301,13 @@ impl FakeGithub {
         }
     }
 
+    /// Renames user `id` (GitHub keeps the id).
+    pub fn rename_user(&self, id: i64, login: &str) {
+        if let Some(user) = self.inner.lock().unwrap().users.iter_mut().find(|u| u.id == id) {
+            user.login = login.to_string();
+        }
+    }
+
     /// Takes "Members: read" from an installation.
     pub fn deny_members_read(&self, installation: i64) {
         self.inner.lock().unwrap().no_members_read.push(installation);
@@ -518,6 +525,11 @@ async fn handle(inner: &Mutex<Inner>, repos: &Path, public_der: &[u8], base: &st
     let repo_of = |inner: &Inner, owner: &str, name: &str| inner.repositories.iter().find(|r| r.full_name == format!("{owner}/{name}") && covers(&token, r)).cloned();
     let on_org = |inner: &Inner, org: &str| inner.installations.iter().any(|(id, login)| *id == token.installation && login.eq_ignore_ascii_case(org));
     match (&method, segments.as_slice()) {
+        // "Get a user using their ID": a public profile, with any token.
+        (&Method::GET, ["user", account_id]) => match inner.users.iter().find(|u| u.id.to_string() == *account_id) {
+            Some(user) => json_response(StatusCode::OK, json!({"id": user.id, "login": user.login, "type": "User"})),
+            None => message(StatusCode::NOT_FOUND, "Not Found"),
+        },
         // Membership checks: the installation must be on the organization
         // and hold "Members: read".
         (&Method::GET, ["orgs", org, "members", login]) | (&Method::GET, ["orgs", org, "teams", _, "memberships", login]) => {

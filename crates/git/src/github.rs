@@ -238,6 +238,20 @@ impl GitHub {
         Ok(read_answer(NAME, what, response).await?.1)
     }
 
+    /// The login of the account with GitHub id `id` now (a login can be
+    /// renamed, the id cannot), or `None` when no account has that id.
+    pub async fn login_of(&self, id: i64) -> Result<Option<String>, ProviderError> {
+        let what = "reading a user by id";
+        match self.call(Method::GET, &format!("/user/{id}"), what, None).await {
+            Ok(body) => match parse::<Value>(what, &body)?.get("login").and_then(Value::as_str) {
+                Some(login) if crate::github_login::valid_name(login) => Ok(Some(login.to_string())),
+                _ => Err(ProviderError::Transport { provider: NAME, what: what.to_string(), message: "the answer has no valid login".to_string() }),
+            },
+            Err(ProviderError::Status { status: 404, .. }) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
     /// Whether `login` is an active member of `group`, an organization
     /// (`acme`) or a team (`acme/team-slug`), as this installation sees it
     /// (the App needs the organization permission "Members: read"):

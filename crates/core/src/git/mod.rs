@@ -319,18 +319,53 @@ async fn resync_github_groups(state: &AppState) {
         Ok(identities) => identities,
         Err(err) => return tracing::warn!(error = %err, "cannot list GitHub identities to check their groups"),
     };
+    let org_of = |group: &str| group.split_once('/').map_or(group, |(org, _)| org).to_string();
+    // Any installation on a mapped organization can read a user by id.
+    let any_installation = groups.iter().find_map(|group| installations.iter().find(|i| i.account.eq_ignore_ascii_case(&org_of(group))));
     for identity in identities {
         let Some(local) = identity.local_user.clone() else { continue };
         let mut member_of = Vec::new();
         let mut unknown = None;
+        // Groups are asked by login, and the login may have been renamed
+        // since the user's last login: the current one, by the account's
+        // id. An account that no longer exists is in no group.
+        let mut login = identity.username.clone();
+        if let Some(installation) = any_installation {
+            let current = match github::installation(state, installation.id).await {
+                Ok(api) => api.login_of(identity.provider_user_id).await.map_err(|e| e.to_string()),
+                Err(err) => Err(err.to_string()),
+            };
+            match current {
+                Ok(Some(current)) => {
+                    if current != identity.username {
+                        tracing::info!(old = %identity.username, new = %current, "a linked GitHub account was renamed");
+                        if let Err(err) = state.store.saw_git_identity("github", identity.provider_user_id, &current, state.clock.now_ms()).await {
+                            tracing::warn!(error = %err, "cannot record a GitHub account's new login");
+                        }
+                    }
+                    login = current;
+                }
+                Ok(None) => {
+                    tracing::info!(login = %identity.username, "a linked GitHub account no longer exists; its mapped memberships go");
+                    if let Err(err) = crate::access::mapping::apply(state, &local, "github", &[]).await {
+                        tracing::warn!(login = %identity.username, error = %err, "cannot apply the team mappings");
+                    }
+                    continue;
+                }
+                Err(err) => {
+                    tracing::warn!(login = %identity.username, reason = %err, "cannot read a GitHub identity's login; its memberships stay until its next login");
+                    continue;
+                }
+            }
+        }
         for group in &groups {
-            let org = group.split_once('/').map_or(group.as_str(), |(org, _)| org);
-            let Some(installation) = installations.iter().find(|i| i.account.eq_ignore_ascii_case(org)) else {
+            let org = org_of(group);
+            let Some(installation) = installations.iter().find(|i| i.account.eq_ignore_ascii_case(&org)) else {
                 unknown = Some(format!("the App is not installed on {org}"));
                 break;
             };
             let answer = match github::installation(state, installation.id).await {
-                Ok(api) => api.member(group, &identity.username).await.map_err(|e| e.to_string()),
+                Ok(api) => api.member(group, &login).await.map_err(|e| e.to_string()),
                 Err(err) => Err(err.to_string()),
             };
             match answer {

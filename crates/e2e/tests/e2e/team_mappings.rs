@@ -98,6 +98,17 @@ async fn github_orgs_and_teams_grant_teams_and_the_app_takes_them_back_within_th
     wait_for(Duration::from_secs(30), "ivy out of the team web", || async { role_of(&members(&server, "web").await, "ivy").is_none().then_some(()) }).await.unwrap();
     assert_eq!(role_of(&members(&server, "default").await, "ivy").as_deref(), Some("viewer"), "still in the organization");
 
+    // Jon renames his GitHub account and his team invitation turns
+    // active: the check finds him by his account's id, under the new
+    // login (the old one no longer answers), and gives him the team.
+    github.rename_user(42, "jon-renamed");
+    github.set_memberships(42, &[("acme", "active")], &[("acme/web", "active")]);
+    wait_for(Duration::from_secs(30), "jon in the team web", || async { (role_of(&members(&server, "web").await, "jon").as_deref() == Some("deployer")).then_some(()) })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.process.log_text()));
+    assert_eq!(role_of(&members(&server, "default").await, "jon").as_deref(), Some("viewer"), "still in the organization under the new login");
+    assert!(server.process.log_text().contains("a linked GitHub account was renamed"));
+
     // The App loses "Members: read": memberships cannot be checked, so they
     // stay as they are until the next login, and the log says why.
     github.deny_members_read(installation);
