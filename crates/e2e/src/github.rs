@@ -308,6 +308,11 @@ impl FakeGithub {
         }
     }
 
+    /// Deletes user `id`'s account.
+    pub fn remove_user(&self, id: i64) {
+        self.inner.lock().unwrap().users.retain(|u| u.id != id);
+    }
+
     /// Takes "Members: read" from an installation.
     pub fn deny_members_read(&self, installation: i64) {
         self.inner.lock().unwrap().no_members_read.push(installation);

@@ -428,6 +428,13 @@ pub struct MappingRow {
     pub role: String,
 }
 
+/// Every mapping, in the order their revision is computed over.
+const MAPPINGS_IN_ORDER: &str = "SELECT provider, external_group, team_id, role FROM team_mappings ORDER BY provider, external_group, team_id";
+
+fn mapping_from(r: &impl Cols) -> MappingRow {
+    MappingRow { provider: r.col("provider"), external_group: r.col("external_group"), team_id: r.col("team_id"), role: r.col("role") }
+}
+
 /// The revision of a list of mappings as [`Store::team_mappings`] reads
 /// it: a short hash of its rows, in their order. A writer that read the
 /// list at one revision replaces it only while it is still at that one
@@ -448,13 +455,8 @@ pub fn mappings_revision(rows: &[MappingRow]) -> String {
 impl Store {
     pub async fn team_mappings(&self) -> Result<Vec<MappingRow>, StoreError> {
         on_db!(self, pool => {
-            let rows = sqlx::query("SELECT provider, external_group, team_id, role FROM team_mappings ORDER BY provider, external_group, team_id")
-                .fetch_all(pool)
-                .await?;
-            Ok(rows
-                .iter()
-                .map(|r| MappingRow { provider: r.get("provider"), external_group: r.get("external_group"), team_id: r.get("team_id"), role: r.get("role") })
-                .collect())
+            let rows = sqlx::query(MAPPINGS_IN_ORDER).fetch_all(pool).await?;
+            Ok(rows.iter().map(mapping_from).collect())
         })
     }
 
@@ -465,13 +467,8 @@ impl Store {
         on_db!(self, pool => {
             let mut tx = pool.begin_write().await?;
             if let Some(expected) = expected {
-                let rows = sqlx::query("SELECT provider, external_group, team_id, role FROM team_mappings ORDER BY provider, external_group, team_id")
-                    .fetch_all(&mut *tx)
-                    .await?;
-                let current: Vec<MappingRow> = rows
-                    .iter()
-                    .map(|r| MappingRow { provider: r.get("provider"), external_group: r.get("external_group"), team_id: r.get("team_id"), role: r.get("role") })
-                    .collect();
+                let rows = sqlx::query(MAPPINGS_IN_ORDER).fetch_all(&mut *tx).await?;
+                let current: Vec<MappingRow> = rows.iter().map(mapping_from).collect();
                 if mappings_revision(&current) != expected {
                     return Ok(false);
                 }

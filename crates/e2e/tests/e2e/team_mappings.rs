@@ -108,6 +108,16 @@ async fn github_orgs_and_teams_grant_teams_and_the_app_takes_them_back_within_th
         .unwrap_or_else(|e| panic!("{e}\n{}", server.process.log_text()));
     assert_eq!(role_of(&members(&server, "default").await, "jon").as_deref(), Some("viewer"), "still in the organization under the new login");
     assert!(server.process.log_text().contains("a linked GitHub account was renamed"));
+    // His account is deleted: GitHub has no user with his id, so he is in
+    // no group, and the check takes both teams.
+    github.remove_user(42);
+    wait_for(Duration::from_secs(30), "jon out of both teams", || async {
+        let (web, default) = (members(&server, "web").await, members(&server, "default").await);
+        (role_of(&web, "jon").is_none() && role_of(&default, "jon").is_none()).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", server.process.log_text()));
+    assert!(server.process.log_text().contains("a linked GitHub account no longer exists"));
 
     // The App loses "Members: read": memberships cannot be checked, so they
     // stay as they are until the next login, and the log says why.

@@ -242,6 +242,9 @@ pub async fn mappings(State(state): State<Arc<AppState>>) -> Result<Json<cloudwe
     ))]
 pub async fn replace_mappings(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Result<Json<cloudweb_api_types::teams::TeamMappings>, ApiError> {
     let request: cloudweb_api_types::teams::TeamMappings = parse_json(&body_bytes(body)?)?;
+    if request.revision.as_ref().is_some_and(|r| r.len() > 64) {
+        return Err(ApiError::BadRequest("revision: at most 64 characters (the one a GET answered)".to_string()));
+    }
     if request.mappings.len() > 200 {
         return Err(ApiError::BadRequest("at most 200 mappings".to_string()));
     }
@@ -254,11 +257,6 @@ pub async fn replace_mappings(State(state): State<Arc<AppState>>, body: Result<B
         let role = TeamRole::parse(&m.role).ok_or_else(|| ApiError::BadRequest(format!("role: unknown role {:?} (viewer, deployer, admin or owner)", m.role)))?;
         let team = team(&state, &m.team).await?;
         rows.push(crate::store::MappingRow { provider: m.provider.clone(), external_group: m.group.trim().to_string(), team_id: team.id, role: role.as_str().to_string() });
-    }
-    if let Some(revision) = &request.revision {
-        if revision.len() > 64 {
-            return Err(ApiError::BadRequest("revision: at most 64 characters (the one a GET answered)".to_string()));
-        }
     }
     if !state.store.replace_team_mappings(&rows, request.revision.as_deref()).await? {
         return Err(ApiError::Conflict(format!(
