@@ -63,14 +63,15 @@ impl GitServer {
         // kill, which would leave the daemon running after the test; so the
         // program itself is started, from git's exec path.
         let exec_path = run_command(git_command().arg("--exec-path"))?;
-        let mut daemon = isolated_from_git_config(Command::new(Path::new(&exec_path).join("git-daemon")))
+        let mut command = isolated_from_git_config(Command::new(Path::new(&exec_path).join("git-daemon")));
+        command
             .args(["--reuseaddr", "--export-all", "--enable=receive-pack", "--informative-errors"])
             .arg(base_path)
             .args(["--listen=127.0.0.1", &format!("--port={port}")])
             .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting git daemon")?;
+            .stderr(log);
+        // Dies with the test process, even one killed with `kill -9`.
+        let mut daemon = crate::tied::spawn(command).context("starting git daemon")?;
         let start = Instant::now();
         loop {
             if TcpStream::connect(("127.0.0.1", port)).is_ok() {

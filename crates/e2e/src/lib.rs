@@ -31,6 +31,7 @@ pub mod pebble;
 pub mod rows;
 pub mod ports;
 pub mod tmpfs;
+pub mod tied;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -114,16 +115,17 @@ impl Process {
         orphans::adopt();
         // Its own process group, so killing it also kills what it started
         // (the registry under a control plane, Caddy under an agent).
-        let child = std::os::unix::process::CommandExt::process_group(&mut Command::new(program), 0)
+        // Killed with the test process too, even by `kill -9` (see `tied`).
+        let mut command = Command::new(program);
+        std::os::unix::process::CommandExt::process_group(&mut command, 0)
             .args(args)
             .envs(env.iter().copied())
             .env("CLOUDWEB_LOG", "info,cloudweb_server=debug,cloudweb_core=debug,cloudweb_http=debug,cloudweb_web=debug,cloudweb_store=debug,cloudweb_git=debug,cloudweb_agent=debug")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
-            .stderr(file)
-            .spawn()
-            .with_context(|| format!("starting {}", program.display()))?;
+            .stderr(file);
+        let child = tied::spawn(command).with_context(|| format!("starting {}", program.display()))?;
         Ok(Process { child, log })
     }
 
