@@ -102,7 +102,7 @@ mod tests {
             let mut command = Command::new("sleep");
             command.arg("60");
             let child = spawn(command).unwrap();
-            println!("{}", child.id());
+            println!("tied-child-pid={}", child.id());
             std::thread::sleep(Duration::from_secs(60));
             return;
         }
@@ -116,7 +116,8 @@ mod tests {
         let pid = loop {
             let mut line = String::new();
             assert!(io::BufRead::read_line(&mut out, &mut line).unwrap() > 0, "the probe ended without a pid");
-            if let Ok(pid) = line.trim().parse::<u32>() {
+            // libtest may print the test's name on the same line first.
+            if let Some(Ok(pid)) = line.split("tied-child-pid=").nth(1).map(|pid| pid.trim().parse::<u32>()) {
                 break pid;
             }
         };
