@@ -18,8 +18,7 @@
 
 use std::io;
 use std::process::{Child, Command};
-use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{mpsc, OnceLock};
 
 use nix::sys::signal::Signal;
 
@@ -44,12 +43,12 @@ pub fn spawn(mut command: Command) -> io::Result<Child> {
         });
     }
     let (answer, answered) = mpsc::channel();
-    spawner().lock().unwrap_or_else(|e| e.into_inner()).send((command, answer)).map_err(|_| io::Error::other("the spawner thread is gone"))?;
+    spawner().send((command, answer)).map_err(|_| io::Error::other("the spawner thread is gone"))?;
     answered.recv().map_err(|_| io::Error::other("the spawner thread did not answer"))?
 }
 
-fn spawner() -> &'static Mutex<mpsc::Sender<Request>> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
+fn spawner() -> &'static mpsc::Sender<Request> {
+    static SPAWNER: OnceLock<mpsc::Sender<Request>> = OnceLock::new();
     SPAWNER.get_or_init(|| {
         let (requests, incoming) = mpsc::channel::<Request>();
         // The sender is kept in this static for the life of the process,
@@ -62,7 +61,7 @@ fn spawner() -> &'static Mutex<mpsc::Sender<Request>> {
                 }
             })
             .expect("the spawner thread starts");
-        Mutex::new(requests)
+        requests
     })
 }
 
@@ -121,9 +120,11 @@ mod tests {
                 break pid;
             }
         };
-        assert!(alive(pid), "the probe's child is not running");
+        let started = alive(pid);
+        // Killed before any assertion, so a failing check leaves no probe.
         probe.kill().unwrap();
         probe.wait().unwrap();
+        assert!(started, "the probe's child is not running");
         let deadline = Instant::now() + Duration::from_secs(10);
         while alive(pid) {
             assert!(Instant::now() < deadline, "the child outlived its killed test process by 10 s");
