@@ -117,20 +117,30 @@ async fn kills_of_the_leader_during_deploys_lose_nothing_and_repeat_nothing() {
         takeovers[takeovers.len() - 1].as_secs_f64()
     );
 
-    // Every deployment ends; the newest runs.
+    // Every deployment ends; the newest runs. The states are read in one
+    // call, the app's list (one query, so one moment of the database):
+    // read one by one, an older deployment seen running and then, a few
+    // reads later, the newest seen running too would be two moments (the
+    // newest's switch superseded the older one in between), not two
+    // running deployments.
     let api = &replicas[0];
     let (last, last_commit) = deployments.last().cloned().unwrap();
     let settled = wait_for(Duration::from_secs(120), "every deployment to reach a terminal state", || async {
+        let (status, list) = api.call(Method::GET, &format!("/api/apps/{app}/deployments"), None).await.ok()?;
+        let listed = list["deployments"].as_array().filter(|_| status == 200)?;
         let mut views = Vec::new();
         for (id, _) in &deployments {
-            let (status, view) = api.call(Method::GET, &format!("/api/deployments/{id}"), None).await.ok()?;
-            (status == 200 && TERMINAL.contains(&view["state"].as_str()?)).then_some(())?;
-            views.push(view);
+            let view = listed.iter().find(|d| d["id"] == id.as_str())?;
+            TERMINAL.contains(&view["state"].as_str()?).then_some(())?;
+            views.push(view.clone());
         }
-        Some(views)
+        let running: Vec<Value> = listed.iter().filter(|d| d["state"] == "running").map(|d| d["id"].clone()).collect();
+        Some((views, running))
     })
     .await
     .unwrap_or_else(|err| panic!("{err}\nagent log:\n{}\nserver logs:\n{}\n{}", agent.log_text(), replicas[0].process.log_text(), replicas[1].process.log_text()));
+    let (settled, running) = settled;
+    assert_eq!(running, [json!(last.as_str())], "one running deployment, the newest, at one moment");
     let newest = settled.last().unwrap();
     assert_eq!(newest["state"], "running", "the newest deployment runs: {newest}");
     assert_eq!(newest["commit"], last_commit.as_str());
