@@ -103,6 +103,13 @@ async fn a_run_over_its_limit_is_killed() {
     assert!(matches!(err, ResticError::Io(ref text) if text.contains("limit")), "{err:?}");
 }
 
+/// The names of the lock files in the repository at `dir` (restic names
+/// each by its 64-hex-digit id; a file it is still writing has another name).
+fn locks(dir: &Path) -> Vec<String> {
+    let names = std::fs::read_dir(dir.join("repo").join("locks")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned());
+    names.filter(|n| n.len() == 64 && n.bytes().all(|b| b.is_ascii_hexdigit())).collect()
+}
+
 /// A restic killed mid-backup leaves its lock; `forget --prune` needs an
 /// exclusive one, which restic refuses while that lock is there, until the
 /// stale lock is removed.
@@ -112,15 +119,24 @@ async fn a_killed_restics_lock_does_not_block_retention() {
     let repo = restic(dir.path(), "correct horse battery staple");
     repo.init(LIMIT).await.unwrap();
     repo.backup_stdin("dump.pgdump", &["target=service/db".to_string()], LIMIT, &b"one"[..], async { Ok(()) }).await.unwrap();
-    // Killed at its limit while it waits for more of its stream.
+    assert_eq!(locks(dir.path()).len(), 0, "a finished backup leaves no lock");
+    // Killed mid-backup, once it holds its lock (opening the repository
+    // first takes restic a while, longer on a loaded machine): the dump
+    // fails, and a failed dump kills restic with its input still open.
     let killed = repo
-        .backup_stdin("slow", &[], Duration::from_secs(2), &b"x"[..], async {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            Ok(())
+        .backup_stdin("slow", &[], LIMIT, &b"x"[..], async {
+            let deadline = std::time::Instant::now() + LIMIT / 2;
+            while locks(dir.path()).is_empty() {
+                if std::time::Instant::now() > deadline {
+                    return Err("restic took no lock".to_string());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err("the dump failed".to_string())
         })
         .await;
-    assert!(killed.is_err());
-    assert_eq!(std::fs::read_dir(dir.path().join("repo").join("locks")).unwrap().count(), 1, "the killed backup's lock");
+    assert!(matches!(killed, Err(ResticError::Io(ref text)) if text == "the dump failed"), "{killed:?}");
+    assert_eq!(locks(dir.path()).len(), 1, "the killed backup's lock");
     let retention = Retention { keep_daily: 1, keep_weekly: 0, keep_monthly: 0 };
     let plain = repo.forget_prune("target=service/db", retention, LIMIT).await;
     assert!(matches!(plain, Err(ResticError::Locked(_))), "the dead restic's lock is still there: {plain:?}");
